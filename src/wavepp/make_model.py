@@ -1,0 +1,92 @@
+"""Tiny random-weight HF-format checkpoints, seeded and reproducible (tests and benchmarks).
+
+`make_model(path, arch="llama", ...)` writes config.json + model.safetensors that transformers
+and wavepp both load. Same arguments and seed give byte-identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, asdict
+from pathlib import Path
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    arch: str = "llama"
+    num_layers: int = 4
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    vocab_size: int = 256
+    head_dim: int | None = None
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"arch={self.arch!r} is not supported; choose one of {SUPPORTED_ARCHS}")
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                     "intermediate_size", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of "
+                             f"num_heads={self.num_heads} (or give head_dim)")
+
+
+def hf_config(spec: TinyModelSpec):
+    """The transformers config object for `spec`."""
+    import transformers
+
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "qwen3": transformers.Qwen3Config}[spec.arch]
+    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
+    kwargs = dict(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        head_dim=head_dim, tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+    )
+    if spec.arch == "llama":
+        kwargs["attention_bias"] = False
+    return cls(**kwargs)
+
+
+def make_model(path: str | Path, spec: TinyModelSpec | None = None, **overrides) -> Path:
+    """Write a random-weight checkpoint for `spec` (or TinyModelSpec(**overrides)) to `path`.
+
+    Weights are drawn with torch's generator seeded by `spec.seed`, scaled so activations stay
+    O(1) through the layers (logits then differ meaningfully between tokens). Returns `path`.
+    """
+    import torch
+    import transformers
+
+    spec = spec or TinyModelSpec(**overrides)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = hf_config(spec)
+    torch.manual_seed(spec.seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(spec.seed)
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+            elif param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=gen) / param.shape[1] ** 0.5)
+            else:
+                param.copy_(0.02 * torch.randn(param.shape, generator=gen))
+    model.save_pretrained(path)
+    (path / "wavepp_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    return path
