@@ -1,0 +1,23 @@
+"""Stage-sliced Llama-family models (Llama, Qwen2, Qwen3) over a paged KV cache.
+
+A stage builds only its slice of the model (layers [start, end), plus the embedding on the
+first stage and the final norm + LM head on the last) and reads only that slice's tensors
+from the checkpoint. Its K/V live in fixed-size blocks whose ids the block manager chooses;
+the model receives them as block tables in a `StageBatch`.
+"""
+
+from wavepp.models.attention import paged_attention
+from wavepp.models.batch import ChunkSpec, StageBatch
+from wavepp.models.config import (SUPPORTED_ARCHITECTURES, Llama3RopeScaling, ModelConfig, StageSpec,
+                                  load_model_config, split_layers, stage_specs)
+from wavepp.models.kv_cache import PagedKVCache
+from wavepp.models.loader import CheckpointError, load_stage_model, read_tensors, stage_tensor_shapes
+from wavepp.models.pipeline import LinearBlockAllocator, LocalPipeline
+from wavepp.models.stage_model import StageModel
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES", "CheckpointError", "ChunkSpec", "LinearBlockAllocator",
+    "Llama3RopeScaling", "LocalPipeline", "ModelConfig", "PagedKVCache", "StageBatch", "StageModel",
+    "StageSpec", "load_model_config", "load_stage_model", "paged_attention", "read_tensors",
+    "split_layers", "stage_specs", "stage_tensor_shapes",
+]

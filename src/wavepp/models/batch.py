@@ -1,0 +1,118 @@
+"""The input record of one stage forward: a flat batch of request chunks over a paged KV cache.
+
+A chunk is the next `num_tokens` tokens of one request whose first `num_cached_tokens` tokens
+already have K/V in this stage's cache. Its block table lists the cache blocks that hold
+positions [0, num_cached_tokens + num_tokens), in order: position p lives in block
+`block_table[p // block_size]` at offset `p % block_size` (its "slot" is
+`block_id * block_size + offset`). The block ids come from the stage's block manager.
+
+    chunk i:  [0, num_cached_tokens)  K/V read from the cache  |  [num_cached_tokens, end)  computed now
+    batch:    tokens of chunk 0 | tokens of chunk 1 | ...   (flat, token_starts[i] marks chunk i)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """The next `num_tokens` tokens of one request after `num_cached_tokens` cached ones."""
+
+    num_cached_tokens: int
+    num_tokens: int
+    block_table: tuple[int, ...]     # block ids covering [0, num_cached_tokens + num_tokens)
+    request_id: Hashable = None      # only used in error messages
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_table", tuple(int(b) for b in self.block_table))
+        if self.num_tokens < 1:
+            raise ValueError(f"chunk of request {self.request_id!r} is empty (num_tokens="
+                             f"{self.num_tokens}); every chunk computes at least one token")
+        if self.num_cached_tokens < 0:
+            raise ValueError(f"chunk of request {self.request_id!r} has num_cached_tokens="
+                             f"{self.num_cached_tokens} < 0")
+        if any(b < 0 for b in self.block_table):
+            raise ValueError(f"chunk of request {self.request_id!r} has a negative block id in "
+                             f"its block table {list(self.block_table)}")
+
+    @property
+    def end(self) -> int:
+        """One past the last position this chunk computes."""
+        return self.num_cached_tokens + self.num_tokens
+
+
+@dataclass(frozen=True)
+class StageBatch:
+    """One wave's chunks on one stage, with the index tensors every layer shares.
+
+    Build it with `StageBatch.build(chunks, block_size)`; it validates that each block table
+    covers its chunk and that no two tokens of the batch write the same cache slot.
+    """
+
+    chunks: tuple[ChunkSpec, ...]
+    block_size: int
+    token_starts: tuple[int, ...]    # [num_chunks + 1]: chunk i owns flat tokens [s[i], s[i+1])
+    context_starts: tuple[int, ...]  # [num_chunks + 1]: chunk i's context slots [c[i], c[i+1])
+    positions: torch.Tensor          # [num_tokens] int64, position of each new token
+    slot_mapping: torch.Tensor       # [num_tokens] int64, cache slot each new token's K/V goes to
+    context_slots: torch.Tensor      # [sum of chunk ends] int64, slots of [0, end) per chunk
+    last_token_indices: torch.Tensor  # [num_chunks] int64, flat index of each chunk's last token
+    causal_mask: torch.Tensor        # [n, n] bool, n = longest chunk: True where key j > query i
+    max_block_id: int
+    max_position: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_starts[-1]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    @classmethod
+    def build(cls, chunks: Sequence[ChunkSpec], block_size: int) -> StageBatch:
+        """Derive the shared index tensors. Raises ValueError on an empty batch, a block table
+        too short for its chunk, or two tokens mapped to the same cache slot."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not chunks:
+            raise ValueError("a StageBatch needs at least one chunk")
+        token_starts, context_starts = [0], [0]
+        positions, slots, contexts, max_block_id = [], [], [], 0
+        # Per chunk, not per token: the slots of [0, end) come from one broadcast over blocks.
+        offsets = torch.arange(block_size, dtype=torch.int64)
+        for index, chunk in enumerate(chunks):
+            num_blocks = -(-chunk.end // block_size)
+            if len(chunk.block_table) < num_blocks:
+                raise ValueError(
+                    f"block table of chunk {index} (request {chunk.request_id!r}) has "
+                    f"{len(chunk.block_table)} blocks of {block_size} tokens; positions "
+                    f"[0, {chunk.end}) need {num_blocks}")
+            table = torch.tensor(chunk.block_table[:num_blocks], dtype=torch.int64)
+            # context: [end] slot of every position in [0, end)
+            context = (table[:, None] * block_size + offsets).flatten()[:chunk.end]
+            contexts.append(context)
+            slots.append(context[chunk.num_cached_tokens:])
+            positions.append(torch.arange(chunk.num_cached_tokens, chunk.end, dtype=torch.int64))
+            token_starts.append(token_starts[-1] + chunk.num_tokens)
+            context_starts.append(context_starts[-1] + chunk.end)
+            max_block_id = max(max_block_id, int(table.max()))
+        slot_mapping = torch.cat(slots)
+        if torch.unique(slot_mapping).numel() != slot_mapping.numel():
+            raise ValueError("two tokens of the batch map to the same cache slot: "
+                             "the block tables of its chunks overlap on new positions")
+        longest = max(chunk.num_tokens for chunk in chunks)
+        return cls(
+            chunks=tuple(chunks), block_size=block_size,
+            token_starts=tuple(token_starts), context_starts=tuple(context_starts),
+            positions=torch.cat(positions), slot_mapping=slot_mapping,
+            context_slots=torch.cat(contexts),
+            last_token_indices=torch.tensor(token_starts[1:], dtype=torch.int64) - 1,
+            causal_mask=torch.ones(longest, longest, dtype=torch.bool).triu_(1),
+            max_block_id=max_block_id,
+            max_position=max(chunk.end for chunk in chunks) - 1,
+        )
