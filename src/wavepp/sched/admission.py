@@ -1,0 +1,63 @@
+"""Agreement on what a request may reuse, from every stage's hint.
+
+A request may reuse only the prefix cached on **all** stages: the minimum of the stages' hints,
+capped so that at least one token is computed. For a hybrid model (linear-attention layers with
+recurrent state) the boundary must also be a block where every stage holds a recurrent-state
+snapshot: the candidate is lowered to the largest boundary common to all stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from wavepp.sched.messages import Hint
+from wavepp.sched.request import Request
+
+
+def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid: bool = False) -> int:
+    """Number of leading blocks `req` reuses, given one hint per stage."""
+    k = min(h.num_blocks for h in hints)
+    k = min(k, req.max_reusable_blocks(block_size))
+    if hybrid and k > 0:
+        common = set(range(1, k + 1))
+        for h in hints:
+            common.intersection_update(h.snapshot_blocks)
+        k = max(common, default=0)
+    return k
+
+
+@dataclass
+class AdmissionRound:
+    """The leader's state for one round: the requests in it and the answers gathered so far.
+
+    phase: "probe" -> "lease" -> "commit" -> "done"
+    """
+    round_id: int
+    requests: list[Request]
+    start_time: float
+    phase: str = "probe"
+    leased: list[Request] = field(default_factory=list)
+    escrowed: list[Request] = field(default_factory=list)
+    aborted: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    round_id: int
+    admitted: tuple[Request, ...]
+    failed: tuple[Request, ...]       # failed for good, with a reason
+    retried: tuple[Request, ...]      # back to waiting
+    latency: float
+
+
+def failures_by_request(replies, num_stages: int) -> dict[int, str]:
+    """request id -> the first stage's reason, for every request some stage did not accept."""
+    if len(replies) != num_stages:
+        raise ValueError(f"expected {num_stages} replies, got {len(replies)}")
+    failed: dict[int, str] = {}
+    for reply in sorted(replies, key=lambda r: r.stage_id):
+        for res in reply.results:
+            if not res.ok and res.request_id not in failed:
+                failed[res.request_id] = res.reason
+    return failed

@@ -1,0 +1,136 @@
+"""Typed messages between the leader and the stages.
+
+Rounds plane (admission), one round = three exchanges, each sent to every stage:
+
+    leader                              stage s (StageServer)
+    ProbeMsg(items: hashes)     ->      hint: longest prefix present      -> ProbeReply
+    LeaseMsg(items: k, blocks)  ->      lease k blocks, reserve the rest  -> LeaseReply
+    CommitMsg(request ids)      ->      commit escrow, register pending   -> CommitReply
+    ReleaseMsg(request ids)     ->      give back everything (no reply)
+
+Data plane: a Wave header travels with the activations, stage 0 -> 1 -> ... -> S-1; the last
+stage sends a WaveResult back to the leader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ProbeItem:
+    request_id: int
+    block_hashes: tuple[int, ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class ProbeMsg:
+    round_id: int
+    items: tuple[ProbeItem, ...]
+
+
+@dataclass(frozen=True)
+class Hint:
+    request_id: int
+    num_blocks: int                     # longest prefix present (computed or pending)
+    snapshot_blocks: tuple[int, ...] = ()   # hybrid models: boundaries (in blocks) with a recurrent snapshot
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    round_id: int
+    stage_id: int
+    hints: tuple[Hint, ...]
+
+
+@dataclass(frozen=True)
+class LeaseItem:
+    request_id: int
+    num_leased_blocks: int   # agreed prefix, in blocks
+    num_new_blocks: int      # room to escrow for the rest of the prompt
+
+
+@dataclass(frozen=True)
+class LeaseMsg:
+    round_id: int
+    items: tuple[LeaseItem, ...]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    request_id: int
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    round_id: int
+    stage_id: int
+    results: tuple[ItemResult, ...]
+
+
+@dataclass(frozen=True)
+class CommitMsg:
+    round_id: int
+    request_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CommitReply:
+    round_id: int
+    stage_id: int
+    results: tuple[ItemResult, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseMsg:
+    request_ids: tuple[int, ...]
+
+
+RoundMsg = ProbeMsg | LeaseMsg | CommitMsg | ReleaseMsg
+RoundReply = ProbeReply | LeaseReply | CommitReply
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tokens [start, end) of one request, computed in one wave."""
+    request_id: int
+    start: int
+    end: int
+    is_last: bool     # end == the request's num_tokens: the last stage samples its first token
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One micro-batch: every stage runs it, in wave order. `release_ids`: requests the leader
+    aborted after admission; each stage frees them after running this wave (ordering with
+    the chunks already in flight is then free)."""
+    wave_id: int
+    chunks: tuple[Chunk, ...]
+    release_ids: tuple[int, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class TokenResult:
+    request_id: int
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class WaveResult:
+    wave_id: int
+    tokens: tuple[TokenResult, ...]
+    stage_seconds: tuple[float, ...] = field(default=())   # measured compute time per stage

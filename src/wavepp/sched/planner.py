@@ -1,0 +1,234 @@
+"""Wave planners: which chunks of which admitted requests form the next wave, and how long each
+chunk is.
+
+Every planner packs first-come-first-served over the plannable requests (admitted, tokens left,
+dependencies dispatched), at most one chunk per request per wave. Chunk ends after the reused
+prefix are aligned to the block size, except a request's final chunk:
+
+    [0, start)  reused or already dispatched | [start, end) this chunk | [end, num_tokens) later
+                                               end % block_size == 0 or end == num_tokens
+
+Planners differ in the size of a wave:
+  static    a fixed token budget (vLLM's max_num_batched_tokens style)
+  mpu       the paper's budget halving with hysteresis, from the available work
+  balanced  a fitted cost model: each wave costs about the same predicted time, sized so that
+            at least `target_waves` waves of work stay available
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from wavepp.sched.cost_model import CostModel
+from wavepp.sched.messages import Chunk
+from wavepp.sched.request import Request
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    block_size: int = 16
+    num_stages: int = 2
+    max_wave_tokens: int = 2048     # M: the largest wave budget (mpu, balanced)
+    min_wave_tokens: int = 64       # b_min: the smallest (mpu, balanced)
+    static_wave_tokens: int = 512   # the static planner's budget
+    max_chunks_per_wave: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
+                     "static_wave_tokens", "max_chunks_per_wave"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PlannerConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.min_wave_tokens > self.max_wave_tokens:
+            raise ValueError(f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
+                             f"max_wave_tokens={self.max_wave_tokens}")
+
+
+class Planner(Protocol):
+    name: str
+
+    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+        """Chunks of the next wave from `requests` (plannable, FCFS order). Mutates nothing."""
+
+    def observe(self, chunks: Sequence[tuple[int, int]], seconds: float) -> None:
+        """A wave of (num_cached, num_new) chunks took `seconds` on its slowest stage."""
+
+
+def align_down(value: int, block_size: int) -> int:
+    return value // block_size * block_size
+
+
+def chunk_of(req: Request, num_new: int, block_size: int) -> Chunk | None:
+    """The next chunk of `req` with at most `num_new` tokens, its end aligned unless final."""
+    start = req.num_scheduled_tokens
+    end = start + num_new
+    if end >= req.num_tokens:
+        end = req.num_tokens
+    else:
+        end = align_down(end, block_size)
+    if end <= start:
+        return None
+    return Chunk(req.request_id, start, end, end == req.num_tokens)
+
+
+def pack_tokens(requests: Sequence[Request], budget: int, config: PlannerConfig,
+                min_fragment: int) -> list[Chunk]:
+    """FCFS packing of up to `budget` tokens. A request that does not fit whole is split only
+    if the remaining budget is at least `min_fragment` (no tiny tail fragments)."""
+    chunks: list[Chunk] = []
+    left = budget
+    for req in requests:
+        if left <= 0 or len(chunks) >= config.max_chunks_per_wave:
+            break
+        need = req.num_unscheduled_tokens
+        if need > left and left < min_fragment:
+            continue
+        chunk = chunk_of(req, min(need, left), config.block_size)
+        if chunk is not None:
+            chunks.append(chunk)
+            left -= chunk.num_tokens
+    return chunks
+
+
+class StaticPlanner:
+    name = "static"
+
+    def __init__(self, config: PlannerConfig):
+        self.config = config
+
+    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+        return pack_tokens(requests, self.config.static_wave_tokens, self.config,
+                           self.config.block_size)
+
+    def observe(self, chunks, seconds: float) -> None:
+        pass
+
+
+class MpuPlanner:
+    """The paper's MPU planner.
+
+    Execution ring R = 2P, target S = R + (F-1)P waves (F = 2). Candidate budgets halve from M
+    down to b_min (block aligned). With W admitted-but-unscheduled tokens and N_{>b/2} requests
+    holding more than b/2 of them, budget b supports n(b) = max(W/b, N_{>b/2}) waves; the planner
+    proposes the largest b with n(b) >= S (else b_min). Hysteresis: it raises its budget after
+    R/2 consecutive proposals above it, lowers it after P below it.
+    """
+    name = "mpu"
+
+    def __init__(self, config: PlannerConfig, fill_factor: int = 2):
+        self.config = config
+        p = config.num_stages
+        self.ring = 2 * p
+        self.target_waves = self.ring + (fill_factor - 1) * p
+        self.budgets = budget_ladder(config.max_wave_tokens, config.min_wave_tokens, config.block_size)
+        self.budget = self.budgets[0]
+        self._streak_up = 0
+        self._streak_down = 0
+
+    def propose(self, requests: Sequence[Request]) -> int:
+        work = sum(r.num_unscheduled_tokens for r in requests)
+        for b in self.budgets:   # largest first
+            n_long = sum(1 for r in requests if r.num_unscheduled_tokens > b / 2)
+            if max(work / b, n_long) >= self.target_waves:
+                return b
+        return self.budgets[-1]
+
+    def decide(self, proposal: int) -> int:
+        """Apply hysteresis to a proposal; returns the budget in force."""
+        if proposal > self.budget:
+            self._streak_up, self._streak_down = self._streak_up + 1, 0
+            if self._streak_up >= max(1, self.ring // 2):
+                self.budget, self._streak_up = proposal, 0
+        elif proposal < self.budget:
+            self._streak_down, self._streak_up = self._streak_down + 1, 0
+            if self._streak_down >= self.config.num_stages:
+                self.budget, self._streak_down = proposal, 0
+        else:
+            self._streak_up = self._streak_down = 0
+        return self.budget
+
+    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+        b = self.decide(self.propose(requests))
+        return pack_tokens(requests, b, self.config, max(self.config.min_wave_tokens, b // 2))
+
+    def observe(self, chunks, seconds: float) -> None:
+        pass
+
+
+class BalancedPlanner:
+    """Equal predicted wave times from a fitted cost model.
+
+    The wave time target T is the predicted cost of the available work spread over
+    `target_waves` waves (as mpu's S), clamped between the cost of a b_min-token wave and of an
+    M-token wave. Packing is FCFS: a request that fits in what is left of T goes whole, else it
+    gets the largest aligned chunk that does; a chunk shorter than a block never forms.
+    """
+    name = "balanced"
+
+    def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
+                 fill_factor: int = 2):
+        self.config = config
+        self.cost = cost_model or CostModel()
+        self.target_waves = 2 * config.num_stages + (fill_factor - 1) * config.num_stages
+
+    def target_time(self, requests: Sequence[Request]) -> float:
+        cost = self.cost
+        work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
+        spread = cost.coef.c_wave + work / self.target_waves
+        lo = cost.wave_time([(0, self.config.min_wave_tokens)])
+        hi = cost.wave_time([(0, self.config.max_wave_tokens)])
+        return min(max(spread, lo), hi)
+
+    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+        cfg, cost = self.config, self.cost
+        left = self.target_time(requests) - cost.coef.c_wave
+        token_cap = cfg.max_wave_tokens
+        chunks: list[Chunk] = []
+        for req in requests:
+            if left <= 0 or token_cap <= 0 or len(chunks) >= cfg.max_chunks_per_wave:
+                break
+            L, need = req.num_scheduled_tokens, req.num_unscheduled_tokens
+            x = min(need, token_cap)
+            if cost.chunk_time(L, x) > left * (1 + 1e-9):
+                x = cost.max_chunk_tokens(L, left)
+                if x < need and x < cfg.block_size:
+                    continue
+            chunk = chunk_of(req, x, cfg.block_size)
+            if chunk is None:
+                continue
+            chunks.append(chunk)
+            left -= cost.chunk_time(L, chunk.num_tokens)
+            token_cap -= chunk.num_tokens
+        if not chunks and requests:   # never stall: at least one block of the first request
+            chunk = chunk_of(requests[0], cfg.block_size, cfg.block_size)
+            chunks = [chunk] if chunk else []
+        return chunks
+
+    def observe(self, chunks, seconds: float) -> None:
+        self.cost.observe(chunks, seconds)
+
+
+def budget_ladder(max_tokens: int, min_tokens: int, block_size: int) -> list[int]:
+    """M, M/2, M/4, ... down to b_min, each aligned to the block size (at least one block)."""
+    floor = max(block_size, align_down(min_tokens, block_size))
+    ladder, b = [], max(floor, align_down(max_tokens, block_size))
+    while b > floor:
+        ladder.append(b)
+        b = max(floor, align_down(b // 2, block_size))
+    ladder.append(floor)
+    return ladder
+
+
+PLANNERS: dict[str, Callable[..., Planner]] = {
+    "static": StaticPlanner,
+    "mpu": MpuPlanner,
+    "balanced": BalancedPlanner,
+}
+
+
+def make_planner(name: str, config: PlannerConfig, **kwargs) -> Planner:
+    try:
+        factory = PLANNERS[name]
+    except KeyError:
+        raise ValueError(f"unknown planner {name!r}; choose one of {sorted(PLANNERS)}") from None
+    return factory(config, **kwargs)

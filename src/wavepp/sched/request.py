@@ -1,0 +1,87 @@
+"""A request as the leader sees it: its tokens, its hash chain, and where it is in its life.
+
+    WAITING -> PROPOSED -> LEASED -> ESCROWED -> ADMITTED -> RUNNING -> DONE
+                 (any step) -> FAILED (with a reason) | ABORTED
+
+Token ranges of an admitted request (all half-open, in tokens):
+
+    [0, num_cached_tokens)                      reused: leased on every stage
+    [num_cached_tokens, num_scheduled_tokens)   in chunks already dispatched in waves
+    [num_scheduled_tokens, num_tokens)          still to plan
+    num_computed_tokens <= num_scheduled_tokens: chunks that came back from the last stage
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from wavepp.cache.hashing import hash_blocks
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    PROPOSED = "proposed"      # in an admission round, probing
+    LEASED = "leased"          # prefix agreed, lease + reserve asked of every stage
+    ESCROWED = "escrowed"      # every stage leased and reserved; commit asked
+    ADMITTED = "admitted"      # committed on every stage; plannable
+    RUNNING = "running"        # at least one chunk dispatched
+    DONE = "done"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestState.DONE, RequestState.FAILED, RequestState.ABORTED)
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """This request reads blocks that request `owner_id` computes: it may be planned only in a
+    wave after the one that dispatched the owner's tokens up to `num_tokens`."""
+    owner_id: int
+    num_tokens: int
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    token_ids: tuple[int, ...]
+    block_hashes: list[int]
+    arrival_time: float = 0.0
+    state: RequestState = RequestState.WAITING
+    num_cached_tokens: int = 0
+    num_scheduled_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_rounds: int = 0
+    dependencies: list[Dependency] = field(default_factory=list)
+    failure: str | None = None
+    admitted_time: float | None = None
+    finish_time: float | None = None
+    first_dispatch_time: float | None = None
+
+    @classmethod
+    def create(cls, request_id: int, token_ids, block_size: int, *, arrival_time: float = 0.0,
+               extra_keys: bytes = b"", salt: bytes = b"") -> "Request":
+        """Hash the prompt once, on arrival."""
+        tokens = tuple(int(t) for t in token_ids)
+        if not tokens:
+            raise ValueError(f"request {request_id}: empty prompt (at least one token is needed)")
+        hashes = hash_blocks(tokens, block_size, extra_keys=extra_keys, salt=salt)
+        return cls(request_id, tokens, list(hashes), arrival_time)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_unscheduled_tokens(self) -> int:
+        return self.num_tokens - self.num_scheduled_tokens
+
+    def num_blocks(self, block_size: int) -> int:
+        return -(-self.num_tokens // block_size)
+
+    def max_reusable_blocks(self, block_size: int) -> int:
+        """At least one token is always computed, so the first token can be produced: a fully
+        cached prompt recomputes its last block."""
+        return (self.num_tokens - 1) // block_size

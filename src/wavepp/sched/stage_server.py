@@ -1,0 +1,189 @@
+"""One stage's side of the protocol: answers admission rounds from its own BlockPool, and
+prepares / completes the waves that reach it.
+
+The leader decides *what* to run; each stage checks the plan against its own state before it
+runs it: a chunk must start exactly where this stage's copy of the request stopped, and the
+reused prefix must be computed here. A mismatch raises PlanMismatchError with both views,
+never silent divergence.
+
+Pure logic, no threads: the runtime serializes calls (WAVE answers rounds, LOOP runs waves,
+under one lock); the simulator calls it from its event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from wavepp.sched.messages import (
+    Chunk, CommitMsg, CommitReply, Hint, ItemResult, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg,
+    ProbeReply, ReleaseMsg, Wave)
+
+if TYPE_CHECKING:
+    from wavepp.cache import BlockPool
+
+
+class PlanMismatchError(RuntimeError):
+    """The leader's plan disagrees with this stage's own state."""
+
+
+@dataclass
+class StageRequest:
+    """This stage's copy of an admitted request."""
+    request_id: int
+    num_tokens: int
+    block_hashes: tuple[int, ...]
+    num_cached_tokens: int
+    num_computed_tokens: int
+    block_table: list[int] | None = None     # None until the first chunk reaches this stage
+
+
+@dataclass(frozen=True)
+class PreparedChunk:
+    chunk: Chunk
+    block_table: list[int]
+
+
+class StageServer:
+    def __init__(self, stage_id: int, pool: "BlockPool", *, track_snapshots: bool = False):
+        """`track_snapshots`: hybrid (recurrent-state) models can resume only at a block boundary
+        where this stage saved a snapshot, i.e. where one of its chunks ended."""
+        self.stage_id = stage_id
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.requests: dict[int, StageRequest] = {}
+        self._probed: dict[int, ProbeItem] = {}
+        self._track_snapshots = track_snapshots
+        self._snapshots: set[int] = set()   # hashes of blocks that end at a saved snapshot
+
+    def handle(self, msg):
+        """Answer one rounds-plane message; ReleaseMsg has no reply."""
+        if isinstance(msg, ProbeMsg):
+            return self.probe(msg)
+        if isinstance(msg, LeaseMsg):
+            return self.lease(msg)
+        if isinstance(msg, CommitMsg):
+            return self.commit(msg)
+        if isinstance(msg, ReleaseMsg):
+            return self.release(msg)
+        raise TypeError(f"stage {self.stage_id}: unknown rounds-plane message {type(msg).__name__}")
+
+    # ---- admission -------------------------------------------------------------------------
+
+    def probe(self, msg: ProbeMsg) -> ProbeReply:
+        """Local reuse candidate of each request: the longest prefix present here. Mutates nothing
+        but remembers the hashes for the lease that may follow."""
+        hints = []
+        for item in msg.items:
+            self._probed[item.request_id] = item
+            num_blocks = self.pool.match(item.block_hashes).num_blocks
+            snapshots: tuple[int, ...] = ()
+            if self._track_snapshots:
+                snapshots = tuple(b for b in range(1, num_blocks + 1)
+                                  if item.block_hashes[b - 1] in self._snapshots)
+            hints.append(Hint(item.request_id, num_blocks, snapshots))
+        return ProbeReply(msg.round_id, self.stage_id, tuple(hints))
+
+    def lease(self, msg: LeaseMsg) -> LeaseReply:
+        """Lease the agreed prefix and escrow room for the rest; on failure hold nothing."""
+        results = []
+        for item in msg.items:
+            probed = self._probed.pop(item.request_id, None)
+            if probed is None:
+                results.append(ItemResult(item.request_id, False,
+                                          f"stage {self.stage_id}: lease before probe"))
+                continue
+            lease = self.pool.lease(item.request_id, probed.block_hashes, item.num_leased_blocks)
+            if not lease.ok:
+                self._drop(item.request_id)
+                results.append(ItemResult(item.request_id, False,
+                                          f"stage {self.stage_id}: lease: {lease.reason}"))
+                continue
+            reserve = self.pool.reserve(item.request_id, item.num_new_blocks)
+            if not reserve.ok:
+                self._drop(item.request_id)
+                results.append(ItemResult(item.request_id, False,
+                                          f"stage {self.stage_id}: escrow: {reserve.reason}"))
+                continue
+            num_cached = item.num_leased_blocks * self.block_size
+            self.requests[item.request_id] = StageRequest(
+                item.request_id, probed.num_tokens, probed.block_hashes, num_cached, num_cached)
+            results.append(ItemResult(item.request_id, True))
+        return LeaseReply(msg.round_id, self.stage_id, tuple(results))
+
+    def commit(self, msg: CommitMsg) -> CommitReply:
+        """Commit each escrow; register the request's own full blocks as pending so later
+        requests can share them while they are computed."""
+        results = []
+        for request_id in msg.request_ids:
+            req = self.requests.get(request_id)
+            if req is None:
+                results.append(ItemResult(request_id, False,
+                                          f"stage {self.stage_id}: commit of an unknown request"))
+                continue
+            first_new = req.num_cached_tokens // self.block_size
+            commit = self.pool.commit(request_id, req.block_hashes[first_new:])
+            if not commit.ok:
+                self._drop(request_id)
+                results.append(ItemResult(request_id, False,
+                                          f"stage {self.stage_id}: commit: {commit.reason}"))
+                continue
+            results.append(ItemResult(request_id, True))
+        return CommitReply(msg.round_id, self.stage_id, tuple(results))
+
+    def release(self, msg: ReleaseMsg) -> None:
+        """Give back everything the requests hold here. Unknown ids are ignored: a stage that
+        failed a request already let it go."""
+        for request_id in msg.request_ids:
+            self._drop(request_id)
+
+    # ---- execution -------------------------------------------------------------------------
+
+    def prepare(self, wave: Wave) -> list[PreparedChunk]:
+        """Materialize each request's blocks when its first chunk reaches this stage, and check
+        the leader's (request, start, end) against local state."""
+        prepared = []
+        for chunk in wave.chunks:
+            req = self.requests.get(chunk.request_id)
+            if req is None:
+                raise PlanMismatchError(
+                    f"stage {self.stage_id}: wave {wave.wave_id} has chunk {chunk} of request "
+                    f"{chunk.request_id}, which this stage has not admitted")
+            if chunk.start != req.num_computed_tokens or not (chunk.start < chunk.end <= req.num_tokens) \
+                    or chunk.is_last != (chunk.end == req.num_tokens):
+                raise PlanMismatchError(
+                    f"stage {self.stage_id}: wave {wave.wave_id}: leader planned tokens "
+                    f"[{chunk.start}, {chunk.end}) (last={chunk.is_last}) of request {chunk.request_id}; "
+                    f"this stage has computed [0, {req.num_computed_tokens}) of {req.num_tokens}")
+            if req.block_table is None:
+                req.block_table = self.pool.materialize(chunk.request_id)
+                num_leased = req.num_cached_tokens // self.block_size
+                if num_leased:
+                    computed = self.pool.match(req.block_hashes[:num_leased]).num_computed_blocks
+                    if computed < num_leased:
+                        raise PlanMismatchError(
+                            f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
+                            f"reuses {num_leased} blocks but only {computed} are computed here "
+                            f"(the leader dispatched it before the request computing them)")
+            prepared.append(PreparedChunk(chunk, req.block_table))
+        return prepared
+
+    def complete(self, wave: Wave) -> None:
+        """The wave ran here: publish the computed blocks; free requests that are done and the
+        ones the leader released in this wave."""
+        for chunk in wave.chunks:
+            req = self.requests[chunk.request_id]
+            req.num_computed_tokens = chunk.end
+            self.pool.publish(chunk.request_id, chunk.end)
+            if self._track_snapshots and chunk.end % self.block_size == 0:
+                self._snapshots.add(req.block_hashes[chunk.end // self.block_size - 1])
+            if chunk.is_last:
+                self.pool.free(chunk.request_id)
+                del self.requests[chunk.request_id]
+        for request_id in wave.release_ids:
+            self._drop(request_id)
+
+    def _drop(self, request_id: int) -> None:
+        self._probed.pop(request_id, None)
+        self.requests.pop(request_id, None)
+        if self.pool.has_request(request_id):
+            self.pool.release(request_id)

@@ -1,0 +1,108 @@
+"""Build a simulated pipeline from a policy name and run workloads through it.
+
+The deterministic harness of the leader's tests and the core of `wavepp simulate`: S stage
+caches (each its own BlockPool), the real Leader and planner, virtual time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from wavepp.cache import BlockPool
+from wavepp.sched.cost_model import CostModel
+from wavepp.sched.leader import Leader, LeaderConfig
+from wavepp.sched.planner import PlannerConfig, make_planner
+from wavepp.sched.policy import get_policy
+from wavepp.sched.stage_server import StageServer
+from wavepp.sim.pipeline import PipelineSim, SimCosts
+
+
+@dataclass(frozen=True)
+class SimReport:
+    policy: str
+    num_requests: int
+    num_failed: int
+    seconds: float
+    input_tokens: int
+    cached_tokens: int
+    ttft_p50_s: float
+    ttft_p95_s: float
+    stage_utilization: tuple[float, ...]
+    idle_admission_frac: tuple[float, ...]
+    round_latency_p50_s: float
+    round_latency_p99_s: float
+    num_waves: int
+
+    @property
+    def input_tok_s(self) -> float:
+        return self.input_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.input_tokens - self.cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
+
+
+def build_sim(policy: str, num_stages: int, costs: SimCosts, *, stage_num_blocks: Sequence[int] | int = 1024,
+              block_size: int = 16, planner_config: PlannerConfig | None = None,
+              cost_model: CostModel | None = None, max_waves_in_flight: int | None = None,
+              max_round_requests: int = 64, check_integrity: bool = False,
+              hybrid: bool = False) -> PipelineSim:
+    pol = get_policy(policy)
+    if isinstance(stage_num_blocks, int):
+        stage_num_blocks = [stage_num_blocks] * num_stages
+    pools = [BlockPool(n, block_size) for n in stage_num_blocks]
+    servers = [StageServer(s, pool, track_snapshots=hybrid) for s, pool in enumerate(pools)]
+    pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
+    kwargs = {"cost_model": cost_model} if pol.planner == "balanced" and cost_model else {}
+    planner = make_planner(pol.planner, pcfg, **kwargs)
+    leader = Leader(LeaderConfig(num_stages, block_size, max_waves_in_flight=max_waves_in_flight,
+                                 max_round_requests=max_round_requests,
+                                 stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid), planner)
+    return PipelineSim(leader, servers, costs, inline_admission=pol.inline_admission,
+                       check_integrity=check_integrity)
+
+
+def run_closed_loop(sim: PipelineSim, prompts: Sequence[Sequence[int]], concurrency: int,
+                    policy: str = "") -> SimReport:
+    """Keep `concurrency` requests outstanding until all `prompts` are done."""
+    next_index = 0
+
+    def submit_next(*_):
+        nonlocal next_index
+        if next_index < len(prompts):
+            i = next_index
+            next_index += 1
+            sim.submit(i, prompts[i])
+
+    sim._on_finish = submit_next
+    for _ in range(min(concurrency, len(prompts))):
+        submit_next()
+    end = sim.run()
+    return report(sim, policy, end)
+
+
+def report(sim: PipelineSim, policy: str, end: float) -> SimReport:
+    recs = list(sim.records.values())
+    done = [r for r in recs if r.failure is None and r.finish is not None]
+    ttft = sorted(r.finish - r.arrival for r in done) or [0.0]
+    rounds = sorted(e - s for _, s, e in sim.round_spans) or [0.0]
+    util = tuple(st.busy_s / end if end > 0 else 0.0 for st in sim.stats)
+    adm = tuple(st.idle_admission_s / end if end > 0 else 0.0 for st in sim.stats)
+    return SimReport(
+        policy=policy, num_requests=len(recs), num_failed=len(recs) - len(done), seconds=end,
+        input_tokens=sum(r.num_tokens for r in done), cached_tokens=sum(r.num_cached_tokens for r in done),
+        ttft_p50_s=_quantile(ttft, 0.5), ttft_p95_s=_quantile(ttft, 0.95), stage_utilization=util,
+        idle_admission_frac=adm, round_latency_p50_s=_quantile(rounds, 0.5),
+        round_latency_p99_s=_quantile(rounds, 0.99), num_waves=sim.stats[0].num_waves)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    return statistics.quantiles(sorted_values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]

@@ -1,0 +1,273 @@
+"""The pipeline in virtual time: the real Leader and StageServers, with charged costs.
+
+Each rank has two servers, as in the runtime:
+
+    LOOP  runs waves in order: prepare -> compute (charged) -> complete -> send on
+    WAVE  answers admission rounds at once, beside LOOP (asynchronous policies)
+
+Under an inline-admission policy (lockstep) there is no WAVE: rank 0's LOOP runs a whole
+round before it launches the next wave whenever requests wait, and every other stage answers
+round messages on its LOOP between waves, so a busy stage answers late.
+
+Rank 0 is the leader and stage 0. Waves go 0 -> 1 -> ... -> S-1; the last stage returns the
+result to rank 0.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from wavepp.sched.leader import Leader
+from wavepp.sched.messages import CommitMsg, LeaseMsg, ProbeMsg, ReleaseMsg, TokenResult, Wave, WaveResult
+from wavepp.sched.stage_server import StageServer
+from wavepp.sim.events import EventLoop
+
+ChunkShape = tuple[int, int]   # (num_cached, num_new)
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    wave_seconds: Callable[[int, Sequence[ChunkShape]], float]   # (stage id, chunks) -> compute s
+    transfer_seconds: Callable[[int], float] = lambda num_tokens: 0.0   # activations between stages
+    result_seconds: float = 0.0          # last stage -> rank 0
+    round_latency_s: float = 0.0         # one way, rounds plane
+    round_msg_s: float = 0.0             # a stage's work per round message
+    round_item_s: float = 0.0            # ... plus per request in it
+    leader_item_s: float = 0.0           # the leader's work per request per phase
+
+
+@dataclass
+class StageStats:
+    busy_s: float = 0.0            # computing waves
+    round_s: float = 0.0           # answering rounds on LOOP (inline admission)
+    idle_input_s: float = 0.0      # LOOP idle, nothing to run
+    idle_admission_s: float = 0.0  # LOOP idle or blocked while the pipeline waits for admission
+    num_waves: int = 0
+
+
+@dataclass
+class SimRecord:
+    arrival: float
+    finish: float | None = None
+    num_tokens: int = 0
+    num_cached_tokens: int = 0
+    failure: str | None = None
+
+
+class _Stage:
+    def __init__(self, sid: int):
+        self.sid = sid
+        self.queue: collections.deque = collections.deque()   # ("wave", wave) | ("round", fn)
+        self.busy = False
+        self.idle_since = 0.0
+
+
+class PipelineSim:
+    def __init__(self, leader: Leader, servers: Sequence[StageServer], costs: SimCosts, *,
+                 inline_admission: bool, check_integrity: bool = False,
+                 on_finish: Callable[[int, float], None] | None = None):
+        self.leader = leader
+        self.servers = list(servers)
+        self.costs = costs
+        self.inline = inline_admission
+        self.loop = EventLoop()
+        self.stats = [StageStats() for _ in servers]
+        self.records: dict[int, SimRecord] = {}
+        self.wave_spans: list[tuple[int, int, float, float]] = []    # (stage, wave id, start, end)
+        self.round_spans: list[tuple[int, float, float]] = []        # (round id, start, end)
+        self._stages = [_Stage(s) for s in range(len(servers))]
+        self._check = check_integrity
+        self._on_finish = on_finish
+        self._round_active = False      # an admission round is under way
+        self._rank0_blocked = False     # rank 0's LOOP is inside an inline round
+        self._wave_seconds: dict[int, list[float]] = collections.defaultdict(list)
+
+    # ---- driving -----------------------------------------------------------------------------
+
+    def submit(self, request_id: int, token_ids, at: float | None = None) -> None:
+        def arrive():
+            req = self.leader.add_request(request_id, token_ids, self.loop.now)
+            self.records[request_id] = SimRecord(self.loop.now, num_tokens=req.num_tokens)
+            if req.state.finished:
+                self._record_finish(request_id)
+            self._kick()
+        if at is None:
+            arrive()
+        else:
+            self.loop.at(at, arrive)
+
+    def run(self, until: float = float("inf")) -> float:
+        after = self._check_all if self._check else None
+        self.loop.run(until=until, after_event=after)
+        return self.loop.now
+
+    # ---- rank 0 ------------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if not self.inline and not self._round_active and self.leader.has_waiting:
+            self._start_round()
+        self._rank0_step()
+
+    def _rank0_step(self) -> None:
+        """Rank 0's LOOP, when free: (inline: a round first) then the next wave."""
+        st = self._stages[0]
+        if st.busy or self._rank0_blocked:
+            return
+        if self.inline and self.leader.has_waiting and not self._round_active:
+            self._account_idle(0)
+            self._rank0_blocked = True
+            st.idle_since = self.loop.now
+            self._start_round()
+            return
+        wave = self.leader.plan_wave(self.loop.now)
+        if wave is not None:
+            self._enqueue(0, ("wave", wave))
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    def _start_round(self) -> None:
+        msg = self.leader.start_round(self.loop.now)
+        if msg is None:
+            self._rank0_blocked = False
+            return
+        self._round_active = True
+        self._round_t0 = self.loop.now
+        self._broadcast(msg, self._after_probe)
+
+    def _after_probe(self, replies) -> None:
+        self._broadcast(self.leader.on_probe_replies(replies), self._after_lease)
+
+    def _after_lease(self, replies) -> None:
+        commit, release = self.leader.on_lease_replies(replies, self.loop.now)
+        if release is not None:
+            self._broadcast(release, None)
+        self._broadcast(commit, self._after_commit)
+
+    def _after_commit(self, replies) -> None:
+        outcome, release = self.leader.on_commit_replies(replies, self.loop.now)
+        if release is not None:
+            self._broadcast(release, None)
+        self.round_spans.append((outcome.round_id, self._round_t0, self.loop.now))
+        for req in outcome.admitted:
+            self.records[req.request_id].num_cached_tokens = req.num_cached_tokens
+        for req in outcome.failed:
+            self._record_finish(req.request_id)
+        self._round_active = False
+        if self._rank0_blocked:
+            self._rank0_blocked = False
+            self.stats[0].idle_admission_s += self.loop.now - self._stages[0].idle_since
+            self._stages[0].idle_since = self.loop.now
+        self._kick()
+
+    def _broadcast(self, msg, on_replies) -> None:
+        """Send `msg` to every stage; call on_replies(list) when all have answered."""
+        n_items = len(getattr(msg, "items", getattr(msg, "request_ids", ())))
+        leader_s = self.costs.leader_item_s * n_items
+        replies: list = []
+        c = self.costs
+
+        def serve(sid: int):
+            reply = self.servers[sid].handle(msg)
+            if on_replies is None:
+                return
+            replies.append(reply)
+            if len(replies) == len(self.servers):
+                self.loop.after(leader_s, lambda: on_replies(replies))
+
+        work = c.round_msg_s + c.round_item_s * n_items
+        for sid in range(len(self.servers)):
+            delay = 0.0 if sid == 0 else c.round_latency_s
+            if self.inline and sid != 0:
+                # answered on the stage's LOOP, between its waves; the reply travels back
+                def arrive(sid=sid):
+                    self._enqueue(sid, ("round", work, lambda sid=sid: self.loop.after(
+                        c.round_latency_s, lambda: serve(sid))))
+                self.loop.after(delay, arrive)
+            else:
+                back = 0.0 if sid == 0 else c.round_latency_s
+                self.loop.after(delay + work + back, lambda sid=sid: serve(sid))
+
+    # ---- execution ---------------------------------------------------------------------------
+
+    def _enqueue(self, sid: int, item) -> None:
+        st = self._stages[sid]
+        st.queue.append(item)
+        if not st.busy:
+            self._serve(sid)
+
+    def _serve(self, sid: int) -> None:
+        st = self._stages[sid]
+        if st.busy or not st.queue:
+            return
+        self._account_idle(sid)
+        kind, *rest = st.queue.popleft()
+        st.busy = True
+        if kind == "round":
+            work, done = rest
+            self.stats[sid].round_s += work
+
+            def finish_round():
+                st.busy = False
+                st.idle_since = self.loop.now
+                done()
+                self._serve(sid)
+            self.loop.after(work, finish_round)
+            return
+        wave: Wave = rest[0]
+        prepared = self.servers[sid].prepare(wave)
+        shapes = [(p.chunk.start, p.chunk.num_tokens) for p in prepared]
+        seconds = self.costs.wave_seconds(sid, shapes) if shapes else 0.0
+        start = self.loop.now
+        self.stats[sid].busy_s += seconds
+        self.stats[sid].num_waves += 1
+
+        def finish_wave():
+            self.servers[sid].complete(wave)
+            self.wave_spans.append((sid, wave.wave_id, start, self.loop.now))
+            st.busy = False
+            st.idle_since = self.loop.now
+            self._wave_seconds[wave.wave_id].append(seconds)
+            if sid + 1 < len(self.servers):
+                delay = self.costs.transfer_seconds(wave.num_tokens)
+                self.loop.after(delay, lambda: self._enqueue(sid + 1, ("wave", wave)))
+            else:
+                self.loop.after(self.costs.result_seconds, lambda: self._wave_done(wave))
+            if sid == 0:
+                self._rank0_step()
+            self._serve(sid)
+        self.loop.after(seconds, finish_wave)
+
+    def _wave_done(self, wave: Wave) -> None:
+        tokens = tuple(TokenResult(c.request_id, 0, 0.0) for c in wave.chunks if c.is_last)
+        result = WaveResult(wave.wave_id, tokens, tuple(self._wave_seconds.pop(wave.wave_id)))
+        for req in self.leader.on_wave_result(result, self.loop.now):
+            self._record_finish(req.request_id)
+        self._kick()
+
+    def _record_finish(self, request_id: int) -> None:
+        req = self.leader.requests[request_id]
+        rec = self.records[request_id]
+        rec.finish = self.loop.now
+        rec.failure = req.failure
+        if self._on_finish is not None:
+            self._on_finish(request_id, self.loop.now)
+
+    def _account_idle(self, sid: int) -> None:
+        st = self._stages[sid]
+        if st.busy:
+            return
+        gap = self.loop.now - st.idle_since
+        if gap <= 0:
+            return
+        starving = self._round_active and not self.leader.plannable
+        if starving or (sid == 0 and self._rank0_blocked):
+            self.stats[sid].idle_admission_s += gap
+        else:
+            self.stats[sid].idle_input_s += gap
+        st.idle_since = self.loop.now
+
+    def _check_all(self) -> None:
+        for server in self.servers:
+            server.pool.check_integrity()

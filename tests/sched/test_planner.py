@@ -1,0 +1,148 @@
+"""Planners on hand-computed cases."""
+
+import pytest
+
+from wavepp.sched import (BalancedPlanner, CostCoefficients, CostModel, MpuPlanner, PlannerConfig,
+                          Request, StaticPlanner, budget_ladder, make_planner)
+
+
+def req(rid, num_tokens, scheduled=0):
+    r = Request.create(rid, [1 + (i % 7) for i in range(num_tokens)], 16)
+    r.num_cached_tokens = r.num_scheduled_tokens = scheduled
+    return r
+
+
+def spans(chunks):
+    return [(c.request_id, c.start, c.end, c.is_last) for c in chunks]
+
+
+def test_budget_ladder_halves_and_aligns():
+    assert budget_ladder(2048, 64, 16) == [2048, 1024, 512, 256, 128, 64]
+    assert budget_ladder(1000, 100, 16) == [992, 496, 240, 112, 96]
+    assert budget_ladder(64, 64, 16) == [64]
+
+
+def test_static_packs_fcfs_with_aligned_cuts():
+    cfg = PlannerConfig(block_size=16, num_stages=2, static_wave_tokens=100)
+    planner = StaticPlanner(cfg)
+    a, b, c = req(0, 40), req(1, 70, scheduled=16), req(2, 30)
+    # a whole (40); b: 60 left of budget, 54 left of b -> whole (70 is its end); c: 6 left < a block
+    assert spans(planner.plan([a, b, c])) == [(0, 0, 40, True), (1, 16, 70, True)]
+    big = req(3, 300)
+    # a cut that is not the end of the request is aligned down to the block size
+    assert spans(planner.plan([a, big])) == [(0, 0, 40, True), (3, 0, 48, False)]
+
+
+def test_mpu_proposal_follows_the_formula():
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=2048, min_wave_tokens=64)
+    planner = MpuPlanner(cfg)
+    assert planner.ring == 4 and planner.target_waves == 6   # R = 2P, S = R + (F-1)P
+    # W = 8 * 1000 = 8000 tokens; n(2048) = max(3.9, 0) < 6; n(1024) = max(7.8, 8) >= 6
+    reqs = [req(i, 1000) for i in range(8)]
+    assert planner.propose(reqs) == 1024
+    # W = 4 * 100 = 400: n(b) = max(400/b, N_{>b/2}); n(64) = max(6.25, 4) >= 6 -> 64
+    assert planner.propose([req(i, 100) for i in range(4)]) == 64
+    # many short requests: N_{>b/2} counts them: 7 requests of 200 tokens: n(256) = max(5.5, 7) >= 6
+    assert planner.propose([req(i, 200) for i in range(7)]) == 256
+
+
+def test_mpu_hysteresis_raises_after_half_ring_and_lowers_after_p():
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=2048, min_wave_tokens=64)
+    planner = MpuPlanner(cfg)
+    assert planner.budget == 2048
+    assert planner.decide(512) == 2048      # 1st lower proposal
+    assert planner.decide(512) == 512       # P = 2 consecutive -> lowered
+    assert planner.decide(1024) == 512      # 1st raise proposal
+    assert planner.decide(1024) == 1024     # R/2 = 2 consecutive -> raised
+    assert planner.decide(256) == 1024
+    assert planner.decide(1024) == 1024     # streak broken by an equal proposal
+    assert planner.decide(256) == 1024
+
+
+def test_mpu_packing_skips_fragments_below_half_budget():
+    cfg = PlannerConfig(block_size=16, num_stages=1, max_wave_tokens=256, min_wave_tokens=64)
+    planner = MpuPlanner(cfg)
+    planner.budget = 256
+    planner.propose = lambda reqs: 256
+    a, b, c = req(0, 160), req(1, 500), req(2, 80)
+    # a takes 160, 96 left < max(64, 128): b would be a fragment -> skipped; c (80) fits whole
+    assert spans(planner.plan([a, b, c])) == [(0, 0, 160, True), (2, 0, 80, True)]
+
+
+def test_balanced_target_spreads_work_over_target_waves():
+    # pure linear cost: 1 ms per wave, 1 ms per chunk, 10 us per token
+    coef = CostCoefficients(c_wave=1e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=4096, min_wave_tokens=16)
+    planner = BalancedPlanner(cfg, CostModel(coef))
+    reqs = [req(0, 4096)]
+    # work = 1e-3 + 4096e-5 = 41.96 ms spread over S = 6 waves -> T = 1 ms + 6.993 ms
+    assert planner.target_time(reqs) == pytest.approx(1e-3 + (1e-3 + 4096e-5) / 6)
+    # x with c0 + b x <= T - c_wave: x = 599.3 -> aligned down to 592
+    assert spans(planner.plan(reqs)) == [(0, 0, 592, False)]
+
+
+def test_balanced_equal_predicted_wave_times():
+    # attention-heavy cost: chunks after long prefixes must be shorter for the same time
+    coef = CostCoefficients(c_wave=1e-3, c0=2e-4, g=1e-7, b=1e-5, a=1e-9)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=1024, min_wave_tokens=16)
+    planner = BalancedPlanner(cfg, CostModel(coef))
+    cost = planner.cost
+    long_reqs = [req(0, 20000), req(1, 20000, scheduled=8000)]
+    target = planner.target_time(long_reqs)
+    assert target == pytest.approx(cost.wave_time([(0, 1024)]))   # plenty of work: clamped at M
+    times, sizes = [], []
+    for _ in range(6):
+        chunks = planner.plan(long_reqs)
+        shapes = [(c.start, c.num_tokens) for c in chunks]
+        times.append(cost.wave_time(shapes))
+        sizes.append(shapes)
+        for c, r in zip(chunks, long_reqs):
+            r.num_scheduled_tokens = c.end
+    # every wave within one block's cost of the target, never above it
+    block_cost = max(cost.chunk_time(L + x, 16) for shape in sizes for L, x in shape)
+    assert all(target - block_cost <= t <= target + 1e-12 for t in times), (times, target)
+    # the first request's chunk comes first and takes the whole budget: x solves t(L, x) = T - c_wave
+    assert sizes[0] == [(0, 1024)]
+    L = sizes[1][0][0]
+    assert sizes[1][0][1] == min(1024, cost.max_chunk_tokens(L, target - coef.c_wave)) // 16 * 16
+
+
+def test_balanced_shrinks_chunks_after_long_prefixes():
+    coef = CostCoefficients(c_wave=0.0, c0=0.0, g=0.0, b=1e-5, a=1e-8)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=8192, min_wave_tokens=16)
+    planner = BalancedPlanner(cfg, CostModel(coef))
+    cost = planner.cost
+    budget = cost.chunk_time(0, 1024)
+    x_far = cost.max_chunk_tokens(8000, budget)
+    assert x_far < 1024
+    assert cost.chunk_time(8000, x_far) <= budget < cost.chunk_time(8000, x_far + 1)
+
+
+def test_cost_model_converges_to_exact_times():
+    truth = CostCoefficients(c_wave=3e-3, c0=5e-4, g=2e-7, b=3e-4, a=4e-9)
+    model = CostModel(CostCoefficients(c_wave=1e-3, c0=1e-3, g=1e-6, b=1e-3, a=1e-8))
+    exact = CostModel(truth)
+    import random
+    rng = random.Random(0)
+    for _ in range(400):
+        chunks = [(rng.randrange(0, 8000, 16), rng.randrange(16, 1024)) for _ in range(rng.randint(1, 4))]
+        model.observe(chunks, exact.wave_time(chunks))
+    for name in ("c_wave", "c0", "g", "b", "a"):
+        assert getattr(model.coef, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+
+
+def test_cost_model_prior_rules_before_data():
+    prior = CostCoefficients(c_wave=1e-3, c0=2e-4, g=1e-7, b=4e-4, a=1e-9)
+    assert CostModel(prior).coef == prior
+
+
+def test_unknown_planner_names_the_choices():
+    with pytest.raises(ValueError, match="balanced"):
+        make_planner("fastest", PlannerConfig())
+
+
+def test_planner_config_validates_fields():
+    with pytest.raises(ValueError, match="block_size"):
+        PlannerConfig(block_size=0)
+    with pytest.raises(ValueError, match="min_wave_tokens"):
+        PlannerConfig(min_wave_tokens=4096, max_wave_tokens=1024)
