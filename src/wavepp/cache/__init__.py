@@ -1,0 +1,44 @@
+"""One pipeline stage's KV block cache: pure Python, deterministic, no tensors, no threads.
+
+`BlockPool` keeps the stage's blocks (ref counts, leaf-only LRU eviction on a logical clock,
+a prefix index of chained hashes, leases and capacity escrow); `hash_blocks` names full
+blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
+"""
+
+from wavepp.cache.errors import (
+    AlreadyReleasedError,
+    CacheError,
+    IntegrityError,
+    InvalidArgumentError,
+    PendingBlockError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from wavepp.cache.hashing import hash_blocks
+from wavepp.cache.pool import BlockPool
+from wavepp.cache.results import (
+    CapacityView,
+    CommitResult,
+    LeaseResult,
+    MatchResult,
+    RequestState,
+    ReserveResult,
+)
+
+__all__ = [
+    "AlreadyReleasedError",
+    "BlockPool",
+    "CacheError",
+    "CapacityView",
+    "CommitResult",
+    "IntegrityError",
+    "InvalidArgumentError",
+    "LeaseResult",
+    "MatchResult",
+    "PendingBlockError",
+    "RequestState",
+    "RequestStateError",
+    "ReserveResult",
+    "UnknownRequestError",
+    "hash_blocks",
+]

@@ -1,0 +1,505 @@
+"""One stage's KV block pool: prefix index, ref counts, leaf-only LRU eviction, lease, escrow.
+
+The leader drives every stage's pool through one admission round per request:
+
+    match(hashes)            probe: longest cached prefix here (mutates nothing)
+    lease(id, hashes, n)     pin the prefix the leader agreed on (the minimum over stages)
+    reserve(id, n)           escrow: hold victims for n new blocks, evict nothing yet
+    commit(id, new_hashes)   re-check victims, register the new blocks as PENDING entries
+    cancel(id) / release(id) undo, if any stage said no
+
+and later, as chunks of the request pass this stage:
+
+    materialize(id)          evict the victims, hand out the block table
+    publish(id, n_tokens)    tokens [0, n_tokens) are written: PENDING -> COMPUTED
+    free(id)                 done: computed blocks stay cached, the rest is freed
+
+Everything is deterministic: recency is a logical clock ticked once per touched block, ties
+break on depth then block id, and free blocks go out lowest id first. Pure Python, no locks:
+one caller at a time (the stage's admission loop or the simulator).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Sequence
+
+from wavepp.cache import integrity
+from wavepp.cache.block import BlockEntry, LeafQueue
+from wavepp.cache.errors import (
+    AlreadyReleasedError,
+    InvalidArgumentError,
+    PendingBlockError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from wavepp.cache.escrow import Escrow, Victim, num_cached, pick_victims, unpick_victims
+from wavepp.cache.request import PoolRequest
+from wavepp.cache.results import (
+    CapacityView,
+    CommitResult,
+    LeaseResult,
+    MatchResult,
+    RequestState,
+    ReserveResult,
+)
+
+_NUM_RETIRED_REMEMBERED = 1 << 16  # released ids kept to tell "released twice" from "unknown"
+
+
+class BlockPool:
+    """The block pool of one pipeline stage. See the module docstring for the round."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None) -> None:
+        if num_blocks <= 0:
+            raise InvalidArgumentError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise InvalidArgumentError(f"block_size must be positive, got {block_size}")
+        if max_leased_blocks is not None and max_leased_blocks < 0:
+            raise InvalidArgumentError(f"max_leased_blocks must be >= 0, got {max_leased_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_leased_blocks = max_leased_blocks
+        self._index: dict[int, BlockEntry] = {}  # hash -> linked entry
+        self._block_entries: list[BlockEntry | None] = [None] * num_blocks  # block id -> owner entry
+        self._free_ids: list[int] = list(range(num_blocks))  # a heap: lowest id first
+        self._leaves = LeafQueue()
+        self._requests: dict[Hashable, PoolRequest] = {}
+        self._retired: dict[Hashable, None] = {}
+        self._clock = 0
+        self._num_evictable = 0
+        self._num_leased = 0
+        self._num_escrowed = 0
+        self._num_in_use = 0
+        self._num_pending = 0
+
+    # ---- probe ------------------------------------------------------------------------------
+
+    def match(self, block_hashes: Sequence[int]) -> MatchResult:
+        """Longest prefix of `block_hashes` in the index (COMPUTED or PENDING). Mutates nothing.
+
+        Exact in O(log n) lookups because presence is monotone along a chain: eviction takes
+        leaves only and a PENDING entry's parent is held by its owner.
+        """
+        index = self._index
+        num_hashes = len(block_hashes)
+        # lengths: [1, lo] known present | (lo, hi) unknown | [hi, ...) known absent
+        lo, hi, length, num_lookups = 0, num_hashes + 1, 1, 0
+        last = None
+        while length <= num_hashes:
+            num_lookups += 1
+            entry = index.get(block_hashes[length - 1])
+            if entry is None:
+                hi = length
+                break
+            lo, last, length = length, entry, length * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            num_lookups += 1
+            entry = index.get(block_hashes[mid - 1])
+            if entry is None:
+                hi = mid
+            else:
+                lo, last = mid, entry
+        if last is None or last.computed:
+            return MatchResult(lo, lo, num_lookups)
+        # Computed-ness is monotone too (an entry is published only after its parent).
+        clo, chi = 0, lo - 1  # lengths [1, clo] computed | [chi + 1, lo] pending
+        while chi > clo:
+            mid = (clo + chi + 1) // 2
+            num_lookups += 1
+            if index[block_hashes[mid - 1]].computed:
+                clo = mid
+            else:
+                chi = mid - 1
+        return MatchResult(lo, clo, num_lookups)
+
+    def match_linear(self, block_hashes: Sequence[int]) -> int:
+        """Reference for `match`: walk the chain until the first absent hash."""
+        for num_found, block_hash in enumerate(block_hashes):
+            if block_hash not in self._index:
+                return num_found
+        return len(block_hashes)
+
+    # ---- admission: lease, reserve, commit, cancel -------------------------------------------
+
+    def lease(self, request_id: Hashable, block_hashes: Sequence[int], num_blocks: int) -> LeaseResult:
+        """Pin the first `num_blocks` entries of `block_hashes` for `request_id` (ref + 1 each).
+
+        The blocks are safe to read from until release/free. Touches them in prefix order.
+        Must be the request's first call on this pool. Not ok (nothing changes) if a block is
+        no longer in the index, if the lease cap would be exceeded, or if a block is a victim
+        of a committed escrow for which no replacement is left. Leasing a victim of a
+        reserved (uncommitted) escrow takes it from that escrow; its commit replaces it.
+        """
+        if request_id in self._requests:
+            state = self._requests[request_id].state.value
+            raise RequestStateError(request_id, "lease", state, "a request leases once, before reserve")
+        if not 0 <= num_blocks <= len(block_hashes):
+            raise InvalidArgumentError(f"lease: num_blocks={num_blocks} not in [0, {len(block_hashes)}]")
+        entries = []
+        for block_hash in block_hashes[:num_blocks]:
+            entry = self._index.get(block_hash)
+            if entry is None:
+                reason = f"block {len(entries)} of the {num_blocks} to lease is no longer cached"
+                return LeaseResult(False, 0, reason)
+            entries.append(entry)
+        num_new_leased = sum(1 for e in entries if e.ref_count == 0)
+        cap = self.max_leased_blocks
+        if cap is not None and self._num_leased + num_new_leased > cap:
+            reason = f"lease cap: {self._num_leased} leased + {num_new_leased} new > {cap}"
+            return LeaseResult(False, 0, reason)
+        claims = [e for e in entries if e.victim_of is not None]
+        replacements = self._replace_committed_claims(claims, entries)
+        if replacements is None:
+            owners = sorted({repr(e.victim_of) for e in claims})
+            reason = f"would take escrow victims of committed request(s) {', '.join(owners)}, none to spare"
+            return LeaseResult(False, 0, reason)
+        for escrow, picks in replacements:
+            escrow.victims.update(picks)
+            self._num_escrowed += len(picks)
+            self._num_evictable -= num_cached(picks)
+        for entry in entries:
+            if entry.victim_of is not None:
+                del self._requests[entry.victim_of].escrow.victims[entry.block_id]  # type: ignore[union-attr]
+                entry.victim_of = None
+                self._num_escrowed -= 1
+                self._num_leased += 1
+            elif entry.ref_count == 0:
+                self._num_evictable -= 1
+                self._num_leased += 1
+            entry.ref_count += 1
+            self._clock += 1
+            entry.last_access = self._clock
+        self._retired.pop(request_id, None)
+        self._requests[request_id] = PoolRequest(request_id, entries)
+        self._maybe_compact()
+        return LeaseResult(True, num_blocks, num_claimed=len(claims))
+
+    def reserve(self, request_id: Hashable, num_blocks: int) -> ReserveResult:
+        """Hold victims for `num_blocks` new blocks of `request_id`; evict nothing yet.
+
+        Victims: free blocks (lowest id first), then evictable leaves in LRU order, a parent
+        counting as a leaf once all its children are victims of this reservation. Never a
+        referenced, pending or other escrow's block. Not ok (holds nothing) if there are too
+        few. The request may have leased before (and must not hold an escrow already).
+        """
+        if num_blocks < 0:
+            raise InvalidArgumentError(f"reserve: num_blocks must be >= 0, got {num_blocks}")
+        request = self._requests.get(request_id)
+        if request is not None and request.state is not RequestState.LEASED:
+            raise RequestStateError(request_id, "reserve", request.state.value, "it already holds an escrow or blocks")
+        picks = pick_victims(self._free_ids, self._leaves, {}, num_blocks, request_id)
+        if len(picks) < num_blocks:
+            unpick_victims(self._free_ids, self._leaves, picks)
+            reason = f"need {num_blocks} blocks, only {len(picks)} claimable now"
+            return ReserveResult(False, 0, (), reason)
+        if request is None:
+            self._retired.pop(request_id, None)
+            request = self._requests[request_id] = PoolRequest(request_id, [])
+        request.escrow = Escrow(num_blocks, dict(picks))
+        self._num_escrowed += len(picks)
+        self._num_evictable -= num_cached(picks)
+        return ReserveResult(True, num_blocks, tuple(block_id for block_id, _ in picks))
+
+    def commit(self, request_id: Hashable, new_block_hashes: Sequence[int]) -> CommitResult:
+        """Confirm the reservation and register the new full blocks as PENDING entries.
+
+        new_block_hashes: hashes of the request's new full blocks, in order, continuing the
+        chain after its leased prefix (at most the reserved count: a partial last block has
+        none). A hash already in the index is not registered twice: that block, and every one
+        after it, stays private to the request.
+        Victims claimed since reserve are replaced first; if that is impossible the escrow is
+        dropped (the lease stays) and the result is not ok. After an ok commit, materialize
+        cannot fail for lack of room: leases that would take a victim must leave a replacement.
+        """
+        request = self._get(request_id, "commit")
+        if request.state is not RequestState.RESERVED:
+            raise RequestStateError(request_id, "commit", request.state.value, "commit needs a reservation")
+        escrow = request.escrow
+        assert escrow is not None
+        if len(new_block_hashes) > escrow.num_blocks:
+            raise InvalidArgumentError(
+                f"commit: {len(new_block_hashes)} new hashes for {escrow.num_blocks} reserved blocks"
+            )
+        num_missing = escrow.num_missing
+        if num_missing:
+            picks = pick_victims(self._free_ids, self._leaves, escrow.victims, num_missing, request_id)
+            if len(picks) < num_missing:
+                unpick_victims(self._free_ids, self._leaves, picks)
+                self._return_escrow(request)
+                reason = f"{num_missing} victims were claimed since reserve, only {len(picks)} replaceable"
+                return CommitResult(False, 0, 0, reason)
+            escrow.victims.update(picks)
+            self._num_escrowed += len(picks)
+            self._num_evictable -= num_cached(picks)
+        num_registered = self._register(request, new_block_hashes)
+        escrow.committed = True
+        return CommitResult(True, num_missing, num_registered)
+
+    def cancel(self, request_id: Hashable) -> None:
+        """Give back the escrow of a reserved or committed request; its lease stays.
+
+        A committed request's PENDING entries leave the index (readers that leased one keep
+        it, dead). The request is LEASED again and may reserve anew.
+        """
+        request = self._get(request_id, "cancel")
+        if request.state not in (RequestState.RESERVED, RequestState.COMMITTED):
+            raise RequestStateError(request_id, "cancel", request.state.value, "nothing reserved to cancel")
+        self._drop_own(request)
+        self._return_escrow(request)
+
+    # ---- execution: materialize, publish, free ----------------------------------------------
+
+    def materialize(self, request_id: Hashable) -> list[int]:
+        """Turn the committed escrow into blocks; return the request's whole block table.
+
+        Evicts the cached victims now (their hashes leave the index), gives the request's new
+        entries their block ids (victims in reservation order), and returns leased block ids
+        followed by new ones. Raises PendingBlockError, changing nothing, if a leased entry's
+        owner has not materialized it yet or let it go uncomputed.
+        """
+        request = self._get(request_id, "materialize")
+        if request.state is not RequestState.COMMITTED:
+            raise RequestStateError(request_id, "materialize", request.state.value, "only a committed escrow materializes")
+        for entry in request.leased:
+            if not entry.computed and not entry.owned:
+                raise PendingBlockError(request_id, entry.owner_id, "materialize", "was released before it was computed")
+            if entry.block_id is None:
+                raise PendingBlockError(request_id, entry.owner_id, "materialize", "is not materialized yet")
+        escrow = request.escrow
+        assert escrow is not None
+        evicted = [e for e in escrow.victims.values() if e is not None]
+        evicted.sort(key=lambda e: -e.depth)  # deepest first: each is a leaf when it goes
+        for entry in evicted:
+            entry.victim_of = None
+            self._unlink(entry)
+            entry.block_id = None  # the block now belongs to one of the request's entries
+        block_ids = list(escrow.victims)
+        for entry, block_id in zip(request.own, block_ids):
+            entry.block_id = block_id
+            self._block_entries[block_id] = entry
+        self._num_escrowed -= len(block_ids)
+        self._num_in_use += len(block_ids)
+        request.escrow = None
+        request.block_table = [e.block_id for e in request.leased] + block_ids  # type: ignore[misc]
+        return list(request.block_table)
+
+    def publish(self, request_id: Hashable, num_computed_tokens: int) -> None:
+        """Tokens [0, num_computed_tokens) of the request are written on this stage.
+
+        Its PENDING entries now fully covered become COMPUTED (and touched, in prefix order).
+        Idempotent for a count <= the last one. Raises InvalidArgumentError beyond the
+        request's blocks, PendingBlockError if its leased prefix is not computed yet.
+        """
+        request = self._get(request_id, "publish")
+        if request.state is not RequestState.MATERIALIZED:
+            raise RequestStateError(request_id, "publish", request.state.value, "publish needs materialized blocks")
+        block_size = self.block_size
+        num_leased = len(request.leased)
+        num_tokens = request.num_blocks * block_size
+        if not 0 <= num_computed_tokens <= num_tokens:
+            raise InvalidArgumentError(
+                f"publish: request {request_id!r} has {num_tokens} tokens of blocks, got {num_computed_tokens}"
+            )
+        if num_computed_tokens <= request.num_computed_tokens:
+            return
+        # tokens: [0, num_leased * B) leased | [num_leased * B, num_tokens) own blocks
+        if num_computed_tokens > num_leased * block_size and num_leased and not request.leased[-1].computed:
+            owner_id = request.leased[-1].owner_id
+            raise PendingBlockError(request_id, owner_id, "publish", "is not computed (published) yet")
+        start = max(request.num_computed_tokens // block_size, num_leased) - num_leased
+        end = num_computed_tokens // block_size - num_leased
+        for entry in request.own[start:end]:
+            if entry.linked and not entry.computed:
+                entry.computed = True
+                self._num_pending -= 1
+                self._clock += 1
+                entry.last_access = self._clock
+        request.num_computed_tokens = num_computed_tokens
+
+    def free(self, request_id: Hashable) -> None:
+        """A materialized request is done: give back all it holds (see `release`)."""
+        request = self._get(request_id, "free")
+        if request.state is not RequestState.MATERIALIZED:
+            raise RequestStateError(request_id, "free", request.state.value, "free is for materialized requests; use release")
+        self._retire(request)
+
+    def release(self, request_id: Hashable) -> None:
+        """Give back everything the request holds, in any state: escrow, own entries, lease.
+
+        COMPUTED entries stay cached (evictable once unreferenced). Never-computed PENDING
+        entries and private blocks leave the index and go back to the free list once nobody
+        references them; a PENDING entry another request leased stays, dead (unmatchable),
+        until that reader lets go too, and the readers' own PENDING entries built on it leave
+        the index with it.
+        """
+        self._retire(self._get(request_id, "release"))
+
+    # ---- views ------------------------------------------------------------------------------
+
+    def capacity(self) -> CapacityView:
+        return CapacityView(
+            num_free=len(self._free_ids),
+            num_evictable=self._num_evictable,
+            num_leased=self._num_leased,
+            num_escrowed=self._num_escrowed,
+            num_pending=self._num_pending,
+            num_in_use=self._num_in_use,
+            num_blocks=self.num_blocks,
+        )
+
+    def has_request(self, request_id: Hashable) -> bool:
+        return request_id in self._requests
+
+    def request_state(self, request_id: Hashable) -> RequestState:
+        return self._get(request_id, "request_state").state
+
+    def block_table(self, request_id: Hashable) -> list[int]:
+        """Block ids of a materialized request: leased prefix, then its own blocks."""
+        request = self._get(request_id, "block_table")
+        if request.block_table is None:
+            raise RequestStateError(request_id, "block_table", request.state.value, "not materialized")
+        return list(request.block_table)
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError naming the first broken invariant; O(pool size)."""
+        integrity.check_pool(self)
+
+    # ---- private helpers --------------------------------------------------------------------
+
+    def _get(self, request_id: Hashable, operation: str) -> PoolRequest:
+        request = self._requests.get(request_id)
+        if request is None:
+            if request_id in self._retired:
+                raise AlreadyReleasedError(request_id, operation)
+            raise UnknownRequestError(request_id, operation)
+        return request
+
+    def _replace_committed_claims(
+        self, claims: list[BlockEntry], leasing: list[BlockEntry]
+    ) -> list[tuple[Escrow, list[Victim]]] | None:
+        """Replacements for victims a lease takes from committed escrows; None if impossible."""
+        by_owner: dict[Hashable, list[BlockEntry]] = {}
+        for entry in claims:
+            if self._requests[entry.victim_of].escrow.committed:  # type: ignore[union-attr]
+                by_owner.setdefault(entry.victim_of, []).append(entry)
+        done: list[tuple[Escrow, list[Victim]]] = []
+        exclude = set(leasing)
+        for owner_id, claimed in by_owner.items():
+            escrow = self._requests[owner_id].escrow
+            assert escrow is not None
+            held = {b: e for b, e in escrow.victims.items() if e is None or e not in claimed}
+            picks = pick_victims(self._free_ids, self._leaves, held, len(claimed), owner_id, exclude)
+            done.append((escrow, picks))
+            if len(picks) < len(claimed):
+                for _, undo in reversed(done):
+                    unpick_victims(self._free_ids, self._leaves, undo)
+                return None
+        return done
+
+    def _register(self, request: PoolRequest, new_block_hashes: Sequence[int]) -> int:
+        """Create the request's own entries at commit; link the new hashes while the chain holds."""
+        escrow = request.escrow
+        assert escrow is not None
+        parent = request.leased[-1] if request.leased else None
+        # Link only onto a parent the request holds and that is still findable; once one hash
+        # is taken already (deduplicated), the rest stay private: a linked entry's parent must
+        # be held by its owner, or eviction could cut the chain under it.
+        linking = parent is None or parent.linked
+        depth = len(request.leased)
+        own = []
+        for i in range(escrow.num_blocks):
+            block_hash = new_block_hashes[i] if i < len(new_block_hashes) else None
+            if linking and block_hash is not None and block_hash not in self._index:
+                entry = BlockEntry(block_hash, parent, depth + i, request.request_id, linked=True)
+                self._index[block_hash] = entry
+                if parent is not None:
+                    parent.num_children += 1
+                parent = entry
+            else:
+                linking = False
+                entry = BlockEntry(None, None, depth + i, request.request_id)
+            own.append(entry)
+        num_registered = sum(1 for e in own if e.linked)
+        self._num_pending += num_registered
+        request.own = own
+        request.new_block_hashes = tuple(new_block_hashes)
+        return num_registered
+
+    def _return_escrow(self, request: PoolRequest) -> None:
+        escrow = request.escrow
+        assert escrow is not None
+        picks = list(escrow.victims.items())
+        unpick_victims(self._free_ids, self._leaves, picks)
+        self._num_escrowed -= len(picks)
+        self._num_evictable += num_cached(picks)
+        request.escrow = None
+
+    def _retire(self, request: PoolRequest) -> None:
+        if request.escrow is not None:
+            self._return_escrow(request)
+        self._drop_own(request)
+        for entry in reversed(request.leased):
+            was_leased = entry.block_id is not None and not entry.owned
+            entry.ref_count -= 1
+            if was_leased and entry.ref_count == 0:  # (dead and never materialized: nothing)
+                self._num_leased -= 1
+                self._settle_unreferenced(entry)
+        request.leased = []
+        del self._requests[request.request_id]
+        self._retired[request.request_id] = None
+        if len(self._retired) > _NUM_RETIRED_REMEMBERED:
+            del self._retired[next(iter(self._retired))]
+        self._maybe_compact()
+
+    def _drop_own(self, request: PoolRequest) -> None:
+        """The owner lets go of its own entries, deepest first (children before parents)."""
+        for entry in reversed(request.own):
+            if entry.linked and not entry.computed:
+                self._unlink_pending(entry)
+            entry.owned = False
+            entry.ref_count -= 1
+            if entry.block_id is None:
+                continue
+            self._num_in_use -= 1
+            if entry.ref_count:
+                self._num_leased += 1  # readers keep it: cached-and-leased, or dead
+            else:
+                self._settle_unreferenced(entry)
+        request.own = []
+        request.new_block_hashes = ()
+
+    def _settle_unreferenced(self, entry: BlockEntry) -> None:
+        """An entry with a block just lost its last ref: cache it, or free its block."""
+        if entry.linked:
+            self._num_evictable += 1
+            self._leaves.offer(entry)
+        else:
+            self._block_entries[entry.block_id] = None  # type: ignore[index]
+            heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[arg-type]
+
+    def _unlink_pending(self, entry: BlockEntry) -> None:
+        """Take a never-computed entry out of the index, and every PENDING entry built on it."""
+        if entry.ref_count > int(entry.owned):  # readers leased it: their new entries die too
+            for reader in self._requests.values():
+                if len(reader.leased) > entry.depth and reader.leased[entry.depth] is entry:
+                    for own in reversed(reader.own):
+                        if own.linked:
+                            self._unlink_pending(own)
+        self._unlink(entry)
+
+    def _unlink(self, entry: BlockEntry) -> None:
+        del self._index[entry.block_hash]  # type: ignore[arg-type]
+        entry.linked = False
+        if not entry.computed:
+            self._num_pending -= 1
+        parent = entry.parent
+        if parent is not None:
+            parent.num_children -= 1
+            if parent.num_children == 0:
+                self._leaves.offer(parent)
+
+    def _maybe_compact(self) -> None:
+        if len(self._leaves) > 2 * self._num_evictable + 1024:
+            self._leaves.compact()
