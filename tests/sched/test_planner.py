@@ -75,17 +75,23 @@ def test_balanced_target_spreads_work_over_target_waves():
     cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=4096, min_wave_tokens=16)
     planner = BalancedPlanner(cfg, CostModel(coef))
     reqs = [req(0, 4096)]
-    # work = 1e-3 + 4096e-5 = 41.96 ms spread over S = 6 waves -> T = 1 ms + 6.993 ms
-    assert planner.target_time(reqs) == pytest.approx(1e-3 + (1e-3 + 4096e-5) / 6)
-    # x with c0 + b x <= T - c_wave: x = 599.3 -> aligned down to 592
-    assert spans(planner.plan(reqs)) == [(0, 0, 592, False)]
+    planner.overhead_frac = 1e-9     # no efficiency cap in this case
+    # work = 1e-3 + 4096e-5 = 41.96 ms spread over P = 2 waves -> T = 1 ms + 20.98 ms
+    assert planner.target_time(reqs) == pytest.approx(1e-3 + (1e-3 + 4096e-5) / 2)
+    # x with c0 + b x <= T - c_wave: x = 1998 -> aligned down to 1984
+    assert spans(planner.plan(reqs)) == [(0, 0, 1984, False)]
+    # with the default 3% cap: fixed costs 2 ms -> T <= 66.7 ms (an M = 8192 wave costs 84 ms);
+    # 8 such requests spread over 2 waves (168 ms) are capped there
+    wide = BalancedPlanner(PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=8192), CostModel(coef))
+    many = [req(i, 4096) for i in range(8)]
+    assert wide.target_time(many) == pytest.approx(2e-3 / 0.03)
 
 
 def test_balanced_equal_predicted_wave_times():
     # attention-heavy cost: chunks after long prefixes must be shorter for the same time
     coef = CostCoefficients(c_wave=1e-3, c0=2e-4, g=1e-7, b=1e-5, a=1e-9)
     cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=1024, min_wave_tokens=16)
-    planner = BalancedPlanner(cfg, CostModel(coef))
+    planner = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
     cost = planner.cost
     long_reqs = [req(0, 20000), req(1, 20000, scheduled=8000)]
     target = planner.target_time(long_reqs)

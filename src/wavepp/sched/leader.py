@@ -304,7 +304,9 @@ class Leader:
     def _not_admitted(self, req: Request, reason: str, now: float) -> None:
         """Retry after capacity changes (a wave finishes); fail if nothing could ever free it."""
         req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
-        busy = self.plannable or self.waves_in_flight
+        holders = self.round.requests if self.round else ()
+        busy = self.plannable or self.waves_in_flight or any(
+            r is not req and r.state in (RequestState.LEASED, RequestState.ESCROWED) for r in holders)
         if not busy:
             self._fail(req, f"cannot be admitted on an idle pipeline: {reason}", now)
             return

@@ -159,17 +159,21 @@ class BalancedPlanner:
     """Equal predicted wave times from a fitted cost model.
 
     The wave time target T is the predicted cost of the available work spread over
-    `target_waves` waves (as mpu's S), clamped between the cost of a b_min-token wave and of an
-    M-token wave. Packing is FCFS: a request that fits in what is left of T goes whole, else it
+    `target_waves` waves (default: one per stage, enough to fill the pipeline), clamped
+    between the cost of a b_min-token wave and a cap:
+    the cost of an M-token wave, or less, the time beyond which the fixed per-wave and per-chunk
+    costs fall under `overhead_frac` of the wave (larger waves then buy no efficiency, only
+    longer pipeline fill and drain). Packing is FCFS: a request that fits in what is left of T goes whole, else it
     gets the largest aligned chunk that does; a chunk shorter than a block never forms.
     """
     name = "balanced"
 
     def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
-                 fill_factor: int = 2):
+                 target_waves: int | None = None, overhead_frac: float = 0.03):
         self.config = config
         self.cost = cost_model or CostModel()
-        self.target_waves = 2 * config.num_stages + (fill_factor - 1) * config.num_stages
+        self.target_waves = target_waves or config.num_stages
+        self.overhead_frac = overhead_frac
 
     def target_time(self, requests: Sequence[Request]) -> float:
         cost = self.cost
@@ -177,7 +181,8 @@ class BalancedPlanner:
         spread = cost.coef.c_wave + work / self.target_waves
         lo = cost.wave_time([(0, self.config.min_wave_tokens)])
         hi = cost.wave_time([(0, self.config.max_wave_tokens)])
-        return min(max(spread, lo), hi)
+        efficient = (cost.coef.c_wave + cost.coef.c0) / self.overhead_frac
+        return max(min(spread, hi, efficient), lo)
 
     def plan(self, requests: Sequence[Request]) -> list[Chunk]:
         cfg, cost = self.config, self.cost

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from wavepp.cache.hashing import hash_blocks
+from wavepp.cache import hash_blocks
 
 
 class RequestState(enum.Enum):
