@@ -12,7 +12,7 @@ positions [0, num_cached_tokens + num_tokens), in order: position p lives in blo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import torch
@@ -64,6 +64,7 @@ class StageBatch:
     causal_mask: torch.Tensor        # [n, n] bool, n = longest chunk: True where key j > query i
     max_block_id: int
     max_position: int
+    _biases: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +73,14 @@ class StageBatch:
     @property
     def num_chunks(self) -> int:
         return len(self.chunks)
+
+    def causal_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """causal_mask as an additive bias (0 or -inf) in `dtype`, made once per dtype: every
+        layer adds it to its scores, which is cheaper than a masked fill."""
+        if dtype not in self._biases:
+            zeros = torch.zeros(self.causal_mask.shape, dtype=dtype)
+            self._biases[dtype] = zeros.masked_fill_(self.causal_mask, float("-inf"))
+        return self._biases[dtype]
 
     @classmethod
     def build(cls, chunks: Sequence[ChunkSpec], block_size: int) -> StageBatch:

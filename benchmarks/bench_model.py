@@ -1,0 +1,112 @@
+"""Single-stage prefill speed of the stage model: computed tokens/s after a cached prefix.
+
+    .venv/bin/python benchmarks/bench_model.py [--threads 1] [--runs 5] [--model smollm2]
+
+Runs the whole model as one stage in bf16 over chunks of 128/256/512 tokens after cached
+prefixes of 0/1k/4k tokens, and over batches of several chunks (waves batch requests). The
+cached prefix is filled with random K/V: attention cost does not depend on the values. Each
+case is warmed up, then timed `--runs` times; the table shows medians. Model: the built-in
+SmolLM2-135M when available, else a random model of the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model
+
+CHUNKS = (128, 256, 512)
+PREFIXES = (0, 1024, 4096)
+BATCHES = ((4, 128, 0), (4, 128, 1024), (8, 64, 1024), (2, 256, 1024))  # (chunks, tokens, prefix)
+BLOCK_SIZE = 16
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="built-in name or HF directory")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path, label = _model_path(args.model, tmp)
+        config = load_model_config(path)
+        model = load_stage_model(path, dtype=torch.bfloat16)
+    print(f"model: {label}  ({config.num_layers} layers, hidden {config.hidden_size}, "
+          f"{config.num_heads}/{config.num_kv_heads} heads)  dtype bf16")
+    print(f"machine: {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    max_tokens = max(PREFIXES) + max(CHUNKS) + max(n * (t + p) for n, t, p in BATCHES)
+    cache = model.new_kv_cache(num_blocks=max_tokens // BLOCK_SIZE + 16, block_size=BLOCK_SIZE)
+    cache.key.normal_()
+    cache.value.normal_()
+    flops_per_token = _matmul_flops_per_token(config)
+    print(f"\n{'case':>22} {'ms':>9} {'tokens/s':>9} {'GFLOP/s':>8}")
+    for prefix in PREFIXES:
+        for chunk in CHUNKS:
+            _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs)
+    for num_chunks, chunk, prefix in BATCHES:
+        _case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs)
+
+
+def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: float, runs: int) -> None:
+    specs, next_block = [], 0
+    for index, (prefix, num_tokens) in enumerate(chunks):
+        num_blocks = -(-(prefix + num_tokens) // BLOCK_SIZE)
+        specs.append(ChunkSpec(prefix, num_tokens, tuple(range(next_block, next_block + num_blocks)), index))
+        next_block += num_blocks
+    batch = StageBatch.build(specs, BLOCK_SIZE)
+    input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
+    model(batch, cache, input_ids=input_ids)   # warm up
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        model(batch, cache, input_ids=input_ids)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    # attention: q.k and p.v over the visible context, 2 * 2 * heads * head_dim per (query, key)
+    visible = sum(n * p + n * (n + 1) / 2 for p, n in chunks)
+    flops = (batch.num_tokens * flops_per_token
+             + 4 * config.num_layers * config.num_heads * config.head_dim * visible)
+    name = (f"{len(chunks)}x{chunks[0][1]} after {chunks[0][0]}" if len(chunks) > 1
+            else f"{chunks[0][1]} after {chunks[0][0]}")
+    print(f"{name:>22} {seconds * 1e3:9.1f} {batch.num_tokens / seconds:9.0f} {flops / seconds / 1e9:8.1f}",
+          flush=True)
+
+
+def _matmul_flops_per_token(config) -> float:
+    per_layer = config.hidden_size * (2 * config.q_size + 2 * config.kv_size + 3 * config.intermediate_size)
+    return 2.0 * config.num_layers * per_layer
+
+
+def _model_path(name: str, tmp: str):
+    try:
+        from wavepp.store import resolve_model
+        return resolve_model(name), name
+    except Exception as err:  # built-in model unavailable: a random model of the same shape
+        from wavepp.make_model import make_model
+        print(f"({name} unavailable: {err}; using a random model of SmolLM2-135M's shape)")
+        path = make_model(f"{tmp}/random", arch="llama", num_layers=30, hidden_size=576, num_heads=9,
+                          num_kv_heads=3, intermediate_size=1536, vocab_size=49152,
+                          tie_word_embeddings=True)
+        return path, "random SmolLM2-135M-shaped"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
