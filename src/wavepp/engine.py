@@ -1,0 +1,166 @@
+"""The Engine: wavepp's Python API (rank 0).
+
+    engine = Engine("smollm2", pp=2, policy="wavepp")
+    results = engine.prefill(["The capital of France is", [1, 2, 3, 4]])
+    results[0].first_token_id, results[0].first_token_logprob, results[0].num_cached_tokens
+    fut = engine.submit(prompt); fut.result()      # asynchronous
+    engine.abort(request_id); engine.shutdown()    # or use it as a context manager
+"""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Sequence
+
+from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.core import CoreStats, EngineCore, EngineError
+from wavepp.runtime.launch import LocalCluster
+from wavepp.sched import RequestState
+from wavepp.store import DEFAULT_MODEL, resolve_model
+
+Prompt = str | Sequence[int]
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    request_id: int
+    num_prompt_tokens: int
+    num_cached_tokens: int            # reused from the cache on every stage
+    first_token_id: int | None        # None when the request failed (see error)
+    first_token_logprob: float | None
+    top_logprobs: tuple[tuple[int, float], ...]   # (token id, logprob), best first
+    ttft_s: float | None              # arrival -> first token
+    admission_s: float | None         # arrival -> admitted on every stage
+    error: str | None = None
+    first_token_text: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict:
+        return {
+            "request_id": self.request_id, "num_prompt_tokens": self.num_prompt_tokens,
+            "num_cached_tokens": self.num_cached_tokens, "first_token_id": self.first_token_id,
+            "first_token_text": self.first_token_text, "first_token_logprob": self.first_token_logprob,
+            "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
+            "admission_s": self.admission_s, "error": self.error,
+        }
+
+
+class Engine:
+    def __init__(self, model: str = DEFAULT_MODEL, *, pp: int = 2, policy: str = "wavepp",
+                 dtype: str = "bfloat16", block_size: int = 16,
+                 stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float = 1.0,
+                 top_k: int = 5, num_threads: int = 1, backend: str = "gloo"):
+        """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
+        directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
+        differ); by default each stage gets `kv_cache_gib` of KV blocks."""
+        self.model_path = resolve_model(model)
+        self._cluster = LocalCluster(pp, backend)
+        self.config = RuntimeConfig(
+            model_path=str(self.model_path), num_stages=pp, policy=policy, dtype=dtype,
+            block_size=block_size, stage_num_blocks=tuple(stage_num_blocks or ()),
+            kv_cache_gib=kv_cache_gib, top_k=top_k, num_threads=num_threads, backend=backend,
+            run_dir=self._cluster.run_dir)
+        try:
+            self._core = EngineCore(self.config, self._cluster.channels, self._cluster.dead_stage)
+        except BaseException:
+            self._cluster.close(timeout_s=2)
+            raise
+        self._core.on_done = self._result
+        self._cluster.watch(self._core.fail)
+        self._ids = itertools.count()
+        self._tokenizer = None
+        self._closed = False
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def submit(self, prompt: Prompt, request_id: int | None = None) -> Future:
+        """Queue one prompt (text or token ids); the future resolves to a PrefillResult."""
+        token_ids = self._tokens(prompt)
+        request_id = next(self._ids) if request_id is None else request_id
+        self._check_tokens(token_ids)
+        return self._core.submit(request_id, token_ids)
+
+    def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
+        """Prefill every prompt; results in order. A request that fails carries its error and
+        the others go on; a dead pipeline raises EngineError."""
+        futures = [self.submit(p) for p in prompts]
+        return [f.result() for f in futures]
+
+    def abort(self, request_id: int) -> None:
+        self._core.abort(request_id)
+
+    # ---- management --------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> str:
+        return self._core.policy.name
+
+    @property
+    def stage_num_blocks(self) -> tuple[int, ...]:
+        return self._core.stage_num_blocks
+
+    def reset(self, policy: str | None = None) -> None:
+        """Wait for idle, empty every stage's cache, and switch policy if one is given."""
+        self._core.reset(policy)
+
+    def stats(self) -> CoreStats:
+        return self._core.stats
+
+    def check_integrity(self):
+        """After a workload drains: every stage's check_integrity(), then its capacity view."""
+        return self._core.check_integrity()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._core.shutdown()
+        self._cluster.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _tokens(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self._tokenizer is None:
+                import transformers
+                transformers.logging.set_verbosity_error()
+                try:
+                    self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
+                except (OSError, ValueError) as exc:
+                    raise ValueError(f"the model at {self.model_path} has no usable tokenizer; "
+                                     f"pass token ids instead of text ({exc})") from None
+            return list(self._tokenizer(prompt).input_ids)
+        return [int(t) for t in prompt]
+
+    def _check_tokens(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("empty prompt: at least one token is needed")
+        vocab = self._core.stage.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+
+    def _result(self, req, token) -> PrefillResult:
+        ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
+        adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
+        if req.state != RequestState.DONE or token is None:
+            return PrefillResult(req.request_id, req.num_tokens, 0, None, None, (), ttft, adm,
+                                 error=req.failure or req.state.value)
+        text = self._tokenizer.decode([token.token_id]) if self._tokenizer is not None else None
+        return PrefillResult(req.request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
+                             token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
+                             first_token_text=text)
+
+
+__all__ = ["Engine", "EngineError", "PrefillResult"]

@@ -1,0 +1,113 @@
+"""Starting the stage processes.
+
+Locally, rank 0 is the calling process and ranks 1..S-1 are spawned on 127.0.0.1, rendezvous
+through torch.distributed's TCP store. Across machines, every rank runs the same program under
+torchrun, which sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; rank 0 serves the API and
+the other ranks run `run_worker` (the `wavepp` command does this by itself).
+
+A spawned stage dies with rank 0 (PR_SET_PDEATHSIG), and rank 0's watchdog turns a stage
+that exits into a clear error naming it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+from wavepp.runtime.channels import Channels
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) when started by torchrun with more than one rank, else None."""
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+class LocalCluster:
+    """Ranks 1..S-1 as child processes of this one; rank 0's Channels."""
+
+    def __init__(self, num_stages: int, backend: str = "gloo"):
+        self.run_dir = tempfile.mkdtemp(prefix="wavepp-")
+        self.procs: list[mp.Process] = []
+        if torchrun_rank() is not None:
+            rank, world = torchrun_rank()
+            if world != num_stages:
+                raise ValueError(f"torchrun started {world} ranks but pp={num_stages}")
+            self.channels = Channels(rank, world, backend, init_method="env://")
+            return
+        if num_stages == 1:
+            self.channels = Channels(0, 1)
+            return
+        init = f"tcp://127.0.0.1:{free_port()}"
+        ctx = mp.get_context("spawn")
+        for rank in range(1, num_stages):
+            proc = ctx.Process(target=_worker_main, args=(rank, num_stages, backend, init, self.run_dir),
+                               name=f"wavepp-stage{rank}", daemon=True)
+            proc.start()
+            self.procs.append(proc)
+        self.channels = Channels(0, num_stages, backend, init_method=init)
+
+    def dead_stage(self) -> str | None:
+        """A reason naming the first stage process that exited, or None."""
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.exitcode is not None:
+                report = Path(self.run_dir, f"stage{rank}.error")
+                detail = report.read_text().splitlines()[0] if report.exists() else "no report"
+                return (f"stage {rank} (pid {proc.pid}) exited with code {proc.exitcode}: {detail}")
+        return None
+
+    def watch(self, on_dead, interval_s: float = 0.2) -> None:
+        """Call on_dead(reason) from a daemon thread once a stage process exits."""
+        def run():
+            stop = self._stop
+            while not stop.wait(interval_s):
+                reason = self.dead_stage()
+                if reason:
+                    on_dead(reason)
+                    return
+        self._stop = threading.Event()
+        threading.Thread(target=run, name="wavepp-watchdog", daemon=True).start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if hasattr(self, "_stop"):
+            self._stop.set()
+        for proc in self.procs:
+            proc.join(timeout_s)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2)
+        self.channels.close()
+
+
+def _worker_main(rank: int, world: int, backend: str, init: str, run_dir: str) -> None:
+    _die_with_parent()
+    from wavepp.runtime.worker import run_worker
+    try:
+        channels = Channels(rank, world, backend, init_method=init)
+        run_worker(channels)
+        channels.close()
+    except BaseException as exc:   # noqa: BLE001
+        Path(run_dir, f"stage{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
+        os._exit(1)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass

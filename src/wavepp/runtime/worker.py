@@ -1,0 +1,128 @@
+"""A stage rank other than 0: three threads.
+
+    WAVE       receives rounds-plane messages from the leader; answers them at once
+               (asynchronous policies) or hands them to LOOP (lockstep)
+    RECV       receives wave headers and activations from the previous stage
+    LOOP       runs waves in order (and, under lockstep, rounds between them), sends
+               activations on, or results back to rank 0 from the last stage
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from wavepp.runtime.channels import Channels, Shutdown
+from wavepp.runtime.protocol import (
+    Ack, CheckIntegrity, Reset, ResultMsg, Setup, StageReady, StageTiming, WaveHeader)
+from wavepp.runtime.stage import StageRuntime
+
+
+def run_worker(channels: Channels) -> None:
+    rank = channels.rank
+    setup: Setup = channels.recv_obj(0, "rounds")
+    config = setup.config
+    torch.set_num_threads(config.num_threads)
+    try:
+        stage = StageRuntime(config, rank)
+    except Exception as exc:
+        channels.send_obj(Ack(rank, f"stage {rank} failed to load: {exc}"), 0, "replies")
+        raise
+    channels.send_obj(StageReady(rank, stage.num_blocks), 0, "replies")
+    inbox: queue.Queue = queue.Queue()
+    is_last = rank == config.num_stages - 1
+    hidden_size = stage.model_config.hidden_size
+    dtype = stage.model.dtype
+
+    def wave_thread():
+        while True:
+            msg = channels.recv_obj(0, "rounds")
+            if isinstance(msg, Shutdown):
+                return
+            if isinstance(msg, Reset):
+                stage.reset(msg.policy)
+                channels.send_obj(Ack(rank), 0, "replies")
+            elif isinstance(msg, CheckIntegrity):
+                with stage.lock:
+                    stage.server.pool.check_integrity()
+                    detail = (stage.server.pool.capacity(), len(stage.server.requests))
+                channels.send_obj(Ack(rank, detail), 0, "replies")
+            elif stage.policy.inline_admission:
+                inbox.put(("round", msg))
+            else:
+                reply = stage.handle_round(msg)
+                if reply is not None:
+                    channels.send_obj(reply, 0, "replies")
+
+    def recv_thread():
+        while True:
+            header = channels.recv_obj(rank - 1, "headers")
+            if isinstance(header, Shutdown):
+                inbox.put(("shutdown",))
+                return
+            n = header.wave.num_tokens
+            hidden = channels.recv_tensor((n, hidden_size), dtype, rank - 1) if n else None
+            inbox.put(("wave", header, hidden))
+
+    threads = [threading.Thread(target=_guard(fn, config.run_dir, rank), name=fn.__name__, daemon=True)
+               for fn in (wave_thread, recv_thread)]
+    for t in threads:
+        t.start()
+    _guard(lambda: _loop(channels, stage, inbox, is_last), config.run_dir, rank)()
+    for t in threads:   # the leader shut WAVE down first; RECV ended with the shutdown header
+        t.join(timeout=10)
+
+
+def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: bool) -> None:
+    rank = channels.rank
+    idle_since = time.perf_counter()
+    round_s = 0.0
+    while True:
+        item = inbox.get()
+        if item[0] == "shutdown":
+            if is_last:
+                channels.send_obj(Shutdown(), 0, "results")
+            else:
+                channels.send_obj(Shutdown(), rank + 1, "headers")
+            return
+        if item[0] == "round":
+            t0 = time.perf_counter()
+            reply = stage.handle_round(item[1])
+            if reply is not None:
+                channels.send_obj(reply, 0, "replies")
+            round_s += time.perf_counter() - t0
+            continue
+        _, header, hidden = item
+        start = time.perf_counter()
+        wait_s = max(0.0, start - idle_since - round_s)
+        output, compute_s = stage.run(header.wave, hidden)
+        timings = header.timings + (StageTiming(rank, wait_s, compute_s, round_s),)
+        round_s = 0.0
+        if is_last:
+            channels.send_obj(ResultMsg(header.wave.wave_id, tuple(output), timings), 0, "results")
+        else:
+            channels.send_obj(WaveHeader(header.wave, timings), rank + 1, "headers")
+            if output is not None:
+                channels.send_tensor(output, rank + 1)
+        idle_since = time.perf_counter()
+
+
+def _guard(fn, run_dir: str, rank: int):
+    """Any error in a stage thread is fatal for the stage: leave a report for rank 0 (which
+    names it when the process exits) and exit at once, so no peer waits on a half-dead rank."""
+    def run():
+        try:
+            fn()
+        except BaseException as exc:   # noqa: BLE001 - report everything, then die
+            text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            if run_dir:
+                Path(run_dir, f"stage{rank}.error").write_text(text)
+            print(f"wavepp stage {rank}: {text}", flush=True)
+            os._exit(1)
+    return run
