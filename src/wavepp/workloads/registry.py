@@ -1,0 +1,63 @@
+"""Named workloads with defaults sized for a CPU run: `make_workload("reuse", prompt_len=512)`."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from wavepp.workloads.synthetic import cold, gsp, mixed, reuse, short_suffix
+from wavepp.workloads.trace import trace
+from wavepp.workloads.workload import Workload
+
+# The published Mooncake trace as shipped beside the project; WAVEPP_MOONCAKE_TRACE overrides.
+DEFAULT_MOONCAKE_TRACE = "/work/shared/data/mooncake/synthetic_trace.jsonl"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    factory: Callable[..., Workload]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def make(self, **overrides) -> Workload:
+        accepted = set(inspect.signature(self.factory).parameters)
+        unknown = sorted(set(overrides) - accepted)
+        if unknown:
+            raise ValueError(f"workload {self.name!r} has no parameter(s) {', '.join(unknown)}; "
+                             f"it takes {', '.join(sorted(accepted))}")
+        return self.factory(**{**self.defaults, **overrides})
+
+
+def _mooncake(path: str | None = None, **kwargs) -> Workload:
+    return trace(path or os.environ.get("WAVEPP_MOONCAKE_TRACE", DEFAULT_MOONCAKE_TRACE), **kwargs)
+
+
+_mooncake.__signature__ = inspect.signature(trace)   # so overrides are checked against trace()
+
+WORKLOADS: dict[str, WorkloadSpec] = {s.name: s for s in (
+    WorkloadSpec("cold", cold, {"num_requests": 64, "prompt_len": 2048},
+                 "independent prompts, nothing to reuse"),
+    WorkloadSpec("reuse", reuse, {"num_requests": 64, "num_groups": 8, "prompt_len": 2048,
+                                  "reuse_ratio": 0.9}, "groups sharing 90% of each prompt"),
+    WorkloadSpec("short_suffix", short_suffix, {"num_requests": 64, "num_groups": 8,
+                                                "prefix_len": 1536, "suffix_len": 64},
+                 "long shared prefix, short suffix (the admission-bound case)"),
+    WorkloadSpec("mixed", mixed, {"num_requests": 64, "num_groups": 8, "prompt_len": 2048,
+                                  "reuse_ratio": 0.9, "warm_fraction": 0.75},
+                 "75% warm (90% reuse), 25% cold, interleaved"),
+    WorkloadSpec("gsp", gsp, {"num_groups": 64, "prompts_per_group": 16, "system_prompt_len": 2048,
+                              "question_len": 128}, "SGLang generated-shared-prefix"),
+    WorkloadSpec("mooncake", _mooncake, {"tokens_per_block": 32, "max_requests": 256},
+                 "Mooncake FAST'25 synthetic trace, open loop, 512-token blocks scaled"),
+)}
+
+
+def make_workload(name: str, **overrides) -> Workload:
+    """Build a registered workload; `overrides` replace its defaults ('-' and '_' are alike)."""
+    key = name.replace("-", "_")
+    if key not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+    return WORKLOADS[key].make(**overrides)
