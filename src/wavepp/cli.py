@@ -27,12 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_make_model)
 
-    for name, module in _EXTRA_COMMANDS:
-        try:
-            mod = __import__(module, fromlist=["add_parser"])
-        except ImportError:
-            continue
-        mod.add_parser(sub)
+    from wavepp import cli_prefill
+    cli_prefill.add_parser(sub)
 
     args = parser.parse_args(argv)
     try:
@@ -43,14 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"wavepp {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-# Subcommands that live beside the code they drive; each module has add_parser(subparsers).
-_EXTRA_COMMANDS = [
-    ("prefill", "wavepp.cli_prefill"),
-    ("bench", "wavepp.cli_bench"),
-    ("simulate", "wavepp.cli_simulate"),
-]
 
 
 def _cmd_models(args) -> int:

@@ -80,7 +80,7 @@ class Engine:
 
     def submit(self, prompt: Prompt, request_id: int | None = None) -> Future:
         """Queue one prompt (text or token ids); the future resolves to a PrefillResult."""
-        token_ids = self._tokens(prompt)
+        token_ids = self.tokenize(prompt)
         request_id = next(self._ids) if request_id is None else request_id
         self._check_tokens(token_ids)
         return self._core.submit(request_id, token_ids)
@@ -130,7 +130,7 @@ class Engine:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _tokens(self, prompt: Prompt) -> list[int]:
+    def tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             if self._tokenizer is None:
                 import transformers

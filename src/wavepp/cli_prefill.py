@@ -1,0 +1,80 @@
+"""`wavepp prefill`: first tokens of prompts, through the pipeline."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("prefill", help="prefill prompts through the pipeline; print first tokens",
+                       description="Prefill prompts and print each one's first token and logprob. "
+                                   "Under torchrun (one rank per stage, any number of nodes) rank 0 "
+                                   "prints and the other ranks serve their stage.")
+    p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt texts")
+    p.add_argument("--token-ids", metavar="FILE", help="a JSON list of token-id lists")
+    p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p.add_argument("--policy", default="wavepp", help="wavepp | wavepp-mpu | lockstep | static")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--stage-blocks", default=None, help="cache blocks per stage, comma separated")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per prompt")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from wavepp.runtime import torchrun_rank
+    from wavepp.store import DEFAULT_MODEL
+
+    ranks = torchrun_rank()
+    if ranks is not None and ranks[0] != 0:
+        return serve_stage(ranks)
+    prompts = list(args.prompts)
+    if args.token_ids:
+        with open(args.token_ids) as f:
+            ids = json.load(f)
+        if not isinstance(ids, list) or not all(isinstance(p, list) for p in ids):
+            raise ValueError(f"{args.token_ids}: expected a JSON list of token-id lists")
+        prompts += ids
+    if not prompts:
+        raise ValueError("no prompts: give PROMPT texts or --token-ids FILE")
+    from wavepp.engine import Engine
+
+    blocks = [int(x) for x in args.stage_blocks.split(",")] if args.stage_blocks else None
+    t0 = time.perf_counter()
+    with Engine(args.model or DEFAULT_MODEL, pp=args.pp, policy=args.policy, dtype=args.dtype,
+                block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k) as engine:
+        prompts = [engine.tokenize(p) for p in prompts]   # the tokenizer loads outside the timing
+        t1 = time.perf_counter()
+        results = engine.prefill(prompts)
+        t2 = time.perf_counter()
+    if args.json:
+        json.dump([r.to_dict() for r in results], sys.stdout, indent=1)
+        print()
+        return 0 if all(r.ok for r in results) else 1
+    for i, r in enumerate(results):
+        if r.ok:
+            text = f" {r.first_token_text!r}" if r.first_token_text is not None else ""
+            print(f"[{i}] {r.num_prompt_tokens} tokens ({r.num_cached_tokens} cached) -> "
+                  f"first token {r.first_token_id}{text} logprob {r.first_token_logprob:.4f} "
+                  f"ttft {1e3 * r.ttft_s:.1f} ms")
+        else:
+            print(f"[{i}] failed: {r.error}")
+    n = sum(r.num_prompt_tokens for r in results)
+    print(f"{len(results)} prompts, {n} tokens in {t2 - t1:.3f} s ({n / (t2 - t1):.0f} tok/s); "
+          f"start-up {t1 - t0:.1f} s; pp={args.pp} policy={args.policy} dtype={args.dtype}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def serve_stage(ranks) -> int:
+    """A non-zero torchrun rank: serve this stage until rank 0 shuts the pipeline down."""
+    from wavepp.runtime import Channels, run_worker
+
+    rank, world = ranks
+    channels = Channels(rank, world, init_method="env://")
+    run_worker(channels)
+    channels.close()
+    return 0
