@@ -129,3 +129,22 @@ def test_bf16_close_to_fp32_reference(tiny_models, arch):
             assert chosen == int(expected.argmax())
         else:
             assert expected[chosen] > best - 0.1
+
+
+@pytest.mark.parametrize("max_tile_rows", [16, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_chunks_in_several_score_tiles(tiny_models, monkeypatch, max_tile_rows, dtype):
+    """Chunks longer than one score tile: every tile but the last sees a shorter context."""
+    import wavepp.models.attention as attention
+
+    monkeypatch.setattr(attention, "_MAX_TILE_ROWS", max_tile_rows)
+    prompt = random_prompt(400, seed=13)
+    reference = hf_logits(tiny_models["qwen3"], prompt).log_softmax(-1)
+    pipe = LocalPipeline(tiny_models["qwen3"], dtype=dtype, num_blocks=32, block_size=16)
+    for start, end in ((0, 150), (150, 400)):
+        logprobs = pipe.prefill_chunks([("r", prompt[start:end])])[0].log_softmax(-1)
+        if dtype == torch.float32:
+            torch.testing.assert_close(logprobs, reference[end - 1], atol=FP32_ATOL, rtol=0)
+        else:   # tolerance as in test_bf16_close_to_fp32_reference
+            top = reference[end - 1].topk(5).indices
+            assert (logprobs[top] - reference[end - 1][top]).abs().max() < 0.1

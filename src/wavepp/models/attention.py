@@ -48,7 +48,7 @@ class Attention(nn.Module):
         key_cache/value_cache ([num_slots, num_kv_heads, head_dim]) at batch.slot_mapping."""
         num_tokens = x.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        # qkv: [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        # qkv: [num_tokens, heads + 2 * kv_heads, head_dim]  (q heads | k heads | v heads)
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias).view(num_tokens, -1, self.head_dim)
         # q and k rotate together: qk: [num_tokens, heads + kv_heads, head_dim]
         if self.q_norm is not None:
@@ -56,9 +56,10 @@ class Attention(nn.Module):
         else:
             qk = qkv[:, :heads + kv_heads]
         qk = apply_rotary(qk, cos, sin)
-        value = qkv[:, heads + kv_heads:]
+        # Each chunk's [0, num_cached) is in the cache already; its new tokens go in now, so that
+        # attention reads the whole context [0, end) from one place.
         key_cache.index_copy_(0, batch.slot_mapping, qk[:, heads:])
-        value_cache.index_copy_(0, batch.slot_mapping, value)
+        value_cache.index_copy_(0, batch.slot_mapping, qkv[:, heads + kv_heads:])
         out = paged_attention(qk[:, :heads], key_cache, value_cache, batch, self.scale)
         # out: [num_tokens, heads * head_dim] -> [num_tokens, hidden]
         return F.linear(out, self.o_proj, self.o_bias)
