@@ -10,8 +10,11 @@ nobody needs it: evicted if cached, freed if never computed or private.
     block_id   physical block, None until the owner materializes
 
 Leaf-only eviction keeps the linked entries closed under `parent`: every prompt's cached
-blocks form a prefix of it. `LeafQueue` orders the evictable leaves (linked, computed,
-ref_count 0, not an escrow victim, no linked child) by (last_access, deeper first, block id).
+blocks form a prefix of it. An escrow victim counts as gone already: a cached block whose
+linked children are all victims is a leaf, and a victim's linked children are all victims
+(so evicting one takes its subtree, all victims, out of the index at once). `LeafQueue`
+orders the evictable leaves (linked, computed, ref_count 0, not a victim, every linked child
+a victim) by (last_access, deeper first, block id).
 It is a heap with lazy deletion: an entry that stops being a leaf keeps its stale heap item
 until that item surfaces and is dropped, so every state change stays O(1) or O(log n).
 """
@@ -37,6 +40,7 @@ class BlockEntry:
     owned: bool = True
     ref_count: int = 1  # the owner's ref, plus one per leasing request
     num_children: int = 0  # linked entries whose parent is this one
+    victim_children: list[BlockEntry] | None = None  # those of them that are escrow victims
     last_access: int = -1  # logical clock of the last lease or publish
     leaf_key: int = -2  # last_access of this entry's live item in LeafQueue, -2 if none
     victim_of: Hashable = None  # request whose escrow holds this block as a victim
@@ -48,7 +52,9 @@ def is_evictable(entry: BlockEntry) -> bool:
 
 
 def is_evictable_leaf(entry: BlockEntry) -> bool:
-    return entry.num_children == 0 and is_evictable(entry)
+    victim_children = entry.victim_children
+    num_victims = len(victim_children) if victim_children else 0
+    return entry.num_children == num_victims and is_evictable(entry)
 
 
 def leaf_order(entry: BlockEntry) -> tuple[int, int, int]:

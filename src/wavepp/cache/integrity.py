@@ -2,9 +2,9 @@
 
 Invariants, in the order checked:
   1. free ids are distinct, in range, and own no entry
-  2. escrow victims are distinct, not free, unreferenced cached entries or ownerless blocks;
-     a committed escrow holds all it needs; a cached victim's linked children are victims of
-     the same escrow (so materialize evicts leaves only)
+  2. escrow victims are distinct, not free, unreferenced cached entries (or entries already
+     out of the index, or ownerless blocks); a committed escrow holds all it needs; every
+     linked child of a victim is a victim, and each entry lists exactly its victim children
   3. ref counts equal the number of holders (owner + leasing requests); owners hold their own
   4. the index and the entries agree: hash, parent links, depth, child counts; PENDING
      entries have a live owner; COMPUTED entries have a block and a COMPUTED parent
@@ -34,10 +34,14 @@ def check_pool(pool: BlockPool) -> None:
     victim_owner = _check_escrows(pool, free_ids)
     entries = _check_refs(pool)
     children = _check_index(pool, entries)
-    for block_id, owner_id in victim_owner.items():
-        entry = pool._block_entries[block_id]
-        for child in children.get(entry, ()) if entry is not None else ():
-            _check(child.victim_of == owner_id, f"victim block {block_id} of {owner_id!r} has a non-victim child")
+    for entry in entries:
+        linked_children = children.get(entry, []) if entry.linked else []
+        victim_children = [c for c in linked_children if c.victim_of is not None]
+        listed = entry.victim_children or []
+        _check(len(listed) == len(victim_children) and set(listed) == set(victim_children),
+               f"block {entry.block_id} lists {len(listed)} victim children, has {len(victim_children)}")
+        if entry.victim_of is not None and entry.linked:
+            _check(len(victim_children) == len(linked_children), f"victim block {entry.block_id} has a non-victim child")
     _check_block_states(pool, free_ids, victim_owner)
     live_leaves = set(pool._leaves.items())
     for entry in entries:
@@ -70,7 +74,7 @@ def _check_escrows(pool: BlockPool, free_ids: set[int]) -> dict[int, object]:
             if entry is not None:
                 _check(entry.block_id == block_id and entry.victim_of == request_id, f"victim {block_id} mislabeled")
                 _check(entry.ref_count == 0, f"victim block {block_id} of {who} is referenced")
-                _check(entry.linked and entry.computed, f"victim block {block_id} of {who} is not cached")
+                _check(entry.computed, f"victim block {block_id} of {who} is not computed")
     for entry in pool._block_entries:
         if entry is not None and entry.victim_of is not None:
             _check(entry.block_id in victim_owner, f"block {entry.block_id} marked victim but held by no escrow")
@@ -99,7 +103,7 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
             _check(entry.owner_id in pool._requests, f"block {entry.block_id} owned by gone {entry.owner_id!r}")
         if entry.linked:
             _check(pool._index.get(entry.block_hash) is entry, f"linked block {entry.block_id} not in the index")
-        elif num_holders == 0 and entry.block_id is not None:
+        elif num_holders == 0 and entry.block_id is not None and entry.victim_of is None:
             leaked = pool._block_entries[entry.block_id] is entry
             _check(not leaked, f"block {entry.block_id} leaked: unreferenced and not cached")
     return entries

@@ -33,7 +33,14 @@ from wavepp.cache.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from wavepp.cache.escrow import Escrow, Victim, num_cached, pick_victims, unpick_victims
+from wavepp.cache.escrow import (
+    Escrow,
+    Victim,
+    forget_victim_child,
+    num_cached,
+    pick_victims,
+    unmark_victim,
+)
 from wavepp.cache.request import PoolRequest
 from wavepp.cache.results import (
     CapacityView,
@@ -150,19 +157,18 @@ class BlockPool:
             reason = f"lease cap: {self._num_leased} leased + {num_new_leased} new > {cap}"
             return LeaseResult(False, 0, reason)
         claims = [e for e in entries if e.victim_of is not None]
-        replacements = self._replace_committed_claims(claims, entries)
+        replacements = self._replace_committed_claims(claims, set(entries))
         if replacements is None:
             owners = sorted({repr(e.victim_of) for e in claims})
             reason = f"would take escrow victims of committed request(s) {', '.join(owners)}, none to spare"
             return LeaseResult(False, 0, reason)
         for escrow, picks in replacements:
             escrow.victims.update(picks)
-            self._num_escrowed += len(picks)
-            self._num_evictable -= num_cached(picks)
+            self._hold(picks)
         for entry in entries:
             if entry.victim_of is not None:
                 del self._requests[entry.victim_of].escrow.victims[entry.block_id]  # type: ignore[union-attr]
-                entry.victim_of = None
+                unmark_victim(entry)
                 self._num_escrowed -= 1
                 self._num_leased += 1
             elif entry.ref_count == 0:
@@ -180,26 +186,26 @@ class BlockPool:
         """Hold victims for `num_blocks` new blocks of `request_id`; evict nothing yet.
 
         Victims: free blocks (lowest id first), then evictable leaves in LRU order, a parent
-        counting as a leaf once all its children are victims of this reservation. Never a
-        referenced, pending or other escrow's block. Not ok (holds nothing) if there are too
-        few. The request may have leased before (and must not hold an escrow already).
+        counting as a leaf once all its children are victims. Never a referenced, pending or
+        other escrow's block. Not ok (holds nothing) if free + evictable blocks are too few.
+        The request may have leased before (and must not hold an escrow already).
         """
         if num_blocks < 0:
             raise InvalidArgumentError(f"reserve: num_blocks must be >= 0, got {num_blocks}")
         request = self._requests.get(request_id)
         if request is not None and request.state is not RequestState.LEASED:
             raise RequestStateError(request_id, "reserve", request.state.value, "it already holds an escrow or blocks")
-        picks = pick_victims(self._free_ids, self._leaves, {}, num_blocks, request_id)
+        picks = pick_victims(self._free_ids, self._leaves, num_blocks, request_id)
         if len(picks) < num_blocks:
-            unpick_victims(self._free_ids, self._leaves, picks)
+            self._hold(picks)
+            self._give_back(picks)
             reason = f"need {num_blocks} blocks, only {len(picks)} claimable now"
             return ReserveResult(False, 0, (), reason)
         if request is None:
             self._retired.pop(request_id, None)
             request = self._requests[request_id] = PoolRequest(request_id, [])
         request.escrow = Escrow(num_blocks, dict(picks))
-        self._num_escrowed += len(picks)
-        self._num_evictable -= num_cached(picks)
+        self._hold(picks)
         return ReserveResult(True, num_blocks, tuple(block_id for block_id, _ in picks))
 
     def commit(self, request_id: Hashable, new_block_hashes: Sequence[int]) -> CommitResult:
@@ -224,15 +230,15 @@ class BlockPool:
             )
         num_missing = escrow.num_missing
         if num_missing:
-            picks = pick_victims(self._free_ids, self._leaves, escrow.victims, num_missing, request_id)
+            picks = pick_victims(self._free_ids, self._leaves, num_missing, request_id)
             if len(picks) < num_missing:
-                unpick_victims(self._free_ids, self._leaves, picks)
+                self._hold(picks)
+                self._give_back(picks)
                 self._return_escrow(request)
                 reason = f"{num_missing} victims were claimed since reserve, only {len(picks)} replaceable"
                 return CommitResult(False, 0, 0, reason)
             escrow.victims.update(picks)
-            self._num_escrowed += len(picks)
-            self._num_evictable -= num_cached(picks)
+            self._hold(picks)
         num_registered = self._register(request, new_block_hashes)
         escrow.committed = True
         return CommitResult(True, num_missing, num_registered)
@@ -269,11 +275,12 @@ class BlockPool:
                 raise PendingBlockError(request_id, entry.owner_id, "materialize", "is not materialized yet")
         escrow = request.escrow
         assert escrow is not None
-        evicted = [e for e in escrow.victims.values() if e is not None]
-        evicted.sort(key=lambda e: -e.depth)  # deepest first: each is a leaf when it goes
-        for entry in evicted:
+        for entry in escrow.victims.values():
+            if entry is None:
+                continue
+            if entry.linked:  # (else another escrow's materialize evicted its parent already)
+                self._evict(entry)
             entry.victim_of = None
-            self._unlink(entry)
             entry.block_id = None  # the block now belongs to one of the request's entries
         block_ids = list(escrow.victims)
         for entry, block_id in zip(request.own, block_ids):
@@ -308,8 +315,8 @@ class BlockPool:
         if num_computed_tokens > num_leased * block_size and num_leased and not request.leased[-1].computed:
             owner_id = request.leased[-1].owner_id
             raise PendingBlockError(request_id, owner_id, "publish", "is not computed (published) yet")
-        start = max(request.num_computed_tokens // block_size, num_leased) - num_leased
-        end = num_computed_tokens // block_size - num_leased
+        start = max(request.num_computed_tokens // block_size - num_leased, 0)  # own block index
+        end = max(num_computed_tokens // block_size - num_leased, 0)
         for entry in request.own[start:end]:
             if entry.linked and not entry.computed:
                 entry.computed = True
@@ -377,7 +384,7 @@ class BlockPool:
         return request
 
     def _replace_committed_claims(
-        self, claims: list[BlockEntry], leasing: list[BlockEntry]
+        self, claims: list[BlockEntry], leasing: set[BlockEntry]
     ) -> list[tuple[Escrow, list[Victim]]] | None:
         """Replacements for victims a lease takes from committed escrows; None if impossible."""
         by_owner: dict[Hashable, list[BlockEntry]] = {}
@@ -385,16 +392,15 @@ class BlockPool:
             if self._requests[entry.victim_of].escrow.committed:  # type: ignore[union-attr]
                 by_owner.setdefault(entry.victim_of, []).append(entry)
         done: list[tuple[Escrow, list[Victim]]] = []
-        exclude = set(leasing)
         for owner_id, claimed in by_owner.items():
             escrow = self._requests[owner_id].escrow
             assert escrow is not None
-            held = {b: e for b, e in escrow.victims.items() if e is None or e not in claimed}
-            picks = pick_victims(self._free_ids, self._leaves, held, len(claimed), owner_id, exclude)
+            picks = pick_victims(self._free_ids, self._leaves, len(claimed), owner_id, leasing)
             done.append((escrow, picks))
             if len(picks) < len(claimed):
                 for _, undo in reversed(done):
-                    unpick_victims(self._free_ids, self._leaves, undo)
+                    self._hold(undo)
+                    self._give_back(undo)
                 return None
         return done
 
@@ -430,11 +436,37 @@ class BlockPool:
     def _return_escrow(self, request: PoolRequest) -> None:
         escrow = request.escrow
         assert escrow is not None
-        picks = list(escrow.victims.items())
-        unpick_victims(self._free_ids, self._leaves, picks)
-        self._num_escrowed -= len(picks)
-        self._num_evictable += num_cached(picks)
+        self._give_back(list(escrow.victims.items()))
         request.escrow = None
+
+    def _hold(self, picks: list[Victim]) -> None:
+        """Count fresh picks as escrowed (free and evictable blocks become escrowed)."""
+        self._num_escrowed += len(picks)
+        self._num_evictable -= num_cached(picks)
+
+    def _give_back(self, victims: list[Victim]) -> None:
+        """Held victims go back to the free list or the evictable leaves.
+
+        Parents first: a cached victim whose parent is still another escrow's victim cannot
+        stay in the index on its own (that parent will be evicted with its subtree), so it is
+        evicted now and its block freed.
+        """
+        self._num_escrowed -= len(victims)
+        ordered = sorted(victims, key=lambda v: -1 if v[1] is None else v[1].depth)
+        for block_id, entry in ordered:
+            if entry is None:
+                heapq.heappush(self._free_ids, block_id)
+                continue
+            if entry.linked:
+                unmark_victim(entry)
+                parent = entry.parent
+                if parent is None or parent.victim_of is None:
+                    self._num_evictable += 1
+                    self._leaves.offer(entry)
+                    continue
+                self._evict(entry)
+            entry.victim_of = None
+            self._free_block(entry)
 
     def _retire(self, request: PoolRequest) -> None:
         if request.escrow is not None:
@@ -476,29 +508,47 @@ class BlockPool:
             self._num_evictable += 1
             self._leaves.offer(entry)
         else:
-            self._block_entries[entry.block_id] = None  # type: ignore[index]
-            heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[arg-type]
+            self._free_block(entry)
+
+    def _free_block(self, entry: BlockEntry) -> None:
+        self._block_entries[entry.block_id] = None  # type: ignore[index]
+        heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[arg-type]
+        entry.block_id = None
 
     def _unlink_pending(self, entry: BlockEntry) -> None:
-        """Take a never-computed entry out of the index, and every PENDING entry built on it."""
-        if entry.ref_count > int(entry.owned):  # readers leased it: their new entries die too
-            for reader in self._requests.values():
-                if len(reader.leased) > entry.depth and reader.leased[entry.depth] is entry:
-                    for own in reversed(reader.own):
-                        if own.linked:
-                            self._unlink_pending(own)
-        self._unlink(entry)
+        """Take a never-computed entry out of the index, and every PENDING entry built on it:
+        the own entries of requests that leased it (and of requests that leased theirs...)."""
+        doomed, seen = [entry], {entry}
+        for dying in doomed:  # grows while we walk it
+            if dying.ref_count > int(dying.owned):  # someone leased it
+                for reader in self._requests.values():
+                    if len(reader.leased) > dying.depth and reader.leased[dying.depth] is dying:
+                        fresh = [own for own in reader.own if own.linked and own not in seen]
+                        doomed.extend(fresh)
+                        seen.update(fresh)
+        for dying in reversed(doomed):
+            self._unlink(dying)
+
+    def _evict(self, entry: BlockEntry) -> None:
+        """Take a cached, unreferenced entry out of the index with its subtree (all victims:
+        they keep their blocks, held by their escrows). Deepest first."""
+        subtree = [entry]
+        for node in subtree:  # grows while we walk it: breadth first
+            if node.victim_children:
+                subtree.extend(node.victim_children)
+        for node in reversed(subtree):
+            self._unlink(node)
 
     def _unlink(self, entry: BlockEntry) -> None:
         del self._index[entry.block_hash]  # type: ignore[arg-type]
+        forget_victim_child(entry)
         entry.linked = False
         if not entry.computed:
             self._num_pending -= 1
         parent = entry.parent
         if parent is not None:
             parent.num_children -= 1
-            if parent.num_children == 0:
-                self._leaves.offer(parent)
+            self._leaves.offer(parent)
 
     def _maybe_compact(self) -> None:
         if len(self._leaves) > 2 * self._num_evictable + 1024:
