@@ -66,8 +66,8 @@ def test_block_outside_cache_and_wrong_cache(stage_pair):
 
 def test_position_beyond_model_limit(tiny_models):
     model = load_stage_model(tiny_models["llama"], dtype=torch.float32)   # 8192 positions
-    cache = model.new_kv_cache(num_blocks=1, block_size=8192)
-    batch = StageBatch.build([ChunkSpec(8190, 3, (0, 0), "r")], block_size=8192)
+    cache = model.new_kv_cache(num_blocks=3, block_size=4096)
+    batch = StageBatch.build([ChunkSpec(8190, 3, (0, 1, 2), "r")], block_size=4096)
     with pytest.raises(ValueError, match="position 8192 is beyond the model's max_position_embeddings=8192"):
         model(batch, cache, input_ids=torch.tensor([1, 2, 3]))
 

@@ -116,6 +116,14 @@ def test_overlapping_block_tables_rejected():
         StageBatch.build([ChunkSpec(0, 4, (3,), "a"), ChunkSpec(0, 2, (3,), "b")], block_size=4)
 
 
+def test_shared_prefix_blocks_are_read_only():
+    # a and b share prefix block 5 (read-only); c may not write into it
+    shared = [ChunkSpec(4, 2, (5, 1), "a"), ChunkSpec(4, 3, (5, 2), "b")]
+    assert StageBatch.build(shared, block_size=4).slot_mapping.tolist() == [4, 5, 8, 9, 10]
+    with pytest.raises(ValueError, match="overwrite a \\(shared\\) prefix block"):
+        StageBatch.build(shared + [ChunkSpec(0, 2, (5,), "c")], block_size=4)
+
+
 def test_paged_cache_shape_and_views():
     cache = PagedKVCache(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=16,
                          dtype=torch.float32)

@@ -85,7 +85,8 @@ class StageBatch:
     @classmethod
     def build(cls, chunks: Sequence[ChunkSpec], block_size: int) -> StageBatch:
         """Derive the shared index tensors. Raises ValueError on an empty batch, a block table
-        too short for its chunk, or two tokens mapped to the same cache slot."""
+        too short for its chunk, two new tokens mapped to one cache slot, or a new token mapped
+        to a slot that a chunk of the batch reads as cached (a shared prefix block)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if not chunks:
@@ -111,9 +112,7 @@ class StageBatch:
             context_starts.append(context_starts[-1] + chunk.end)
             max_block_id = max(max_block_id, int(table.max()))
         slot_mapping = torch.cat(slots)
-        if torch.unique(slot_mapping).numel() != slot_mapping.numel():
-            raise ValueError("two tokens of the batch map to the same cache slot: "
-                             "the block tables of its chunks overlap on new positions")
+        _check_writes(slot_mapping, [c[:chunk.num_cached_tokens] for c, chunk in zip(contexts, chunks)])
         longest = max(chunk.num_tokens for chunk in chunks)
         return cls(
             chunks=tuple(chunks), block_size=block_size,
@@ -125,3 +124,15 @@ class StageBatch:
             max_block_id=max_block_id,
             max_position=max(chunk.end for chunk in chunks) - 1,
         )
+
+
+def _check_writes(slot_mapping: torch.Tensor, cached: list[torch.Tensor]) -> None:
+    # Prefix blocks may be shared between requests (read-only); new K/V must land in slots
+    # no other token writes and no chunk reads as cached.
+    if torch.unique(slot_mapping).numel() != slot_mapping.numel():
+        raise ValueError("two tokens of the batch map to the same cache slot: "
+                         "the block tables of its chunks overlap on new positions")
+    cached_slots = torch.cat(cached)
+    if cached_slots.numel() and bool(torch.isin(slot_mapping, cached_slots).any()):
+        raise ValueError("a new token of the batch maps to a cache slot that a chunk reads as "
+                         "cached: it would overwrite a (shared) prefix block")
