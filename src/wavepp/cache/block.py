@@ -79,9 +79,15 @@ class LeafQueue:
         return len(self._heap)
 
     def offer(self, entry: BlockEntry) -> None:
-        if entry.leaf_key != entry.last_access and is_evictable_leaf(entry):
+        # is_evictable_leaf inlined, cheapest "no" first: this runs for every touched parent
+        if entry.ref_count or entry.victim_of is not None or not entry.computed or not entry.linked:
+            return
+        victim_children = entry.victim_children
+        if entry.num_children != (len(victim_children) if victim_children else 0):
+            return
+        if entry.leaf_key != entry.last_access:
             entry.leaf_key = entry.last_access
-            heapq.heappush(self._heap, (*leaf_order(entry), entry))
+            heapq.heappush(self._heap, (entry.last_access, -entry.depth, entry.block_id, entry))  # type: ignore[arg-type]
 
     def peek(self) -> BlockEntry | None:
         heap = self._heap

@@ -21,11 +21,10 @@ one caller at a time (the stage's admission loop or the simulator).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Sequence
 
 from wavepp.cache import integrity
-from wavepp.cache.block import BlockEntry, LeafQueue
+from wavepp.cache.block import BlockEntry
 from wavepp.cache.errors import (
     AlreadyReleasedError,
     InvalidArgumentError,
@@ -33,100 +32,28 @@ from wavepp.cache.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from wavepp.cache.escrow import (
-    Escrow,
-    Victim,
-    forget_victim_child,
-    num_cached,
-    pick_victims,
-    unmark_victim,
-)
+from wavepp.cache.escrow import Escrow, Victim, pick_victims, unmark_victim
 from wavepp.cache.request import PoolRequest
-from wavepp.cache.results import (
-    CapacityView,
-    CommitResult,
-    LeaseResult,
-    MatchResult,
-    RequestState,
-    ReserveResult,
-)
+from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
+from wavepp.cache.store import BlockStore
 
 _NUM_RETIRED_REMEMBERED = 1 << 16  # released ids kept to tell "released twice" from "unknown"
 
 
-class BlockPool:
-    """The block pool of one pipeline stage. See the module docstring for the round."""
+class BlockPool(BlockStore):
+    """The block pool of one pipeline stage. See the module docstring for the round.
+
+    num_blocks blocks of block_size tokens; max_leased_blocks caps the blocks held by leases
+    alone (None: no cap). match, match_linear and capacity come from `BlockStore`.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None) -> None:
-        if num_blocks <= 0:
-            raise InvalidArgumentError(f"num_blocks must be positive, got {num_blocks}")
-        if block_size <= 0:
-            raise InvalidArgumentError(f"block_size must be positive, got {block_size}")
+        super().__init__(num_blocks, block_size)
         if max_leased_blocks is not None and max_leased_blocks < 0:
             raise InvalidArgumentError(f"max_leased_blocks must be >= 0, got {max_leased_blocks}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
         self.max_leased_blocks = max_leased_blocks
-        self._index: dict[int, BlockEntry] = {}  # hash -> linked entry
-        self._block_entries: list[BlockEntry | None] = [None] * num_blocks  # block id -> owner entry
-        self._free_ids: list[int] = list(range(num_blocks))  # a heap: lowest id first
-        self._leaves = LeafQueue()
         self._requests: dict[Hashable, PoolRequest] = {}
         self._retired: dict[Hashable, None] = {}
-        self._clock = 0
-        self._num_evictable = 0
-        self._num_leased = 0
-        self._num_escrowed = 0
-        self._num_in_use = 0
-        self._num_pending = 0
-
-    # ---- probe ------------------------------------------------------------------------------
-
-    def match(self, block_hashes: Sequence[int]) -> MatchResult:
-        """Longest prefix of `block_hashes` in the index (COMPUTED or PENDING). Mutates nothing.
-
-        Exact in O(log n) lookups because presence is monotone along a chain: eviction takes
-        leaves only and a PENDING entry's parent is held by its owner.
-        """
-        index = self._index
-        num_hashes = len(block_hashes)
-        # lengths: [1, lo] known present | (lo, hi) unknown | [hi, ...) known absent
-        lo, hi, length, num_lookups = 0, num_hashes + 1, 1, 0
-        last = None
-        while length <= num_hashes:
-            num_lookups += 1
-            entry = index.get(block_hashes[length - 1])
-            if entry is None:
-                hi = length
-                break
-            lo, last, length = length, entry, length * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            num_lookups += 1
-            entry = index.get(block_hashes[mid - 1])
-            if entry is None:
-                hi = mid
-            else:
-                lo, last = mid, entry
-        if last is None or last.computed:
-            return MatchResult(lo, lo, num_lookups)
-        # Computed-ness is monotone too (an entry is published only after its parent).
-        clo, chi = 0, lo - 1  # lengths [1, clo] computed | [chi + 1, lo] pending
-        while chi > clo:
-            mid = (clo + chi + 1) // 2
-            num_lookups += 1
-            if index[block_hashes[mid - 1]].computed:
-                clo = mid
-            else:
-                chi = mid - 1
-        return MatchResult(lo, clo, num_lookups)
-
-    def match_linear(self, block_hashes: Sequence[int]) -> int:
-        """Reference for `match`: walk the chain until the first absent hash."""
-        for num_found, block_hash in enumerate(block_hashes):
-            if block_hash not in self._index:
-                return num_found
-        return len(block_hashes)
 
     # ---- admission: lease, reserve, commit, cancel -------------------------------------------
 
@@ -345,17 +272,6 @@ class BlockPool:
 
     # ---- views ------------------------------------------------------------------------------
 
-    def capacity(self) -> CapacityView:
-        return CapacityView(
-            num_free=len(self._free_ids),
-            num_evictable=self._num_evictable,
-            num_leased=self._num_leased,
-            num_escrowed=self._num_escrowed,
-            num_pending=self._num_pending,
-            num_in_use=self._num_in_use,
-            num_blocks=self.num_blocks,
-        )
-
     def has_request(self, request_id: Hashable) -> bool:
         return request_id in self._requests
 
@@ -413,21 +329,23 @@ class BlockPool:
         # is taken already (deduplicated), the rest stay private: a linked entry's parent must
         # be held by its owner, or eviction could cut the chain under it.
         linking = parent is None or parent.linked
+        index, request_id = self._index, request.request_id
         depth = len(request.leased)
         own = []
-        for i in range(escrow.num_blocks):
-            block_hash = new_block_hashes[i] if i < len(new_block_hashes) else None
-            if linking and block_hash is not None and block_hash not in self._index:
-                entry = BlockEntry(block_hash, parent, depth + i, request.request_id, linked=True)
-                self._index[block_hash] = entry
-                if parent is not None:
-                    parent.num_children += 1
-                parent = entry
-            else:
-                linking = False
-                entry = BlockEntry(None, None, depth + i, request.request_id)
+        num_registered = 0
+        for block_hash in new_block_hashes:
+            if not linking or block_hash in index:
+                break
+            entry = BlockEntry(block_hash, parent, depth, request_id, None, False, True)
+            index[block_hash] = entry
+            if parent is not None:
+                parent.num_children += 1
+            parent = entry
             own.append(entry)
-        num_registered = sum(1 for e in own if e.linked)
+            depth += 1
+            num_registered += 1
+        for depth in range(depth, len(request.leased) + escrow.num_blocks):
+            own.append(BlockEntry(None, None, depth, request_id))
         self._num_pending += num_registered
         request.own = own
         request.new_block_hashes = tuple(new_block_hashes)
@@ -438,35 +356,6 @@ class BlockPool:
         assert escrow is not None
         self._give_back(list(escrow.victims.items()))
         request.escrow = None
-
-    def _hold(self, picks: list[Victim]) -> None:
-        """Count fresh picks as escrowed (free and evictable blocks become escrowed)."""
-        self._num_escrowed += len(picks)
-        self._num_evictable -= num_cached(picks)
-
-    def _give_back(self, victims: list[Victim]) -> None:
-        """Held victims go back to the free list or the evictable leaves.
-
-        Parents first: a cached victim whose parent is still another escrow's victim cannot
-        stay in the index on its own (that parent will be evicted with its subtree), so it is
-        evicted now and its block freed.
-        """
-        self._num_escrowed -= len(victims)
-        ordered = sorted(victims, key=lambda v: -1 if v[1] is None else v[1].depth)
-        for block_id, entry in ordered:
-            if entry is None:
-                heapq.heappush(self._free_ids, block_id)
-                continue
-            if entry.linked:
-                unmark_victim(entry)
-                parent = entry.parent
-                if parent is None or parent.victim_of is None:
-                    self._num_evictable += 1
-                    self._leaves.offer(entry)
-                    continue
-                self._evict(entry)
-            entry.victim_of = None
-            self._free_block(entry)
 
     def _retire(self, request: PoolRequest) -> None:
         if request.escrow is not None:
@@ -489,7 +378,10 @@ class BlockPool:
         """The owner lets go of its own entries, deepest first (children before parents)."""
         for entry in reversed(request.own):
             if entry.linked and not entry.computed:
-                self._unlink_pending(entry)
+                if entry.ref_count > 1:  # readers leased it
+                    self._unlink_pending(entry)
+                else:
+                    self._unlink(entry)
             entry.owned = False
             entry.ref_count -= 1
             if entry.block_id is None:
@@ -501,19 +393,6 @@ class BlockPool:
                 self._settle_unreferenced(entry)
         request.own = []
         request.new_block_hashes = ()
-
-    def _settle_unreferenced(self, entry: BlockEntry) -> None:
-        """An entry with a block just lost its last ref: cache it, or free its block."""
-        if entry.linked:
-            self._num_evictable += 1
-            self._leaves.offer(entry)
-        else:
-            self._free_block(entry)
-
-    def _free_block(self, entry: BlockEntry) -> None:
-        self._block_entries[entry.block_id] = None  # type: ignore[index]
-        heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[arg-type]
-        entry.block_id = None
 
     def _unlink_pending(self, entry: BlockEntry) -> None:
         """Take a never-computed entry out of the index, and every PENDING entry built on it:
@@ -529,27 +408,3 @@ class BlockPool:
         for dying in reversed(doomed):
             self._unlink(dying)
 
-    def _evict(self, entry: BlockEntry) -> None:
-        """Take a cached, unreferenced entry out of the index with its subtree (all victims:
-        they keep their blocks, held by their escrows). Deepest first."""
-        subtree = [entry]
-        for node in subtree:  # grows while we walk it: breadth first
-            if node.victim_children:
-                subtree.extend(node.victim_children)
-        for node in reversed(subtree):
-            self._unlink(node)
-
-    def _unlink(self, entry: BlockEntry) -> None:
-        del self._index[entry.block_hash]  # type: ignore[arg-type]
-        forget_victim_child(entry)
-        entry.linked = False
-        if not entry.computed:
-            self._num_pending -= 1
-        parent = entry.parent
-        if parent is not None:
-            parent.num_children -= 1
-            self._leaves.offer(parent)
-
-    def _maybe_compact(self) -> None:
-        if len(self._leaves) > 2 * self._num_evictable + 1024:
-            self._leaves.compact()

@@ -1,0 +1,171 @@
+"""The pool's blocks and entries, and the moves that keep them consistent.
+
+`BlockStore` owns the prefix index (hash -> linked entry), the block map (block id -> entry
+that owns the block), the free list, the evictable-leaf queue and the per-state counters.
+Its moves take an entry or a block from one state to another and keep all of them in step:
+
+    free --pick--> escrowed --materialize--> in use --owner frees--> evictable / free
+                    ^   |                          (or leased, while readers hold it)
+    evictable --pick+   +--give back--> evictable / free
+
+`BlockPool` (pool.py) builds the request-level protocol on top.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from wavepp.cache.block import BlockEntry, LeafQueue
+from wavepp.cache.errors import InvalidArgumentError
+from wavepp.cache.escrow import Victim, forget_victim_child, num_cached, unmark_victim
+from wavepp.cache.results import CapacityView, MatchResult
+
+
+class BlockStore:
+    """Blocks, entries and counters of one stage's pool; see the module docstring."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0:
+            raise InvalidArgumentError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise InvalidArgumentError(f"block_size must be positive, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._index: dict[int, BlockEntry] = {}  # hash -> linked entry
+        self._block_entries: list[BlockEntry | None] = [None] * num_blocks  # block id -> owner entry
+        self._free_ids: list[int] = list(range(num_blocks))  # a heap: lowest id first
+        self._leaves = LeafQueue()
+        self._clock = 0  # logical time: ticks once per touched block
+        self._num_evictable = 0
+        self._num_leased = 0
+        self._num_escrowed = 0
+        self._num_in_use = 0
+        self._num_pending = 0
+
+    def match(self, block_hashes: Sequence[int]) -> MatchResult:
+        """Longest prefix of `block_hashes` in the index (COMPUTED or PENDING). Mutates nothing.
+
+        Exact in O(log n) lookups because presence is monotone along a chain: eviction takes
+        leaves only and a PENDING entry's parent is held by its owner.
+        """
+        index = self._index
+        num_hashes = len(block_hashes)
+        # lengths: [1, lo] known present | (lo, hi) unknown | [hi, ...) known absent
+        lo, hi, length, num_lookups = 0, num_hashes + 1, 1, 0
+        last = None
+        while length <= num_hashes:
+            num_lookups += 1
+            entry = index.get(block_hashes[length - 1])
+            if entry is None:
+                hi = length
+                break
+            lo, last, length = length, entry, length * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            num_lookups += 1
+            entry = index.get(block_hashes[mid - 1])
+            if entry is None:
+                hi = mid
+            else:
+                lo, last = mid, entry
+        if last is None or last.computed:
+            return MatchResult(lo, lo, num_lookups)
+        # Computed-ness is monotone too (an entry is published only after its parent).
+        clo, chi = 0, lo - 1  # lengths [1, clo] computed | [chi + 1, lo] pending
+        while chi > clo:
+            mid = (clo + chi + 1) // 2
+            num_lookups += 1
+            if index[block_hashes[mid - 1]].computed:
+                clo = mid
+            else:
+                chi = mid - 1
+        return MatchResult(lo, clo, num_lookups)
+
+    def match_linear(self, block_hashes: Sequence[int]) -> int:
+        """Reference for `match`: walk the chain until the first absent hash."""
+        for num_found, block_hash in enumerate(block_hashes):
+            if block_hash not in self._index:
+                return num_found
+        return len(block_hashes)
+
+    def capacity(self) -> CapacityView:
+        return CapacityView(
+            num_free=len(self._free_ids),
+            num_evictable=self._num_evictable,
+            num_leased=self._num_leased,
+            num_escrowed=self._num_escrowed,
+            num_pending=self._num_pending,
+            num_in_use=self._num_in_use,
+            num_blocks=self.num_blocks,
+        )
+
+    # ---- moves ----------------------------------------------------------------------------
+
+    def _hold(self, picks: list[Victim]) -> None:
+        """Count fresh picks as escrowed (free and evictable blocks become escrowed)."""
+        self._num_escrowed += len(picks)
+        self._num_evictable -= num_cached(picks)
+
+    def _give_back(self, victims: list[Victim]) -> None:
+        """Held victims go back to the free list or the evictable leaves.
+
+        Parents first: a cached victim whose parent is still another escrow's victim cannot
+        stay in the index on its own (that parent will be evicted with its subtree), so it is
+        evicted now and its block freed.
+        """
+        self._num_escrowed -= len(victims)
+        ordered = sorted(victims, key=lambda v: -1 if v[1] is None else v[1].depth)
+        for block_id, entry in ordered:
+            if entry is None:
+                heapq.heappush(self._free_ids, block_id)
+                continue
+            if entry.linked:
+                unmark_victim(entry)
+                parent = entry.parent
+                if parent is None or parent.victim_of is None:
+                    self._num_evictable += 1
+                    self._leaves.offer(entry)
+                    continue
+                self._evict(entry)
+            entry.victim_of = None
+            self._free_block(entry)
+
+    def _settle_unreferenced(self, entry: BlockEntry) -> None:
+        """An entry with a block just lost its last ref: cache it, or free its block."""
+        if entry.linked:
+            self._num_evictable += 1
+            self._leaves.offer(entry)
+        else:
+            self._free_block(entry)
+
+    def _free_block(self, entry: BlockEntry) -> None:
+        self._block_entries[entry.block_id] = None  # type: ignore[index]
+        heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[arg-type]
+        entry.block_id = None
+
+    def _evict(self, entry: BlockEntry) -> None:
+        """Take a cached, unreferenced entry out of the index with its subtree (all victims:
+        they keep their blocks, held by their escrows). Deepest first."""
+        subtree = [entry]
+        for node in subtree:  # grows while we walk it: breadth first
+            if node.victim_children:
+                subtree.extend(node.victim_children)
+        for node in reversed(subtree):
+            self._unlink(node)
+
+    def _unlink(self, entry: BlockEntry) -> None:
+        del self._index[entry.block_hash]  # type: ignore[arg-type]
+        forget_victim_child(entry)
+        entry.linked = False
+        if not entry.computed:
+            self._num_pending -= 1
+        parent = entry.parent
+        if parent is not None:
+            parent.num_children -= 1
+            if not parent.ref_count:
+                self._leaves.offer(parent)
+
+    def _maybe_compact(self) -> None:
+        if len(self._leaves) > 2 * self._num_evictable + 1024:
+            self._leaves.compact()
