@@ -45,7 +45,8 @@ class StageStats:
 class CoreStats:
     stages: list[StageStats]
     round_latencies_s: list[float] = field(default_factory=list)
-    wave_spans: list[tuple[int, int, float, float]] = field(default_factory=list)  # stage, wave, start, end
+    # (stage, wave id, start, end) and (round id, start, end), in wall-clock (unix) seconds
+    wave_spans: list[tuple[int, int, float, float]] = field(default_factory=list)
     round_spans: list[tuple[int, float, float]] = field(default_factory=list)
     num_waves: int = 0
 
@@ -192,13 +193,12 @@ class EngineCore:
                     continue
                 tokens = [t for c in wave.chunks for t in self.leader.requests[c.request_id].token_ids[c.start:c.end]]
             start = time.perf_counter()
+            start_unix = time.time()
             wait_s = max(0.0, start - idle_since - pending_admission)
             inputs = torch.tensor(tokens, dtype=torch.int64)
             output, compute_s = self.stage.run(wave, inputs)
-            timing = StageTiming(0, wait_s, compute_s, pending_admission)
+            timing = StageTiming(0, wait_s, compute_s, pending_admission, start_unix)
             pending_admission = 0.0
-            with self.lock:
-                self.stats.wave_spans.append((0, wave.wave_id, start - self._t0, start - self._t0 + compute_s))
             if self.num_stages == 1:
                 self._on_result(ResultMsg(wave.wave_id, tuple(output), (timing,)))
             else:
@@ -239,7 +239,7 @@ class EngineCore:
             self._send_all(release)
         with self.cond:
             self.stats.round_latencies_s.append(outcome.latency)
-            self.stats.round_spans.append((outcome.round_id, t0, self.now()))
+            self.stats.round_spans.append((outcome.round_id, time.time() - (self.now() - t0), time.time()))
             for req in outcome.failed:
                 self._complete(req)
             for req in list(self.leader.requests.values()):
@@ -269,6 +269,7 @@ class EngineCore:
     def _on_result(self, msg: ResultMsg) -> None:
         with self.cond:
             for t in msg.timings:
+                self.stats.wave_spans.append((t.stage_id, msg.wave_id, t.start_unix_s, t.start_unix_s + t.compute_s))
                 st = self.stats.stages[t.stage_id]
                 st.busy_s += t.compute_s
                 st.wait_input_s += t.wait_s

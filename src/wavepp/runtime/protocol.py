@@ -10,11 +10,13 @@ from wavepp.sched import TokenResult, Wave
 
 @dataclass(frozen=True)
 class StageTiming:
-    """What a stage did for one wave: idle before it, computing it, serving rounds on LOOP."""
+    """What a stage did for one wave: idle before it, computing it, serving rounds on LOOP.
+    start_unix_s: wall-clock start of the compute (comparable across local processes)."""
     stage_id: int
     wait_s: float
     compute_s: float
     round_s: float
+    start_unix_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -100,9 +100,10 @@ def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: 
             continue
         _, header, hidden = item
         start = time.perf_counter()
+        start_unix = time.time()
         wait_s = max(0.0, start - idle_since - round_s)
         output, compute_s = stage.run(header.wave, hidden)
-        timings = header.timings + (StageTiming(rank, wait_s, compute_s, round_s),)
+        timings = header.timings + (StageTiming(rank, wait_s, compute_s, round_s, start_unix),)
         round_s = 0.0
         if is_last:
             channels.send_obj(ResultMsg(header.wave.wave_id, tuple(output), timings), 0, "results")

@@ -1,0 +1,143 @@
+"""One measurement: a workload through an engine at a concurrency, closed loop (or by arrival
+times), with the metrics the report prints.
+
+Every measurement starts from empty caches (engine.reset), so policies measured one after the
+other see the same state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from wavepp.workloads import Workload
+
+
+@dataclass(frozen=True)
+class Measurement:
+    workload: str
+    policy: str
+    pp: int
+    concurrency: int
+    repeat: int
+    num_requests: int
+    num_failed: int
+    input_tokens: int
+    cached_tokens: int
+    seconds: float
+    input_tok_s: float
+    computed_tok_s: float
+    hit_rate: float
+    ideal_hit_rate: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    stage_utilization: list[float]
+    stage_wait_input_frac: list[float]
+    stage_wait_admission_frac: list[float]
+    admission_p50_ms: float
+    admission_p99_ms: float
+    num_waves: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_label: str,
+                    repeat: int = 0, on_progress=None, open_loop: bool = False) -> Measurement:
+    """Keep `concurrency` requests outstanding until every prompt is done (or, with
+    `open_loop`, submit at the workload's arrival times)."""
+    prompts = workload.prompts
+    results = [None] * len(prompts)
+    lock = threading.Lock()
+    done = threading.Event()
+    state = {"next": 0, "finished": 0}
+
+    def submit_next():
+        with lock:
+            i = state["next"]
+            if i >= len(prompts):
+                return
+            state["next"] += 1
+        fut = engine.submit(prompts[i])
+        fut.add_done_callback(lambda f, i=i: finished(i, f))
+
+    def finished(i, fut):
+        try:
+            results[i] = fut.result()
+        except Exception as exc:   # noqa: BLE001 - recorded as a failure below
+            results[i] = exc
+        with lock:
+            state["finished"] += 1
+            n = state["finished"]
+        if on_progress is not None:
+            on_progress(1)
+        if n == len(prompts):
+            done.set()
+        elif not open_loop:
+            submit_next()
+
+    t0 = time.perf_counter()
+    if open_loop and workload.arrival_times_s is not None:
+        for at in workload.arrival_times_s:
+            delay = at - (time.perf_counter() - t0)
+            if delay > 0:
+                time.sleep(delay)
+            submit_next()
+    else:
+        for _ in range(min(concurrency, len(prompts))):
+            submit_next()
+    done.wait()
+    seconds = time.perf_counter() - t0
+    return summarize(engine, workload, results, seconds, policy_label, concurrency, repeat)
+
+
+def summarize(engine, workload: Workload, results, seconds: float, policy: str, concurrency: int,
+              repeat: int) -> Measurement:
+    ok = [r for r in results if not isinstance(r, Exception) and r.ok]
+    inp = sum(r.num_prompt_tokens for r in ok)
+    cached = sum(r.num_cached_tokens for r in ok)
+    ttft = sorted(1e3 * r.ttft_s for r in ok) or [0.0]
+    stats = engine.stats()
+    rounds = sorted(1e3 * x for x in stats.round_latencies_s) or [0.0]
+    util = [min(1.0, st.busy_s / seconds) for st in stats.stages]
+    wait_in = [min(1.0, st.wait_input_s / seconds) for st in stats.stages]
+    wait_adm = [min(1.0, (st.wait_admission_s + (st.round_s if i else 0.0)) / seconds)
+                for i, st in enumerate(stats.stages)]
+    return Measurement(
+        workload=workload.name, policy=policy, pp=len(stats.stages), concurrency=concurrency,
+        repeat=repeat, num_requests=len(results), num_failed=len(results) - len(ok), input_tokens=inp,
+        cached_tokens=cached, seconds=seconds, input_tok_s=inp / seconds,
+        computed_tok_s=(inp - cached) / seconds, hit_rate=cached / inp if inp else 0.0,
+        ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_ms=quantile(ttft, 0.5),
+        ttft_p95_ms=quantile(ttft, 0.95), stage_utilization=util, stage_wait_input_frac=wait_in,
+        stage_wait_admission_frac=wait_adm, admission_p50_ms=quantile(rounds, 0.5),
+        admission_p99_ms=quantile(rounds, 0.99), num_waves=stats.num_waves)
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+def median_rows(rows: list[Measurement]) -> list[dict]:
+    """One row per (workload, policy, concurrency): medians over repeats."""
+    groups: dict[tuple, list[Measurement]] = {}
+    for m in rows:
+        groups.setdefault((m.workload, m.policy, m.concurrency), []).append(m)
+    out = []
+    for (wl, pol, c), ms in groups.items():
+        row = ms[0].to_dict()
+        for key in ("seconds", "input_tok_s", "computed_tok_s", "hit_rate", "ttft_p50_ms", "ttft_p95_ms",
+                    "admission_p50_ms", "admission_p99_ms"):
+            row[key] = statistics.median(getattr(m, key) for m in ms)
+        for key in ("stage_utilization", "stage_wait_input_frac", "stage_wait_admission_frac"):
+            row[key] = [statistics.median(v) for v in zip(*(getattr(m, key) for m in ms))]
+        row["repeats"] = len(ms)
+        out.append(row)
+    return out

@@ -1,0 +1,89 @@
+"""What a benchmark leaves behind: a terminal table, JSON rows, a plot, a Chrome trace."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+
+def machine() -> str:
+    import os
+    return (f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
+            f"{platform.python_version()}, torch {torch.__version__}")
+
+
+def print_table(rows: list[dict], console, title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("workload", "c", "policy", "input tok/s", "computed tok/s", "vs lockstep",
+                "hit / ideal", "TTFT p50/p95 ms", "stage util", "idle in/adm", "adm p50/p99 ms"):
+        table.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
+    base = {(r["workload"], r["concurrency"]): r["input_tok_s"] for r in rows if r["policy"] == "lockstep"}
+    for r in sorted(rows, key=lambda r: (r["workload"], r["concurrency"], r["policy"])):
+        ref = base.get((r["workload"], r["concurrency"]))
+        ratio = f"{r['input_tok_s'] / ref:.2f}x" if ref else "-"
+        util = "/".join(f"{u:.0%}" for u in r["stage_utilization"])
+        idle = "/".join(f"{a:.0%}:{b:.0%}" for a, b in zip(r["stage_wait_input_frac"],
+                                                         r["stage_wait_admission_frac"]))
+        table.add_row(r["workload"], str(r["concurrency"]), r["policy"], f"{r['input_tok_s']:,.0f}",
+                      f"{r['computed_tok_s']:,.0f}", ratio,
+                      f"{r['hit_rate']:.1%} / {r['ideal_hit_rate']:.1%}",
+                      f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle,
+                      f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}")
+    console.print(table)
+
+
+def write_json(path: str, rows: list[dict], meta: dict) -> None:
+    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+
+
+def write_plot(path: str, rows: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, wl in zip(axes[0], workloads):
+        for pol in sorted({r["policy"] for r in rows if r["workload"] == wl}):
+            pts = sorted((r["concurrency"], r["input_tok_s"]) for r in rows
+                         if r["workload"] == wl and r["policy"] == pol)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
+        ax.set_xscale("log", base=2)
+        ax.set_title(wl)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("input tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chrome_trace(stats, label: str, pid: int) -> list[dict]:
+    """Chrome trace events (Perfetto): one track per stage (wave spans), one for rounds."""
+    spans = stats.wave_spans
+    t0 = min([s[2] for s in spans] + [r[1] for r in stats.round_spans] + [float("inf")])
+    if t0 == float("inf"):
+        return []
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}}]
+    num_stages = len(stats.stages)
+    for s in range(num_stages):
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": s, "args": {"name": f"stage {s}"}})
+    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": num_stages,
+                   "args": {"name": "admission rounds"}})
+    for stage, wave, start, end in spans:
+        events.append({"ph": "X", "name": f"wave {wave}", "pid": pid, "tid": stage,
+                       "ts": 1e6 * (start - t0), "dur": 1e6 * (end - start)})
+    for rid, start, end in stats.round_spans:
+        events.append({"ph": "X", "name": f"round {rid}", "pid": pid, "tid": num_stages,
+                       "ts": 1e6 * (start - t0), "dur": 1e6 * (end - start)})
+    return events
+
+
+def write_trace(path: str, events: list[dict]) -> None:
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -1,0 +1,138 @@
+"""`wavepp bench`: workloads x policies x concurrencies, measured side by side, interleaved."""
+
+from __future__ import annotations
+
+import time
+
+POLICIES = ("wavepp", "wavepp-mpu", "lockstep", "static", "single-stage")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark policies side by side on workloads",
+                       description="Closed-loop benchmark: every (workload, concurrency) runs each "
+                                   "policy in turn, from empty caches, repeated and interleaved; "
+                                   "prints medians and ratios to lockstep.")
+    p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--workload", default="short-suffix,reuse",
+                   help="comma list of: cold, reuse, short-suffix, mixed, gsp, trace")
+    p.add_argument("--policy", default="wavepp,wavepp-mpu,lockstep,static,single-stage")
+    p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=None, help="cold/reuse/mixed prompt length")
+    p.add_argument("--prefix-len", type=int, default=1536, help="short-suffix shared prefix")
+    p.add_argument("--suffix-len", type=int, default=64, help="short-suffix suffix")
+    p.add_argument("--num-groups", type=int, default=8)
+    p.add_argument("--trace-file", default=None, help="Mooncake JSONL for the trace workload")
+    p.add_argument("--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--plot", default=None, metavar="FILE.png")
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="Chrome trace (Perfetto)")
+    p.set_defaults(func=run)
+
+
+def build_workloads(args, block_size: int = 16):
+    from wavepp.workloads import make_workload
+
+    n = args.num_requests
+    out = []
+    for name in [w.strip() for w in args.workload.split(",") if w.strip()]:
+        key = name.replace("_", "-")
+        if key == "short-suffix":
+            wl = make_workload("short_suffix", num_requests=n, num_groups=args.num_groups,
+                               prefix_len=args.prefix_len, suffix_len=args.suffix_len)
+        elif key in ("cold", "reuse", "mixed"):
+            kw = {"num_requests": n, "prompt_len": args.prompt_len or 512}
+            if key != "cold":
+                kw["num_groups"] = args.num_groups
+            wl = make_workload(key, **kw)
+        elif key == "gsp":
+            wl = make_workload("gsp", num_groups=max(1, n // 16), prompts_per_group=16,
+                               system_prompt_len=args.prompt_len or 1024, question_len=128)
+        elif key in ("trace", "mooncake"):
+            kw = {"tokens_per_block": args.tokens_per_block, "max_requests": n}
+            if args.trace_file:
+                kw["path"] = args.trace_file
+            wl = make_workload("mooncake", **kw)
+        else:
+            raise ValueError(f"unknown workload {name!r}; choose from cold, reuse, short-suffix, "
+                             f"mixed, gsp, trace")
+        out.append(wl)
+    return out
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from wavepp.bench.measure import median_rows, run_closed_loop
+    from wavepp.bench.report import chrome_trace, machine, print_table, write_json, write_plot, write_trace
+    from wavepp.engine import Engine
+    from wavepp.store import DEFAULT_MODEL
+
+    console = Console(width=max(Console().width, 160))
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    workloads = build_workloads(args)
+    model = args.model or DEFAULT_MODEL
+    console.print(f"[bold]wavepp bench[/] model={model} pp={args.pp} dtype={args.dtype} on {machine()}")
+    for wl in workloads:
+        console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
+                      f"ideal hit rate {wl.ideal_hit_rate:.1%}")
+    t_start = time.perf_counter()
+    pipeline_policies = [p for p in policies if p != "single-stage"]
+    engines = {}
+    if pipeline_policies:
+        engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype)
+    if "single-stage" in policies:
+        engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype)
+    rows, trace_events = [], []
+    total = sum(wl.num_requests for wl in workloads) * len(concurrencies) * len(policies) * args.repeat
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console) as progress:
+            task = progress.add_task("warm-up", total=total)
+            for engine in engines.values():   # warm up: first forwards are slow
+                engine.prefill([wl.prompts[0][:256] for wl in workloads])
+            for rep in range(args.repeat):
+                for wl in workloads:
+                    for c in concurrencies:
+                        order = policies if rep % 2 == 0 else list(reversed(policies))
+                        for pol in order:
+                            engine = engines["single" if pol == "single-stage" else "pp"]
+                            engine.reset("wavepp" if pol == "single-stage" else pol)
+                            progress.update(task, description=f"{wl.name} c={c} {pol} (run {rep + 1})")
+                            m = run_closed_loop(engine, wl, c, policy_label=pol, repeat=rep,
+                                                on_progress=lambda n: progress.advance(task, n))
+                            rows.append(m)
+                            if args.trace:
+                                trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {pol} r{rep}",
+                                                             pid=len(rows))
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    med = median_rows(rows)
+    print_table(med, console, f"medians of {args.repeat} interleaved run(s); ratios vs lockstep")
+    console.print(f"total {time.perf_counter() - t_start:.0f} s")
+    meta = {"model": model, "pp": args.pp, "dtype": args.dtype, "machine": machine(),
+            "repeat": args.repeat, "command": "wavepp bench " + " ".join(_argv(args))}
+    if args.json:
+        write_json(args.json, [m.to_dict() for m in rows], {**meta, "medians": med})
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(args.plot, med)
+        console.print(f"wrote {args.plot}")
+    if args.trace:
+        write_trace(args.trace, trace_events)
+        console.print(f"wrote {args.trace} (open in ui.perfetto.dev)")
+    return 0
+
+
+def _argv(args) -> list[str]:
+    import sys
+    return sys.argv[2:]
