@@ -4,8 +4,8 @@
 
 For each size, a pool of exactly that many blocks (block size 16) is filled with cached
 chains of 256 blocks (4k tokens) that share 64-block prefixes in groups of eight, so the pool
-is full: no block is free and every admission escrows evictable leaves (LRU chains' tails). Then, on prompts of 256 blocks of
-which a random 64-192 are cached:
+is full: no block is free and every admission escrows evictable leaves (the tails of the
+least recently used chains). Then, on prompts of 256 blocks of which 64-192 are cached:
   match       pool.match(hashes)                                the leader's hint lookup
   admit       match + lease + reserve + commit                  one stage's admission round
   release     pool.release(request)                              the undo (cancel + unpin)
@@ -84,8 +84,9 @@ def _run_size(num_blocks: int, repeats: int, rng: np.random.Generator) -> None:
             release_us.append((released - admitted) * 1e6)
     pool.check_integrity() if num_blocks <= 100_000 else None
     gc.unfreeze()
-    print(f"{num_blocks:>9} {build_s:>8.1f} {rss_mb:>6.0f} | {_median(match_us):>9.1f} {_p99(match_us):>6.1f} "
-          f"{statistics.median(lookups):>7.0f} | {_median(admit_us):>9.1f} {_p99(admit_us):>6.1f} | "
+    print(f"{num_blocks:>9} {build_s:>8.1f} {rss_mb:>6.0f} | "
+          f"{_median(match_us):>9.1f} {_p99(match_us):>6.1f} {statistics.median(lookups):>7.0f} | "
+          f"{_median(admit_us):>9.1f} {_p99(admit_us):>6.1f} | "
           f"{_median(release_us):>11.1f} {_p99(release_us):>6.1f}")
 
 

@@ -87,7 +87,8 @@ class LeafQueue:
             return
         if entry.leaf_key != entry.last_access:
             entry.leaf_key = entry.last_access
-            heapq.heappush(self._heap, (entry.last_access, -entry.depth, entry.block_id, entry))  # type: ignore[arg-type]
+            item = (entry.last_access, -entry.depth, entry.block_id, entry)
+            heapq.heappush(self._heap, item)  # type: ignore[arg-type]
 
     def peek(self) -> BlockEntry | None:
         heap = self._heap

@@ -9,7 +9,7 @@ Invariants, in the order checked:
   4. the index and the entries agree: hash, parent links, depth, child counts; PENDING
      entries have a live owner; COMPUTED entries have a block and a COMPUTED parent
   5. every physical block is in exactly one state and the counters match
-  6. every evictable leaf is in the leaf queue
+  6. every evictable leaf is in the leaf queue, which yields the least recently used first
   7. match() == match_linear() on the chain of every live request
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from wavepp.cache.block import BlockEntry, is_evictable_leaf
+from wavepp.cache.block import BlockEntry, is_evictable_leaf, leaf_order
 from wavepp.cache.errors import IntegrityError
 
 if TYPE_CHECKING:
@@ -41,20 +41,30 @@ def check_pool(pool: BlockPool) -> None:
         _check(len(listed) == len(victim_children) and set(listed) == set(victim_children),
                f"block {entry.block_id} lists {len(listed)} victim children, has {len(victim_children)}")
         if entry.victim_of is not None and entry.linked:
-            _check(len(victim_children) == len(linked_children), f"victim block {entry.block_id} has a non-victim child")
+            _check(len(victim_children) == len(linked_children),
+                   f"victim block {entry.block_id} has a non-victim child")
     _check_block_states(pool, free_ids, victim_owner)
+    # The leaf queue is lazy (stale items are dropped when they surface), so check what it
+    # would yield: every evictable leaf has a live item, and the first valid item is the
+    # least recently used evictable leaf.
     live_leaves = set(pool._leaves.items())
-    for entry in entries:
-        if is_evictable_leaf(entry):
-            _check(entry in live_leaves, f"evictable leaf block {entry.block_id} missing from the leaf queue")
+    evictable_leaves = [e for e in entries if is_evictable_leaf(e)]
+    for entry in evictable_leaves:
+        _check(entry in live_leaves, f"evictable leaf block {entry.block_id} missing from the leaf queue")
+    valid = [e for e in live_leaves if is_evictable_leaf(e)]
+    if evictable_leaves:
+        first, expected = min(valid, key=leaf_order), min(evictable_leaves, key=leaf_order)
+        _check(first is expected, f"leaf queue yields block {first.block_id} before {expected.block_id}")
     for request in pool._requests.values():
         hashes = request.chain_hashes()
         found, expected = pool.match(hashes), pool.match_linear(hashes)
-        _check(found.num_blocks == expected, f"match {found.num_blocks} != linear {expected} for {request.request_id!r}")
+        _check(found.num_blocks == expected,
+               f"match {found.num_blocks} != linear {expected} for {request.request_id!r}")
         computed = 0
         while computed < expected and pool._index[hashes[computed]].computed:
             computed += 1
-        _check(found.num_computed_blocks == computed, f"match computed {found.num_computed_blocks} != {computed}")
+        _check(found.num_computed_blocks == computed,
+               f"match computed {found.num_computed_blocks} != {computed}")
 
 
 def _check_escrows(pool: BlockPool, free_ids: set[int]) -> dict[int, object]:
@@ -72,12 +82,14 @@ def _check_escrows(pool: BlockPool, free_ids: set[int]) -> dict[int, object]:
             victim_owner[block_id] = request_id
             _check(pool._block_entries[block_id] is entry, f"victim block {block_id} of {who} changed owner")
             if entry is not None:
-                _check(entry.block_id == block_id and entry.victim_of == request_id, f"victim {block_id} mislabeled")
+                _check(entry.block_id == block_id and entry.victim_of == request_id,
+                       f"victim {block_id} mislabeled")
                 _check(entry.ref_count == 0, f"victim block {block_id} of {who} is referenced")
                 _check(entry.computed, f"victim block {block_id} of {who} is not computed")
     for entry in pool._block_entries:
         if entry is not None and entry.victim_of is not None:
-            _check(entry.block_id in victim_owner, f"block {entry.block_id} marked victim but held by no escrow")
+            _check(entry.block_id in victim_owner,
+                   f"block {entry.block_id} marked victim but held by no escrow")
     return victim_owner
 
 
@@ -88,7 +100,8 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
             _check(entry.depth == depth, f"{request_id!r} leased block {depth} has depth {entry.depth}")
             holders[entry] = holders.get(entry, 0) + 1
         for i, entry in enumerate(request.own):
-            _check(entry.owned and entry.owner_id == request_id, f"{request_id!r} own block {i} not owned by it")
+            _check(entry.owned and entry.owner_id == request_id,
+                   f"{request_id!r} own block {i} not owned by it")
             holders[entry] = holders.get(entry, 0) + 1
             if request.block_table is not None:
                 expected = request.block_table[len(request.leased) + i]
@@ -98,11 +111,14 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
     entries = set(holders) | set(pool._index.values()) | {e for e in pool._block_entries if e is not None}
     for entry in entries:
         num_holders = holders.get(entry, 0)
-        _check(entry.ref_count == num_holders, f"block {entry.block_id} ref_count {entry.ref_count} != {num_holders} holders")
+        _check(entry.ref_count == num_holders,
+               f"block {entry.block_id} ref_count {entry.ref_count} != {num_holders} holders")
         if entry.owned:
-            _check(entry.owner_id in pool._requests, f"block {entry.block_id} owned by gone {entry.owner_id!r}")
+            _check(entry.owner_id in pool._requests,
+                   f"block {entry.block_id} owned by gone {entry.owner_id!r}")
         if entry.linked:
-            _check(pool._index.get(entry.block_hash) is entry, f"linked block {entry.block_id} not in the index")
+            _check(pool._index.get(entry.block_hash) is entry,
+                   f"linked block {entry.block_id} not in the index")
         elif num_holders == 0 and entry.block_id is not None and entry.victim_of is None:
             leaked = pool._block_entries[entry.block_id] is entry
             _check(not leaked, f"block {entry.block_id} leaked: unreferenced and not cached")
@@ -118,15 +134,18 @@ def _check_index(pool: BlockPool, entries: set[BlockEntry]) -> dict[BlockEntry, 
             _check(entry.depth == 0, f"root block {entry.block_id} at depth {entry.depth}")
         else:
             _check(parent.linked, f"block {entry.block_id} cached under an evicted parent")
-            _check(entry.depth == parent.depth + 1, f"block {entry.block_id} depth {entry.depth} under {parent.depth}")
+            _check(entry.depth == parent.depth + 1,
+                   f"block {entry.block_id} depth {entry.depth} under {parent.depth}")
             children.setdefault(parent, []).append(entry)
         if entry.computed:
             _check(entry.block_id is not None, f"computed entry {block_hash:#x} has no block")
-            _check(parent is None or parent.computed, f"computed block {entry.block_id} under a pending parent")
+            _check(parent is None or parent.computed,
+                   f"computed block {entry.block_id} under a pending parent")
         else:
             _check(entry.owned, f"pending entry {block_hash:#x} has no owner")
         if entry.block_id is not None:
-            _check(pool._block_entries[entry.block_id] is entry, f"block {entry.block_id} map disagrees with index")
+            _check(pool._block_entries[entry.block_id] is entry,
+                   f"block {entry.block_id} map disagrees with index")
     for entry in entries:
         num_children = len(children.get(entry, ()))
         _check(entry.num_children == num_children or not entry.linked,
@@ -155,7 +174,8 @@ def _check_block_states(pool: BlockPool, free_ids: set[int], victim_owner: dict[
            "(free, escrowed, in_use, leased, evictable)")
     _check(sum(counts.values()) == pool.num_blocks, "block states do not add up to num_blocks")
     num_pending = sum(1 for e in pool._index.values() if not e.computed)
-    _check(view.num_pending == num_pending, f"num_pending {view.num_pending} != {num_pending} pending entries")
+    _check(view.num_pending == num_pending,
+           f"num_pending {view.num_pending} != {num_pending} pending entries")
 
 
 def _check(condition: bool, message: str) -> None:

@@ -38,6 +38,9 @@ from wavepp.cache.results import CommitResult, LeaseResult, RequestState, Reserv
 from wavepp.cache.store import BlockStore
 
 _NUM_RETIRED_REMEMBERED = 1 << 16  # released ids kept to tell "released twice" from "unknown"
+_RESERVED = (RequestState.RESERVED,)
+_COMMITTED = (RequestState.COMMITTED,)
+_MATERIALIZED = (RequestState.MATERIALIZED,)
 
 
 class BlockPool(BlockStore):
@@ -121,7 +124,8 @@ class BlockPool(BlockStore):
             raise InvalidArgumentError(f"reserve: num_blocks must be >= 0, got {num_blocks}")
         request = self._requests.get(request_id)
         if request is not None and request.state is not RequestState.LEASED:
-            raise RequestStateError(request_id, "reserve", request.state.value, "it already holds an escrow or blocks")
+            detail = "it already holds an escrow or blocks"
+            raise RequestStateError(request_id, "reserve", request.state.value, detail)
         picks = pick_victims(self._free_ids, self._leaves, num_blocks, request_id)
         if len(picks) < num_blocks:
             self._hold(picks)
@@ -146,9 +150,7 @@ class BlockPool(BlockStore):
         dropped (the lease stays) and the result is not ok. After an ok commit, materialize
         cannot fail for lack of room: leases that would take a victim must leave a replacement.
         """
-        request = self._get(request_id, "commit")
-        if request.state is not RequestState.RESERVED:
-            raise RequestStateError(request_id, "commit", request.state.value, "commit needs a reservation")
+        request = self._get(request_id, "commit", _RESERVED, "commit needs a reservation")
         escrow = request.escrow
         assert escrow is not None
         if len(new_block_hashes) > escrow.num_blocks:
@@ -176,9 +178,7 @@ class BlockPool(BlockStore):
         A committed request's PENDING entries leave the index (readers that leased one keep
         it, dead). The request is LEASED again and may reserve anew.
         """
-        request = self._get(request_id, "cancel")
-        if request.state not in (RequestState.RESERVED, RequestState.COMMITTED):
-            raise RequestStateError(request_id, "cancel", request.state.value, "nothing reserved to cancel")
+        request = self._get(request_id, "cancel", _RESERVED + _COMMITTED, "nothing reserved to cancel")
         self._drop_own(request)
         self._return_escrow(request)
 
@@ -192,12 +192,11 @@ class BlockPool(BlockStore):
         followed by new ones. Raises PendingBlockError, changing nothing, if a leased entry's
         owner has not materialized it yet or let it go uncomputed.
         """
-        request = self._get(request_id, "materialize")
-        if request.state is not RequestState.COMMITTED:
-            raise RequestStateError(request_id, "materialize", request.state.value, "only a committed escrow materializes")
+        request = self._get(request_id, "materialize", _COMMITTED, "only a committed escrow materializes")
         for entry in request.leased:
             if not entry.computed and not entry.owned:
-                raise PendingBlockError(request_id, entry.owner_id, "materialize", "was released before it was computed")
+                detail = "was released before it was computed"
+                raise PendingBlockError(request_id, entry.owner_id, "materialize", detail)
             if entry.block_id is None:
                 raise PendingBlockError(request_id, entry.owner_id, "materialize", "is not materialized yet")
         escrow = request.escrow
@@ -226,15 +225,14 @@ class BlockPool(BlockStore):
         Idempotent for a count <= the last one. Raises InvalidArgumentError beyond the
         request's blocks, PendingBlockError if its leased prefix is not computed yet.
         """
-        request = self._get(request_id, "publish")
-        if request.state is not RequestState.MATERIALIZED:
-            raise RequestStateError(request_id, "publish", request.state.value, "publish needs materialized blocks")
+        request = self._get(request_id, "publish", _MATERIALIZED, "publish needs materialized blocks")
         block_size = self.block_size
         num_leased = len(request.leased)
         num_tokens = request.num_blocks * block_size
         if not 0 <= num_computed_tokens <= num_tokens:
             raise InvalidArgumentError(
-                f"publish: request {request_id!r} has {num_tokens} tokens of blocks, got {num_computed_tokens}"
+                f"publish: request {request_id!r} has {num_tokens} tokens of blocks, "
+                f"got {num_computed_tokens}"
             )
         if num_computed_tokens <= request.num_computed_tokens:
             return
@@ -254,10 +252,8 @@ class BlockPool(BlockStore):
 
     def free(self, request_id: Hashable) -> None:
         """A materialized request is done: give back all it holds (see `release`)."""
-        request = self._get(request_id, "free")
-        if request.state is not RequestState.MATERIALIZED:
-            raise RequestStateError(request_id, "free", request.state.value, "free is for materialized requests; use release")
-        self._retire(request)
+        detail = "free is for materialized requests; use release"
+        self._retire(self._get(request_id, "free", _MATERIALIZED, detail))
 
     def release(self, request_id: Hashable) -> None:
         """Give back everything the request holds, in any state: escrow, own entries, lease.
@@ -280,10 +276,8 @@ class BlockPool(BlockStore):
 
     def block_table(self, request_id: Hashable) -> list[int]:
         """Block ids of a materialized request: leased prefix, then its own blocks."""
-        request = self._get(request_id, "block_table")
-        if request.block_table is None:
-            raise RequestStateError(request_id, "block_table", request.state.value, "not materialized")
-        return list(request.block_table)
+        request = self._get(request_id, "block_table", _MATERIALIZED, "not materialized")
+        return list(request.block_table)  # type: ignore[arg-type]
 
     def check_integrity(self) -> None:
         """Raise IntegrityError naming the first broken invariant; O(pool size)."""
@@ -291,12 +285,17 @@ class BlockPool(BlockStore):
 
     # ---- private helpers --------------------------------------------------------------------
 
-    def _get(self, request_id: Hashable, operation: str) -> PoolRequest:
+    def _get(
+        self, request_id: Hashable, operation: str, states: tuple[RequestState, ...] = (), detail: str = ""
+    ) -> PoolRequest:
+        """The request's record; raises if unknown, or if `states` are given and it is in none."""
         request = self._requests.get(request_id)
         if request is None:
             if request_id in self._retired:
                 raise AlreadyReleasedError(request_id, operation)
             raise UnknownRequestError(request_id, operation)
+        if states and request.state not in states:
+            raise RequestStateError(request_id, operation, request.state.value, detail)
         return request
 
     def _replace_committed_claims(
