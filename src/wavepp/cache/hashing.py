@@ -3,10 +3,11 @@
     H_i = xxh3_64(token bytes of block i, seed = H_{i-1} xor K)     K = xxh3_64(extra keys, salt)
 
 Seeding each block's hash with the previous hash chains them without building a new byte
-string per block, so equal hashes mean equal whole prefixes (up to 64-bit collisions: about
-one in 10^7 for a million cached blocks). Only full blocks get a hash; a partial last block
-is never shared. Token ids are hashed as little-endian int64 bytes, so the result is the
-same in every process and on every machine (Python's `hash()` is salted per process).
+string per block, so equal hashes mean equal whole prefixes (up to 64-bit collisions: the
+odds of any among a million cached blocks are about 3 in 10^8). Only full blocks get a hash;
+a partial last block is never shared. Token ids are hashed as little-endian int64 bytes, so
+the result is the same in every process and on every machine (Python's `hash()` is salted
+per process).
 """
 
 from __future__ import annotations

@@ -165,12 +165,12 @@ class BlockPool(BlockStore):
                 self._give_back(picks)
                 self._return_escrow(request)
                 reason = f"{num_missing} victims were claimed since reserve, only {len(picks)} replaceable"
-                return CommitResult(False, 0, 0, reason)
+                return CommitResult(False, 0, reason)
             escrow.victims.update(picks)
             self._hold(picks)
         num_registered = self._register(request, new_block_hashes)
         escrow.committed = True
-        return CommitResult(True, num_missing, num_registered)
+        return CommitResult(True, num_missing, num_registered=num_registered)
 
     def cancel(self, request_id: Hashable) -> None:
         """Give back the escrow of a reserved or committed request; its lease stays.

@@ -31,13 +31,13 @@ class MatchResult:
     """Longest cached prefix of a chain of block hashes, on this stage.
 
     num_blocks: leading blocks present (COMPUTED or PENDING); leasable right now.
-    num_computed_blocks: leading blocks already COMPUTED (<= num_blocks).
     num_lookups: index lookups spent (O(log num_blocks) thanks to leaf-only eviction).
+    num_computed_blocks: leading blocks already COMPUTED (<= num_blocks).
     """
 
     num_blocks: int
-    num_computed_blocks: int
     num_lookups: int
+    num_computed_blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,8 @@ class CommitResult:
 
     ok: bool
     num_replaced: int = 0
-    num_registered: int = 0
     reason: str = ""
+    num_registered: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,7 @@ class BlockStore:
             else:
                 lo, last = mid, entry
         if last is None or last.computed:
-            return MatchResult(lo, lo, num_lookups)
+            return MatchResult(lo, num_lookups, lo)
         # Computed-ness is monotone too (an entry is published only after its parent).
         clo, chi = 0, lo - 1  # lengths [1, clo] computed | [chi + 1, lo] pending
         while chi > clo:
@@ -80,7 +80,7 @@ class BlockStore:
                 clo = mid
             else:
                 chi = mid - 1
-        return MatchResult(lo, clo, num_lookups)
+        return MatchResult(lo, num_lookups, clo)
 
     def match_linear(self, block_hashes: Sequence[int]) -> int:
         """Reference for `match`: walk the chain until the first absent hash."""
