@@ -63,8 +63,15 @@ class Leader:
         self.round: AdmissionRound | None = None
         self.waves_in_flight: dict[int, Wave] = {}
         self.round_latencies: list[float] = []
-        self._pending_owner: dict[int, tuple[int, int]] = {}   # hash -> (owner id, tokens through it)
+        # hash -> {owner id: tokens through the block}: admitted requests that compute the block
+        # and have not dispatched it yet. Stages dedup differently (a block cached on one stage
+        # is recomputed for another), so a block may have several owners.
+        self._pending_owners: dict[int, dict[int, int]] = {}
         self._pending_releases: list[int] = []
+        # hash -> number of waves that must finish before the block is gone from every stage:
+        # blocks an aborted owner never dispatched. A request in a round that leased one cannot
+        # be admitted; it retries once the release has run.
+        self._dead_blocks: dict[int, int] = {}
         self._retry_after_wave: dict[int, int] = {}    # request id -> waves that must finish first
         self._num_waves_done = 0
         self._next_round_id = 0
@@ -205,15 +212,24 @@ class Leader:
                 release.append(req.request_id)
                 self._not_admitted(req, failed[req.request_id], now)
                 continue
+            k = req.num_cached_tokens // bs
+            dead = max((self._dead_blocks.get(h, 0) for h in req.block_hashes[:k]), default=0)
+            if dead > self._num_waves_done:   # it leased blocks an aborted request will not compute
+                release.append(req.request_id)
+                req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
+                req.state = RequestState.WAITING
+                self._retry_after_wave[req.request_id] = dead
+                self.waiting.appendleft(req)
+                continue
             req.state = RequestState.ADMITTED
             req.admitted_time = now
-            k = req.num_cached_tokens // bs
-            if k:
-                owner = self._pending_owner.get(req.block_hashes[k - 1])
-                if owner is not None:
-                    req.dependencies.append(Dependency(owner[0], owner[1]))
+            needs: dict[int, int] = {}
+            for h in req.block_hashes[:k]:
+                for owner_id, num_tokens in self._pending_owners.get(h, {}).items():
+                    needs[owner_id] = max(needs.get(owner_id, 0), num_tokens)
+            req.dependencies = [Dependency(o, t) for o, t in sorted(needs.items())]
             for j in range(k, req.num_tokens // bs):
-                self._pending_owner.setdefault(req.block_hashes[j], (req.request_id, (j + 1) * bs))
+                self._pending_owners.setdefault(req.block_hashes[j], {})[req.request_id] = (j + 1) * bs
             self.plannable.append(req)
             admitted.append(req)
         for req in rnd.requests:
@@ -248,8 +264,7 @@ class Leader:
             req.state = RequestState.RUNNING
             req.num_scheduled_tokens = chunk.end
             for j in range(chunk.start // bs, chunk.end // bs):
-                if self._pending_owner.get(req.block_hashes[j], (None,))[0] == req.request_id:
-                    del self._pending_owner[req.block_hashes[j]]
+                self._drop_owner(req.block_hashes[j], req.request_id)
         wave = Wave(self._next_wave_id, tuple(chunks), tuple(self._pending_releases))
         self._next_wave_id += 1
         self._pending_releases.clear()
@@ -260,6 +275,8 @@ class Leader:
         """A wave came back from the last stage; returns the requests it finished."""
         wave = self.waves_in_flight.pop(result.wave_id)
         self._num_waves_done += 1
+        if self._dead_blocks:
+            self._dead_blocks = {h: n for h, n in self._dead_blocks.items() if n > self._num_waves_done}
         if result.stage_seconds and wave.chunks:
             self.planner.observe([(c.start, c.num_tokens) for c in wave.chunks], max(result.stage_seconds))
         tokens = {t.request_id: t for t in result.tokens}
@@ -327,8 +344,17 @@ class Leader:
                 req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
                 self._retry_after_wave[req.request_id] = self._next_wave_id + 1
                 self.waiting.appendleft(req)
-        for h in [h for h, (o, _) in self._pending_owner.items() if o == owner.request_id]:
-            del self._pending_owner[h]
+        bs = self.config.block_size
+        release_done = self._next_wave_id + 1    # the release rides on the next wave
+        for j in range(owner.num_scheduled_tokens // bs, owner.num_tokens // bs):
+            h = owner.block_hashes[j]
+            self._drop_owner(h, owner.request_id)
+            self._dead_blocks[h] = max(self._dead_blocks.get(h, 0), release_done)
+
+    def _drop_owner(self, block_hash: int, owner_id: int) -> None:
+        owners = self._pending_owners.get(block_hash)
+        if owners is not None and owners.pop(owner_id, None) is not None and not owners:
+            del self._pending_owners[block_hash]
 
     def _fail(self, req: Request, reason: str, now: float) -> None:
         self._finish(req, RequestState.FAILED, reason, now)
