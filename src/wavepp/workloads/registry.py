@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -11,8 +12,10 @@ from wavepp.workloads.synthetic import cold, gsp, mixed, reuse, short_suffix
 from wavepp.workloads.trace import trace
 from wavepp.workloads.workload import Workload
 
-# The published Mooncake trace as shipped beside the project; WAVEPP_MOONCAKE_TRACE overrides.
-DEFAULT_MOONCAKE_TRACE = "/work/shared/data/mooncake/synthetic_trace.jsonl"
+# The published Mooncake trace in the shared/ folder beside the checkout (src/wavepp/workloads ->
+# repository root -> ../shared); WAVEPP_MOONCAKE_TRACE overrides.
+DEFAULT_MOONCAKE_TRACE = str(Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mooncake"
+                             / "synthetic_trace.jsonl")
 
 
 @dataclass(frozen=True)
