@@ -13,6 +13,8 @@ Planners differ in the size of a wave:
   mpu       the paper's budget halving with hysteresis, from the available work
   balanced  a fitted cost model: each wave costs about the same predicted time, sized so that
             at least `target_waves` waves of work stay available
+  dynamic   SGLang's dynamic chunking (dynamic_chunk.py): the chunked request's next chunk
+            costs what the initial chunk did, by a fitted quadratic
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from wavepp.sched.cost_model import CostModel
+from wavepp.sched.dynamic_chunk import DynamicChunkPlanner
 from wavepp.sched.messages import Chunk
 from wavepp.sched.request import Request
 
@@ -228,6 +231,7 @@ PLANNERS: dict[str, Callable[..., Planner]] = {
     "static": StaticPlanner,
     "mpu": MpuPlanner,
     "balanced": BalancedPlanner,
+    "dynamic": DynamicChunkPlanner,
 }
 
 

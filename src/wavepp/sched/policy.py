@@ -7,6 +7,7 @@ Each baseline differs from `wavepp` in exactly one mechanism:
     wavepp-mpu   asynchronous                       mpu (the paper's budget halving)
     lockstep     inline: between waves, on LOOP     balanced
     static       asynchronous                       static (fixed token budget)
+    sglang-pp    inline                             dynamic (SGLang's dynamic chunking)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("wavepp-mpu", False, "mpu", "asynchronous admission, the paper's MPU budgets"),
     Policy("lockstep", True, "balanced", "admission inline between waves (TensorRT-LLM PP style)"),
     Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
+    Policy("sglang-pp", True, "dynamic", "inline admission, SGLang's dynamic chunk sizes"),
 )}
 
 
