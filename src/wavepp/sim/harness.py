@@ -14,7 +14,7 @@ from wavepp.cache import BlockPool
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.planner import PlannerConfig, make_planner
-from wavepp.sched.policy import get_policy
+from wavepp.sched.policy import Policy, get_policy
 from wavepp.sched.stage_server import StageServer
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 
@@ -48,24 +48,30 @@ class SimReport:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
 
 
-def build_sim(policy: str, num_stages: int, costs: SimCosts, *, stage_num_blocks: Sequence[int] | int = 1024,
-              block_size: int = 16, planner_config: PlannerConfig | None = None,
-              cost_model: CostModel | None = None, max_waves_in_flight: int | None = None,
-              max_round_requests: int = 64, check_integrity: bool = False,
-              hybrid: bool = False) -> PipelineSim:
-    pol = get_policy(policy)
+def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
+              stage_num_blocks: Sequence[int] | int = 1024, block_size: int = 16,
+              planner_config: PlannerConfig | None = None, cost_model: CostModel | None = None,
+              max_waves_in_flight: int | None = None, max_round_requests: int = 64,
+              check_integrity: bool = False, hybrid: bool = False,
+              central_pool: bool = False) -> PipelineSim:
+    """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
+    one scheduler-side pool (its size: the smallest entry) and S execution stages."""
+    pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
+    if central_pool:
+        stage_num_blocks = [min(stage_num_blocks)]
     pools = [BlockPool(n, block_size) for n in stage_num_blocks]
     servers = [StageServer(s, pool, track_snapshots=hybrid) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
-    kwargs = {"cost_model": cost_model} if pol.planner == "balanced" and cost_model else {}
+    kwargs = {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
     planner = make_planner(pol.planner, pcfg, **kwargs)
-    leader = Leader(LeaderConfig(num_stages, block_size, max_waves_in_flight=max_waves_in_flight,
+    leader = Leader(LeaderConfig(len(servers), block_size,
+                                 max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
                                  max_round_requests=max_round_requests,
                                  stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid), planner)
     return PipelineSim(leader, servers, costs, inline_admission=pol.inline_admission,
-                       check_integrity=check_integrity)
+                       check_integrity=check_integrity, num_stages=num_stages)
 
 
 def run_closed_loop(sim: PipelineSim, prompts: Sequence[Sequence[int]], concurrency: int,

@@ -11,6 +11,10 @@ round messages on its LOOP between waves, so a busy stage answers late.
 
 Rank 0 is the leader and stage 0. Waves go 0 -> 1 -> ... -> S-1; the last stage returns the
 result to rank 0.
+
+A central scheduler with one block pool (vLLM's pipeline parallelism) is the case of fewer
+stage servers than execution stages: `num_stages` > len(servers). Stages without a server
+only compute; the servers (stage 0's) answer rounds and prepare and complete the waves.
 """
 
 from __future__ import annotations
@@ -35,7 +39,18 @@ class SimCosts:
     round_latency_s: float = 0.0         # one way, rounds plane
     round_msg_s: float = 0.0             # a stage's work per round message
     round_item_s: float = 0.0            # ... plus per request in it
+    round_leased_block_s: float = 0.0    # lease: per block pinned (the lease message)
+    round_new_block_s: float = 0.0       # escrow + commit: per new block (the lease message)
     leader_item_s: float = 0.0           # the leader's work per request per phase
+
+    def message_seconds(self, msg) -> float:
+        """A stage's work to answer one rounds-plane message."""
+        if isinstance(msg, LeaseMsg):
+            blocks = sum(self.round_leased_block_s * i.num_leased_blocks
+                         + self.round_new_block_s * i.num_new_blocks for i in msg.items)
+            return self.round_msg_s + self.round_item_s * len(msg.items) + blocks
+        items = getattr(msg, "items", getattr(msg, "request_ids", ()))
+        return self.round_msg_s + self.round_item_s * len(items)
 
 
 @dataclass
@@ -67,17 +82,21 @@ class _Stage:
 class PipelineSim:
     def __init__(self, leader: Leader, servers: Sequence[StageServer], costs: SimCosts, *,
                  inline_admission: bool, check_integrity: bool = False,
-                 on_finish: Callable[[int, float], None] | None = None):
+                 on_finish: Callable[[int, float], None] | None = None,
+                 num_stages: int | None = None):
         self.leader = leader
         self.servers = list(servers)
+        self.num_stages = num_stages or len(self.servers)
+        if self.num_stages < len(self.servers):
+            raise ValueError(f"{len(self.servers)} stage servers for {self.num_stages} stages")
         self.costs = costs
         self.inline = inline_admission
         self.loop = EventLoop()
-        self.stats = [StageStats() for _ in servers]
+        self.stats = [StageStats() for _ in range(self.num_stages)]
         self.records: dict[int, SimRecord] = {}
         self.wave_spans: list[tuple[int, int, float, float]] = []    # (stage, wave id, start, end)
         self.round_spans: list[tuple[int, float, float]] = []        # (round id, start, end)
-        self._stages = [_Stage(s) for s in range(len(servers))]
+        self._stages = [_Stage(s) for s in range(self.num_stages)]
         self._check = check_integrity
         self._on_finish = on_finish
         self._round_active = False      # an admission round is under way
@@ -167,6 +186,7 @@ class PipelineSim:
         leader_s = self.costs.leader_item_s * n_items
         replies: list = []
         c = self.costs
+        work = c.message_seconds(msg)
 
         def serve(sid: int):
             reply = self.servers[sid].handle(msg)
@@ -176,7 +196,6 @@ class PipelineSim:
             if len(replies) == len(self.servers):
                 self.loop.after(leader_s, lambda: on_replies(replies))
 
-        work = c.round_msg_s + c.round_item_s * n_items
         for sid in range(len(self.servers)):
             delay = 0.0 if sid == 0 else c.round_latency_s
             if self.inline and sid != 0:
@@ -216,20 +235,23 @@ class PipelineSim:
             self.loop.after(work, finish_round)
             return
         wave: Wave = rest[0]
-        prepared = self.servers[sid].prepare(wave)
-        shapes = [(p.chunk.start, p.chunk.num_tokens) for p in prepared]
+        server = self.servers[sid] if sid < len(self.servers) else None
+        if server is not None:
+            server.prepare(wave)
+        shapes = [(c.start, c.num_tokens) for c in wave.chunks]
         seconds = self.costs.wave_seconds(sid, shapes) if shapes else 0.0
         start = self.loop.now
         self.stats[sid].busy_s += seconds
         self.stats[sid].num_waves += 1
 
         def finish_wave():
-            self.servers[sid].complete(wave)
+            if server is not None:
+                server.complete(wave)
             self.wave_spans.append((sid, wave.wave_id, start, self.loop.now))
             st.busy = False
             st.idle_since = self.loop.now
             self._wave_seconds[wave.wave_id].append(seconds)
-            if sid + 1 < len(self.servers):
+            if sid + 1 < self.num_stages:
                 delay = self.costs.transfer_seconds(wave.num_tokens)
                 self.loop.after(delay, lambda: self._enqueue(sid + 1, ("wave", wave)))
             else:
