@@ -1,0 +1,203 @@
+"""Time of one wave on one stage, from first principles: FLOPs, bytes and link transfers.
+
+For a wave of chunks (L cached tokens, x new tokens each), T = sum of x, every layer costs
+
+    projections   2*T*P_attn FLOPs as GEMMs of T rows        (P_attn: attention weights)
+    attention     per (query, key) pair: GQA 4*h*d; MLA 2*h*(d_qk + d_v); DSA keeps top-k keys
+                  per query (absorbed latents: 2*h*(2*r + d_rope)) plus an indexer over every
+                  key (2*h_idx*d_idx, FP8); linear attention a per-token recurrence
+                  pairs of a chunk: L*x + x*(x+1)/2 (causal)
+    re-expansion  MLA without DSA runs prefill in MHA form: each chunk up-projects the cached
+                  latents of its L prefix tokens again: 2*L*r*h*(d_nope + d_v) FLOPs
+    MLP           dense: 2*T*3*H*I; MoE: routed experts 2*T*k*3*H*I_e as grouped GEMMs of
+                  T*k/E rows each, the shared expert as a GEMM of T rows, the router
+    elementwise   norms, residuals, activations, MoE permutes: bytes through HBM
+
+A GEMM runs at peak * efficiency * rows / (rows + half_rows) (tiles fill poorly with few rows:
+the per-expert token count of a small wave) and never faster than reading its weights from
+HBM (roofline). Attention runs at its own efficiency, lower for chunks of few queries, and
+never faster than reading the cached KV. `degree` > 1 models tensor/expert parallelism: work
+and weights split over `degree` devices, plus per-layer collectives over the links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from wavepp.sim.hardware import HardwareSpec
+from wavepp.sim.model_shapes import ModelShape
+
+ChunkShape = tuple[int, int]   # (num_cached, num_new), real tokens
+
+# Chunk length of the chunkwise linear-attention (KDA / gated delta rule) kernels: FLA's
+# default chunk size of 64 (fla-org/flash-linear-attention chunk_kda).
+LINEAR_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class ExecOverheads:
+    """Per-wave costs outside the kernels' math. Assumptions, not measurements: the order of
+    the host-side scheduling and launch gaps SGLang's overlap scheduler exists to hide."""
+    wave_s: float = 1e-3            # per wave per stage: plan, block tables, launches, sync
+    chunk_s: float = 2e-5           # per chunk: its metadata
+    elementwise_hidden_passes: float = 20.0   # HBM passes of a [T, hidden] bf16 tensor per layer
+
+    def __post_init__(self) -> None:
+        for name in ("wave_s", "chunk_s", "elementwise_hidden_passes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ExecOverheads.{name} must be >= 0")
+
+
+class StageCostModel:
+    """Compute time of waves on one stage holding layers [start, end) of `model`."""
+
+    def __init__(self, model: ModelShape, hw: HardwareSpec, start: int, end: int, *,
+                 first: bool = False, last: bool = False, degree: int = 1,
+                 overheads: ExecOverheads = ExecOverheads()):
+        if not 0 <= start < end <= model.num_layers:
+            raise ValueError(f"layers [{start}, {end}) outside the model's {model.num_layers}")
+        if degree <= 0:
+            raise ValueError(f"degree must be positive, got {degree}")
+        self.model, self.hw = model, hw
+        self.start, self.end = start, end
+        self.first, self.last, self.degree = first, last, degree
+        self.overheads = overheads
+        # identical layers cost the same: group them as (linear?, moe?) -> count
+        kinds: dict[tuple[bool, bool], int] = {}
+        for i in range(start, end):
+            key = (model.is_linear(i), model.is_moe(i))
+            kinds[key] = kinds.get(key, 0) + 1
+        self._kinds = kinds
+        self._rep = {key: next(i for i in range(start, end)
+                               if (model.is_linear(i), model.is_moe(i)) == key) for key in kinds}
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.start
+
+    def wave_seconds(self, chunks: Sequence[ChunkShape]) -> float:
+        return sum(self.breakdown(chunks).values())
+
+    def breakdown(self, chunks: Sequence[ChunkShape]) -> dict[str, float]:
+        """Seconds by cost term, summed over this stage's layers."""
+        out: dict[str, float] = {}
+        if not chunks:
+            return out
+        for key, count in self._kinds.items():
+            for name, seconds in self._layer(self._rep[key], chunks).items():
+                out[name] = out.get(name, 0.0) + count * seconds
+        ov = self.overheads
+        out["overhead"] = ov.wave_s + ov.chunk_s * len(chunks)
+        if self.last:
+            m, num_last = self.model, len(chunks)   # at most one final token per chunk
+            out["lm_head"] = self._gemm(2.0 * num_last * m.hidden_size * m.vocab_size / self.degree,
+                                        num_last, m.vocab_size * m.hidden_size * 2 / self.degree, "bf16")
+        return out
+
+    # ---- one layer ---------------------------------------------------------------------------
+
+    def _layer(self, layer: int, chunks: Sequence[ChunkShape]) -> dict[str, float]:
+        m, hw, n = self.model, self.hw, self.degree
+        T = sum(x for _, x in chunks)
+        # under tensor parallelism the MLA down-projections (to the q and kv latents) are
+        # replicated on every device; the rest of the attention weights split by heads
+        rep = 0
+        if n > 1 and m.attention == "mla" and not m.is_linear(layer):
+            rep = m.hidden_size * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
+        params = (m.attention_params(layer) - rep) / n + rep
+        out = {"projections": self._gemm(2.0 * T * params, T, params * m.weight_bytes, m.gemm_dtype)}
+        out["attention"] = sum(self._attention(layer, L, x) for L, x in chunks)
+        if m.attention == "mla" and not m.sparse_attention and not m.is_linear(layer):
+            r, h = m.kv_lora_rank, m.num_heads
+            up = r * h * (m.qk_nope_head_dim + m.v_head_dim)
+            out["reexpansion"] = sum(self._gemm(2.0 * L * up / n, L, 0.0, m.gemm_dtype)
+                                     for L, _ in chunks if L > 0)
+        if m.is_moe(layer):
+            e, k = m.num_experts, m.num_experts_per_tok
+            rows = T * k / e
+            touched = e * (1.0 - (1.0 - k / e) ** T)       # experts that receive a token
+            p = m.expert_params()
+            out["moe_routed"] = self._gemm(2.0 * T * k * p / n, rows, touched * p * m.weight_bytes / n,
+                                           m.gemm_dtype)
+            if m.num_shared_experts:
+                ps = m.num_shared_experts * p
+                out["moe_shared"] = self._gemm(2.0 * T * ps / n, T, ps * m.weight_bytes / n, m.gemm_dtype)
+            out["router"] = self._gemm(2.0 * T * m.hidden_size * e / n, T,
+                                       m.hidden_size * e * 2 / n, "bf16")
+            permute = 4.0 * k * m.hidden_size * 2           # scatter to experts and gather back
+        else:
+            p = m.mlp_params(layer)
+            out["mlp"] = self._gemm(2.0 * T * p / n, T, p * m.weight_bytes / n, m.gemm_dtype)
+            permute = 0.0
+        passes = self.overheads.elementwise_hidden_passes * m.hidden_size * 2
+        out["elementwise"] = T * (passes + permute) / n / hw.hbm_bytes_s
+        if n > 1:
+            out["collectives"] = self._collectives(layer, T)
+        return out
+
+    def _attention(self, layer: int, L: int, x: int) -> float:
+        m, hw, n = self.model, self.hw, self.degree
+        eff = hw.attn_efficiency * x / (x + hw.attn_half_queries)
+        bf16 = hw.peak_flops("bf16") * eff
+        if m.is_linear(layer):
+            dk = dv = m.linear_head_dim
+            flops = 2.0 * x * m.linear_num_heads * (2 * dk * dv + LINEAR_CHUNK * (dk + dv))
+            return flops / n / bf16
+        pairs = L * x + x * (x + 1) / 2
+        kv_read = (L + x) * m.kv_bytes_per_token(layer)
+        if m.attention == "gqa":
+            flops = pairs * 4.0 * m.num_heads * m.head_dim
+            return max(flops / n / bf16, kv_read / min(n, m.num_kv_heads) / hw.hbm_bytes_s)
+        h, r, rope = m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
+        if not m.sparse_attention:
+            flops = pairs * 2.0 * h * (m.qk_nope_head_dim + rope + m.v_head_dim)
+            return max(flops / n / bf16, kv_read / hw.hbm_bytes_s)
+        kept = sparse_pairs(L, x, m.index_topk)
+        main = kept * 2.0 * h * (2 * r + rope)
+        index = pairs * 2.0 * m.index_n_heads * m.index_head_dim
+        fp8 = hw.peak_flops("fp8") * eff
+        return max(main / n / bf16 + index / n / fp8, kv_read / hw.hbm_bytes_s)
+
+    def _gemm(self, flops: float, rows: float, weight_bytes: float, dtype: str) -> float:
+        if flops <= 0:
+            return 0.0
+        hw = self.hw
+        eff = hw.gemm_efficiency * rows / (rows + hw.gemm_half_rows)
+        return max(flops / (hw.peak_flops(dtype) * eff), weight_bytes / hw.hbm_bytes_s)
+
+    def _collectives(self, layer: int, T: int) -> float:
+        """TP attention: all-reduce of its output; EP MoE: all-to-all dispatch (FP8) and combine
+        (bf16) of each token's k expert copies. No overlap with compute is assumed."""
+        m, hw, n = self.model, self.hw, self.degree
+        bw, lat = hw.link_bytes_s, hw.link_latency_s
+        hidden_bytes = T * m.hidden_size * 2.0
+        seconds = 2.0 * (n - 1) / n * hidden_bytes / bw + lat           # ring all-reduce
+        if m.is_moe(layer):
+            k = m.num_experts_per_tok
+            dispatch = T / n * k * (n - 1) / n * m.hidden_size * 1.0
+            combine = T / n * k * (n - 1) / n * m.hidden_size * 2.0
+            gather = (n - 1) / n * hidden_bytes                          # every rank needs all tokens
+            seconds += (dispatch + combine + gather) / bw + 3 * lat
+        else:
+            seconds += 2.0 * (n - 1) / n * hidden_bytes / bw + lat       # MLP all-reduce
+        return seconds
+
+
+def sparse_pairs(num_cached: int, num_new: int, topk: int) -> float:
+    """sum over queries i in [L, L + x) of min(i + 1, topk): keys each query attends to."""
+    a, b = num_cached, num_cached + num_new - 1
+    # [a, min(b, topk-1)]: i + 1 keys each | [max(a, topk), b]: topk keys each
+    lo_end = min(b, topk - 1)
+    first = (lo_end - a + 1) * (a + 1 + lo_end + 1) / 2 if lo_end >= a else 0.0
+    hi_start = max(a, topk)
+    second = (b - hi_start + 1) * topk if b >= hi_start else 0.0
+    return first + second
+
+
+def transfer_seconds(model: ModelShape, hw: HardwareSpec, num_tokens: int, *, internode: bool = False) -> float:
+    """Hidden states [num_tokens, hidden] in bf16 from one stage to the next."""
+    data = num_tokens * model.hidden_size * 2.0
+    if internode:
+        return hw.internode_latency_s + data / (hw.internode_gb_s * 1e9)
+    return hw.link_latency_s + data / hw.link_bytes_s

@@ -1,0 +1,82 @@
+"""Accelerator specs for the cost model, from vendor datasheets.
+
+Peak numbers are dense (no 2:4 sparsity) tensor-core throughput. Links: `link_gb_s` is the
+NVLink bandwidth per GPU as NVIDIA quotes it (both directions together); a point-to-point
+transfer or a collective step moves data at half of it, one direction. Efficiencies are
+what the best kernels reach on large shapes; each cites the measurement it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    bf16_tflops: float           # dense peak
+    fp8_tflops: float            # dense peak
+    hbm_gb: float
+    hbm_tb_s: float
+    link_gb_s: float             # NVLink per GPU, bidirectional total
+    link_latency_s: float        # one small NVLink transfer (NCCL p2p), end to end
+    internode_gb_s: float        # NIC per GPU, one direction
+    internode_latency_s: float
+    gemm_efficiency: float = 0.70    # large GEMMs, fraction of peak
+    attn_efficiency: float = 0.72    # long-sequence attention kernels, fraction of bf16 peak
+    gemm_half_rows: int = 32     # rows per GEMM (tokens per expert) at half efficiency: tile fill
+    attn_half_queries: int = 64  # query rows per chunk at half attention efficiency (128-row tiles)
+
+    def __post_init__(self) -> None:
+        for name in ("bf16_tflops", "fp8_tflops", "hbm_gb", "hbm_tb_s", "link_gb_s", "internode_gb_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"HardwareSpec.{name} must be positive, got {getattr(self, name)}")
+        for name in ("gemm_efficiency", "attn_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"HardwareSpec.{name} must be in (0, 1], got {getattr(self, name)}")
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype == "bf16":
+            return self.bf16_tflops * 1e12
+        if dtype == "fp8":
+            return self.fp8_tflops * 1e12
+        raise ValueError(f"unknown dtype {dtype!r} (bf16 or fp8)")
+
+    @property
+    def hbm_bytes_s(self) -> float:
+        return self.hbm_tb_s * 1e12
+
+    @property
+    def link_bytes_s(self) -> float:
+        """One direction of the GPU's NVLink."""
+        return self.link_gb_s * 1e9 / 2
+
+
+# GEMM efficiency 0.70: DeepGEMM (deepseek-ai/DeepGEMM README) reaches up to ~1550 FP8 TFLOPS
+#   on H800 for large dense shapes (78% of 1979) and 1200-1500 for grouped MoE shapes; 0.70 is
+#   the middle of that range. Assumed the same on Blackwell.
+# Attention efficiency: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) reaches ~740
+#   TFLOPS FP16 forward on H100 SXM, 75% of 989. On B200/B300 FlashAttention-4 / cuDNN report
+#   ~1600 TFLOPS BF16 forward (about 71% of 2250).
+# Link latency: NCCL point-to-point of small messages over NVLink takes ~5-10 us (nccl-tests
+#   sendrecv_perf at 8 B); inter-node RDMA ~10 us.
+HARDWARE: dict[str, HardwareSpec] = {h.name: h for h in (
+    # NVIDIA H100 SXM5 datasheet: 989 TF BF16 / 1979 TF FP8 dense, 80 GB HBM3 at 3.35 TB/s,
+    # NVLink 4 900 GB/s; ConnectX-7 400 Gb/s per GPU (DGX H100).
+    HardwareSpec("H100", 989.0, 1979.0, 80.0, 3.35, 900.0, 8e-6, 50.0, 10e-6, attn_efficiency=0.75),
+    # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
+    HardwareSpec("H200", 989.0, 1979.0, 141.0, 4.8, 900.0, 8e-6, 50.0, 10e-6, attn_efficiency=0.75),
+    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense, 180 GB HBM3e at
+    # 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-7 400 Gb/s (DGX B200).
+    HardwareSpec("B200", 2250.0, 4500.0, 180.0, 8.0, 1800.0, 8e-6, 50.0, 10e-6),
+    # NVIDIA HGX B300 (Blackwell Ultra) datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense,
+    # 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-8 800 Gb/s per GPU.
+    HardwareSpec("B300", 2250.0, 4500.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6),
+)}
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    key = name.upper()
+    if key not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; choose one of {', '.join(HARDWARE)}")
+    return HARDWARE[key]

@@ -1,0 +1,185 @@
+"""Model shapes for the cost model, from the models' public config.json values.
+
+Only what decides compute, memory and traffic: layer count, widths, the attention kind of each
+layer (GQA, MLA with optional DeepSeek sparse attention, or linear attention), and the MoE
+layout (experts, top-k, shared experts, expert FFN width, leading dense layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_heads: int
+    attention: str = "gqa"              # full-attention layers: "gqa" | "mla"
+    num_kv_heads: int = 0               # gqa
+    head_dim: int = 0                   # gqa
+    q_lora_rank: int = 0                # mla: 0 = q projected straight from the hidden state
+    kv_lora_rank: int = 0               # mla latent width
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    index_topk: int = 0                 # DeepSeek sparse attention: keys kept per query (0: dense)
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    linear_layers: tuple[int, ...] = () # 0-based layers with linear attention (hybrid models)
+    linear_num_heads: int = 0
+    linear_head_dim: int = 0
+    intermediate_size: int = 0          # dense MLP layers
+    first_k_dense: int = 0              # layers [0, k) have a dense MLP
+    num_experts: int = 0                # 0: every layer dense
+    num_experts_per_tok: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    weight_bytes: float = 1.0           # bytes per parameter as served (FP8 checkpoints: 1)
+    gemm_dtype: str = "fp8"             # dtype of the linear layers' tensor-core math
+    kv_bytes: float = 2.0               # bytes per cached K/V (or latent) element (bf16)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "vocab_size", "num_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelShape.{name} must be positive, got {getattr(self, name)}")
+        if self.attention not in ("gqa", "mla"):
+            raise ValueError(f"ModelShape.attention must be 'gqa' or 'mla', got {self.attention!r}")
+        if self.attention == "gqa" and (self.num_kv_heads <= 0 or self.head_dim <= 0):
+            raise ValueError("ModelShape: gqa needs num_kv_heads and head_dim")
+        if self.attention == "mla" and (self.kv_lora_rank <= 0 or self.v_head_dim <= 0):
+            raise ValueError("ModelShape: mla needs kv_lora_rank and v_head_dim")
+        if self.num_experts and (self.num_experts_per_tok <= 0 or self.moe_intermediate_size <= 0):
+            raise ValueError("ModelShape: MoE needs num_experts_per_tok and moe_intermediate_size")
+        if any(not 0 <= i < self.num_layers for i in self.linear_layers):
+            raise ValueError("ModelShape.linear_layers out of range")
+
+    # ---- per layer -------------------------------------------------------------------------
+
+    def is_linear(self, layer: int) -> bool:
+        return layer in self.linear_layers
+
+    def is_moe(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer >= self.first_k_dense
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.linear_layers)
+
+    @property
+    def sparse_attention(self) -> bool:
+        return self.index_topk > 0
+
+    def attention_params(self, layer: int) -> int:
+        """Projection weights of one layer's attention block (MLA: the kv up-projection too)."""
+        h = self.hidden_size
+        if self.is_linear(layer):
+            inner = self.linear_num_heads * self.linear_head_dim
+            # q, k, v, o; low-rank forget and output gates (hidden -> head_dim -> inner); beta
+            return 4 * h * inner + 2 * (h * self.linear_head_dim + self.linear_head_dim * inner) \
+                + h * self.linear_num_heads
+        if self.attention == "gqa":
+            return h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk) if self.q_lora_rank \
+            else h * self.num_heads * qk
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) \
+            + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+        o = self.num_heads * self.v_head_dim * h
+        index = 0
+        if self.sparse_attention:
+            index = (self.q_lora_rank or h) * self.index_n_heads * self.index_head_dim \
+                + h * self.index_head_dim + h * self.index_n_heads
+        return q + kv + o + index
+
+    def expert_params(self) -> int:
+        """One routed (or shared) expert: gate, up and down projections."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def mlp_params(self, layer: int) -> int:
+        """All MLP weights of a layer (every expert of an MoE layer)."""
+        if not self.is_moe(layer):
+            return 3 * self.hidden_size * self.intermediate_size
+        return (self.num_experts + self.num_shared_experts) * self.expert_params() \
+            + self.hidden_size * self.num_experts
+
+    def active_mlp_params(self, layer: int) -> int:
+        if not self.is_moe(layer):
+            return self.mlp_params(layer)
+        return (self.num_experts_per_tok + self.num_shared_experts) * self.expert_params() \
+            + self.hidden_size * self.num_experts
+
+    def kv_bytes_per_token(self, layer: int) -> float:
+        """Cache bytes one token adds to one layer (linear attention: a fixed state instead)."""
+        if self.is_linear(layer):
+            return 0.0
+        if self.attention == "gqa":
+            return 2 * self.num_kv_heads * self.head_dim * self.kv_bytes
+        latent = (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_bytes
+        index = self.index_head_dim + 4 if self.sparse_attention else 0   # fp8 key + fp32 scale
+        return latent + index
+
+    # ---- whole model -----------------------------------------------------------------------
+
+    def num_params(self) -> int:
+        layers = sum(self.attention_params(i) + self.mlp_params(i) for i in range(self.num_layers))
+        return layers + 2 * self.vocab_size * self.hidden_size
+
+    def num_active_params(self) -> int:
+        layers = sum(self.attention_params(i) + self.active_mlp_params(i) for i in range(self.num_layers))
+        return layers + 2 * self.vocab_size * self.hidden_size
+
+
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    # zai-org/GLM-5 config.json (GlmMoeDsaForCausalLM, 744B total / 40B active): 78 layers,
+    # hidden 6144, 64 heads, q_lora 2048, kv_lora 512, qk nope 192 + rope 64, v 256, DSA
+    # indexer 32 heads x 128, top-2048 keys; 256 experts top-8 + 1 shared, expert FFN 2048,
+    # first 3 layers dense (FFN 12288); vocab 154880. Values as in NVIDIA NeMo AutoModel's
+    # GlmMoeDsaConfig and the released config's layer counts; served in FP8.
+    ModelShape("glm-5", 6144, 78, 154880, 64, attention="mla", q_lora_rank=2048, kv_lora_rank=512,
+               qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, index_topk=2048,
+               index_n_heads=32, index_head_dim=128, intermediate_size=12288, first_k_dense=3,
+               num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=2048,
+               source="zai-org/GLM-5 config.json"),
+    # MiniMaxAI/MiniMax-M2 config.json (230B / 10B active): 62 layers, hidden 3072, 48 query
+    # heads, 8 KV heads, head_dim 128, full attention in every layer; 256 experts top-8, no
+    # shared expert, expert FFN 1536; vocab 200064; FP8 weights.
+    ModelShape("minimax-m2", 3072, 62, 200064, 48, attention="gqa", num_kv_heads=8, head_dim=128,
+               num_experts=256, num_experts_per_tok=8, moe_intermediate_size=1536,
+               source="MiniMaxAI/MiniMax-M2 config.json"),
+    # moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture, 1T / 32B active):
+    # 61 layers, hidden 7168, 64 heads, q_lora 1536, kv_lora 512, qk nope 128 + rope 64, v 128;
+    # 384 experts top-8 + 1 shared, expert FFN 2048, first layer dense (FFN 18432); vocab 163840.
+    ModelShape("kimi-k2", 7168, 61, 163840, 64, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
+               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
+               first_k_dense=1, num_experts=384, num_experts_per_tok=8, num_shared_experts=1,
+               moe_intermediate_size=2048, source="moonshotai/Kimi-K2-Instruct config.json"),
+    # moonshotai/Kimi-Linear-48B-A3B-Instruct config.json: 27 layers, hidden 2304; KDA (linear)
+    # attention in 1-based layers 1-3,5-7,...,25-26 (32 heads x 128), MLA (no q_lora,
+    # kv_lora 512, nope 128 + rope 64, v 128, 32 heads) in 4,8,...,24,27; 256 experts top-8
+    # + 1 shared, expert FFN 1024, first layer dense (FFN 9216); vocab 163840; bf16 weights.
+    ModelShape("kimi-linear", 2304, 27, 163840, 32, attention="mla", kv_lora_rank=512,
+               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+               linear_layers=tuple(i - 1 for i in range(1, 28) if i not in (4, 8, 12, 16, 20, 24, 27)),
+               linear_num_heads=32, linear_head_dim=128, intermediate_size=9216, first_k_dense=1,
+               num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=1024,
+               weight_bytes=2.0, gemm_dtype="bf16",
+               source="moonshotai/Kimi-Linear-48B-A3B-Instruct config.json"),
+    # deepseek-ai/DeepSeek-V3 config.json (671B / 37B active): 61 layers, hidden 7168, 128 heads,
+    # q_lora 1536, kv_lora 512, nope 128 + rope 64, v 128; 256 experts top-8 + 1 shared, FFN
+    # 2048, first 3 layers dense (18432); vocab 129280; FP8. Used for the published anchor.
+    ModelShape("deepseek-v3", 7168, 61, 129280, 128, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
+               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
+               first_k_dense=3, num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
+               moe_intermediate_size=2048, source="deepseek-ai/DeepSeek-V3 config.json"),
+)}
+
+
+def get_model(name: str) -> ModelShape:
+    key = name.lower()
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return MODELS[key]
