@@ -1,8 +1,27 @@
-"""Discrete-event simulation of the pipeline, driving the real sched and cache code."""
+"""Discrete-event simulation of the pipeline, driving the real sched and cache code, with cost
+models of real hardware and model shapes (and of this machine, fitted from measurements)."""
 
+from wavepp.sim.calibrate import CPU_ADMISSION, CpuHardware, StageSample, fit_stage_costs
+from wavepp.sim.cost import ExecOverheads, StageCostModel, sparse_pairs, transfer_seconds
 from wavepp.sim.events import EventLoop
+from wavepp.sim.grid import GRIDS, GridSetting, WorkloadShape, get_grid, kimi_grid, paper_grid, run_grid
+from wavepp.sim.hardware import HARDWARE, HardwareSpec, get_hardware
 from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
+from wavepp.sim.model_shapes import MODELS, ModelShape, get_model
+from wavepp.sim.output import chrome_trace, grid_summary, print_table, write_json, write_plot, write_trace
 from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats
+from wavepp.sim.scenario import (
+    AdmissionCosts, SimResult, SimSetup, build_system, fit_prior, run_setting, scaled_costs)
+from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.systems import SYSTEMS, SystemSpec, get_system
 
-__all__ = ["EventLoop", "SimReport", "build_sim", "run_closed_loop", "PipelineSim", "SimCosts",
-           "StageStats"]
+__all__ = [
+    "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "ExecOverheads",
+    "StageCostModel", "sparse_pairs", "transfer_seconds", "EventLoop", "GRIDS", "GridSetting",
+    "WorkloadShape", "get_grid", "kimi_grid", "paper_grid", "run_grid", "HARDWARE", "HardwareSpec",
+    "get_hardware", "SimReport", "build_sim", "run_closed_loop", "MODELS", "ModelShape", "get_model",
+    "chrome_trace", "grid_summary", "print_table", "write_json", "write_plot", "write_trace",
+    "PipelineSim", "SimCosts", "StageStats", "AdmissionCosts", "SimResult", "SimSetup",
+    "build_system", "fit_prior", "run_setting", "scaled_costs", "MemoryBudget", "partition_layers",
+    "stage_kv_tokens", "stage_models", "SYSTEMS", "SystemSpec", "get_system",
+]

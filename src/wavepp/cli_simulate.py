@@ -1,0 +1,138 @@
+"""`wavepp simulate`: what wavepp does on hardware this machine does not have.
+
+    wavepp simulate --model glm-5 --hardware B300 --pp 4 --workload short-suffix,cold \\
+        --concurrency 8,32,128 --policy wavepp,lockstep --json out.json --plot out.png
+    wavepp simulate --grid paper --json paper.json     # the paper's grids (also: kimi, all)
+
+Prompt lengths are real tokens; the simulator runs them at 1/--token-scale granularity and
+charges costs on real tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+
+from wavepp.sim.systems import SYSTEMS
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("simulate", help="simulate wavepp and baselines on modeled GPUs",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--grid", choices=["paper", "kimi", "all"], help="run a reconstructed paper grid")
+    p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
+    p.add_argument("--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3")
+    p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
+    p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
+    p.add_argument("--workload", default="short-suffix",
+                   help="comma list of: cold, reuse, mixed, short-suffix, gsp, trace (Mooncake)")
+    p.add_argument("--policy", default="wavepp,lockstep", help=f"comma list of: {', '.join(SYSTEMS)}")
+    p.add_argument("--concurrency", default="8,32,128", help="comma list (closed loop)")
+    p.add_argument("--num-requests", type=int, default=0,
+                   help="requests per setting (0: max(32, 4 x concurrency); trace: 256)")
+    p.add_argument("--prompt-len", type=int, default=8192, help="real tokens (cold, reuse, mixed)")
+    p.add_argument("--prefix-len", type=int, default=28672, help="real tokens (short_suffix)")
+    p.add_argument("--suffix-len", type=int, default=4096, help="real tokens (short_suffix)")
+    p.add_argument("--num-groups", type=int, default=8)
+    p.add_argument("--reuse-ratio", type=float, default=0.9)
+    p.add_argument("--trace-file", default=None, help="Mooncake JSONL (default: the shared copy)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="trace: arrival time multiplier")
+    p.add_argument("--token-scale", type=int, default=16, help="real tokens per simulated token")
+    p.add_argument("--block-size", type=int, default=16, help="simulated tokens per cache block")
+    p.add_argument("--max-wave-tokens", type=int, default=65536, help="largest wave, real tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
+    p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a throughput plot (PNG)")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the runs (not with --grid)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from wavepp.sim.output import grid_summary, print_table, write_json, write_plot, write_trace
+
+    t0 = time.perf_counter()
+    traces = []
+    if args.grid:
+        if args.trace:
+            raise ValueError("--trace records single settings; drop --grid or --trace")
+        from wavepp.sim.grid import get_grid, run_grid
+        rows = run_grid(get_grid(args.grid), jobs=args.jobs)
+    else:
+        rows, traces = _run_settings(args)
+    wall = time.perf_counter() - t0
+    print_table(rows)
+    for line in grid_summary(rows):
+        print(line)
+    print(f"simulated {len(rows)} runs in {wall:.1f} s on {platform.machine()} "
+          f"({platform.python_implementation()} {platform.python_version()})")
+    meta = {"argv": sys.argv[1:], "wall_s": wall}
+    if args.json:
+        write_json(rows, args.json, meta)
+    if args.plot:
+        write_plot(rows, args.plot)
+    if args.trace:
+        write_trace(traces, args.trace)
+    return 0
+
+
+def _run_settings(args) -> tuple[list[dict], list]:
+    from wavepp.sim.hardware import get_hardware
+    from wavepp.sim.model_shapes import get_model
+    from wavepp.sim.scenario import SimSetup, run_setting
+
+    setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
+                     token_scale=args.token_scale, block_size=args.block_size,
+                     max_wave_tokens=args.max_wave_tokens)
+    policies = _split(args.policy)
+    for p in policies:
+        if p not in SYSTEMS:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(SYSTEMS)}")
+    concurrencies = [int(c) for c in _split(args.concurrency)]
+    rows, traces = [], []
+    for kind, conc in ((k, c) for k in _split(args.workload) for c in concurrencies):
+        workload = _workload(kind, args, setup, args.num_requests or max(32, 4 * conc))
+        for policy in policies:
+            result, sim = run_setting(policy, setup, workload, conc, check_integrity=args.check_integrity)
+            rows.append({"grid": "", "model": result.model, "hardware": result.hardware,
+                         "pp": result.num_devices, "workload": workload.name, "concurrency": conc,
+                         "policy": policy, **{k: v for k, v in result.row().items() if k not in (
+                             "system", "model", "hardware", "num_devices", "workload", "concurrency")}})
+            if args.trace:
+                traces.append((f"{policy} {workload.name} c={conc}", sim))
+    return rows, traces
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _workload(name: str, args, setup, num_requests: int):
+    from wavepp.workloads import make_workload
+
+    s = setup.sim_tokens
+    common = {"block_size": setup.block_size, "seed": args.seed}
+    kind = name.replace("-", "_")
+    if kind in ("trace", "mooncake"):
+        if 512 % setup.token_scale:
+            raise ValueError("--token-scale must divide 512 for the Mooncake trace")
+        extra = {"path": args.trace_file} if args.trace_file else {}
+        return make_workload("mooncake", tokens_per_block=512 // setup.token_scale,
+                             max_requests=args.num_requests or 256, time_scale=args.time_scale,
+                             **extra, **common)
+    if kind == "cold":
+        return make_workload("cold", num_requests=num_requests, prompt_len=s(args.prompt_len), **common)
+    if kind == "short_suffix":
+        return make_workload("short_suffix", num_requests=num_requests, num_groups=args.num_groups,
+                             prefix_len=s(args.prefix_len), suffix_len=s(args.suffix_len), **common)
+    if kind in ("reuse", "mixed"):
+        return make_workload(kind, num_requests=num_requests, num_groups=args.num_groups,
+                             prompt_len=s(args.prompt_len), reuse_ratio=args.reuse_ratio, **common)
+    if kind == "gsp":
+        groups = max(1, num_requests // 16)
+        return make_workload("gsp", num_groups=groups, prompts_per_group=max(1, num_requests // groups),
+                             system_prompt_len=s(args.prefix_len), question_len=s(args.suffix_len), **common)
+    raise ValueError(f"unknown workload {name!r}")

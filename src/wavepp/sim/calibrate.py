@@ -1,0 +1,117 @@
+"""A CPU "hardware" for the simulator, fitted from measured stage times of the real runtime.
+
+The real runtime reports, per wave and stage, the chunk shapes it ran and the seconds its
+compute took. Fitting t(L, x) = c0 + g*L + b*x + a*(2*L*x + x^2) (plus c_wave per wave) per
+stage to those samples gives the simulator the machine's own costs, so it can predict the
+runtime's throughput on workloads it has not run:
+
+    samples = [StageSample(stage_id, ((num_cached, num_new), ...), seconds), ...]
+    cpu = CpuHardware.fit(samples, admission=CPU_ADMISSION)
+    sim = cpu.build("wavepp", stage_num_blocks=1024, block_size=16)
+    result = run_closed_loop(sim, prompts, concurrency)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from wavepp.sched.cost_model import CostCoefficients, CostModel
+from wavepp.sched.planner import PlannerConfig
+from wavepp.sim.harness import build_sim
+from wavepp.sim.pipeline import PipelineSim, SimCosts
+from wavepp.sim.scenario import AdmissionCosts
+from wavepp.sim.systems import get_system
+
+# Admission on this project's development machine (2-core VM): BlockPool lease 0.66 us per
+# pinned block and reserve + commit 4.9 us per new block (16-token blocks), timed directly.
+# Message latency and per-message work over gloo are assumptions: measure them on the target.
+CPU_ADMISSION = AdmissionCosts(round_latency_s=150e-6, msg_s=100e-6, item_s=20e-6,
+                               leased_block_s=0.66e-6, new_block_s=4.9e-6, leader_item_s=10e-6,
+                               block_tokens=16)
+
+
+@dataclass(frozen=True)
+class StageSample:
+    """One measured wave on one stage: its chunks as (num_cached, num_new) and its seconds."""
+    stage_id: int
+    chunks: tuple[tuple[int, int], ...]
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.stage_id < 0:
+            raise ValueError(f"StageSample.stage_id must be >= 0, got {self.stage_id}")
+        if self.seconds < 0:
+            raise ValueError(f"StageSample.seconds must be >= 0, got {self.seconds}")
+        if not self.chunks:
+            raise ValueError("StageSample.chunks is empty")
+
+
+def fit_stage_costs(samples: Iterable[StageSample], num_stages: int | None = None) -> tuple[CostCoefficients, ...]:
+    """Least-squares coefficients per stage (the planner's own fit, with a negligible prior)."""
+    samples = list(samples)
+    n = num_stages or (max(s.stage_id for s in samples) + 1 if samples else 0)
+    models = [CostModel(prior_weight=1e-6) for _ in range(n)]
+    for s in samples:
+        if s.stage_id >= n:
+            raise ValueError(f"sample of stage {s.stage_id}, but only {n} stages")
+        models[s.stage_id].observe(s.chunks, s.seconds)
+    empty = [i for i, m in enumerate(models) if m.num_observations == 0]
+    if empty:
+        raise ValueError(f"no samples for stage(s) {empty}")
+    return tuple(m.coef for m in models)
+
+
+@dataclass(frozen=True)
+class CpuHardware:
+    """Per-stage wave costs (fitted or given) and the links and admission costs between them."""
+    stage_costs: tuple[CostCoefficients, ...]
+    transfer_latency_s: float = 0.0       # activations, stage to stage
+    transfer_s_per_token: float = 0.0
+    result_latency_s: float = 0.0         # last stage back to rank 0
+    admission: AdmissionCosts = field(default_factory=lambda: CPU_ADMISSION)
+
+    def __post_init__(self) -> None:
+        if not self.stage_costs:
+            raise ValueError("CpuHardware.stage_costs is empty")
+        for name in ("transfer_latency_s", "transfer_s_per_token", "result_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"CpuHardware.{name} must be >= 0")
+
+    @classmethod
+    def fit(cls, samples: Iterable[StageSample], *, num_stages: int | None = None, **kwargs) -> "CpuHardware":
+        return cls(fit_stage_costs(samples, num_stages), **kwargs)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_costs)
+
+    def sim_costs(self, block_size: int = 16) -> SimCosts:
+        models = [CostModel(c) for c in self.stage_costs]
+        adm = self.admission
+        blocks = block_size / adm.block_tokens
+
+        def wave_seconds(stage_id: int, chunks: Sequence[tuple[int, int]]) -> float:
+            return models[stage_id].wave_time(chunks)
+
+        return SimCosts(wave_seconds=wave_seconds,
+                        transfer_seconds=lambda n: self.transfer_latency_s + self.transfer_s_per_token * n,
+                        result_seconds=self.result_latency_s, round_latency_s=adm.round_latency_s,
+                        round_msg_s=adm.msg_s, round_item_s=adm.item_s,
+                        round_leased_block_s=adm.leased_block_s * blocks,
+                        round_new_block_s=adm.new_block_s * blocks, leader_item_s=adm.leader_item_s)
+
+    def build(self, policy: str, *, stage_num_blocks: Sequence[int] | int = 1024, block_size: int = 16,
+              planner_config: PlannerConfig | None = None, check_integrity: bool = False) -> PipelineSim:
+        """The runtime's pipeline on this machine under `policy` (wavepp, lockstep, static, ...).
+        The planners start from the slowest stage's fitted costs, as the runtime's would after
+        its first waves."""
+        spec = get_system(policy)
+        if spec.topology == "tp":
+            raise ValueError("tp-ep needs a device cost model, not a fitted CPU pipeline")
+        slowest = max(self.stage_costs, key=lambda c: CostModel(c).wave_time([(1024, 256)]))
+        pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=self.num_stages)
+        return build_sim(spec.policy, self.num_stages, self.sim_costs(block_size),
+                         stage_num_blocks=stage_num_blocks, block_size=block_size, planner_config=pcfg,
+                         cost_model=CostModel(slowest), max_waves_in_flight=spec.ring_per_stage * self.num_stages,
+                         check_integrity=check_integrity, central_pool=spec.topology == "central")

@@ -1,0 +1,123 @@
+"""What `wavepp simulate` writes: a table, JSON rows, a throughput plot, a Chrome trace, and
+the grid summaries the README reports."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Sequence
+
+from wavepp.sim.pipeline import PipelineSim
+
+
+def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:
+    """One line per (setting, policy); `vs first` compares with the setting's first policy."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("model", "hw", "pp", "workload", "conc", "policy", "input tok/s", "vs first",
+                "hit", "TTFT p50 s", "util", "waves", "failed"):
+        table.add_column(col, justify="right" if col not in ("model", "hw", "workload", "policy") else "left")
+    first: dict[tuple, float] = {}
+    for r in rows:
+        key = (r["grid"], r["model"], r["hardware"], r["pp"], r["workload"], r["concurrency"])
+        base = first.setdefault(key, r["input_tok_s"])
+        table.add_row(r["model"], r["hardware"], str(r["pp"]), r["workload"], str(r["concurrency"]),
+                      r["policy"], f"{r['input_tok_s']:,.0f}", f"{r['input_tok_s'] / base:.2f}x" if base else "-",
+                      f"{r['hit_rate']:.2f}", f"{r['ttft_p50_s']:.2f}", f"{r['stage_utilization']:.2f}",
+                      str(r["num_waves"]), str(r["num_failed"]))
+    console = Console()
+    if not console.is_terminal:        # a file or a pipe: do not squeeze the table to 80 columns
+        console = Console(width=160)
+    console.print(table)
+
+
+def write_json(rows: Sequence[dict], path: str | Path, meta: dict | None = None) -> None:
+    Path(path).write_text(json.dumps({"meta": meta or {}, "rows": list(rows)}, indent=1))
+
+
+def write_plot(rows: Sequence[dict], path: str | Path) -> None:
+    """Input tokens/s against concurrency, one panel per (model, workload), a line per policy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[tuple, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in rows:
+        panels[(r["model"], r["pp"], r["workload"])][r["policy"]].append((r["concurrency"], r["input_tok_s"]))
+    n = len(panels)
+    cols = min(4, n)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3 * nrows), squeeze=False)
+    for ax, ((model, pp, workload), lines) in zip(axes.flat, panels.items()):
+        for policy, points in lines.items():
+            points.sort()
+            ax.plot([c for c, _ in points], [v / 1e3 for _, v in points], marker="o", label=policy)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{model} PP{pp} {workload}", fontsize=9)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("input k tok/s")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chrome_trace(runs: Sequence[tuple[str, PipelineSim]]) -> dict:
+    """Chrome / Perfetto trace events: a process per run, a thread per stage (waves) and one
+    for admission rounds. Times in microseconds of virtual time."""
+    events = []
+    for pid, (label, sim) in enumerate(runs):
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
+        for sid in range(sim.num_stages):
+            events.append({"ph": "M", "pid": pid, "tid": sid, "name": "thread_name",
+                           "args": {"name": f"stage {sid}"}})
+        events.append({"ph": "M", "pid": pid, "tid": sim.num_stages, "name": "thread_name",
+                       "args": {"name": "admission rounds"}})
+        for sid, wave_id, start, end in sim.wave_spans:
+            events.append({"ph": "X", "pid": pid, "tid": sid, "name": f"wave {wave_id}",
+                           "ts": start * 1e6, "dur": (end - start) * 1e6})
+        for round_id, start, end in sim.round_spans:
+            events.append({"ph": "X", "pid": pid, "tid": sim.num_stages, "name": f"round {round_id}",
+                           "ts": start * 1e6, "dur": (end - start) * 1e6})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(runs: Sequence[tuple[str, PipelineSim]], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(chrome_trace(runs)))
+
+
+def grid_summary(rows: Sequence[dict]) -> list[str]:
+    """The checks the README reports: wavepp vs lockstep per setting (paper grid) and whether
+    wavepp is the best policy at concurrency >= 8 (kimi grid)."""
+    settings: dict[tuple, dict[str, float]] = collections.defaultdict(dict)
+    for r in rows:
+        settings[(r["grid"], r["model"], r["workload"], r["concurrency"])][r["policy"]] = r["input_tok_s"]
+    lines = []
+    for grid in sorted({k[0] for k in settings}):
+        tag = grid or "simulate"
+        mine = {k: v for k, v in settings.items() if k[0] == grid and "wavepp" in v}
+        pairs = {k: v for k, v in mine.items() if "lockstep" in v}
+        if pairs:
+            wins = sum(v["wavepp"] >= v["lockstep"] for v in pairs.values())
+            lines.append(f"[{tag}] wavepp >= lockstep in {wins} of {len(pairs)} settings")
+            top = max(k[3] for k in pairs)
+            for k, v in sorted(pairs.items()):
+                if k[3] == top and k[2].startswith("short_suffix"):
+                    lines.append(f"[{tag}] {k[1]} {k[2]} c={top}: wavepp/lockstep = "
+                                 f"{v['wavepp'] / v['lockstep']:.2f}x")
+        multi = {k: v for k, v in mine.items() if len(v) > 2 and k[3] >= 8}
+        if multi:
+            best = [k for k, v in multi.items() if v["wavepp"] >= max(v.values())]
+            lines.append(f"[{tag}] wavepp highest of all policies in {len(best)} of {len(multi)} "
+                         f"settings at concurrency >= 8")
+            for k, v in sorted(multi.items()):
+                if k not in best:
+                    winner = max(v, key=v.get)
+                    lines.append(f"[{tag}]   {k[1]} {k[2]} c={k[3]}: {winner} "
+                                 f"{v[winner] / v['wavepp']:.3f}x of wavepp")
+    return lines

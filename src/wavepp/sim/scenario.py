@@ -1,0 +1,201 @@
+"""One simulated setting: a system on a model and hardware, running one workload.
+
+Granularity: huge prompts would cost the simulator time per token (hashing, one Python int per
+token), so a simulated token may stand for `token_scale` real ones. Prompts are generated at
+the simulated scale, chunk boundaries fall on whole simulated tokens, and every cost is charged
+on real tokens (shapes are multiplied back before the cost model sees them). Throughput is
+reported in real tokens per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from wavepp.sched.cost_model import CostCoefficients, CostModel
+from wavepp.sched.planner import PlannerConfig
+from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
+from wavepp.sim.harness import SimReport, build_sim, report
+from wavepp.sim.hardware import HardwareSpec
+from wavepp.sim.model_shapes import ModelShape
+from wavepp.sim.pipeline import PipelineSim, SimCosts
+from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.systems import get_system
+from wavepp.workloads import Workload
+
+
+@dataclass(frozen=True)
+class AdmissionCosts:
+    """Rounds-plane costs of the runtime's pure-Python admission on a server's host CPU.
+
+    Per-block costs come from timing this project's BlockPool on the 2-core development VM
+    (lease 0.66 us per pinned block; reserve + commit 4.9 us per new block, 16-token blocks)
+    and assume a server core about 1.4x faster. The latency is one way between local
+    processes over the rounds plane (gloo over TCP loopback plus Python: ~100 us; assumption).
+    """
+    round_latency_s: float = 100e-6
+    msg_s: float = 50e-6            # per message per stage: receive, dispatch, reply
+    item_s: float = 10e-6           # per request in a message
+    leased_block_s: float = 0.5e-6
+    new_block_s: float = 3.5e-6
+    leader_item_s: float = 5e-6     # the leader's work per request per phase
+    block_tokens: int = 64          # the runtime's block size the per-block costs are for
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 0:
+                raise ValueError(f"AdmissionCosts.{name} must be >= 0, got {value}")
+        if self.block_tokens <= 0:
+            raise ValueError("AdmissionCosts.block_tokens must be positive")
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    model: ModelShape
+    hardware: HardwareSpec
+    num_devices: int                 # the PP degree; for tp-ep, the TP/EP degree
+    token_scale: int = 16            # real tokens per simulated token
+    block_size: int = 16             # simulated tokens per block
+    max_wave_tokens: int = 32768     # real tokens: the largest wave the planners may form
+    min_wave_tokens: int = 1024      # real tokens: the smallest budget (mpu)
+    max_round_requests: int = 64
+    max_pool_blocks: int = 1 << 22   # cap on blocks per pool (memory may allow more)
+    admission: AdmissionCosts = field(default_factory=AdmissionCosts)
+    overheads: ExecOverheads = field(default_factory=ExecOverheads)
+    memory: MemoryBudget = field(default_factory=MemoryBudget)
+
+    def __post_init__(self) -> None:
+        for name in ("num_devices", "token_scale", "block_size", "max_wave_tokens",
+                     "min_wave_tokens", "max_round_requests", "max_pool_blocks"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SimSetup.{name} must be positive, got {getattr(self, name)}")
+        if self.num_devices > self.model.num_layers:
+            raise ValueError(f"SimSetup: {self.num_devices} stages for {self.model.num_layers} layers")
+
+    def sim_tokens(self, real_tokens: int) -> int:
+        """Simulated tokens for `real_tokens`, at least one block's worth."""
+        return max(1, round(real_tokens / self.token_scale))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    system: str
+    model: str
+    hardware: str
+    num_devices: int
+    workload: str
+    concurrency: int
+    num_requests: int
+    num_failed: int
+    input_tok_s: float               # real input tokens per second of virtual time
+    seconds: float
+    hit_rate: float
+    ideal_hit_rate: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    stage_utilization: float         # mean over execution stages
+    admission_idle_frac: float       # mean over stages: idle or blocked waiting for admission
+    num_waves: int
+    round_latency_p50_s: float
+
+    def row(self) -> dict:
+        return asdict(self)
+
+
+def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False) -> PipelineSim:
+    """The pipeline of `system` on `setup`'s model and hardware, ready to take requests."""
+    spec = get_system(system)
+    m, hw, s, bs = setup.model, setup.hardware, setup.token_scale, setup.block_size
+    if spec.topology == "tp":
+        bounds, degree = [(0, m.num_layers)], setup.num_devices
+    else:
+        bounds, degree = partition_layers(m, hw, setup.num_devices), 1
+    stages = stage_models(m, hw, bounds, degree=degree, overheads=setup.overheads)
+    last = len(bounds) - 1
+    kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
+                                 budget=setup.memory) for i, (a, b) in enumerate(bounds)]
+    blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
+    costs = scaled_costs(stages, setup, local=spec.topology != "pp")
+    chunk = spec.chunk_tokens or setup.max_wave_tokens
+    pcfg = PlannerConfig(block_size=bs, num_stages=len(stages),
+                         max_wave_tokens=_aligned(setup.max_wave_tokens, setup),
+                         min_wave_tokens=_aligned(setup.min_wave_tokens, setup),
+                         static_wave_tokens=_aligned(chunk, setup), max_chunks_per_wave=256)
+    prior = fit_prior(stages, setup)
+    return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
+                     planner_config=pcfg, cost_model=CostModel(prior),
+                     max_waves_in_flight=spec.ring_per_stage * len(stages),
+                     max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
+                     hybrid=m.hybrid, central_pool=spec.topology == "central")
+
+
+def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) -> SimCosts:
+    """SimCosts in simulated tokens over cost models in real tokens. `local`: admission runs
+    in the scheduler's own process (one pool), no rounds-plane latency."""
+    s, m, hw, adm = setup.token_scale, setup.model, setup.hardware, setup.admission
+    runtime_blocks = setup.block_size * s / adm.block_tokens   # runtime blocks per simulated block
+
+    def wave_seconds(stage_id, chunks):
+        return stages[stage_id].wave_seconds([(L * s, x * s) for L, x in chunks])
+
+    return SimCosts(wave_seconds=wave_seconds,
+                    transfer_seconds=lambda num_tokens: transfer_seconds(m, hw, num_tokens * s),
+                    result_seconds=hw.link_latency_s,
+                    round_latency_s=0.0 if local else adm.round_latency_s,
+                    round_msg_s=adm.msg_s, round_item_s=adm.item_s,
+                    round_leased_block_s=adm.leased_block_s * runtime_blocks,
+                    round_new_block_s=adm.new_block_s * runtime_blocks,
+                    leader_item_s=adm.leader_item_s)
+
+
+def fit_prior(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
+    """The planners' starting cost model, in simulated tokens: t(L, x) fitted by least squares
+    to the slowest stage's analytic times over waves of 1 and 4 chunks (a profiling pass, as a
+    deployment would run before serving). The planner keeps refining it online."""
+    s, big = setup.token_scale, setup.max_wave_tokens
+    model = CostModel(prior_weight=1e-3)
+    for L in (0, big // 4, big, 4 * big):
+        for x in (big // 32, big // 8, big // 4, big // 2, big):
+            for n in (1, 4):
+                chunks = [(L // s, max(1, x // n // s))] * n
+                real = [(a * s, b * s) for a, b in chunks]
+                model.observe(chunks, max(st.wave_seconds(real) for st in stages))
+    return model.coef
+
+
+def run_setting(system: str, setup: SimSetup, workload: Workload, concurrency: int, *,
+                check_integrity: bool = False) -> tuple[SimResult, PipelineSim]:
+    """Run `workload` (prompts at the simulated scale) through `system`: closed loop with
+    `concurrency` outstanding requests, or open loop at its arrival times if it has them."""
+    sim = build_system(system, setup, check_integrity=check_integrity)
+    rep = drive(sim, workload, concurrency)
+    return to_result(rep, system, setup, workload, concurrency), sim
+
+
+def drive(sim: PipelineSim, workload: Workload, concurrency: int) -> SimReport:
+    if concurrency <= 0:
+        raise ValueError(f"concurrency must be positive, got {concurrency}")
+    if workload.arrival_times_s is not None:
+        for i, (t, prompt) in enumerate(zip(workload.arrival_times_s, workload.prompts)):
+            sim.submit(i, prompt, at=t)
+        return report(sim, "", sim.run())
+    from wavepp.sim.harness import run_closed_loop
+    return run_closed_loop(sim, workload.prompts, concurrency)
+
+
+def to_result(rep: SimReport, system: str, setup: SimSetup, workload: Workload,
+              concurrency: int) -> SimResult:
+    n = len(rep.stage_utilization) or 1
+    return SimResult(
+        system=system, model=setup.model.name, hardware=setup.hardware.name,
+        num_devices=setup.num_devices, workload=workload.name, concurrency=concurrency,
+        num_requests=rep.num_requests, num_failed=rep.num_failed,
+        input_tok_s=rep.input_tok_s * setup.token_scale, seconds=rep.seconds, hit_rate=rep.hit_rate,
+        ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_s=rep.ttft_p50_s, ttft_p95_s=rep.ttft_p95_s,
+        stage_utilization=sum(rep.stage_utilization) / n,
+        admission_idle_frac=sum(rep.idle_admission_frac) / n, num_waves=rep.num_waves,
+        round_latency_p50_s=rep.round_latency_p50_s)
+
+
+def _aligned(real_tokens: int, setup: SimSetup) -> int:
+    bs = setup.block_size
+    return max(bs, setup.sim_tokens(real_tokens) // bs * bs)

@@ -1,0 +1,66 @@
+"""The systems the simulator compares, each the same leader code in a different arrangement.
+
+    system      admission                      planner (wave size)           topology
+    wavepp      asynchronous rounds (WAVE)     balanced cost model           PP, pool per stage
+    wavepp-mpu  asynchronous rounds            the paper's MPU budgets       PP, pool per stage
+    lockstep    inline rounds between waves    balanced cost model           PP, pool per stage
+    static      asynchronous rounds            fixed budget                  PP, pool per stage
+    sglang-pp   inline rounds                  SGLang dynamic chunking       PP, pool per stage,
+                                                                             S micro-batches
+    vllm-pp     one central scheduler, local   fixed budget (8192)           PP, one pool sized to
+                (no cross-stage round)                                       the smallest stage,
+                                                                             S batches in flight
+    tp-ep       one scheduler, local           fixed budget (16384)          every device on every
+                                                                             layer (TP attention,
+                                                                             EP experts)
+
+The fixed budgets are the frameworks' defaults: vLLM's max_num_batched_tokens of 8192 for its
+OpenAI server on large GPUs (vllm/engine/arg_utils.py); SGLang's chunked_prefill_size of 16384
+on GPUs with the most memory (sglang/srt/server_args.py), also the base chunk of its dynamic
+chunking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wavepp.sched.policy import Policy, get_policy
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    policy: Policy
+    topology: str                 # "pp" | "central" (one pool) | "tp" (one stage of all devices)
+    ring_per_stage: int           # waves in flight per execution stage
+    chunk_tokens: int | None      # fixed / base budget in real tokens (static, dynamic planners)
+    description: str
+
+    def __post_init__(self) -> None:
+        if self.topology not in ("pp", "central", "tp"):
+            raise ValueError(f"SystemSpec.topology must be pp, central or tp, got {self.topology!r}")
+        if self.ring_per_stage <= 0:
+            raise ValueError("SystemSpec.ring_per_stage must be positive")
+
+
+SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
+    SystemSpec("wavepp", get_policy("wavepp"), "pp", 2, None,
+               "asynchronous admission, cost-balanced waves, 2S waves in flight"),
+    SystemSpec("wavepp-mpu", get_policy("wavepp-mpu"), "pp", 2, None,
+               "asynchronous admission, the paper's MPU budget halving"),
+    SystemSpec("lockstep", get_policy("lockstep"), "pp", 2, None,
+               "admission rounds inline between waves"),
+    SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
+    SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
+               "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches"),
+    SystemSpec("vllm-pp", Policy("vllm-pp", True, "static", "central scheduler, fixed budget"),
+               "central", 1, 8192, "one scheduler and pool (smallest stage), S batches in flight"),
+    SystemSpec("tp-ep", Policy("tp-ep", True, "static", "one scheduler, fixed budget"),
+               "tp", 2, 16384, "all devices on every layer: TP attention, EP experts"),
+)}
+
+
+def get_system(name: str) -> SystemSpec:
+    if name not in SYSTEMS:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(SYSTEMS)}")
+    return SYSTEMS[name]
