@@ -46,7 +46,11 @@ def main() -> None:
     cache.key.normal_()
     cache.value.normal_()
     flops_per_token = _matmul_flops_per_token(config)
-    print(f"\n{'case':>22} {'ms':>9} {'tokens/s':>9} {'GFLOP/s':>8}")
+    peak = _matmul_gflops()
+    print(f"bf16 matmul on this core: {peak:.0f} GFLOP/s (1024^3); the layer stack's "
+          f"{flops_per_token / 1e6:.0f} MFLOP/token caps prefill at {peak * 1e9 / flops_per_token:.0f} "
+          f"tokens/s before any attention")
+    print(f"\n{'case':>22} {'ms':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'cpu/wall':>8}")
     for prefix in PREFIXES:
         for chunk in CHUNKS:
             _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs)
@@ -63,25 +67,40 @@ def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: 
     batch = StageBatch.build(specs, BLOCK_SIZE)
     input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
     model(batch, cache, input_ids=input_ids)   # warm up
-    times = []
+    times, cpu_times = [], []
     for _ in range(runs):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         model(batch, cache, input_ids=input_ids)
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     seconds = statistics.median(times)
+    # cpu/wall well below threads x 100% means another process took the core meanwhile
+    busy = statistics.median(cpu_times) / seconds / torch.get_num_threads()
     # attention: q.k and p.v over the visible context, 2 * 2 * heads * head_dim per (query, key)
     visible = sum(n * p + n * (n + 1) / 2 for p, n in chunks)
     flops = (batch.num_tokens * flops_per_token
              + 4 * config.num_layers * config.num_heads * config.head_dim * visible)
     name = (f"{len(chunks)}x{chunks[0][1]} after {chunks[0][0]}" if len(chunks) > 1
             else f"{chunks[0][1]} after {chunks[0][0]}")
-    print(f"{name:>22} {seconds * 1e3:9.1f} {batch.num_tokens / seconds:9.0f} {flops / seconds / 1e9:8.1f}",
-          flush=True)
+    print(f"{name:>22} {seconds * 1e3:9.1f} {batch.num_tokens / seconds:9.0f} "
+          f"{flops / seconds / 1e9:8.1f} {busy:8.0%}", flush=True)
 
 
 def _matmul_flops_per_token(config) -> float:
     per_layer = config.hidden_size * (2 * config.q_size + 2 * config.kv_size + 3 * config.intermediate_size)
     return 2.0 * config.num_layers * per_layer
+
+
+def _matmul_gflops(size: int = 1024, runs: int = 20) -> float:
+    a = torch.randn(size, size, dtype=torch.bfloat16)
+    b = torch.randn(size, size, dtype=torch.bfloat16)
+    a @ b
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size ** 3 / min(times) / 1e9
 
 
 def _model_path(name: str, tmp: str):
