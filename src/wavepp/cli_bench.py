@@ -33,8 +33,12 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def build_workloads(args, block_size: int = 16):
-    from wavepp.workloads import make_workload
+def build_workloads(args, vocab_size: int):
+    """The named workloads, with token ids drawn from the model's vocabulary."""
+    from wavepp.workloads import make_workload as make
+
+    def make_workload(name, **kw):
+        return make(name, vocab_size=vocab_size, **kw)
 
     n = args.num_requests
     out = []
@@ -70,7 +74,8 @@ def run(args) -> int:
     from wavepp.bench.measure import median_rows, run_closed_loop
     from wavepp.bench.report import chrome_trace, machine, print_table, write_json, write_plot, write_trace
     from wavepp.engine import Engine
-    from wavepp.store import DEFAULT_MODEL
+    from wavepp.models import load_model_config
+    from wavepp.store import DEFAULT_MODEL, resolve_model
 
     console = Console(width=max(Console().width, 160))
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -78,8 +83,8 @@ def run(args) -> int:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    workloads = build_workloads(args)
     model = args.model or DEFAULT_MODEL
+    workloads = build_workloads(args, load_model_config(resolve_model(model)).vocab_size)
     console.print(f"[bold]wavepp bench[/] model={model} pp={args.pp} dtype={args.dtype} on {machine()}")
     for wl in workloads:
         console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
