@@ -27,9 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_make_model)
 
-    from wavepp import cli_bench, cli_prefill
+    from wavepp import cli_bench, cli_prefill, cli_simulate
     cli_prefill.add_parser(sub)
     cli_bench.add_parser(sub)
+    cli_simulate.add_parser(sub)
 
     args = parser.parse_args(argv)
     try:
