@@ -13,7 +13,7 @@ from wavepp.make_model import make_model
 ARCHS = ("llama", "qwen2", "qwen3")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny matmuls gain nothing from threads, and OpenMP threads that wait on a core busy
     with another process slow every op down by orders of magnitude."""
