@@ -103,7 +103,7 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
         mine = {k: v for k, v in settings.items() if k[0] == grid and "wavepp" in v}
         pairs = {k: v for k, v in mine.items() if "lockstep" in v}
         if pairs:
-            wins = sum(v["wavepp"] >= v["lockstep"] for v in pairs.values())
+            wins = sum(_at_least(v["wavepp"], v["lockstep"]) for v in pairs.values())
             lines.append(f"[{tag}] wavepp >= lockstep in {wins} of {len(pairs)} settings")
             top = max(k[3] for k in pairs)
             for k, v in sorted(pairs.items()):
@@ -112,7 +112,7 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                                  f"{v['wavepp'] / v['lockstep']:.2f}x")
         multi = {k: v for k, v in mine.items() if len(v) > 2 and k[3] >= 8}
         if multi:
-            best = [k for k, v in multi.items() if v["wavepp"] >= max(v.values())]
+            best = [k for k, v in multi.items() if _at_least(v["wavepp"], max(v.values()))]
             lines.append(f"[{tag}] wavepp highest of all policies in {len(best)} of {len(multi)} "
                          f"settings at concurrency >= 8")
             for k, v in sorted(multi.items()):
@@ -121,3 +121,8 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                     lines.append(f"[{tag}]   {k[1]} {k[2]} c={k[3]}: {winner} "
                                  f"{v[winner] / v['wavepp']:.3f}x of wavepp")
     return lines
+
+
+def _at_least(a: float, b: float) -> bool:
+    """a >= b up to float rounding (identical schedules sum their times in different orders)."""
+    return a >= b * (1 - 1e-9)

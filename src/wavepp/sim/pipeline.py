@@ -43,11 +43,14 @@ class SimCosts:
     round_new_block_s: float = 0.0       # escrow + commit: per new block (the lease message)
     leader_item_s: float = 0.0           # the leader's work per request per phase
 
-    def message_seconds(self, msg) -> float:
-        """A stage's work to answer one rounds-plane message."""
+    def message_seconds(self, msg, reply=None) -> float:
+        """A stage's work to answer one rounds-plane message. Lease items pay per block only
+        when the stage leased and escrowed them (`reply`); a refusal is a quick check."""
         if isinstance(msg, LeaseMsg):
+            ok = {r.request_id for r in reply.results if r.ok} if reply is not None else None
             blocks = sum(self.round_leased_block_s * i.num_leased_blocks
-                         + self.round_new_block_s * i.num_new_blocks for i in msg.items)
+                         + self.round_new_block_s * i.num_new_blocks
+                         for i in msg.items if ok is None or i.request_id in ok)
             return self.round_msg_s + self.round_item_s * len(msg.items) + blocks
         items = getattr(msg, "items", getattr(msg, "request_ids", ()))
         return self.round_msg_s + self.round_item_s * len(items)
@@ -181,15 +184,19 @@ class PipelineSim:
         self._kick()
 
     def _broadcast(self, msg, on_replies) -> None:
-        """Send `msg` to every stage; call on_replies(list) when all have answered."""
+        """Send `msg` to every stage; call on_replies(list) when all have answered. A stage
+        handles the message when it takes it up, is busy for the work that took (known from
+        its reply: a failed escrow stops early), then the reply travels back."""
         n_items = len(getattr(msg, "items", getattr(msg, "request_ids", ())))
         leader_s = self.costs.leader_item_s * n_items
         replies: list = []
         c = self.costs
-        work = c.message_seconds(msg)
 
-        def serve(sid: int):
+        def handle(sid: int):
             reply = self.servers[sid].handle(msg)
+            return reply, c.message_seconds(msg, reply)
+
+        def deliver(reply) -> None:
             if on_replies is None:
                 return
             replies.append(reply)
@@ -197,16 +204,17 @@ class PipelineSim:
                 self.loop.after(leader_s, lambda: on_replies(replies))
 
         for sid in range(len(self.servers)):
-            delay = 0.0 if sid == 0 else c.round_latency_s
+            hop = 0.0 if sid == 0 else c.round_latency_s
             if self.inline and sid != 0:
                 # answered on the stage's LOOP, between its waves; the reply travels back
-                def arrive(sid=sid):
-                    self._enqueue(sid, ("round", work, lambda sid=sid: self.loop.after(
-                        c.round_latency_s, lambda: serve(sid))))
-                self.loop.after(delay, arrive)
+                def arrive(sid=sid, hop=hop):
+                    self._enqueue(sid, ("round", lambda: handle(sid),
+                                        lambda reply: self.loop.after(hop, lambda: deliver(reply))))
             else:
-                back = 0.0 if sid == 0 else c.round_latency_s
-                self.loop.after(delay + work + back, lambda sid=sid: serve(sid))
+                def arrive(sid=sid, hop=hop):
+                    reply, work = handle(sid)
+                    self.loop.after(work + hop, lambda: deliver(reply))
+            self.loop.after(hop, arrive)
 
     # ---- execution ---------------------------------------------------------------------------
 
@@ -224,13 +232,14 @@ class PipelineSim:
         kind, *rest = st.queue.popleft()
         st.busy = True
         if kind == "round":
-            work, done = rest
+            handle, done = rest
+            reply, work = handle()
             self.stats[sid].round_s += work
 
             def finish_round():
                 st.busy = False
                 st.idle_since = self.loop.now
-                done()
+                done(reply)
                 self._serve(sid)
             self.loop.after(work, finish_round)
             return
