@@ -92,3 +92,17 @@ def test_wavepp_beats_lockstep_on_short_suffixes_at_high_concurrency():
     assert wave.num_failed == lock.num_failed == 0
     assert wave.input_tok_s > 1.2 * lock.input_tok_s
     assert lock.admission_idle_frac > wave.admission_idle_frac
+
+
+def test_open_loop_replays_the_arrival_times(tmp_path):
+    lines = ['{"timestamp": %d, "input_length": 1500, "hash_ids": [1, 2, %d]}' % (t, 10 + t)
+             for t in (0, 250, 1250)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    from wavepp.workloads import trace
+    setup = small_setup(max_pool_blocks=256)
+    work = trace(path, tokens_per_block=8, block_size=8, time_scale=2.0)
+    result, sim = run_setting("wavepp", setup, work, 1, check_integrity=True)
+    assert result.num_failed == 0 and result.num_requests == 3
+    assert [sim.records[i].arrival for i in range(3)] == [0.0, 0.5, 2.5]
+    assert result.hit_rate == pytest.approx(work.ideal_hit_rate)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.planner import PlannerConfig
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
-from wavepp.sim.harness import SimReport, build_sim, report
+from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
@@ -178,7 +178,6 @@ def drive(sim: PipelineSim, workload: Workload, concurrency: int) -> SimReport:
         for i, (t, prompt) in enumerate(zip(workload.arrival_times_s, workload.prompts)):
             sim.submit(i, prompt, at=t)
         return report(sim, "", sim.run())
-    from wavepp.sim.harness import run_closed_loop
     return run_closed_loop(sim, workload.prompts, concurrency)
 
 
