@@ -42,6 +42,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--token-scale", type=int, default=16, help="real tokens per simulated token")
     p.add_argument("--block-size", type=int, default=16, help="simulated tokens per cache block")
     p.add_argument("--max-wave-tokens", type=int, default=65536, help="largest wave, real tokens")
+    p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -86,7 +87,7 @@ def _run_settings(args) -> tuple[list[dict], list]:
 
     setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
                      token_scale=args.token_scale, block_size=args.block_size,
-                     max_wave_tokens=args.max_wave_tokens)
+                     max_wave_tokens=args.max_wave_tokens, internode=args.internode)
     policies = _split(args.policy)
     for p in policies:
         if p not in SYSTEMS:

@@ -111,6 +111,8 @@ def test_transfer_is_latency_plus_bytes_over_one_link_direction():
     m, hw = MODELS["glm-5"], HARDWARE["B300"]
     assert transfer_seconds(m, hw, 8192) == pytest.approx(
         hw.link_latency_s + 8192 * m.hidden_size * 2 / (hw.link_gb_s * 1e9 / 2))
+    assert transfer_seconds(m, hw, 8192, internode=True) == pytest.approx(
+        hw.internode_latency_s + 8192 * m.hidden_size * 2 / (hw.internode_gb_s * 1e9))
 
 
 @pytest.mark.parametrize("name, stages", [("minimax-m2", 4), ("kimi-k2", 8), ("glm-5", 4)])

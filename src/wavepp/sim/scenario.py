@@ -59,6 +59,7 @@ class SimSetup:
     min_wave_tokens: int = 1024      # real tokens: the smallest budget (mpu)
     max_round_requests: int = 64
     max_pool_blocks: int = 1 << 22   # cap on blocks per pool (memory may allow more)
+    internode: bool = False          # stages on different nodes: activations cross the NIC
     admission: AdmissionCosts = field(default_factory=AdmissionCosts)
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
@@ -138,7 +139,8 @@ def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) 
         return stages[stage_id].wave_seconds([(L * s, x * s) for L, x in chunks])
 
     return SimCosts(wave_seconds=wave_seconds,
-                    transfer_seconds=lambda num_tokens: transfer_seconds(m, hw, num_tokens * s),
+                    transfer_seconds=lambda num_tokens: transfer_seconds(
+                        m, hw, num_tokens * s, internode=setup.internode),
                     result_seconds=hw.link_latency_s,
                     round_latency_s=0.0 if local else adm.round_latency_s,
                     round_msg_s=adm.msg_s, round_item_s=adm.item_s,
