@@ -143,6 +143,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
+    if not config.get("architectures"):   # GGUF metadata names no class; the model type does
+        config["architectures"] = [type(model).__name__]
     tied = bool(config.get("tie_word_embeddings"))
     tensors = {name: t.detach().to(torch.float32).contiguous().clone()
                for name, t in model.state_dict().items()

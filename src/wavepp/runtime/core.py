@@ -48,6 +48,8 @@ class CoreStats:
     # (stage, wave id, start, end) and (round id, start, end), in wall-clock (unix) seconds
     wave_spans: list[tuple[int, int, float, float]] = field(default_factory=list)
     round_spans: list[tuple[int, float, float]] = field(default_factory=list)
+    # (stage, ((num_cached, num_new) per chunk), compute seconds): what a cost model is fitted to
+    stage_samples: list[tuple[int, tuple[tuple[int, int], ...], float]] = field(default_factory=list)
     num_waves: int = 0
 
 
@@ -268,7 +270,11 @@ class EngineCore:
 
     def _on_result(self, msg: ResultMsg) -> None:
         with self.cond:
+            wave = self.leader.waves_in_flight.get(msg.wave_id)
+            shapes = tuple((c.start, c.num_tokens) for c in wave.chunks) if wave is not None else ()
             for t in msg.timings:
+                if shapes:
+                    self.stats.stage_samples.append((t.stage_id, shapes, t.compute_s))
                 self.stats.wave_spans.append((t.stage_id, msg.wave_id, t.start_unix_s, t.start_unix_s + t.compute_s))
                 st = self.stats.stages[t.stage_id]
                 st.busy_s += t.compute_s

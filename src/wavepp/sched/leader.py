@@ -319,16 +319,21 @@ class Leader:
         return not req.dependencies
 
     def _not_admitted(self, req: Request, reason: str, now: float) -> None:
-        """Retry after capacity changes (a wave finishes); fail if nothing could ever free it."""
+        """Retry after capacity changes (a wave finishes). On an idle pipeline nothing will
+        change: retry once at once (its hint may have raced an eviction), then fail."""
         req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
         holders = self.round.requests if self.round else ()
         busy = self.plannable or self.waves_in_flight or any(
             r is not req and r.state in (RequestState.LEASED, RequestState.ESCROWED) for r in holders)
-        if not busy:
-            self._fail(req, f"cannot be admitted on an idle pipeline: {reason}", now)
-            return
+        if busy:
+            req.num_idle_failures = 0
+            self._retry_after_wave[req.request_id] = self._num_waves_done + 1
+        else:
+            req.num_idle_failures += 1
+            if req.num_idle_failures >= 2:
+                self._fail(req, f"cannot be admitted on an idle pipeline: {reason}", now)
+                return
         req.state = RequestState.WAITING
-        self._retry_after_wave[req.request_id] = self._num_waves_done + 1
         self.waiting.append(req)
 
     def _requeue_dependents(self, owner: Request, now: float) -> None:

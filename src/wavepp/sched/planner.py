@@ -163,11 +163,12 @@ class BalancedPlanner:
 
     The wave time target T is the predicted cost of the available work spread over
     `target_waves` waves (default: one per stage, enough to fill the pipeline), clamped
-    between the cost of a b_min-token wave and a cap:
-    the cost of an M-token wave, or less, the time beyond which the fixed per-wave and per-chunk
-    costs fall under `overhead_frac` of the wave (larger waves then buy no efficiency, only
-    longer pipeline fill and drain). Packing is FCFS: a request that fits in what is left of T goes whole, else it
-    gets the largest aligned chunk that does; a chunk shorter than a block never forms.
+    between the cost of a b_min-token wave and a cap: the cost of an M-token wave, or less,
+    the time beyond which the fixed costs of a wave (its own overhead, and per chunk the
+    overhead plus re-reading the cached prefix) fall under `overhead_frac` of it. Larger waves
+    buy no efficiency, only longer pipeline fill and drain. Packing is FCFS: a request that
+    fits in what is left of T goes whole, else it gets the largest aligned chunk that does; a
+    chunk shorter than a block never forms.
     """
     name = "balanced"
 
@@ -184,7 +185,11 @@ class BalancedPlanner:
         spread = cost.coef.c_wave + work / self.target_waves
         lo = cost.wave_time([(0, self.config.min_wave_tokens)])
         hi = cost.wave_time([(0, self.config.max_wave_tokens)])
-        efficient = (cost.coef.c_wave + cost.coef.c0) / self.overhead_frac
+        # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
+        # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
+        mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
+        fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
+        efficient = fixed / self.overhead_frac
         return max(min(spread, hi, efficient), lo)
 
     def plan(self, requests: Sequence[Request]) -> list[Chunk]:

@@ -54,6 +54,7 @@ class Request:
     num_scheduled_tokens: int = 0
     num_computed_tokens: int = 0
     num_rounds: int = 0
+    num_idle_failures: int = 0     # admission failures in a row with nothing else running
     dependencies: list[Dependency] = field(default_factory=list)
     failure: str | None = None
     admitted_time: float | None = None

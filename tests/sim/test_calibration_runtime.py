@@ -1,0 +1,47 @@
+"""Calibration: a CPU "hardware" fitted from the real PP = 2 runtime's stage times predicts the
+runtime's throughput on a workload it was not fitted on, within 15%."""
+
+import statistics
+
+import pytest
+
+from wavepp.bench.measure import run_closed_loop as run_real
+from wavepp.engine import Engine
+from wavepp.make_model import make_model
+from wavepp.sim import CpuHardware, StageSample
+from wavepp.sim.harness import run_closed_loop as run_sim
+from wavepp.workloads import make_workload
+
+
+def runtime_hardware(stats) -> CpuHardware:
+    """Fit per-stage costs; take the link and result latencies from the measured wave spans."""
+    samples = [StageSample(s, shapes, sec) for s, shapes, sec in stats.stage_samples]
+    spans = {(stage, wave): (start, end) for stage, wave, start, end in stats.wave_spans}
+    hops = [spans[(1, w)][0] - spans[(0, w)][1] for (s, w) in spans if s == 0 and (1, w) in spans]
+    link = max(0.0, statistics.median(hops)) if hops else 0.0
+    return CpuHardware.fit(samples, num_stages=2, transfer_latency_s=link, result_latency_s=link)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    # big enough that compute, not Python, dominates a wave
+    return make_model(tmp_path_factory.mktemp("cal") / "m", num_layers=8, hidden_size=512, num_heads=8,
+                      num_kv_heads=4, intermediate_size=1536, vocab_size=2048, seed=3)
+
+
+def test_fitted_simulator_predicts_runtime_throughput(model):
+    fit_on = make_workload("reuse", num_requests=48, num_groups=6, prompt_len=384, vocab_size=2048, seed=1)
+    check_on = make_workload("mixed", num_requests=48, num_groups=4, prompt_len=320, vocab_size=2048, seed=2)
+    with Engine(str(model), pp=2, dtype="bfloat16", stage_num_blocks=[2048, 2048]) as engine:
+        engine.prefill([p[:64] for p in fit_on.prompts[:4]])     # warm-up
+        engine.reset("wavepp")
+        run_real(engine, fit_on, 16, policy_label="wavepp")
+        hardware = runtime_hardware(engine.stats())
+        engine.reset("wavepp")
+        real = run_real(engine, check_on, 16, policy_label="wavepp")
+    sim = hardware.build("wavepp", stage_num_blocks=2048, block_size=16)
+    predicted = run_sim(sim, check_on.prompts, 16, "wavepp")
+    ratio = predicted.input_tok_s / real.input_tok_s
+    print(f"runtime {real.input_tok_s:.0f} tok/s, simulator {predicted.input_tok_s:.0f} tok/s, ratio {ratio:.3f}")
+    assert predicted.cached_tokens == pytest.approx(real.cached_tokens, rel=0.05)
+    assert 0.85 <= ratio <= 1.15
