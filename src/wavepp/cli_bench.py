@@ -115,6 +115,10 @@ def run(args) -> int:
                             m = run_closed_loop(engine, wl, c, policy_label=pol, repeat=rep,
                                                 on_progress=lambda n: progress.advance(task, n))
                             rows.append(m)
+                            progress.console.print(
+                                f"  {wl.name} c={c} {pol} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
+                                f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}, "
+                                f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}")
                             if args.trace:
                                 trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {pol} r{rep}",
                                                              pid=len(rows))

@@ -196,7 +196,7 @@ class EngineCore:
                 tokens = [t for c in wave.chunks for t in self.leader.requests[c.request_id].token_ids[c.start:c.end]]
             start = time.perf_counter()
             start_unix = time.time()
-            wait_s = max(0.0, start - idle_since - pending_admission)
+            wait_s = max(0.0, start - max(idle_since, self.stage.epoch) - pending_admission)
             inputs = torch.tensor(tokens, dtype=torch.int64)
             output, compute_s = self.stage.run(wave, inputs)
             timing = StageTiming(0, wait_s, compute_s, pending_admission, start_unix)

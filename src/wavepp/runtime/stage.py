@@ -50,6 +50,8 @@ class StageRuntime:
         with self.lock:
             self.policy = get_policy(policy)
             self.server = StageServer(self.stage_id, BlockPool(self.num_blocks, self.config.block_size))
+            # idle time is counted from here, not across the reset
+            self.epoch = time.perf_counter()
 
     def handle_round(self, msg):
         with self.lock:

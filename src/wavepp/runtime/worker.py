@@ -101,7 +101,7 @@ def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: 
         _, header, hidden = item
         start = time.perf_counter()
         start_unix = time.time()
-        wait_s = max(0.0, start - idle_since - round_s)
+        wait_s = max(0.0, start - max(idle_since, stage.epoch) - round_s)
         output, compute_s = stage.run(header.wave, hidden)
         timings = header.timings + (StageTiming(rank, wait_s, compute_s, round_s, start_unix),)
         round_s = 0.0

@@ -32,7 +32,9 @@ from wavepp.sched.request import Request
 class PlannerConfig:
     block_size: int = 16
     num_stages: int = 2
-    max_wave_tokens: int = 2048     # M: the largest wave budget (mpu, balanced)
+    # M: the largest wave (mpu, balanced). On the 2-core CPU runtime, waves past ~512 tokens
+    # bought no efficiency and cost pipeline fill and drain (measured with `wavepp bench`).
+    max_wave_tokens: int = 512
     min_wave_tokens: int = 64       # b_min: the smallest (mpu, balanced)
     static_wave_tokens: int = 512   # the static planner's budget
     max_chunks_per_wave: int = 256

@@ -1,0 +1,65 @@
+"""Does the simulator predict the real runtime? Fit a CPU "hardware" from the PP = 2 runtime's
+stage times on one workload, then compare predicted and measured throughput on the others.
+
+    python benchmarks/calibrate_sim.py [--model smollm2] [--concurrency 16] [--repeat 3]
+
+Each workload runs `--repeat` times on the real runtime (medians reported); the fit uses every
+wave of the fitting workload's runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from wavepp.bench.measure import run_closed_loop as run_real
+from wavepp.engine import Engine
+from wavepp.models import load_model_config
+from wavepp.sim import CpuHardware, StageSample
+from wavepp.sim.harness import run_closed_loop as run_sim
+from wavepp.store import resolve_model
+from wavepp.workloads import make_workload
+
+
+def workloads(vocab: int, n: int):
+    return {
+        "reuse": make_workload("reuse", num_requests=n, num_groups=8, prompt_len=512, vocab_size=vocab),
+        "short-suffix": make_workload("short_suffix", num_requests=n, num_groups=8, prefix_len=1024,
+                                      suffix_len=64, vocab_size=vocab),
+        "mixed": make_workload("mixed", num_requests=n, num_groups=8, prompt_len=512, vocab_size=vocab),
+        "cold": make_workload("cold", num_requests=n // 2, prompt_len=512, vocab_size=vocab),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--fit-on", default="reuse")
+    args = ap.parse_args()
+    vocab = load_model_config(resolve_model(args.model)).vocab_size
+    wls = workloads(vocab, args.num_requests)
+    measured, samples = {}, []
+    with Engine(args.model, pp=2) as engine:
+        engine.prefill([wls["cold"].prompts[0][:128]])      # warm-up
+        for rep in range(args.repeat):
+            for name, wl in wls.items():
+                engine.reset("wavepp")
+                m = run_real(engine, wl, args.concurrency, policy_label="wavepp", repeat=rep)
+                measured.setdefault(name, []).append(m.input_tok_s)
+                if name == args.fit_on:
+                    samples += [StageSample(s, shapes, sec) for s, shapes, sec in engine.stats().stage_samples]
+    hardware = CpuHardware.fit(samples, num_stages=2)
+    print(f"fitted on {args.fit_on} ({len(samples)} stage samples): {hardware.stage_costs}")
+    print(f"{'workload':14} {'runtime tok/s':>14} {'simulator':>10} {'ratio':>6}")
+    for name, wl in wls.items():
+        sim = hardware.build("wavepp", stage_num_blocks=4096, block_size=16)
+        predicted = run_sim(sim, wl.prompts, args.concurrency, "wavepp").input_tok_s
+        real = statistics.median(measured[name])
+        print(f"{name:14} {real:14,.0f} {predicted:10,.0f} {predicted / real:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
