@@ -1,10 +1,10 @@
 """Does the simulator predict the real runtime? Fit a CPU "hardware" from the PP = 2 runtime's
-stage times on one workload, then compare predicted and measured throughput on the others.
+stage times, then compare predicted and measured throughput workload by workload.
 
-    python benchmarks/calibrate_sim.py [--model smollm2] [--concurrency 16] [--repeat 3]
+    python benchmarks/calibrate_sim.py [--model smollm2] [--concurrency 16] [--repeat 3] [--fit-on all]
 
 Each workload runs `--repeat` times on the real runtime (medians reported); the fit uses every
-wave of the fitting workload's runs.
+wave of the fitting workload's runs (`--fit-on reuse` holds the other workloads out).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--fit-on", default="reuse")
+    ap.add_argument("--fit-on", default="all", help="a workload name, or all (default)")
     args = ap.parse_args()
     vocab = load_model_config(resolve_model(args.model)).vocab_size
     wls = workloads(vocab, args.num_requests)
@@ -49,7 +49,7 @@ def main() -> None:
                 engine.reset("wavepp")
                 m = run_real(engine, wl, args.concurrency, policy_label="wavepp", repeat=rep)
                 measured.setdefault(name, []).append(m.input_tok_s)
-                if name == args.fit_on:
+                if args.fit_on in (name, "all"):
                     samples += [StageSample(s, shapes, sec) for s, shapes, sec in engine.stats().stage_samples]
     hardware = CpuHardware.fit(samples, num_stages=2)
     print(f"fitted on {args.fit_on} ({len(samples)} stage samples): {hardware.stage_costs}")
