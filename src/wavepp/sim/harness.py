@@ -86,7 +86,7 @@ def run_closed_loop(sim: PipelineSim, prompts: Sequence[Sequence[int]], concurre
             next_index += 1
             sim.submit(i, prompts[i])
 
-    sim._on_finish = submit_next
+    sim.on_finish = submit_next
     for _ in range(min(concurrency, len(prompts))):
         submit_next()
     end = sim.run()

@@ -101,7 +101,7 @@ class PipelineSim:
         self.round_spans: list[tuple[int, float, float]] = []        # (round id, start, end)
         self._stages = [_Stage(s) for s in range(self.num_stages)]
         self._check = check_integrity
-        self._on_finish = on_finish
+        self.on_finish = on_finish   # (request id, time) after a request ends
         self._round_active = False      # an admission round is under way
         self._rank0_blocked = False     # rank 0's LOOP is inside an inline round
         self._wave_seconds: dict[int, list[float]] = collections.defaultdict(list)
@@ -282,8 +282,8 @@ class PipelineSim:
         rec = self.records[request_id]
         rec.finish = self.loop.now
         rec.failure = req.failure
-        if self._on_finish is not None:
-            self._on_finish(request_id, self.loop.now)
+        if self.on_finish is not None:
+            self.on_finish(request_id, self.loop.now)
 
     def _account_idle(self, sid: int) -> None:
         st = self._stages[sid]
