@@ -117,9 +117,7 @@ class EngineCore:
         policy = policy or self.policy.name
         get_policy(policy)
         with self.cond:
-            while not self.leader.idle and not self.error:
-                self.cond.wait(0.05)
-            self._raise_if_dead()
+            self._wait_idle()
             self.stage.reset(policy)
             self._build_leader(policy)
             for rank in range(1, self.num_stages):
@@ -130,9 +128,7 @@ class EngineCore:
     def check_integrity(self) -> list[tuple]:
         """Every stage's (capacity, number of live requests), after check_integrity() (idle)."""
         with self.cond:
-            while not self.leader.idle and not self.error:
-                self.cond.wait(0.05)
-            self._raise_if_dead()
+            self._wait_idle()
             with self.stage.lock:
                 self.stage.server.pool.check_integrity()
                 out = [(self.stage.server.pool.capacity(), len(self.stage.server.requests))]
@@ -303,6 +299,12 @@ class EngineCore:
                                           stage_num_blocks=self.stage_num_blocks),
                              make_planner(self.policy.planner, pcfg))
         self.stats = CoreStats([StageStats() for _ in range(self.num_stages)])
+
+    def _wait_idle(self) -> None:
+        """Under self.cond: until nothing is waiting, planned or in flight (or the engine died)."""
+        while not self.leader.idle and not self.error:
+            self.cond.wait(0.05)
+        self._raise_if_dead()
 
     def _raise_if_dead(self) -> None:
         if self.error:

@@ -216,10 +216,7 @@ class Leader:
             dead = max((self._dead_blocks.get(h, 0) for h in req.block_hashes[:k]), default=0)
             if dead > self._num_waves_done:   # it leased blocks an aborted request will not compute
                 release.append(req.request_id)
-                req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
-                req.state = RequestState.WAITING
-                self._retry_after_wave[req.request_id] = dead
-                self.waiting.appendleft(req)
+                self._requeue(req, dead, front=True)
                 continue
             req.state = RequestState.ADMITTED
             req.admitted_time = now
@@ -321,20 +318,30 @@ class Leader:
     def _not_admitted(self, req: Request, reason: str, now: float) -> None:
         """Retry after capacity changes (a wave finishes). On an idle pipeline nothing will
         change: retry once at once (its hint may have raced an eviction), then fail."""
-        req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
+        req.reset_progress()
         holders = self.round.requests if self.round else ()
         busy = self.plannable or self.waves_in_flight or any(
             r is not req and r.state in (RequestState.LEASED, RequestState.ESCROWED) for r in holders)
         if busy:
             req.num_idle_failures = 0
-            self._retry_after_wave[req.request_id] = self._num_waves_done + 1
+            self._requeue(req, self._num_waves_done + 1, front=False)
+            return
+        req.num_idle_failures += 1
+        if req.num_idle_failures >= 2:
+            self._fail(req, f"cannot be admitted on an idle pipeline: {reason}", now)
         else:
-            req.num_idle_failures += 1
-            if req.num_idle_failures >= 2:
-                self._fail(req, f"cannot be admitted on an idle pipeline: {reason}", now)
-                return
+            self._requeue(req, self._num_waves_done, front=False)
+
+    def _requeue(self, req: Request, retry_after_wave: int, *, front: bool) -> None:
+        """Back to waiting, holding nothing; it enters a round once `retry_after_wave` waves
+        have finished."""
+        req.reset_progress()
         req.state = RequestState.WAITING
-        self.waiting.append(req)
+        self._retry_after_wave[req.request_id] = retry_after_wave
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
 
     def _requeue_dependents(self, owner: Request, now: float) -> None:
         """Requests that leased blocks `owner` had not yet dispatched go back to waiting; their
@@ -344,11 +351,7 @@ class Leader:
                    for d in req.dependencies):
                 self.plannable.remove(req)
                 self._pending_releases.append(req.request_id)
-                req.dependencies = []
-                req.state = RequestState.WAITING
-                req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = 0
-                self._retry_after_wave[req.request_id] = self._next_wave_id + 1
-                self.waiting.appendleft(req)
+                self._requeue(req, self._next_wave_id + 1, front=True)
         bs = self.config.block_size
         release_done = self._next_wave_id + 1    # the release rides on the next wave
         for j in range(owner.num_scheduled_tokens // bs, owner.num_tokens // bs):
@@ -365,6 +368,7 @@ class Leader:
         self._finish(req, RequestState.FAILED, reason, now)
 
     def _finish(self, req: Request, state: RequestState, reason: str | None, now: float) -> None:
+        self._retry_after_wave.pop(req.request_id, None)
         req.state = state
         req.failure = reason
         req.finish_time = now

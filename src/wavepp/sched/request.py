@@ -79,6 +79,11 @@ class Request:
     def num_unscheduled_tokens(self) -> int:
         return self.num_tokens - self.num_scheduled_tokens
 
+    def reset_progress(self) -> None:
+        """Forget the agreed prefix and every chunk: the request holds nothing on any stage."""
+        self.num_cached_tokens = self.num_scheduled_tokens = self.num_computed_tokens = 0
+        self.dependencies = []
+
     def num_blocks(self, block_size: int) -> int:
         return -(-self.num_tokens // block_size)
 
