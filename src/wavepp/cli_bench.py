@@ -18,7 +18,9 @@ def add_parser(sub) -> None:
                    help="comma list of: cold, reuse, short-suffix, mixed, gsp, trace")
     p.add_argument("--policy", default="wavepp,wavepp-mpu,lockstep,static,single-stage")
     p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
-    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
+                        "so that high concurrencies reach a steady state of finishing and arriving requests)")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--prompt-len", type=int, default=None, help="cold/reuse/mixed prompt length")
     p.add_argument("--prefix-len", type=int, default=1536, help="short-suffix shared prefix")
@@ -33,14 +35,22 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def build_workloads(args, vocab_size: int):
-    """The named workloads, with token ids drawn from the model's vocabulary."""
+def requests_for(args, concurrency: int) -> int:
+    """Requests in one closed-loop run. With as many requests as the concurrency, every request
+    arrives at t = 0 and none arrives while others run: that measures one burst, not the
+    steady state in which finishing requests bring new ones to admit."""
+    return args.num_requests or max(64, 4 * concurrency)
+
+
+def build_workloads(args, vocab_size: int, num_requests: int):
+    """The named workloads of `num_requests` prompts each, with token ids from the model's
+    vocabulary."""
     from wavepp.workloads import make_workload as make
 
     def make_workload(name, **kw):
         return make(name, vocab_size=vocab_size, **kw)
 
-    n = args.num_requests
+    n = num_requests
     out = []
     for name in [w.strip() for w in args.workload.split(",") if w.strip()]:
         key = name.replace("_", "-")
@@ -84,11 +94,20 @@ def run(args) -> int:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     model = args.model or DEFAULT_MODEL
-    workloads = build_workloads(args, load_model_config(resolve_model(model)).vocab_size)
+    vocab_size = load_model_config(resolve_model(model)).vocab_size
+    # workloads[c]: the workloads at concurrency c (the same shapes, sized for c)
+    sized: dict[int, list] = {}
+    workloads = {}
+    for c in concurrencies:
+        n = requests_for(args, c)
+        if n not in sized:
+            sized[n] = build_workloads(args, vocab_size, n)
+        workloads[c] = sized[n]
     console.print(f"[bold]wavepp bench[/] model={model} pp={args.pp} dtype={args.dtype} on {machine()}")
-    for wl in workloads:
-        console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
-                      f"ideal hit rate {wl.ideal_hit_rate:.1%}")
+    for wls in sized.values():
+        for wl in wls:
+            console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
+                          f"ideal hit rate {wl.ideal_hit_rate:.1%}")
     t_start = time.perf_counter()
     pipeline_policies = [p for p in policies if p != "single-stage"]
     engines = {}
@@ -97,16 +116,18 @@ def run(args) -> int:
     if "single-stage" in policies:
         engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype)
     rows, trace_events = [], []
-    total = sum(wl.num_requests for wl in workloads) * len(concurrencies) * len(policies) * args.repeat
+    total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as progress:
             task = progress.add_task("warm-up", total=total)
+            first = workloads[concurrencies[0]]
             for engine in engines.values():   # warm up: first forwards are slow
-                engine.prefill([wl.prompts[0][:256] for wl in workloads])
+                engine.prefill([wl.prompts[0][:256] for wl in first])
             for rep in range(args.repeat):
-                for wl in workloads:
+                for index in range(len(first)):
                     for c in concurrencies:
+                        wl = workloads[c][index]
                         order = policies if rep % 2 == 0 else list(reversed(policies))
                         for pol in order:
                             engine = engines["single" if pol == "single-stage" else "pp"]

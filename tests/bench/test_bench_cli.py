@@ -45,3 +45,18 @@ def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys):
     assert any(e["name"].startswith("wave") and e["tid"] == 1 for e in spans)
     assert any(e["name"].startswith("round") for e in spans)
     assert all(e["dur"] >= 0 for e in spans)
+
+
+def test_default_request_count_gives_a_steady_state_at_every_concurrency():
+    """With as many requests as the concurrency, all arrive at t = 0 and no admission ever
+    overlaps execution; the default keeps 4 x c requests flowing through a run."""
+    import argparse
+
+    from wavepp import cli_bench
+
+    parser = argparse.ArgumentParser()
+    cli_bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench"])
+    assert [cli_bench.requests_for(args, c) for c in (1, 8, 16, 64, 128)] == [64, 64, 64, 256, 512]
+    args = parser.parse_args(["bench", "--num-requests", "12"])
+    assert cli_bench.requests_for(args, 128) == 12
