@@ -2,6 +2,8 @@
 stage times, then compare predicted and measured throughput workload by workload.
 
     python benchmarks/calibrate_sim.py [--model smollm2] [--concurrency 16] [--repeat 3] [--fit-on all]
+    python benchmarks/calibrate_sim.py --workloads short-suffix --policies wavepp,lockstep \
+        --concurrency 128 --num-requests 512 --repeat 1     # lockstep's loss, predicted
 
 Each workload runs `--repeat` times on the real runtime (medians reported); the fit uses every
 wave of the fitting workload's runs (`--fit-on reuse` holds the other workloads out).
@@ -38,27 +40,39 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fit-on", default="all", help="a workload name, or all (default)")
+    ap.add_argument("--workloads", default="reuse,short-suffix,mixed,cold", help="comma list")
+    ap.add_argument("--policies", default="wavepp",
+                    help="comma list; the fit uses wavepp's samples only, the other policies are predicted")
     args = ap.parse_args()
     vocab = load_model_config(resolve_model(args.model)).vocab_size
-    wls = workloads(vocab, args.num_requests)
+    wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if "wavepp" not in policies:
+        raise SystemExit("--policies must include wavepp (the fit uses its stage samples)")
+    wls = {k: v for k, v in workloads(vocab, args.num_requests).items() if k in wanted}
+    if args.fit_on != "all" and args.fit_on not in wls:
+        raise SystemExit(f"--fit-on {args.fit_on}: not among --workloads")
     measured, samples = {}, []
     with Engine(args.model, pp=2) as engine:
-        engine.prefill([wls["cold"].prompts[0][:128]])      # warm-up
+        engine.prefill([next(iter(wls.values())).prompts[0][:128]])      # warm-up
         for rep in range(args.repeat):
             for name, wl in wls.items():
-                engine.reset("wavepp")
-                m = run_real(engine, wl, args.concurrency, policy_label="wavepp", repeat=rep)
-                measured.setdefault(name, []).append(m.input_tok_s)
-                if args.fit_on in (name, "all"):
-                    samples += [StageSample(s, shapes, sec) for s, shapes, sec in engine.stats().stage_samples]
+                order = policies if rep % 2 == 0 else policies[::-1]
+                for policy in order:
+                    engine.reset(policy)
+                    m = run_real(engine, wl, args.concurrency, policy_label=policy, repeat=rep)
+                    measured.setdefault((name, policy), []).append(m.input_tok_s)
+                    if policy == "wavepp" and args.fit_on in (name, "all"):
+                        samples += [StageSample(s, shapes, sec) for s, shapes, sec in engine.stats().stage_samples]
     hardware = CpuHardware.fit(samples, num_stages=2)
     print(f"fitted on {args.fit_on} ({len(samples)} stage samples): {hardware.stage_costs}")
-    print(f"{'workload':14} {'runtime tok/s':>14} {'simulator':>10} {'ratio':>6}")
+    print(f"{'workload':14} {'policy':10} {'runtime tok/s':>14} {'simulator':>10} {'ratio':>6}")
     for name, wl in wls.items():
-        sim = hardware.build("wavepp", stage_num_blocks=4096, block_size=16)
-        predicted = run_sim(sim, wl.prompts, args.concurrency, "wavepp").input_tok_s
-        real = statistics.median(measured[name])
-        print(f"{name:14} {real:14,.0f} {predicted:10,.0f} {predicted / real:6.2f}")
+        for policy in policies:
+            sim = hardware.build(policy, stage_num_blocks=4096, block_size=16)
+            predicted = run_sim(sim, wl.prompts, args.concurrency, policy).input_tok_s
+            real = statistics.median(measured[(name, policy)])
+            print(f"{name:14} {policy:10} {real:14,.0f} {predicted:10,.0f} {predicted / real:6.2f}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ def torchrun_rank() -> tuple[int, int] | None:
     return None
 
 
+class StageStartError(RuntimeError):
+    """A stage process exited before the pipeline was up."""
+
+
 class LocalCluster:
     """Ranks 1..S-1 as child processes of this one; rank 0's Channels."""
 
@@ -58,14 +62,42 @@ class LocalCluster:
                                name=f"wavepp-stage{rank}", daemon=True)
             proc.start()
             self.procs.append(proc)
-        self.channels = Channels(0, num_stages, backend, init_method=init)
+        self.channels = self._rendezvous(lambda: Channels(0, num_stages, backend, init_method=init))
+
+    def _rendezvous(self, connect, poll_s: float = 0.2) -> Channels:
+        """Join the process group while watching the children: a stage that dies before it
+        joins (an import error, a script without a __main__ guard under spawn, an out-of-memory
+        kill) fails the start at once with its reason, instead of a wait for the rendezvous
+        timeout."""
+        box: dict = {}
+
+        def run():
+            try:
+                box["channels"] = connect()
+            except BaseException as exc:   # noqa: BLE001 - re-raised below, in the caller
+                box["error"] = exc
+
+        joiner = threading.Thread(target=run, name="wavepp-rendezvous", daemon=True)
+        joiner.start()
+        while joiner.is_alive():
+            joiner.join(poll_s)
+            reason = self.dead_stage() if joiner.is_alive() else None
+            if reason:
+                for proc in self.procs:
+                    if proc.is_alive():
+                        proc.kill()
+                raise StageStartError(f"pipeline failed to start: {reason}")
+        if "error" in box:
+            raise box["error"]
+        return box["channels"]
 
     def dead_stage(self) -> str | None:
         """A reason naming the first stage process that exited, or None."""
         for rank, proc in enumerate(self.procs, start=1):
             if proc.exitcode is not None:
                 report = Path(self.run_dir, f"stage{rank}.error")
-                detail = report.read_text().splitlines()[0] if report.exists() else "no report"
+                detail = (report.read_text().splitlines()[0] if report.exists()
+                          else "no report (it died before wavepp ran in it; its stderr says why)")
                 return (f"stage {rank} (pid {proc.pid}) exited with code {proc.exitcode}: {detail}")
         return None
 

@@ -1,0 +1,34 @@
+"""Starting the pipeline: a stage process that dies before the rendezvous fails the start at
+once, with its reason, instead of leaving rank 0 waiting for the rendezvous timeout."""
+
+import multiprocessing as mp
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from wavepp.runtime.launch import LocalCluster, StageStartError
+
+
+def test_stage_dying_before_rendezvous_fails_the_start_fast():
+    cluster = object.__new__(LocalCluster)
+    cluster.run_dir = tempfile.mkdtemp(prefix="wavepp-test-")
+    proc = mp.get_context("spawn").Process(target=sys.exit, args=(3,), daemon=True)
+    proc.start()
+    cluster.procs = [proc]
+    never = threading.Event()
+    t0 = time.perf_counter()
+    with pytest.raises(StageStartError, match=r"stage 1 \(pid \d+\) exited with code 3"):
+        cluster._rendezvous(never.wait, poll_s=0.05)   # the rendezvous itself never completes
+    assert time.perf_counter() - t0 < 30
+
+
+def test_rendezvous_result_and_errors_pass_through():
+    cluster = object.__new__(LocalCluster)
+    cluster.run_dir = tempfile.mkdtemp(prefix="wavepp-test-")
+    cluster.procs = []
+    assert cluster._rendezvous(lambda: "channels") == "channels"
+    with pytest.raises(ValueError, match="bad init"):
+        cluster._rendezvous(lambda: (_ for _ in ()).throw(ValueError("bad init")))
