@@ -185,11 +185,13 @@ class BalancedPlanner:
         cost = self.cost
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
         spread = cost.coef.c_wave + work / self.target_waves
+        mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, self.config.min_wave_tokens)])
-        hi = cost.wave_time([(0, self.config.max_wave_tokens)])
+        # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
+        # and a cap taken at an empty prefix would cut waves below M tokens
+        hi = cost.wave_time([(round(mean_prefix), self.config.max_wave_tokens)])
         # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
         # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
-        mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
         efficient = fixed / self.overhead_frac
         return max(min(spread, hi, efficient), lo)
