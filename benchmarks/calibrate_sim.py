@@ -15,6 +15,7 @@ import argparse
 import statistics
 
 from wavepp.bench.measure import run_closed_loop as run_real
+from wavepp.cli import comma_list
 from wavepp.engine import Engine
 from wavepp.models import load_model_config
 from wavepp.sim import CpuHardware, StageSample
@@ -45,8 +46,8 @@ def main() -> None:
                     help="comma list; the fit uses wavepp's samples only, the other policies are predicted")
     args = ap.parse_args()
     vocab = load_model_config(resolve_model(args.model)).vocab_size
-    wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    wanted = comma_list(args.workloads)
+    policies = comma_list(args.policies)
     if "wavepp" not in policies:
         raise SystemExit("--policies must include wavepp (the fit uses its stage samples)")
     wls = {k: v for k, v in workloads(vocab, args.num_requests).items() if k in wanted}

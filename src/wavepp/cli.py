@@ -6,6 +6,11 @@ import argparse
 import sys
 
 
+def comma_list(text: str) -> list[str]:
+    """The items of a comma-separated option: "a, b,,c" -> ["a", "b", "c"]."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="wavepp", description="Pipeline-parallel LLM prefill with cross-stage prefix reuse.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from wavepp.cli import comma_list
+
 POLICIES = ("wavepp", "wavepp-mpu", "lockstep", "static", "single-stage")
 
 
@@ -50,23 +52,22 @@ def build_workloads(args, vocab_size: int, num_requests: int):
     def make_workload(name, **kw):
         return make(name, vocab_size=vocab_size, **kw)
 
-    n = num_requests
     out = []
-    for name in [w.strip() for w in args.workload.split(",") if w.strip()]:
+    for name in comma_list(args.workload):
         key = name.replace("_", "-")
         if key == "short-suffix":
-            wl = make_workload("short_suffix", num_requests=n, num_groups=args.num_groups,
+            wl = make_workload("short_suffix", num_requests=num_requests, num_groups=args.num_groups,
                                prefix_len=args.prefix_len, suffix_len=args.suffix_len)
         elif key in ("cold", "reuse", "mixed"):
-            kw = {"num_requests": n, "prompt_len": args.prompt_len or 512}
+            kw = {"num_requests": num_requests, "prompt_len": args.prompt_len or 512}
             if key != "cold":
                 kw["num_groups"] = args.num_groups
             wl = make_workload(key, **kw)
         elif key == "gsp":
-            wl = make_workload("gsp", num_groups=max(1, n // 16), prompts_per_group=16,
+            wl = make_workload("gsp", num_groups=max(1, num_requests // 16), prompts_per_group=16,
                                system_prompt_len=args.prompt_len or 1024, question_len=128)
         elif key in ("trace", "mooncake"):
-            kw = {"tokens_per_block": args.tokens_per_block, "max_requests": n}
+            kw = {"tokens_per_block": args.tokens_per_block, "max_requests": num_requests}
             if args.trace_file:
                 kw["path"] = args.trace_file
             wl = make_workload("mooncake", **kw)
@@ -88,7 +89,7 @@ def run(args) -> int:
     from wavepp.store import DEFAULT_MODEL, resolve_model
 
     console = Console(width=max(Console().width, 160))
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    policies = comma_list(args.policy)
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")

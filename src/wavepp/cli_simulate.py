@@ -15,6 +15,7 @@ import platform
 import sys
 import time
 
+from wavepp.cli import comma_list
 from wavepp.sim.systems import SYSTEMS
 
 
@@ -88,13 +89,13 @@ def _run_settings(args) -> tuple[list[dict], list]:
     setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
                      token_scale=args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode)
-    policies = _split(args.policy)
+    policies = comma_list(args.policy)
     for p in policies:
         if p not in SYSTEMS:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(SYSTEMS)}")
-    concurrencies = [int(c) for c in _split(args.concurrency)]
+    concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
-    for kind, conc in ((k, c) for k in _split(args.workload) for c in concurrencies):
+    for kind, conc in ((k, c) for k in comma_list(args.workload) for c in concurrencies):
         workload = _workload(kind, args, setup, args.num_requests or max(32, 4 * conc))
         for policy in policies:
             result, sim = run_setting(policy, setup, workload, conc, check_integrity=args.check_integrity)
@@ -105,10 +106,6 @@ def _run_settings(args) -> tuple[list[dict], list]:
             if args.trace:
                 traces.append((f"{policy} {workload.name} c={conc}", sim))
     return rows, traces
-
-
-def _split(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _workload(name: str, args, setup, num_requests: int):
