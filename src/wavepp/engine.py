@@ -9,14 +9,18 @@
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from wavepp.runtime.config import RuntimeConfig
-from wavepp.runtime.core import CoreStats, EngineCore, EngineError
+from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.launch import LocalCluster
+from wavepp.runtime.protocol import IntegrityReport
+from wavepp.runtime.stats import CoreStats
 from wavepp.sched import RequestState
 from wavepp.store import DEFAULT_MODEL, resolve_model
 
@@ -53,45 +57,65 @@ class PrefillResult:
 class Engine:
     def __init__(self, model: str = DEFAULT_MODEL, *, pp: int = 2, policy: str = "wavepp",
                  dtype: str = "bfloat16", block_size: int = 16,
-                 stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float = 1.0,
+                 stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
                  top_k: int = 5, num_threads: int = 1, backend: str = "gloo"):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
-        differ); by default each stage gets `kv_cache_gib` of KV blocks."""
+        differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
+        full-length prompts within 1 GiB and a quarter of the available memory.
+
+        Everything is validated before a process is spawned; a start that fails leaves no
+        stage process, no process group and no run directory behind."""
+        self._closed = True
+        config = RuntimeConfig(
+            model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
+            stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
+            num_threads=num_threads, backend=backend)
         self.model_path = resolve_model(model)
         self._cluster = LocalCluster(pp, backend)
-        self.config = RuntimeConfig(
-            model_path=str(self.model_path), num_stages=pp, policy=policy, dtype=dtype,
-            block_size=block_size, stage_num_blocks=tuple(stage_num_blocks or ()),
-            kv_cache_gib=kv_cache_gib, top_k=top_k, num_threads=num_threads, backend=backend,
-            run_dir=self._cluster.run_dir)
         try:
+            self.config = dataclasses.replace(config, model_path=str(self.model_path),
+                                              run_dir=self._cluster.run_dir)
             self._core = EngineCore(self.config, self._cluster.channels, self._cluster.dead_stage)
         except BaseException:
             self._cluster.close(timeout_s=2)
             raise
-        self._core.on_done = self._result
-        self._cluster.watch(self._core.fail)
-        self._ids = itertools.count()
-        self._tokenizer = None
         self._closed = False
+        self._core.start(self._result)
+        self._cluster.watch(self._core.fail)
+        self._tokenizer = None
+        self.vocab_size = self._core.stage.model_config.vocab_size
 
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, prompt: Prompt, request_id: int | None = None) -> Future:
-        """Queue one prompt (text or token ids); the future resolves to a PrefillResult."""
+        """Queue one prompt (text or token ids); the future resolves to a PrefillResult.
+
+        `request_id`: any int not in use by an unfinished request (None: an automatic one that
+        is not in use). A bad prompt or an id in use raises ValueError and queues nothing; a
+        prompt that no stage can hold, or longer than the model's positions, resolves at once
+        to a failed result with the reason."""
         token_ids = self.tokenize(prompt)
-        request_id = next(self._ids) if request_id is None else request_id
-        self._check_tokens(token_ids)
+        if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
+            raise ValueError(f"request_id must be an int, got {request_id!r}")
         return self._core.submit(request_id, token_ids)
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
-        """Prefill every prompt; results in order. A request that fails carries its error and
-        the others go on; a dead pipeline raises EngineError."""
-        futures = [self.submit(p) for p in prompts]
+        """Prefill every prompt; results in order. Every prompt is checked before any is
+        queued (a bad one raises ValueError naming its index). A request that fails carries
+        its error and the others go on; a dead pipeline raises EngineError."""
+        token_lists = []
+        for i, prompt in enumerate(prompts):
+            try:
+                token_lists.append(self.tokenize(prompt))
+            except ValueError as exc:
+                raise ValueError(f"prompt {i}: {exc}") from None
+        futures = [self._core.submit(None, ids) for ids in token_lists]
         return [f.result() for f in futures]
 
     def abort(self, request_id: int) -> None:
+        """Abort a request at any step; its future resolves to a result with error "aborted".
+        An unknown or finished id is ignored."""
         self._core.abort(request_id)
 
     # ---- management --------------------------------------------------------------------------
@@ -109,18 +133,23 @@ class Engine:
         self._core.reset(policy)
 
     def stats(self) -> CoreStats:
-        return self._core.stats
+        """A consistent snapshot of per-stage time, rounds and waves since the last reset."""
+        return self._core.stats()
 
-    def check_integrity(self):
+    def check_integrity(self) -> list[IntegrityReport]:
         """After a workload drains: every stage's check_integrity(), then its capacity view."""
         return self._core.check_integrity()
 
     def shutdown(self) -> None:
+        """Stop the pipeline. Requests still in flight fail with EngineError; later calls
+        (submit, reset, check_integrity) raise EngineError. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        self._core.shutdown()
-        self._cluster.close()
+        try:
+            self._core.shutdown()
+        finally:
+            self._cluster.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -131,34 +160,52 @@ class Engine:
     # ---- internals ---------------------------------------------------------------------------
 
     def tokenize(self, prompt: Prompt) -> list[int]:
+        """Token ids of a text (the model's tokenizer) or of a sequence of ints, checked
+        against the vocabulary. Anything else (bytes, floats, bools, nested lists) is refused."""
         if isinstance(prompt, str):
-            if self._tokenizer is None:
-                import transformers
-                transformers.logging.set_verbosity_error()
-                try:
-                    self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
-                except (OSError, ValueError) as exc:
-                    raise ValueError(f"the model at {self.model_path} has no usable tokenizer; "
-                                     f"pass token ids instead of text ({exc})") from None
-            return list(self._tokenizer(prompt).input_ids)
-        return [int(t) for t in prompt]
-
-    def _check_tokens(self, token_ids: list[int]) -> None:
+            if not prompt:
+                raise ValueError("empty prompt: at least one token is needed")
+            token_ids = list(self._get_tokenizer()(prompt).input_ids)
+        elif isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise ValueError("a prompt is a str or a sequence of int token ids, not bytes")
+        else:
+            try:
+                token_ids = list(prompt)
+            except TypeError:
+                raise ValueError(f"a prompt is a str or a sequence of int token ids, "
+                                 f"got {type(prompt).__name__}") from None
+            for i, t in enumerate(token_ids):
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                    raise ValueError(f"token {i} of the prompt is {t!r} ({type(t).__name__}); "
+                                     f"token ids must be ints")
+            token_ids = [int(t) for t in token_ids]
         if not token_ids:
             raise ValueError("empty prompt: at least one token is needed")
-        vocab = self._core.stage.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        return token_ids
 
-    def _result(self, req, token) -> PrefillResult:
+    def _get_tokenizer(self):
+        if self._tokenizer is None:
+            import transformers
+            transformers.logging.set_verbosity_error()
+            try:
+                self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"the model at {self.model_path} has no usable tokenizer; "
+                                 f"pass token ids instead of text ({exc})") from None
+        return self._tokenizer
+
+    def _result(self, request_id: int, req) -> PrefillResult:
         ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
         adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
+        token = req.result
         if req.state != RequestState.DONE or token is None:
-            return PrefillResult(req.request_id, req.num_tokens, 0, None, None, (), ttft, adm,
+            return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
         text = self._tokenizer.decode([token.token_id]) if self._tokenizer is not None else None
-        return PrefillResult(req.request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
+        return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
                              token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
                              first_token_text=text)
 

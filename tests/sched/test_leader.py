@@ -3,6 +3,7 @@
 import pytest
 
 from wavepp.cache import BlockPool
+from wavepp.sched import rounds
 from wavepp.sched import (Chunk, Hint, Leader, LeaderConfig, PlanMismatchError, PlannerConfig,
                           Request, RequestState, StageServer, Wave, agree_prefix, make_planner)
 from wavepp.sim import build_sim, run_closed_loop
@@ -22,19 +23,7 @@ def make(stage_blocks, planner="static", **kw):
 
 def run_round(leader, servers, now=0.0):
     """One synchronous admission round; returns its outcome."""
-    msg = leader.start_round(now)
-    if msg is None:
-        return None
-    lease = leader.on_probe_replies([s.handle(msg) for s in servers])
-    commit, release = leader.on_lease_replies([s.handle(lease) for s in servers], now)
-    if release:
-        for s in servers:
-            s.handle(release)
-    outcome, release = leader.on_commit_replies([s.handle(commit) for s in servers], now)
-    if release:
-        for s in servers:
-            s.handle(release)
-    return outcome
+    return rounds.run_round(leader, lambda msg: [s.handle(msg) for s in servers], lambda: now)
 
 
 def run_waves(leader, servers, now=0.0):
@@ -50,12 +39,11 @@ def run_waves(leader, servers, now=0.0):
 
 
 def serve(leader, servers, prompts, start_id=0):
-    for i, p in enumerate(prompts):
-        leader.add_request(start_id + i, p)
+    reqs = [leader.add_request(start_id + i, p) for i, p in enumerate(prompts)]
     while not leader.idle:
         run_round(leader, servers)
         run_waves(leader, servers)
-    return [leader.requests[start_id + i] for i in range(len(prompts))]
+    return reqs
 
 
 def seq(start, n):
@@ -67,10 +55,10 @@ def test_agreed_prefix_is_the_minimum_over_diverged_stages():
     # most of prompt A, stage 1 still holds all of it
     leader, servers = make([8, 40])
     a = seq(100, 24)                       # 6 blocks
-    serve(leader, servers, [a], 0)
+    req_a = serve(leader, servers, [a], 0)[0]
     serve(leader, servers, [seq(200, 8), seq(300, 8), seq(400, 8)], 1)
-    h0 = servers[0].pool.match(leader.requests[0].block_hashes).num_blocks
-    h1 = servers[1].pool.match(leader.requests[0].block_hashes).num_blocks
+    h0 = servers[0].pool.match(req_a.block_hashes).num_blocks
+    h1 = servers[1].pool.match(req_a.block_hashes).num_blocks
     assert h1 == 6 and h0 < h1
     d = serve(leader, servers, [a[:20] + [9, 9, 9, 9]], 10)[0]
     assert d.state == RequestState.DONE
@@ -92,24 +80,23 @@ def test_lease_survives_eviction_pressure_until_materialized():
     leader, servers = make([10, 10])
     shared = seq(500, 16)
     serve(leader, servers, [shared + [1]], 0)     # caches 4 blocks of `shared` on both stages
-    leader.add_request(1, shared + [2, 3])
+    req1 = leader.add_request(1, shared + [2, 3])
     out = run_round(leader, servers)
     assert [r.request_id for r in out.admitted] == [1]
-    assert leader.requests[1].num_cached_tokens == 16
-    leased = {s.stage_id: s.pool.match(leader.requests[1].block_hashes).num_blocks for s in servers}
+    assert req1.num_cached_tokens == 16
+    leased = {s.stage_id: s.pool.match(req1.block_hashes).num_blocks for s in servers}
     # pressure: 5 more prompts of 2 blocks each want 10 blocks on a 10-block stage
-    for i in range(5):
-        leader.add_request(10 + i, seq(1000 + 100 * i, 8))
+    others = [leader.add_request(10 + i, seq(1000 + 100 * i, 8)) for i in range(5)]
     run_round(leader, servers)
     for s in servers:
         s.pool.check_integrity()
-        assert s.pool.match(leader.requests[1].block_hashes).num_blocks == leased[s.stage_id]
+        assert s.pool.match(req1.block_hashes).num_blocks == leased[s.stage_id]
     run_waves(leader, servers)
     while not leader.idle:
         run_round(leader, servers)
         run_waves(leader, servers)
-    assert leader.requests[1].state == RequestState.DONE
-    assert all(leader.requests[10 + i].state == RequestState.DONE for i in range(5))
+    assert req1.state == RequestState.DONE
+    assert all(r.state == RequestState.DONE for r in others)
 
 
 def test_burst_with_one_system_prompt_computes_it_once():
@@ -133,8 +120,7 @@ def test_prompt_larger_than_any_stage_fails_with_reason():
 
 def test_request_that_does_not_fit_beside_others_waits_for_capacity():
     leader, servers = make([6, 6], max_round_requests=8)
-    leader.add_request(0, seq(1, 20))
-    leader.add_request(1, seq(100, 8))
+    reqs = [leader.add_request(0, seq(1, 20)), leader.add_request(1, seq(100, 8))]
     out = run_round(leader, servers)
     # 5 + 2 blocks on a 6-block stage: the second waits, it does not fail
     assert [r.request_id for r in out.admitted] == [0] and [r.request_id for r in out.retried] == [1]
@@ -142,7 +128,7 @@ def test_request_that_does_not_fit_beside_others_waits_for_capacity():
     while not leader.idle:
         run_waves(leader, servers)
         run_round(leader, servers)
-    assert [leader.requests[i].state for i in (0, 1)] == [RequestState.DONE, RequestState.DONE]
+    assert [r.state for r in reqs] == [RequestState.DONE, RequestState.DONE]
 
 
 def test_request_that_cannot_fit_on_an_idle_pipeline_fails_with_the_stage_reason():

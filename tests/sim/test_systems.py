@@ -91,7 +91,7 @@ def test_wavepp_beats_lockstep_on_short_suffixes_at_high_concurrency():
     lock, _ = run_setting("lockstep", setup, work, 48)
     assert wave.num_failed == lock.num_failed == 0
     assert wave.input_tok_s > 1.2 * lock.input_tok_s
-    assert lock.admission_idle_frac > wave.admission_idle_frac
+    assert lock.idle_admission_frac > wave.idle_admission_frac
 
 
 def test_open_loop_replays_the_arrival_times(tmp_path):

@@ -34,8 +34,8 @@ class Measurement:
     ttft_p50_ms: float
     ttft_p95_ms: float
     stage_utilization: list[float]
-    stage_wait_input_frac: list[float]
-    stage_wait_admission_frac: list[float]
+    stage_idle_input_frac: list[float]
+    stage_idle_admission_frac: list[float]
     admission_p50_ms: float
     admission_p99_ms: float
     num_waves: int
@@ -102,8 +102,8 @@ def summarize(engine, workload: Workload, results, seconds: float, policy: str, 
     stats = engine.stats()
     rounds = sorted(1e3 * x for x in stats.round_latencies_s) or [0.0]
     util = [min(1.0, st.busy_s / seconds) for st in stats.stages]
-    wait_in = [min(1.0, st.wait_input_s / seconds) for st in stats.stages]
-    wait_adm = [min(1.0, (st.wait_admission_s + (st.round_s if i else 0.0)) / seconds)
+    wait_in = [min(1.0, st.idle_input_s / seconds) for st in stats.stages]
+    wait_adm = [min(1.0, (st.idle_admission_s + (st.round_s if i else 0.0)) / seconds)
                 for i, st in enumerate(stats.stages)]
     return Measurement(
         workload=workload.name, policy=policy, pp=len(stats.stages), concurrency=concurrency,
@@ -111,8 +111,8 @@ def summarize(engine, workload: Workload, results, seconds: float, policy: str, 
         cached_tokens=cached, seconds=seconds, input_tok_s=inp / seconds,
         computed_tok_s=(inp - cached) / seconds, hit_rate=cached / inp if inp else 0.0,
         ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_ms=quantile(ttft, 0.5),
-        ttft_p95_ms=quantile(ttft, 0.95), stage_utilization=util, stage_wait_input_frac=wait_in,
-        stage_wait_admission_frac=wait_adm, admission_p50_ms=quantile(rounds, 0.5),
+        ttft_p95_ms=quantile(ttft, 0.95), stage_utilization=util, stage_idle_input_frac=wait_in,
+        stage_idle_admission_frac=wait_adm, admission_p50_ms=quantile(rounds, 0.5),
         admission_p99_ms=quantile(rounds, 0.99), num_waves=stats.num_waves)
 
 
@@ -136,7 +136,7 @@ def median_rows(rows: list[Measurement]) -> list[dict]:
         for key in ("seconds", "input_tok_s", "computed_tok_s", "hit_rate", "ttft_p50_ms", "ttft_p95_ms",
                     "admission_p50_ms", "admission_p99_ms"):
             row[key] = statistics.median(getattr(m, key) for m in ms)
-        for key in ("stage_utilization", "stage_wait_input_frac", "stage_wait_admission_frac"):
+        for key in ("stage_utilization", "stage_idle_input_frac", "stage_idle_admission_frac"):
             row[key] = [statistics.median(v) for v in zip(*(getattr(m, key) for m in ms))]
         row["repeats"] = len(ms)
         out.append(row)

@@ -27,8 +27,8 @@ def print_table(rows: list[dict], console, title: str) -> None:
         ref = base.get((r["workload"], r["concurrency"]))
         ratio = f"{r['input_tok_s'] / ref:.2f}x" if ref else "-"
         util = "/".join(f"{u:.0%}" for u in r["stage_utilization"])
-        idle = "/".join(f"{a:.0%}:{b:.0%}" for a, b in zip(r["stage_wait_input_frac"],
-                                                         r["stage_wait_admission_frac"]))
+        idle = "/".join(f"{a:.0%}:{b:.0%}" for a, b in zip(r["stage_idle_input_frac"],
+                                                         r["stage_idle_admission_frac"]))
         table.add_row(r["workload"], str(r["concurrency"]), r["policy"], f"{r['input_tok_s']:,.0f}",
                       f"{r['computed_tok_s']:,.0f}", ratio,
                       f"{r['hit_rate']:.1%} / {r['ideal_hit_rate']:.1%}",

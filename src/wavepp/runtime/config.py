@@ -13,15 +13,20 @@ class RuntimeConfig:
     dtype: str = "bfloat16"               # "bfloat16" | "float32"
     block_size: int = 16
     stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib
-    kv_cache_gib: float = 1.0             # per stage, when stage_num_blocks is empty
+    kv_cache_gib: float | None = None     # per stage, when stage_num_blocks is empty; None:
+                                          # sized from the model and the machine (stage.py)
     top_k: int = 5                        # logprobs returned per first token
     num_threads: int = 1                  # compute threads per stage process
     backend: str = "gloo"
     run_dir: str = ""                     # where stage processes leave error reports
 
     def __post_init__(self) -> None:
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages (pp) must be >= 1, got {self.num_stages}")
+        from wavepp.sched.policy import get_policy
+
+        if not isinstance(self.num_stages, int) or isinstance(self.num_stages, bool) or self.num_stages < 1:
+            raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, "
+                             f"got {self.num_stages!r}")
+        get_policy(self.policy)   # an unknown policy fails here, naming the valid ones
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
         if self.block_size < 1:
@@ -31,5 +36,11 @@ class RuntimeConfig:
                              f"{self.num_stages} stages")
         if any(n < 1 for n in self.stage_num_blocks):
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")

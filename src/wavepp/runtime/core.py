@@ -5,15 +5,20 @@
              whole admission round whenever requests wait (the mechanism lockstep tests)
     RESULTS  receives first tokens from the last stage and completes requests
 
-Leader state is shared under one lock; the stage's pool has its own lock (StageRuntime).
+Leader state is shared under one lock (`cond`); the stage's pool has its own lock
+(StageRuntime). Every change a waiting thread may care about notifies `cond`.
+
+Request ids: callers name requests (any int, or an automatic one); the leader and the stages
+see an internal id that is never reused, so an id is free again as soon as its request ended,
+whatever of it is still being released on the stages.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -21,41 +26,22 @@ import torch
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.protocol import (
-    Ack, CheckIntegrity, Reset, ResultMsg, Setup, StageReady, StageTiming, WaveHeader)
+    CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
 from wavepp.runtime.stage import StageRuntime
-from wavepp.sched import (
-    CommitReply, Leader, LeaderConfig, LeaseReply, PlannerConfig, ProbeReply, ReleaseMsg, RequestState,
-    WaveResult, get_policy, make_planner)
+from wavepp.runtime.stats import CoreStats
+from wavepp.sched import Leader, LeaderConfig, PlannerConfig, ReleaseMsg, WaveResult, get_policy, make_planner
+from wavepp.sched.rounds import run_round
 
 
 class EngineError(RuntimeError):
-    """The pipeline cannot go on (a stage died, or a stage rejected the leader's plan)."""
-
-
-@dataclass
-class StageStats:
-    busy_s: float = 0.0
-    wait_input_s: float = 0.0
-    wait_admission_s: float = 0.0
-    round_s: float = 0.0
-    num_waves: int = 0
-
-
-@dataclass
-class CoreStats:
-    stages: list[StageStats]
-    round_latencies_s: list[float] = field(default_factory=list)
-    # (stage, wave id, start, end) and (round id, start, end), in wall-clock (unix) seconds
-    wave_spans: list[tuple[int, int, float, float]] = field(default_factory=list)
-    round_spans: list[tuple[int, float, float]] = field(default_factory=list)
-    # (stage, ((num_cached, num_new) per chunk), compute seconds): what a cost model is fitted to
-    stage_samples: list[tuple[int, tuple[tuple[int, int], ...], float]] = field(default_factory=list)
-    num_waves: int = 0
+    """The pipeline cannot go on (a stage died, or a stage rejected the leader's plan), or the
+    engine was shut down."""
 
 
 class EngineCore:
     def __init__(self, config: RuntimeConfig, channels: Channels,
-                 check_alive: Callable[[], str | None] = lambda: None):
+                 check_alive: Callable[[float], str | None] = lambda wait_s: None):
+        """Load stage 0 here and wait for every other stage to load. Threads start in start()."""
         self.config = config
         self.channels = channels
         self.num_stages = config.num_stages
@@ -67,21 +53,29 @@ class EngineCore:
         blocks = [self.stage.num_blocks]
         for rank in range(1, self.num_stages):
             msg = channels.recv_obj(rank, "replies")
-            if not isinstance(msg, StageReady):
-                raise EngineError(str(msg.detail))
+            if isinstance(msg, LoadFailed):
+                raise EngineError(msg.reason)
             blocks.append(msg.num_blocks)
         self.stage_num_blocks = tuple(blocks)
-        self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
-        self.futures: dict[int, Future] = {}
-        self.on_done: Callable | None = None     # (request, token result | None) -> value for the future
+        self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
+        self.cond = threading.Condition(threading.RLock())
         self.error: str | None = None
         self._stopping = False
         self._t0 = time.perf_counter()
+        # caller's id -> internal id, and internal id -> (caller's id, future): live requests only
+        self._live: dict[int, int] = {}
+        self._futures: dict[int, tuple[int, Future]] = {}
+        self._internal_ids = itertools.count()
+        self._auto_ids = itertools.count()
+        self._on_done: Callable = lambda request_id, req: (request_id, req)
         self._build_leader(config.policy)
         self._threads = [threading.Thread(target=self._guard(fn), name=name, daemon=True)
                          for name, fn in (("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
                                           ("wavepp-results", self._result_loop))]
+
+    def start(self, on_done: Callable) -> None:
+        """Start the threads; `on_done(request_id, request)` gives each future its value."""
+        self._on_done = on_done
         for t in self._threads:
             t.start()
 
@@ -90,26 +84,33 @@ class EngineCore:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def submit(self, request_id: int, token_ids) -> Future:
-        fut: Future = Future()
+    def submit(self, request_id: int | None, token_ids) -> Future:
+        """Queue a request under the caller's id (None: the next free automatic id). An id in
+        use by an unfinished request is refused with ValueError, and nothing is queued."""
         with self.cond:
-            if self.error:
-                raise EngineError(self.error)
-            self.futures[request_id] = fut
-            req = self.leader.add_request(request_id, token_ids, self.now())
-            if req.state.finished:
-                self._complete(req)
+            self._raise_if_closed()
+            if request_id is None:
+                request_id = next(i for i in self._auto_ids if i not in self._live)
+            elif request_id in self._live:
+                raise ValueError(f"request id {request_id} is already in use by a request that "
+                                 f"has not finished")
+            internal_id = next(self._internal_ids)
+            self.leader.add_request(internal_id, token_ids, self.now())
+            fut: Future = Future()
+            self._live[request_id] = internal_id
+            self._futures[internal_id] = (request_id, fut)
+            self._deliver()
             self.cond.notify_all()
         return fut
 
     def abort(self, request_id: int) -> None:
+        """Abort the caller's request at any step; an unknown or finished id is ignored."""
         with self.cond:
-            req = self.leader.requests.get(request_id)
-            if req is None or req.state.finished:
+            internal_id = self._live.get(request_id)
+            if internal_id is None:
                 return
-            self.leader.abort(request_id, self.now())
-            if req.state.finished:
-                self._complete(req)
+            self.leader.abort(internal_id, self.now())
+            self._deliver()
             self.cond.notify_all()
 
     def reset(self, policy: str | None = None) -> None:
@@ -125,26 +126,37 @@ class EngineCore:
             for rank in range(1, self.num_stages):
                 self._recv_reply(rank)
 
-    def check_integrity(self) -> list[tuple]:
-        """Every stage's (capacity, number of live requests), after check_integrity() (idle)."""
+    def check_integrity(self) -> list[IntegrityReport]:
+        """Every stage's check_integrity() and capacity, once the pipeline is idle."""
         with self.cond:
             self._wait_idle()
-            with self.stage.lock:
-                self.stage.server.pool.check_integrity()
-                out = [(self.stage.server.pool.capacity(), len(self.stage.server.requests))]
+            out = [self.stage.check_integrity()]
             for rank in range(1, self.num_stages):
                 self.channels.send_obj(CheckIntegrity(), rank, "rounds")
             for rank in range(1, self.num_stages):
                 out.append(self._recv_reply(rank).detail)
             return out
 
-    def shutdown(self) -> None:
+    def stats(self) -> CoreStats:
+        """A consistent snapshot of the measurements since the last reset."""
         with self.cond:
-            if self._stopping:
+            return self._stats.snapshot()
+
+    @property
+    def num_live_requests(self) -> int:
+        with self.cond:
+            return len(self._live)
+
+    def shutdown(self) -> None:
+        """Stop every thread and stage; requests not finished by then fail with EngineError."""
+        with self.cond:
+            if self._stopping and not any(t.is_alive() for t in self._threads):
+                self._fail_all("the engine was shut down before the request finished")
                 return
             self._stopping = True
             self.cond.notify_all()
-        for t in self._threads[:2]:
+        started = [t for t in self._threads if t.ident is not None]
+        for t in started[:2]:
             t.join(timeout=10)
         if self.num_stages > 1 and not self.error:
             try:
@@ -153,7 +165,10 @@ class EngineCore:
                 self.channels.send_obj(Shutdown(), 1, "headers")
             except PeerLostError:
                 pass
-        self._threads[2].join(timeout=10)
+        for t in started[2:]:
+            t.join(timeout=10)
+        with self.cond:
+            self._fail_all(self.error or "the engine was shut down before the request finished")
 
     # ---- threads -----------------------------------------------------------------------------
 
@@ -162,10 +177,10 @@ class EngineCore:
             with self.cond:
                 while not self._stopping and (self.policy.inline_admission or self.leader.round is not None
                                               or not self.leader.has_waiting):
-                    self.cond.wait(0.1)
+                    self.cond.wait()
                 if self._stopping:
                     return
-            self._run_round()
+            self._round()
 
     def _exec_loop(self) -> None:
         idle_since = time.perf_counter()
@@ -177,7 +192,7 @@ class EngineCore:
                 inline = self.policy.inline_admission and self.leader.has_waiting and self.leader.round is None
             if inline:
                 t0 = time.perf_counter()
-                self._run_round()
+                self._round()
                 pending_admission += time.perf_counter() - t0
                 continue
             with self.cond:
@@ -185,7 +200,7 @@ class EngineCore:
                 if wave is None:
                     starving = not self.leader.plannable and (self.leader.round is not None or self.leader.waiting)
                     t0 = time.perf_counter()
-                    self.cond.wait(0.05)
+                    self.cond.wait()
                     if starving:
                         pending_admission += time.perf_counter() - t0
                     continue
@@ -216,50 +231,34 @@ class EngineCore:
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _run_round(self) -> None:
-        with self.cond:
-            msg = self.leader.start_round(self.now())
-        if msg is None:
+    def _round(self) -> None:
+        """One admission round with every stage (the shared driver; this is its transport)."""
+        t0, t0_unix = self.now(), time.time()
+        outcome = run_round(self.leader, self._exchange, self.now, self.cond)
+        if outcome is None:
             return
-        t0 = self.now()
-        replies = self._exchange(msg, ProbeReply, "hints")
         with self.cond:
-            lease = self.leader.on_probe_replies(replies)
-        replies = self._exchange(lease, LeaseReply, "results")
-        with self.cond:
-            commit, release = self.leader.on_lease_replies(replies, self.now())
-        if release is not None:
-            self._send_all(release)
-        replies = self._exchange(commit, CommitReply, "results")
-        with self.cond:
-            outcome, release = self.leader.on_commit_replies(replies, self.now())
-        if release is not None:
-            self._send_all(release)
-        with self.cond:
-            self.stats.round_latencies_s.append(outcome.latency)
-            self.stats.round_spans.append((outcome.round_id, time.time() - (self.now() - t0), time.time()))
-            for req in outcome.failed:
-                self._complete(req)
-            for req in list(self.leader.requests.values()):
-                if req.state == RequestState.ABORTED and req.request_id in self.futures:
-                    self._complete(req)
+            self._stats.num_rounds += 1
+            self._stats.round_latencies_s.append(outcome.latency_s)
+            self._stats.round_spans.append((outcome.round_id, t0_unix, t0_unix + self.now() - t0))
+            self._deliver()
             self.cond.notify_all()
 
-    def _exchange(self, msg, reply_type, field_name: str) -> list:
-        """Send a rounds-plane message to every stage (stage 0 locally); gather the replies."""
-        items = getattr(msg, "items", getattr(msg, "request_ids", ()))
-        if not items:   # nothing to ask: the empty answers, without a message
-            return [reply_type(msg.round_id, s, ()) for s in range(self.num_stages)]
+    def _exchange(self, msg):
+        """Send a rounds-plane message to every stage (stage 0 locally); their replies in stage
+        order, or None for a release (no reply)."""
+        if isinstance(msg, ReleaseMsg):
+            for rank in range(1, self.num_stages):
+                self.channels.send_obj(msg, rank, "rounds")
+            self.stage.handle_round(msg)
+            return None
+        if not len(msg):   # nothing to ask: the empty answers, without a message
+            return [msg.empty_reply(s) for s in range(self.num_stages)]
         for rank in range(1, self.num_stages):
             self.channels.send_obj(msg, rank, "rounds")
         replies = [self.stage.handle_round(msg)]
         replies += [self._recv_reply(rank) for rank in range(1, self.num_stages)]
         return replies
-
-    def _send_all(self, msg: ReleaseMsg) -> None:
-        for rank in range(1, self.num_stages):
-            self.channels.send_obj(msg, rank, "rounds")
-        self.stage.handle_round(msg)
 
     def _recv_reply(self, rank: int):
         return self.channels.recv_obj(rank, "replies")
@@ -268,47 +267,61 @@ class EngineCore:
         with self.cond:
             wave = self.leader.waves_in_flight.get(msg.wave_id)
             shapes = tuple((c.start, c.num_tokens) for c in wave.chunks) if wave is not None else ()
+            stats = self._stats
             for t in msg.timings:
                 if shapes:
-                    self.stats.stage_samples.append((t.stage_id, shapes, t.compute_s))
-                self.stats.wave_spans.append((t.stage_id, msg.wave_id, t.start_unix_s, t.start_unix_s + t.compute_s))
-                st = self.stats.stages[t.stage_id]
+                    stats.stage_samples.append((t.stage_id, shapes, t.compute_s))
+                stats.wave_spans.append((t.stage_id, msg.wave_id, t.start_unix_s, t.start_unix_s + t.compute_s))
+                st = stats.stages[t.stage_id]
                 st.busy_s += t.compute_s
-                st.wait_input_s += t.wait_s
+                st.idle_input_s += t.wait_s
                 st.round_s += t.round_s
                 st.num_waves += 1
                 if t.stage_id == 0:
-                    st.wait_admission_s += t.round_s
-            self.stats.num_waves += 1
-            result = WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings))
-            tokens = {t.request_id: t for t in msg.tokens}
-            for req in self.leader.on_wave_result(result, self.now()):
-                self._complete(req, tokens.get(req.request_id))
+                    st.idle_admission_s += t.round_s
+            stats.num_waves += 1
+            self.leader.on_wave_result(WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings)),
+                                       self.now())
+            self._deliver()
             self.cond.notify_all()
 
-    def _complete(self, req, token=None) -> None:
-        fut = self.futures.pop(req.request_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(self.on_done(req, token) if self.on_done else (req, token))
+    def _deliver(self) -> None:
+        """Under cond: resolve the future of every request the leader finished."""
+        for req in self.leader.take_finished():
+            request_id, fut = self._futures.pop(req.request_id)
+            del self._live[request_id]
+            if not fut.done():
+                fut.set_result(self._on_done(request_id, req))
 
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy)
         cfg = self.config
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages)
-        self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size,
-                                          stage_num_blocks=self.stage_num_blocks),
+        self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
+                                          max_prompt_tokens=self.max_prompt_tokens),
                              make_planner(self.policy.planner, pcfg))
-        self.stats = CoreStats([StageStats() for _ in range(self.num_stages)])
+        self._stats = CoreStats.empty(self.num_stages)
 
     def _wait_idle(self) -> None:
-        """Under self.cond: until nothing is waiting, planned or in flight (or the engine died)."""
-        while not self.leader.idle and not self.error:
-            self.cond.wait(0.05)
-        self._raise_if_dead()
+        """Under cond: until nothing is waiting, planned or in flight (or the engine stopped)."""
+        self._raise_if_closed()
+        while not self.leader.idle and not self._stopping:
+            self.cond.wait()
+        self._raise_if_closed()
 
-    def _raise_if_dead(self) -> None:
+    def _raise_if_closed(self) -> None:
         if self.error:
             raise EngineError(self.error)
+        if self._stopping:
+            raise EngineError("the engine is shut down")
+
+    def _fail_all(self, reason: str) -> None:
+        """Under cond: every unfinished request's future fails with EngineError(reason)."""
+        for _, fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(EngineError(reason))
+        self._futures.clear()
+        self._live.clear()
 
     def fail(self, reason: str) -> None:
         """Fatal: record the first reason, fail every unfinished request with it, stop."""
@@ -316,10 +329,7 @@ class EngineCore:
             if self.error is None:
                 self.error = reason
             self._stopping = True
-            for fut in self.futures.values():
-                if not fut.done():
-                    fut.set_exception(EngineError(self.error))
-            self.futures.clear()
+            self._fail_all(self.error)
             self.cond.notify_all()
 
     def _guard(self, fn):
@@ -327,8 +337,8 @@ class EngineCore:
             try:
                 fn()
             except PeerLostError as exc:
-                time.sleep(0.3)     # the launcher's watchdog usually has the better reason by now
-                self.fail(self._check_alive() or str(exc))
+                # a lost peer is most often a dead stage: name it (waiting briefly for its exit)
+                self.fail(self._check_alive(1.0) or str(exc))
             except Exception as exc:   # noqa: BLE001 - a bug or a rejected plan: stop loudly
                 self.fail(f"{type(exc).__name__}: {exc}")
         return run

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import tempfile
 import threading
 from pathlib import Path
+
+import torch.distributed as dist
 
 from wavepp.runtime.channels import Channels
 
@@ -44,8 +48,17 @@ class LocalCluster:
     """Ranks 1..S-1 as child processes of this one; rank 0's Channels."""
 
     def __init__(self, num_stages: int, backend: str = "gloo"):
+        if not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, got {num_stages!r}")
         self.run_dir = tempfile.mkdtemp(prefix="wavepp-")
         self.procs: list[mp.Process] = []
+        try:
+            self._start(num_stages, backend)
+        except BaseException:
+            self.close(timeout_s=2)
+            raise
+
+    def _start(self, num_stages: int, backend: str) -> None:
         if torchrun_rank() is not None:
             rank, world = torchrun_rank()
             if world != num_stages:
@@ -91,8 +104,11 @@ class LocalCluster:
             raise box["error"]
         return box["channels"]
 
-    def dead_stage(self) -> str | None:
-        """A reason naming the first stage process that exited, or None."""
+    def dead_stage(self, wait_s: float = 0.0) -> str | None:
+        """A reason naming the first stage process that exited, or None. With `wait_s`, wait
+        up to that long for one to exit (a peer that dropped its connection is exiting)."""
+        if wait_s > 0 and self.procs:
+            mp.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
         for rank, proc in enumerate(self.procs, start=1):
             if proc.exitcode is not None:
                 report = Path(self.run_dir, f"stage{rank}.error")
@@ -114,6 +130,8 @@ class LocalCluster:
         threading.Thread(target=run, name="wavepp-watchdog", daemon=True).start()
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for the stage processes to exit (kill them after `timeout_s`), leave the
+        process group, and remove the run directory. Safe to call twice."""
         if hasattr(self, "_stop"):
             self._stop.set()
         for proc in self.procs:
@@ -122,7 +140,11 @@ class LocalCluster:
             if proc.is_alive():
                 proc.kill()
                 proc.join(2)
-        self.channels.close()
+        if hasattr(self, "channels"):
+            self.channels.close()
+        elif dist.is_available() and dist.is_initialized():   # a rendezvous that failed half-way
+            dist.destroy_process_group()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def _worker_main(rank: int, world: int, backend: str, init: str, run_dir: str) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from wavepp.cache import CapacityView
 
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.sched import TokenResult, Wave
@@ -44,6 +47,13 @@ class StageReady:
 
 
 @dataclass(frozen=True)
+class LoadFailed:
+    """A stage could not build itself (checkpoint, memory, configuration); it exits next."""
+    stage_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Reset:
     """Empty the stage cache and switch policy (sent only while the pipeline is idle)."""
     policy: str
@@ -55,6 +65,31 @@ class CheckIntegrity:
 
 
 @dataclass(frozen=True)
-class Ack:
+class ResetDone:
     stage_id: int
-    detail: object = None
+
+
+class IntegrityReport(NamedTuple):
+    """A stage's answer to CheckIntegrity: its pool passed check_integrity(); what it holds."""
+    capacity: CapacityView
+    num_live_requests: int
+
+
+@dataclass(frozen=True)
+class ControlReply:
+    """The reply to a control message (Reset, CheckIntegrity)."""
+    stage_id: int
+    detail: ResetDone | IntegrityReport
+
+
+# What LOOP takes from its inbox, in order
+@dataclass(frozen=True)
+class RoundWork:
+    """A rounds-plane message LOOP answers between waves (inline admission)."""
+    msg: object
+
+
+@dataclass(frozen=True)
+class WaveWork:
+    header: WaveHeader
+    hidden: object      # torch.Tensor [num_tokens, hidden_size], or None for an empty wave

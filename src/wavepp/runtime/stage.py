@@ -9,6 +9,7 @@ forward itself runs outside the lock.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -17,20 +18,41 @@ import torch
 from wavepp.cache import BlockPool
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, stage_specs
 from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.protocol import IntegrityReport
 from wavepp.sched import StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
+# The default cache of a stage: room for this many prompts of the model's full length, within
+# 1 GiB and within a quarter of the machine's available memory shared by the stages.
+DEFAULT_KV_FULL_PROMPTS = 32
+DEFAULT_KV_MAX_BYTES = 2**30
+
+
 def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
-    """Blocks of this stage: given, or what kv_cache_gib holds for its layers."""
+    """Blocks of this stage: given, or what kv_cache_gib holds for its layers, or the default
+    (DEFAULT_KV_FULL_PROMPTS full-length prompts, at most DEFAULT_KV_MAX_BYTES and a quarter of
+    the available memory over the stages)."""
     if config.stage_num_blocks:
         return config.stage_num_blocks[stage_id]
     spec = stage_specs(model_config.num_layers, config.num_stages)[stage_id]
-    bytes_per_block = (2 * spec.num_stage_layers * config.block_size * model_config.num_kv_heads
-                       * model_config.head_dim * _DTYPES[config.dtype].itemsize)
-    return max(1, int(config.kv_cache_gib * 2**30) // bytes_per_block)
+    bytes_per_token = (2 * spec.num_stage_layers * model_config.num_kv_heads * model_config.head_dim
+                       * _DTYPES[config.dtype].itemsize)
+    if config.kv_cache_gib is not None:
+        budget = int(config.kv_cache_gib * 2**30)
+    else:
+        budget = min(DEFAULT_KV_MAX_BYTES, available_memory_bytes() // (4 * config.num_stages),
+                     DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token)
+    return max(1, budget // (bytes_per_token * config.block_size))
+
+
+def available_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 * 2**30
 
 
 class StageRuntime:
@@ -52,6 +74,12 @@ class StageRuntime:
             self.server = StageServer(self.stage_id, BlockPool(self.num_blocks, self.config.block_size))
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
+
+    def check_integrity(self) -> IntegrityReport:
+        """The pool's check_integrity() (raises on a broken invariant), then what it holds."""
+        with self.lock:
+            self.server.pool.check_integrity()
+            return IntegrityReport(self.server.pool.capacity(), len(self.server.requests))
 
     def handle_round(self, msg):
         with self.lock:

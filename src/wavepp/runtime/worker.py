@@ -20,7 +20,8 @@ import torch
 
 from wavepp.runtime.channels import Channels, Shutdown
 from wavepp.runtime.protocol import (
-    Ack, CheckIntegrity, Reset, ResultMsg, Setup, StageReady, StageTiming, WaveHeader)
+    CheckIntegrity, ControlReply, LoadFailed, Reset, ResetDone, ResultMsg, RoundWork, Setup, StageReady,
+    StageTiming, WaveHeader, WaveWork)
 from wavepp.runtime.stage import StageRuntime
 
 
@@ -32,7 +33,7 @@ def run_worker(channels: Channels) -> None:
     try:
         stage = StageRuntime(config, rank)
     except Exception as exc:
-        channels.send_obj(Ack(rank, f"stage {rank} failed to load: {exc}"), 0, "replies")
+        channels.send_obj(LoadFailed(rank, f"stage {rank} failed to load: {exc}"), 0, "replies")
         raise
     channels.send_obj(StageReady(rank, stage.num_blocks), 0, "replies")
     inbox: queue.Queue = queue.Queue()
@@ -47,14 +48,11 @@ def run_worker(channels: Channels) -> None:
                 return
             if isinstance(msg, Reset):
                 stage.reset(msg.policy)
-                channels.send_obj(Ack(rank), 0, "replies")
+                channels.send_obj(ControlReply(rank, ResetDone(rank)), 0, "replies")
             elif isinstance(msg, CheckIntegrity):
-                with stage.lock:
-                    stage.server.pool.check_integrity()
-                    detail = (stage.server.pool.capacity(), len(stage.server.requests))
-                channels.send_obj(Ack(rank, detail), 0, "replies")
+                channels.send_obj(ControlReply(rank, stage.check_integrity()), 0, "replies")
             elif stage.policy.inline_admission:
-                inbox.put(("round", msg))
+                inbox.put(RoundWork(msg))
             else:
                 reply = stage.handle_round(msg)
                 if reply is not None:
@@ -64,11 +62,11 @@ def run_worker(channels: Channels) -> None:
         while True:
             header = channels.recv_obj(rank - 1, "headers")
             if isinstance(header, Shutdown):
-                inbox.put(("shutdown",))
+                inbox.put(header)
                 return
             n = header.wave.num_tokens
             hidden = channels.recv_tensor((n, hidden_size), dtype, rank - 1) if n else None
-            inbox.put(("wave", header, hidden))
+            inbox.put(WaveWork(header, hidden))
 
     threads = [threading.Thread(target=_guard(fn, config.run_dir, rank), name=fn.__name__, daemon=True)
                for fn in (wave_thread, recv_thread)]
@@ -85,20 +83,20 @@ def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: 
     round_s = 0.0
     while True:
         item = inbox.get()
-        if item[0] == "shutdown":
+        if isinstance(item, Shutdown):
             if is_last:
                 channels.send_obj(Shutdown(), 0, "results")
             else:
                 channels.send_obj(Shutdown(), rank + 1, "headers")
             return
-        if item[0] == "round":
+        if isinstance(item, RoundWork):
             t0 = time.perf_counter()
-            reply = stage.handle_round(item[1])
+            reply = stage.handle_round(item.msg)
             if reply is not None:
                 channels.send_obj(reply, 0, "replies")
             round_s += time.perf_counter() - t0
             continue
-        _, header, hidden = item
+        header, hidden = item.header, item.hidden
         start = time.perf_counter()
         start_unix = time.time()
         wait_s = max(0.0, start - max(idle_since, stage.epoch) - round_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from wavepp.sched.messages import Hint
+from wavepp.sched.messages import CommitMsg, Hint, LeaseMsg, ProbeMsg, ReleaseMsg
 from wavepp.sched.request import Request
 
 
@@ -48,7 +48,17 @@ class RoundOutcome:
     admitted: tuple[Request, ...]
     failed: tuple[Request, ...]       # failed for good, with a reason
     retried: tuple[Request, ...]      # back to waiting
-    latency: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class RoundStep:
+    """What one phase of a round asks of its driver, in this order: send `release` to every
+    stage (no reply), then either send `send` to every stage and hand all their replies to
+    `Leader.advance_round`, or, with `outcome`, the round is over."""
+    send: "ProbeMsg | LeaseMsg | CommitMsg | None" = None
+    release: ReleaseMsg | None = None
+    outcome: RoundOutcome | None = None
 
 
 def failures_by_request(replies, num_stages: int) -> dict[int, str]:

@@ -1,16 +1,18 @@
 """The leader (rank 0): admits requests through rounds with every stage and plans waves.
 
-Drivers (the runtime's two loops, the simulator, the test harness) call it like this:
+Drivers (the runtime's two loops, the simulator, the tests) call it like this:
 
     admission (WAVE, or LOOP between waves under lockstep)    execution (LOOP)
-      msg = leader.start_round(now)        # ProbeMsg            wave = leader.plan_wave(now)
-      msg = leader.on_probe_replies(rs)    # LeaseMsg            ... stages run it ...
-      msg, rel = leader.on_lease_replies(rs)   # CommitMsg       leader.on_wave_result(res, now)
-      out = leader.on_commit_replies(rs, now)  # RoundOutcome
-      (any ReleaseMsg returned goes to every stage)
+      one round: sched.rounds.round_messages(leader, now)      wave = leader.plan_wave(now)
+        start_round -> advance_round -> ... -> RoundOutcome    ... stages run it ...
+                                                               leader.on_wave_result(res, now)
+      finished = leader.take_finished()    # every request that ended, exactly once
 
 Pure logic: no threads, no clocks of its own (`now` comes from the driver), no tensors. The
 runtime holds a lock around calls since WAVE and LOOP both call it.
+
+State is bounded by the work outstanding: a request leaves `requests` when it ends and is
+handed to the driver once by `take_finished()`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from wavepp.sched.admission import AdmissionRound, RoundOutcome, agree_prefix, failures_by_request
-from wavepp.sched.messages import (
-    CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, ReleaseMsg, TokenResult, Wave, WaveResult)
+from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request
+from wavepp.sched.inflight import InflightBlocks
+from wavepp.sched.messages import CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, ReleaseMsg, Wave, WaveResult
 from wavepp.sched.planner import Planner
-from wavepp.sched.request import Dependency, Request, RequestState
+from wavepp.sched.request import Request, RequestState
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class LeaderConfig:
     max_waves_in_flight: int | None = None    # default 2 * num_stages (the execution ring)
     max_round_requests: int = 64
     stage_num_blocks: tuple[int, ...] | None = None   # to fail prompts no stage could ever hold
+    max_prompt_tokens: int | None = None     # to fail prompts past the model's positions
     hybrid: bool = False
 
     def __post_init__(self) -> None:
@@ -43,6 +46,8 @@ class LeaderConfig:
             raise ValueError("LeaderConfig.max_waves_in_flight must be positive")
         if self.max_round_requests <= 0:
             raise ValueError("LeaderConfig.max_round_requests must be positive")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
+            raise ValueError("LeaderConfig.max_prompt_tokens must be positive")
         if self.stage_num_blocks is not None and len(self.stage_num_blocks) != self.num_stages:
             raise ValueError(f"LeaderConfig.stage_num_blocks has {len(self.stage_num_blocks)} "
                              f"entries for {self.num_stages} stages")
@@ -56,22 +61,14 @@ class Leader:
     def __init__(self, config: LeaderConfig, planner: Planner):
         self.config = config
         self.planner = planner
-        self.requests: dict[int, Request] = {}
-        self.results: dict[int, TokenResult] = {}
+        self.requests: dict[int, Request] = {}      # every request that has not ended
         self.waiting: collections.deque[Request] = collections.deque()
         self.plannable: list[Request] = []          # admitted or running, in admission order
         self.round: AdmissionRound | None = None
         self.waves_in_flight: dict[int, Wave] = {}
-        self.round_latencies: list[float] = []
-        # hash -> {owner id: tokens through the block}: admitted requests that compute the block
-        # and have not dispatched it yet. Stages dedup differently (a block cached on one stage
-        # is recomputed for another), so a block may have several owners.
-        self._pending_owners: dict[int, dict[int, int]] = {}
-        self._pending_releases: list[int] = []
-        # hash -> number of waves that must finish before the block is gone from every stage:
-        # blocks an aborted owner never dispatched. A request in a round that leased one cannot
-        # be admitted; it retries once the release has run.
-        self._dead_blocks: dict[int, int] = {}
+        self.inflight = InflightBlocks(config.block_size)
+        self._finished: list[Request] = []          # ended, not yet taken by the driver
+        self._pending_releases: list[int] = []      # withdrawn requests: released with the next wave
         self._retry_after_wave: dict[int, int] = {}    # request id -> waves that must finish first
         self._num_waves_done = 0
         self._next_round_id = 0
@@ -80,42 +77,45 @@ class Leader:
     # ---- requests ----------------------------------------------------------------------------
 
     def add_request(self, request_id: int, token_ids, now: float = 0.0) -> Request:
-        """Hash the prompt and queue it. A prompt that no stage could ever hold fails at once."""
+        """Hash the prompt and queue it. A prompt that no stage could ever hold, or longer than
+        the model's positions, fails at once (it is then among `take_finished()`)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id} is already in use")
         req = Request.create(request_id, token_ids, self.config.block_size, arrival_time=now)
         self.requests[request_id] = req
+        bs = self.config.block_size
         smallest = min(self.config.stage_num_blocks) if self.config.stage_num_blocks else None
-        if smallest is not None and req.num_blocks(self.config.block_size) > smallest:
-            self._fail(req, f"the prompt needs {req.num_blocks(self.config.block_size)} blocks of "
-                            f"{self.config.block_size} tokens; the smallest stage holds {smallest}", now)
+        longest = self.config.max_prompt_tokens
+        if longest is not None and req.num_tokens > longest:
+            self._fail(req, f"the prompt has {req.num_tokens} tokens; the model takes at most "
+                            f"{longest} (max_position_embeddings)", now)
+        elif smallest is not None and req.num_blocks(bs) > smallest:
+            self._fail(req, f"the prompt needs {req.num_blocks(bs)} blocks of {bs} tokens; the "
+                            f"smallest stage holds {smallest}", now)
         else:
             self.waiting.append(req)
         return req
 
-    def abort(self, request_id: int, now: float = 0.0) -> ReleaseMsg | None:
-        """Abort a request at any step. Returns a ReleaseMsg for the rounds plane when the request
-        holds resources only through admission; an admitted request is released by the stages
-        after the next wave (its header carries the release)."""
+    def abort(self, request_id: int, now: float = 0.0) -> None:
+        """Abort a request at any step of its life; unknown or ended ids are ignored. A request
+        in a round ends at the round's next step; an admitted one ends now, and the stages free
+        what it holds after the next wave (which carries the release)."""
         req = self.requests.get(request_id)
         if req is None:
-            raise KeyError(f"unknown request id {request_id}")
-        if req.state.finished:
-            return None
+            return
         if req.state == RequestState.WAITING:
             self.waiting.remove(req)
             self._finish(req, RequestState.ABORTED, "aborted", now)
-            return None
-        if self.round is not None and req in self.round.requests:
-            self.round.aborted.add(request_id)   # the round releases it at its next step
-            return None
-        # admitted or running
-        self.plannable.remove(req)
-        if req.num_scheduled_tokens < req.num_tokens:
-            self._pending_releases.append(request_id)
-        self._finish(req, RequestState.ABORTED, "aborted", now)
-        self._requeue_dependents(req, now)
-        return None
+        elif self.round is not None and req in self.round.requests:
+            self.round.aborted.add(request_id)
+        else:   # admitted or running
+            self._withdraw(req)
+            self._finish(req, RequestState.ABORTED, "aborted", now)
+
+    def take_finished(self) -> list[Request]:
+        """The requests that ended (done, failed, aborted) since the last call, each once."""
+        out, self._finished = self._finished, []
+        return out
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -123,8 +123,8 @@ class Leader:
     def has_waiting(self) -> bool:
         return any(self._retry_ready(r) for r in self.waiting)
 
-    def start_round(self, now: float) -> ProbeMsg | None:
-        """Open a round over the waiting requests (at most one round at a time)."""
+    def start_round(self, now: float) -> RoundStep | None:
+        """Open a round over the waiting requests (at most one round at a time): a ProbeMsg."""
         if self.round is not None:
             return None
         batch, rest = [], collections.deque()
@@ -140,14 +140,23 @@ class Leader:
         self.round = AdmissionRound(self._next_round_id, batch, now)
         self._next_round_id += 1
         items = tuple(ProbeItem(r.request_id, tuple(r.block_hashes), r.num_tokens) for r in batch)
-        return ProbeMsg(self.round.round_id, items)
+        return RoundStep(send=ProbeMsg(self.round.round_id, items))
 
-    def on_probe_replies(self, replies) -> LeaseMsg:
+    def advance_round(self, replies, now: float) -> RoundStep:
+        """The replies of every stage to the round's last message: the next step."""
+        phase = self._round_phase()
+        if phase == "probe":
+            return self._on_probe_replies(replies)
+        if phase == "lease":
+            return self._on_lease_replies(replies, now)
+        return self._on_commit_replies(replies, now)
+
+    def _on_probe_replies(self, replies) -> RoundStep:
         """Agree each request's prefix (min over stages); ask every stage to lease it and escrow
         room for the rest. A request sharing blocks beyond its agreed prefix with an earlier
         request of this round waits for the next round, where it reuses them as pending blocks
         instead of computing them twice."""
-        rnd = self._round("probe")
+        rnd = self.round
         hints: dict[int, list] = collections.defaultdict(list)
         for reply in replies:
             for hint in reply.hints:
@@ -176,11 +185,11 @@ class Leader:
             self.waiting.appendleft(req)
         rnd.requests = [r for r in rnd.requests if r not in deferred]
         rnd.phase = "lease"
-        return LeaseMsg(rnd.round_id, tuple(items))
+        return RoundStep(send=LeaseMsg(rnd.round_id, tuple(items)))
 
-    def on_lease_replies(self, replies, now: float = 0.0) -> tuple[CommitMsg, ReleaseMsg | None]:
+    def _on_lease_replies(self, replies, now: float) -> RoundStep:
         """Commit the requests every stage leased and escrowed; release the others everywhere."""
-        rnd = self._round("lease")
+        rnd = self.round
         failed = failures_by_request(replies, self.config.num_stages)
         commit, release = [], []
         for req in rnd.leased:
@@ -195,11 +204,11 @@ class Leader:
                 rnd.escrowed.append(req)
                 commit.append(req.request_id)
         rnd.phase = "commit"
-        return CommitMsg(rnd.round_id, tuple(commit)), (ReleaseMsg(tuple(release)) if release else None)
+        return RoundStep(send=CommitMsg(rnd.round_id, tuple(commit)), release=_release(release))
 
-    def on_commit_replies(self, replies, now: float) -> tuple[RoundOutcome, ReleaseMsg | None]:
+    def _on_commit_replies(self, replies, now: float) -> RoundStep:
         """Admit the requests every stage committed; release the others everywhere."""
-        rnd = self._round("commit")
+        rnd = self.round
         failed = failures_by_request(replies, self.config.num_stages)
         bs = self.config.block_size
         admitted, release = [], []
@@ -213,37 +222,30 @@ class Leader:
                 self._not_admitted(req, failed[req.request_id], now)
                 continue
             k = req.num_cached_tokens // bs
-            dead = max((self._dead_blocks.get(h, 0) for h in req.block_hashes[:k]), default=0)
-            if dead > self._num_waves_done:   # it leased blocks an aborted request will not compute
+            dead = self.inflight.dead_until(req, k)
+            if dead > self._num_waves_done:   # it leased blocks a withdrawn request will not compute
                 release.append(req.request_id)
                 self._requeue(req, dead, front=True)
                 continue
             req.state = RequestState.ADMITTED
             req.admitted_time = now
-            needs: dict[int, int] = {}
-            for h in req.block_hashes[:k]:
-                for owner_id, num_tokens in self._pending_owners.get(h, {}).items():
-                    needs[owner_id] = max(needs.get(owner_id, 0), num_tokens)
-            req.dependencies = [Dependency(o, t) for o, t in sorted(needs.items())]
-            for j in range(k, req.num_tokens // bs):
-                self._pending_owners.setdefault(req.block_hashes[j], {})[req.request_id] = (j + 1) * bs
+            req.dependencies = self.inflight.dependencies(req, k)
+            self.inflight.register(req, k)
             self.plannable.append(req)
             admitted.append(req)
         for req in rnd.requests:
             if req.state == RequestState.PROPOSED and req.request_id in rnd.aborted:
                 self._finish(req, RequestState.ABORTED, "aborted", now)
-        latency = now - rnd.start_time
-        self.round_latencies.append(latency)
         retried = tuple(r for r in rnd.leased if r.state == RequestState.WAITING)
         failed_reqs = tuple(r for r in rnd.leased if r.state == RequestState.FAILED)
         self.round = None
-        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed_reqs, retried, latency)
-        return outcome, (ReleaseMsg(tuple(release)) if release else None)
+        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed_reqs, retried, now - rnd.start_time)
+        return RoundStep(release=_release(release), outcome=outcome)
 
     # ---- execution ---------------------------------------------------------------------------
 
     def plan_wave(self, now: float) -> Wave | None:
-        """The next wave, or None if the ring is full or nothing is plannable."""
+        """The next wave, or None if the ring is full or there is nothing to send."""
         if len(self.waves_in_flight) >= self.config.waves_in_flight_cap:
             return None
         ready = [r for r in self.plannable if r.num_unscheduled_tokens > 0 and self._deps_dispatched(r)]
@@ -256,12 +258,9 @@ class Leader:
             if chunk.start != req.num_scheduled_tokens:
                 raise AssertionError(f"planner produced {chunk} but request is scheduled to "
                                      f"{req.num_scheduled_tokens}")
-            if req.first_dispatch_time is None:
-                req.first_dispatch_time = now
             req.state = RequestState.RUNNING
             req.num_scheduled_tokens = chunk.end
-            for j in range(chunk.start // bs, chunk.end // bs):
-                self._drop_owner(req.block_hashes[j], req.request_id)
+            self.inflight.dispatched(req, chunk.start // bs, chunk.end // bs)
         wave = Wave(self._next_wave_id, tuple(chunks), tuple(self._pending_releases))
         self._next_wave_id += 1
         self._pending_releases.clear()
@@ -269,24 +268,24 @@ class Leader:
         return wave
 
     def on_wave_result(self, result: WaveResult, now: float) -> list[Request]:
-        """A wave came back from the last stage; returns the requests it finished."""
+        """A wave came back from the last stage; returns the requests it finished (they are
+        also among `take_finished()`). Each finished request carries its `result`."""
         wave = self.waves_in_flight.pop(result.wave_id)
         self._num_waves_done += 1
-        if self._dead_blocks:
-            self._dead_blocks = {h: n for h, n in self._dead_blocks.items() if n > self._num_waves_done}
+        self.inflight.on_wave_done(self._num_waves_done)
         if result.stage_seconds and wave.chunks:
             self.planner.observe([(c.start, c.num_tokens) for c in wave.chunks], max(result.stage_seconds))
         tokens = {t.request_id: t for t in result.tokens}
         done = []
         for chunk in wave.chunks:
-            req = self.requests[chunk.request_id]
-            if req.state.finished:
+            req = self.requests.get(chunk.request_id)
+            if req is None:      # aborted while this chunk was in flight
                 continue
             req.num_computed_tokens = chunk.end
             if chunk.is_last:
                 if chunk.request_id not in tokens:
                     raise ValueError(f"wave {wave.wave_id}: no first token for request {chunk.request_id}")
-                self.results[req.request_id] = tokens[chunk.request_id]
+                req.result = tokens[chunk.request_id]
                 self.plannable.remove(req)
                 self._finish(req, RequestState.DONE, None, now)
                 done.append(req)
@@ -298,29 +297,37 @@ class Leader:
         return (not self.waiting and self.round is None and not self.plannable
                 and not self.waves_in_flight and not self._pending_releases)
 
+    def state_size(self) -> int:
+        """Entries of every per-request structure: bounded by the requests outstanding."""
+        return (len(self.requests) + len(self.waiting) + len(self.plannable) + len(self._finished)
+                + len(self._pending_releases) + len(self._retry_after_wave) + len(self.inflight)
+                + len(self.waves_in_flight))
+
     # ---- internals ---------------------------------------------------------------------------
 
-    def _round(self, phase: str) -> AdmissionRound:
-        if self.round is None or self.round.phase != phase:
-            raise RuntimeError(f"no admission round in phase {phase!r} "
-                               f"(round: {self.round and self.round.phase})")
-        return self.round
+    def _round_phase(self) -> str:
+        if self.round is None:
+            raise RuntimeError("no admission round is open")
+        return self.round.phase
 
     def _retry_ready(self, req: Request) -> bool:
         return self._retry_after_wave.get(req.request_id, 0) <= self._num_waves_done
 
     def _deps_dispatched(self, req: Request) -> bool:
+        """Every owner of req's leased blocks dispatched them. An owner that ended is done (an
+        owner that left undispatched sent its dependents back to waiting when it left)."""
         deps = req.dependencies
-        if deps and all(self.requests[d.owner_id].num_scheduled_tokens >= d.num_tokens for d in deps):
+        if deps and all((o := self.requests.get(d.owner_id)) is None or o.num_scheduled_tokens >= d.num_tokens
+                        for d in deps):
             req.dependencies = []
         return not req.dependencies
 
     def _not_admitted(self, req: Request, reason: str, now: float) -> None:
-        """Retry after capacity changes (a wave finishes). On an idle pipeline nothing will
-        change: retry once at once (its hint may have raced an eviction), then fail."""
-        req.reset_progress()
+        """Retry after capacity changes (a wave finishes, or releases go out with the next
+        one). On an idle pipeline nothing will change: retry once at once (its hint may have
+        raced an eviction), then fail."""
         holders = self.round.requests if self.round else ()
-        busy = self.plannable or self.waves_in_flight or any(
+        busy = self.plannable or self.waves_in_flight or self._pending_releases or any(
             r is not req and r.state in (RequestState.LEASED, RequestState.ESCROWED) for r in holders)
         if busy:
             req.num_idle_failures = 0
@@ -343,32 +350,33 @@ class Leader:
         else:
             self.waiting.append(req)
 
-    def _requeue_dependents(self, owner: Request, now: float) -> None:
-        """Requests that leased blocks `owner` had not yet dispatched go back to waiting; their
-        holds are released with the next wave, and they re-enter a round after it."""
-        for req in list(self.plannable):
-            if any(d.owner_id == owner.request_id and owner.num_scheduled_tokens < d.num_tokens
-                   for d in req.dependencies):
-                self.plannable.remove(req)
-                self._pending_releases.append(req.request_id)
-                self._requeue(req, self._next_wave_id + 1, front=True)
-        bs = self.config.block_size
+    def _withdraw(self, req: Request) -> None:
+        """An admitted request leaves execution: the stages release it with the next wave, the
+        blocks it has not dispatched are dead until then, and every request that waits for
+        them goes back to waiting (released with the same wave), down the whole chain."""
+        self.plannable.remove(req)
+        if req.num_scheduled_tokens < req.num_tokens:
+            self._pending_releases.append(req.request_id)
         release_done = self._next_wave_id + 1    # the release rides on the next wave
-        for j in range(owner.num_scheduled_tokens // bs, owner.num_tokens // bs):
-            h = owner.block_hashes[j]
-            self._drop_owner(h, owner.request_id)
-            self._dead_blocks[h] = max(self._dead_blocks.get(h, 0), release_done)
-
-    def _drop_owner(self, block_hash: int, owner_id: int) -> None:
-        owners = self._pending_owners.get(block_hash)
-        if owners is not None and owners.pop(owner_id, None) is not None and not owners:
-            del self._pending_owners[block_hash]
+        self.inflight.withdraw(req, release_done)
+        for dep in list(self.plannable):
+            if dep in self.plannable and any(
+                    d.owner_id == req.request_id and req.num_scheduled_tokens < d.num_tokens
+                    for d in dep.dependencies):
+                self._withdraw(dep)
+                self._requeue(dep, release_done, front=True)
 
     def _fail(self, req: Request, reason: str, now: float) -> None:
         self._finish(req, RequestState.FAILED, reason, now)
 
     def _finish(self, req: Request, state: RequestState, reason: str | None, now: float) -> None:
         self._retry_after_wave.pop(req.request_id, None)
+        self.requests.pop(req.request_id, None)
         req.state = state
         req.failure = reason
         req.finish_time = now
+        self._finished.append(req)
+
+
+def _release(request_ids: list[int]) -> ReleaseMsg | None:
+    return ReleaseMsg(tuple(request_ids)) if request_ids else None

@@ -29,6 +29,12 @@ class ProbeMsg:
     round_id: int
     items: tuple[ProbeItem, ...]
 
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def empty_reply(self, stage_id: int) -> "ProbeReply":
+        return ProbeReply(self.round_id, stage_id, ())
+
 
 @dataclass(frozen=True)
 class Hint:
@@ -56,6 +62,12 @@ class LeaseMsg:
     round_id: int
     items: tuple[LeaseItem, ...]
 
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def empty_reply(self, stage_id: int) -> "LeaseReply":
+        return LeaseReply(self.round_id, stage_id, ())
+
 
 @dataclass(frozen=True)
 class ItemResult:
@@ -76,6 +88,12 @@ class CommitMsg:
     round_id: int
     request_ids: tuple[int, ...]
 
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def empty_reply(self, stage_id: int) -> "CommitReply":
+        return CommitReply(self.round_id, stage_id, ())
+
 
 @dataclass(frozen=True)
 class CommitReply:
@@ -88,9 +106,8 @@ class CommitReply:
 class ReleaseMsg:
     request_ids: tuple[int, ...]
 
-
-RoundMsg = ProbeMsg | LeaseMsg | CommitMsg | ReleaseMsg
-RoundReply = ProbeReply | LeaseReply | CommitReply
+    def __len__(self) -> int:
+        return len(self.request_ids)
 
 
 @dataclass(frozen=True)

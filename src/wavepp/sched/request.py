@@ -17,6 +17,7 @@ import enum
 from dataclasses import dataclass, field
 
 from wavepp.cache import hash_blocks
+from wavepp.sched.messages import TokenResult
 
 
 class RequestState(enum.Enum):
@@ -59,7 +60,7 @@ class Request:
     failure: str | None = None
     admitted_time: float | None = None
     finish_time: float | None = None
-    first_dispatch_time: float | None = None
+    result: TokenResult | None = None   # the first token, once DONE
 
     @classmethod
     def create(cls, request_id: int, token_ids, block_size: int, *, arrival_time: float = 0.0,

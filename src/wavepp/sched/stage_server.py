@@ -108,6 +108,9 @@ class StageServer:
             self.requests[item.request_id] = StageRequest(
                 item.request_id, probed.num_tokens, probed.block_hashes, num_cached, num_cached)
             results.append(ItemResult(item.request_id, True))
+        # one round at a time: a request probed but not in this lease (aborted, deferred) is
+        # probed again if it comes back
+        self._probed.clear()
         return LeaseReply(msg.round_id, self.stage_id, tuple(results))
 
     def commit(self, msg: CommitMsg) -> CommitReply:

@@ -130,7 +130,7 @@ def run_one(setting: GridSetting) -> list[dict]:
                      "num_failed": result.num_failed, "hit_rate": result.hit_rate,
                      "ideal_hit_rate": result.ideal_hit_rate, "ttft_p50_s": result.ttft_p50_s,
                      "ttft_p95_s": result.ttft_p95_s, "stage_utilization": result.stage_utilization,
-                     "admission_idle_frac": result.admission_idle_frac,
+                     "idle_admission_frac": result.idle_admission_frac,
                      "num_waves": result.num_waves, "seconds": result.seconds})
     return rows
 

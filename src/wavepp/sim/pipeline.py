@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from wavepp.sched.leader import Leader
-from wavepp.sched.messages import CommitMsg, LeaseMsg, ProbeMsg, ReleaseMsg, TokenResult, Wave, WaveResult
+from wavepp.sched.messages import LeaseMsg, ReleaseMsg, TokenResult, Wave, WaveResult
+from wavepp.sched.rounds import round_messages
 from wavepp.sched.stage_server import StageServer
+from wavepp.sched.stats import StageStats
 from wavepp.sim.events import EventLoop
 
 ChunkShape = tuple[int, int]   # (num_cached, num_new)
@@ -52,17 +54,7 @@ class SimCosts:
                          + self.round_new_block_s * i.num_new_blocks
                          for i in msg.items if ok is None or i.request_id in ok)
             return self.round_msg_s + self.round_item_s * len(msg.items) + blocks
-        items = getattr(msg, "items", getattr(msg, "request_ids", ()))
-        return self.round_msg_s + self.round_item_s * len(items)
-
-
-@dataclass
-class StageStats:
-    busy_s: float = 0.0            # computing waves
-    round_s: float = 0.0           # answering rounds on LOOP (inline admission)
-    idle_input_s: float = 0.0      # LOOP idle, nothing to run
-    idle_admission_s: float = 0.0  # LOOP idle or blocked while the pipeline waits for admission
-    num_waves: int = 0
+        return self.round_msg_s + self.round_item_s * len(msg)
 
 
 @dataclass
@@ -112,8 +104,7 @@ class PipelineSim:
         def arrive():
             req = self.leader.add_request(request_id, token_ids, self.loop.now)
             self.records[request_id] = SimRecord(self.loop.now, num_tokens=req.num_tokens)
-            if req.state.finished:
-                self._record_finish(request_id)
+            self._record_finished()
             self._kick()
         if at is None:
             arrive()
@@ -150,33 +141,32 @@ class PipelineSim:
     # ---- admission ---------------------------------------------------------------------------
 
     def _start_round(self) -> None:
-        msg = self.leader.start_round(self.loop.now)
-        if msg is None:
-            self._rank0_blocked = False
-            return
         self._round_active = True
         self._round_t0 = self.loop.now
-        self._broadcast(msg, self._after_probe)
+        self._advance_round(round_messages(self.leader, lambda: self.loop.now), None, start=True)
 
-    def _after_probe(self, replies) -> None:
-        self._broadcast(self.leader.on_probe_replies(replies), self._after_lease)
+    def _advance_round(self, steps, replies, start: bool = False) -> None:
+        """Send the round's next message to every stage; go on when they all answered."""
+        try:
+            msg = next(steps) if start else steps.send(replies)
+        except StopIteration as stop:
+            self._end_round(stop.value)
+            return
+        if isinstance(msg, ReleaseMsg):
+            self._broadcast(msg, None)
+            self._advance_round(steps, None)
+        else:
+            self._broadcast(msg, lambda replies: self._advance_round(steps, replies))
 
-    def _after_lease(self, replies) -> None:
-        commit, release = self.leader.on_lease_replies(replies, self.loop.now)
-        if release is not None:
-            self._broadcast(release, None)
-        self._broadcast(commit, self._after_commit)
-
-    def _after_commit(self, replies) -> None:
-        outcome, release = self.leader.on_commit_replies(replies, self.loop.now)
-        if release is not None:
-            self._broadcast(release, None)
+    def _end_round(self, outcome) -> None:
+        self._round_active = False
+        if outcome is None:            # nothing was ready to enter a round
+            self._rank0_blocked = False
+            return
         self.round_spans.append((outcome.round_id, self._round_t0, self.loop.now))
         for req in outcome.admitted:
             self.records[req.request_id].num_cached_tokens = req.num_cached_tokens
-        for req in outcome.failed:
-            self._record_finish(req.request_id)
-        self._round_active = False
+        self._record_finished()
         if self._rank0_blocked:
             self._rank0_blocked = False
             self.stats[0].idle_admission_s += self.loop.now - self._stages[0].idle_since
@@ -187,8 +177,7 @@ class PipelineSim:
         """Send `msg` to every stage; call on_replies(list) when all have answered. A stage
         handles the message when it takes it up, is busy for the work that took (known from
         its reply: a failed escrow stops early), then the reply travels back."""
-        n_items = len(getattr(msg, "items", getattr(msg, "request_ids", ())))
-        leader_s = self.costs.leader_item_s * n_items
+        leader_s = self.costs.leader_item_s * len(msg)
         replies: list = []
         c = self.costs
 
@@ -273,17 +262,23 @@ class PipelineSim:
     def _wave_done(self, wave: Wave) -> None:
         tokens = tuple(TokenResult(c.request_id, 0, 0.0) for c in wave.chunks if c.is_last)
         result = WaveResult(wave.wave_id, tokens, tuple(self._wave_seconds.pop(wave.wave_id)))
-        for req in self.leader.on_wave_result(result, self.loop.now):
-            self._record_finish(req.request_id)
+        self.leader.on_wave_result(result, self.loop.now)
+        self._record_finished()
         self._kick()
 
-    def _record_finish(self, request_id: int) -> None:
-        req = self.leader.requests[request_id]
-        rec = self.records[request_id]
-        rec.finish = self.loop.now
-        rec.failure = req.failure
-        if self.on_finish is not None:
-            self.on_finish(request_id, self.loop.now)
+    def abort(self, request_id: int) -> None:
+        """Abort a request now (at any step of its life)."""
+        self.leader.abort(request_id, self.loop.now)
+        self._record_finished()
+        self._kick()
+
+    def _record_finished(self) -> None:
+        for req in self.leader.take_finished():
+            rec = self.records[req.request_id]
+            rec.finish = self.loop.now
+            rec.failure = req.failure
+            if self.on_finish is not None:
+                self.on_finish(req.request_id, self.loop.now)
 
     def _account_idle(self, sid: int) -> None:
         st = self._stages[sid]

@@ -94,7 +94,7 @@ class SimResult:
     ttft_p50_s: float
     ttft_p95_s: float
     stage_utilization: float         # mean over execution stages
-    admission_idle_frac: float       # mean over stages: idle or blocked waiting for admission
+    idle_admission_frac: float       # mean over stages: idle or blocked waiting for admission
     num_waves: int
     round_latency_p50_s: float
 
@@ -193,7 +193,7 @@ def to_result(rep: SimReport, system: str, setup: SimSetup, workload: Workload,
         input_tok_s=rep.input_tok_s * setup.token_scale, seconds=rep.seconds, hit_rate=rep.hit_rate,
         ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_s=rep.ttft_p50_s, ttft_p95_s=rep.ttft_p95_s,
         stage_utilization=sum(rep.stage_utilization) / n,
-        admission_idle_frac=sum(rep.idle_admission_frac) / n, num_waves=rep.num_waves,
+        idle_admission_frac=sum(rep.idle_admission_frac) / n, num_waves=rep.num_waves,
         round_latency_p50_s=rep.round_latency_p50_s)
 
 
