@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from wavepp.models import load_model_config, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.launch import LocalCluster
@@ -72,6 +73,7 @@ class Engine:
             stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
             num_threads=num_threads, backend=backend)
         self.model_path = resolve_model(model)
+        stage_specs(load_model_config(self.model_path).num_layers, pp)   # the layers split into pp stages
         self._cluster = LocalCluster(pp, backend)
         try:
             self.config = dataclasses.replace(config, model_path=str(self.model_path),
@@ -89,7 +91,8 @@ class Engine:
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, prompt: Prompt, request_id: int | None = None) -> Future:
-        """Queue one prompt (text or token ids); the future resolves to a PrefillResult.
+        """Queue one prompt (text or token ids); the future resolves to a PrefillResult, and
+        its `request_id` attribute is the request's id.
 
         `request_id`: any int not in use by an unfinished request (None: an automatic one that
         is not in use). A bad prompt or an id in use raises ValueError and queues nothing; a

@@ -97,6 +97,7 @@ class EngineCore:
             internal_id = next(self._internal_ids)
             self.leader.add_request(internal_id, token_ids, self.now())
             fut: Future = Future()
+            fut.request_id = request_id      # for abort(), whichever id it got
             self._live[request_id] = internal_id
             self._futures[internal_id] = (request_id, fut)
             self._deliver()
