@@ -15,7 +15,7 @@ import time
 import torch
 
 from wavepp.cache import BlockPool
-from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, stage_specs
+from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.sched import StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
@@ -28,9 +28,9 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
     if config.stage_num_blocks:
         return config.stage_num_blocks[stage_id]
     spec = stage_specs(model_config.num_layers, config.num_stages)[stage_id]
-    bytes_per_block = (2 * spec.num_stage_layers * config.block_size * model_config.num_kv_heads
-                       * model_config.head_dim * _DTYPES[config.dtype].itemsize)
-    return max(1, int(config.kv_cache_gib * 2**30) // bytes_per_block)
+    return page_layout(model_config).num_blocks(int(config.kv_cache_gib * 2**30), spec.start_layer,
+                                                spec.end_layer, config.block_size,
+                                                _DTYPES[config.dtype].itemsize)
 
 
 class StageRuntime:
