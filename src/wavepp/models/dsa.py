@@ -61,12 +61,23 @@ class Indexer(nn.Module):
             scores = torch.bmm(weights[t0:t1], per_head)[:, 0]
             positions = torch.arange(chunk.num_cached_tokens, chunk.end)
             scores.masked_fill_(torch.arange(chunk.end)[None, :] > positions[:, None], float("-inf"))
+            causal = torch.arange(chunk.end)[None, :] <= positions[:, None]
+            chosen = causal if self.topk >= chunk.end else _top_lowest_first(scores, self.topk) & causal
             keep = min(self.topk, chunk.end)
-            chosen = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :keep]
-            # query at position p has p + 1 causal keys: slots past that hold masked keys
-            chosen.masked_fill_(torch.arange(keep)[None, :] > positions[:, None], -1)
-            topk[t0:t1, :keep] = chosen
+            # rank of each chosen key among its row's chosen keys, in position order
+            rank = torch.where(chosen, chosen.cumsum(-1) - 1, keep)
+            rows = torch.full((t1 - t0, keep + 1), -1, dtype=torch.int64)
+            rows.scatter_(1, rank, torch.arange(chunk.end).expand(t1 - t0, -1))
+            topk[t0:t1, :keep] = rows[:, :keep]
         return topk
+
+
+def _top_lowest_first(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """scores: [m, end] -> [m, end] bool, True at each row's k best, ties at the k-th score
+    going to the lowest positions. (A stable sort gives the same set; this costs a top-k.)"""
+    kth = scores.topk(k, dim=-1).values[:, -1:]
+    above, tied = scores > kth, scores == kth
+    return above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
 
 
 def selection_mask(topk: torch.Tensor, context_len: int) -> torch.Tensor:

@@ -89,10 +89,13 @@ class MLAttention(nn.Module):
             allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
             if topk is not None:
                 allowed &= selection_mask(topk[t0:t1], chunk.end)
-            o = F.scaled_dot_product_attention(q[t0:t1].transpose(0, 1), keys.transpose(0, 1),
-                                               kv[..., self.nope:].transpose(0, 1), attn_mask=allowed,
-                                               scale=self.scale)
-            out[t0:t1] = o.transpose(0, 1)
+            # scores: [heads, chunk_tokens, end], -inf where not visible. In fp32, as the
+            # reference computes them: bf16 scores of 24-dim heads drift by ~0.1 in logprob
+            bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+            scores = torch.baddbmm(bias, q[t0:t1].transpose(0, 1).float(), keys.permute(1, 2, 0).float(),
+                                   alpha=self.scale)
+            o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope:].transpose(0, 1).float())
+            out[t0:t1] = o.transpose(0, 1).to(out.dtype)
         return F.linear(out.view(n, heads * self.v_dim), self.o_proj), topk
 
 
