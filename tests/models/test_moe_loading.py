@@ -80,6 +80,7 @@ def test_missing_indexer_tensor_is_named(moe_models, tmp_path):
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type 'yarn' is not supported"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"n_group": 3}, "must split into n_group=3 groups"),
+    ({"quantization_config": {"quant_method": "fp8"}}, r"quantized checkpoints \(fp8\) are not supported"),
 ])
 def test_unsupported_configs_fail_naming_the_file(moe_models, tmp_path, change, message):
     path = _copy(moe_models["deepseek_v3"], tmp_path / "ds")

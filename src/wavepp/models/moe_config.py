@@ -132,6 +132,9 @@ class MoEModelConfig:
         """Parse the dict of an HF config.json. Raises ValueError naming what is unsupported,
         KeyError for a missing field."""
         model_type = hf.get("model_type")
+        if hf.get("quantization_config"):
+            raise ValueError(f"quantized checkpoints ({hf['quantization_config'].get('quant_method', '?')}) "
+                             "are not supported; give a bf16 or fp32 checkpoint")
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' (SwiGLU)")
         params = dict(hf.get("rope_scaling") or {})
