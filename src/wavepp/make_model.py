@@ -33,7 +33,7 @@ class TinyModelSpec:
     num_experts: int = 8
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 32
-    # MLA (deepseek_v3, glm_moe_dsa)
+    # MLA (deepseek_v3, glm_moe_dsa); q_lora_rank 0: q projected straight from the hidden state
     q_lora_rank: int = 32
     kv_lora_rank: int = 16
     qk_nope_head_dim: int = 16
@@ -134,7 +134,7 @@ def _moe_hf_config(spec: TinyModelSpec):
     mla = dict(
         num_key_value_heads=spec.num_heads, intermediate_size=spec.intermediate_size,
         moe_intermediate_size=spec.moe_intermediate_size, n_routed_experts=spec.num_experts,
-        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=spec.q_lora_rank,
+        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=spec.q_lora_rank or None,
         kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
         qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, routed_scaling_factor=2.5,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},

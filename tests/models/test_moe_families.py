@@ -174,3 +174,30 @@ def test_bf16_stage_splits_agree_bit_for_bit(moe_models, arch):
         if best - runner_up > 0.2:
             assert int(got.argmax()) == int(expected.argmax())
         assert abs(float(got.max()) - float(best)) < 0.1
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm_moe_dsa"])
+def test_yarn_rope_scaling_matches_transformers(moe_models, tmp_path, arch):
+    """YaRN as the released DeepSeek-V3 configures it (here over an original context of 16
+    positions, so the prompts run past it): scaled frequencies, cos/sin scaled by
+    mscale / mscale_all_dim, softmax scale by mscale_all_dim's factor squared."""
+    import json
+    import shutil
+
+    path = shutil.copytree(moe_models[arch], tmp_path / arch)
+    config = json.loads((path / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1,
+                                 "mscale": 0.8, "mscale_all_dim": 1.0}
+    (path / "config.json").write_text(json.dumps(config))
+    assert load_model_config(path).rope_scaling.factor == 4.0
+    _prefix_reuse_scenario(path, num_stages=2)
+
+
+def test_mla_without_q_lora_matches_transformers(tmp_path):
+    """DeepSeek-V3 layout with q_lora_rank null (q_proj straight from the hidden state)."""
+    from wavepp.make_model import make_model
+
+    path = make_model(tmp_path / "ds", arch="deepseek_v3", seed=4, num_layers=3, q_lora_rank=0)
+    assert load_model_config(path).q_lora_rank == 0
+    _prefix_reuse_scenario(path, num_stages=3)

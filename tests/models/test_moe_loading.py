@@ -77,7 +77,7 @@ def test_missing_indexer_tensor_is_named(moe_models, tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"]}, r"model_type 'mixtral'\) is not supported"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope' is not supported"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     ({"n_group": 3}, "must split into n_group=3 groups"),
     ({"quantization_config": {"quant_method": "fp8"}}, r"quantized checkpoints \(fp8\) are not supported"),

@@ -38,8 +38,11 @@ class MLAttention(nn.Module):
         self.interleave = config.rope_interleave
         self.reuses_topk = config.reuses_topk(layer)
         self.scale = config.qk_head_dim ** -0.5
+        if config.rope_scaling is not None:
+            self.scale *= config.rope_scaling.softmax_factor
         hidden, heads = config.hidden_size, config.num_heads
-        if config.q_lora_rank:
+        self.q_lora = bool(config.q_lora_rank)
+        if self.q_lora:
             self.q_a_proj = _param(dtype, config.q_lora_rank, hidden)
             # q_a / kv_a norms use their module's default eps (1e-6), as the reference does
             self.q_a_norm = RMSNorm(config.q_lora_rank, 1e-6, dtype)
@@ -59,7 +62,7 @@ class MLAttention(nn.Module):
         used when this layer shares it."""
         n, heads = x.shape[0], self.num_heads
         q_resid = None
-        if hasattr(self, "q_a_proj"):
+        if self.q_lora:
             q_resid = self.q_a_norm(F.linear(x, self.q_a_proj))
             q = F.linear(q_resid, self.q_b_proj)
         else:

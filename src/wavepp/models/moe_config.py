@@ -16,10 +16,50 @@ activations) is refused here with the field named.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MOE_MODEL_TYPES = {"minimax_m2": "MiniMaxM2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                    "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN RoPE scaling (rope_type "yarn", as the released DeepSeek-V3 and Kimi-K2 use it):
+    low frequencies divided by `factor`, high ones kept, a linear ramp between the dims that
+    turn beta_fast and beta_slow times over original_max_position_embeddings; cos/sin scaled
+    by attention_factor, and MLA's softmax scale by mscale(factor, mscale_all_dim)^2."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.original_max_position_embeddings <= 0:
+            raise ValueError(f"yarn rope scaling needs factor > 0 and original_max_position_embeddings > 0, "
+                             f"got {self}")
+
+    @staticmethod
+    def _mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    @property
+    def cos_sin_factor(self) -> float:
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return self._mscale(self.factor, self.mscale) / self._mscale(self.factor, self.mscale_all_dim)
+        return self._mscale(self.factor)
+
+    @property
+    def softmax_factor(self) -> float:
+        """What MLA multiplies its softmax scale by."""
+        return self._mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +75,7 @@ class MoEModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool = False
+    rope_scaling: YarnScaling | None = None
     # GQA (minimax_m2)
     num_kv_heads: int = 0
     head_dim: int = 0
@@ -140,8 +181,17 @@ class MoEModelConfig:
         params = dict(hf.get("rope_scaling") or {})
         params.update(hf.get("rope_parameters") or {})
         rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported for {model_type}; only 'default'")
+        if rope_type not in ("default", "yarn"):
+            raise ValueError(f"rope_type {rope_type!r} is not supported for {model_type}; "
+                             f"supported: 'default', 'yarn'")
+        yarn = None
+        if rope_type == "yarn":
+            factor = params.get("factor") or hf["max_position_embeddings"] / params["original_max_position_embeddings"]
+            yarn = YarnScaling(
+                factor=float(factor), original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+                beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                mscale=float(params.get("mscale") or 0), mscale_all_dim=float(params.get("mscale_all_dim") or 0),
+                attention_factor=params.get("attention_factor"), truncate=bool(params.get("truncate", True)))
         common = dict(
             model_type=model_type, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
             num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
@@ -149,7 +199,7 @@ class MoEModelConfig:
             rope_theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            num_experts_per_tok=hf["num_experts_per_tok"],
+            num_experts_per_tok=hf["num_experts_per_tok"], rope_scaling=yarn,
         )
         if model_type == "minimax_m2":
             head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]

@@ -69,7 +69,8 @@ class MoEStageModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if stage.is_last else None
         self.lm_head = _param(dtype, *shape) if stage.is_last else None
         rope_dim = config.qk_rope_head_dim if config.is_mla else config.rotary_dim
-        self.rotary = RopeTable(rope_dim, config.rope_theta, config.max_position_embeddings, dtype)
+        self.rotary = RopeTable(rope_dim, config.rope_theta, config.max_position_embeddings, dtype,
+                                config.rope_scaling)
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedPools:
         """Zeroed pools of this stage's layers (the architecture's page layout), in the model dtype."""
