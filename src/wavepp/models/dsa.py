@@ -36,7 +36,8 @@ class Indexer(nn.Module):
         self.wk = _param(dtype, self.head_dim, config.hidden_size)
         self.k_norm_weight = _param(dtype, self.head_dim)
         self.k_norm_bias = _param(dtype, self.head_dim)
-        self.weights_proj = _param(dtype, self.num_heads, config.hidden_size)
+        # per-head weights of the scores: fp32 whatever the model dtype, as the reference keeps them
+        self.weights_proj = _param(torch.float32, self.num_heads, config.hidden_size)
 
     def forward(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: StageBatch, key_cache: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,7 @@ class Indexer(nn.Module):
         k = torch.cat((apply_rope(k[:, None, :r], cos, sin, True)[:, 0], k[:, r:]), -1)
         key_cache.index_copy_(0, batch.slot_mapping, k)
         # weights: [n, 1, heads]
-        weights = (F.linear(x, self.weights_proj).float() * self.num_heads ** -0.5)[:, None, :]
+        weights = (F.linear(x.float(), self.weights_proj) * self.num_heads ** -0.5)[:, None, :]
         topk = torch.full((n, self.topk), -1, dtype=torch.int64)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]

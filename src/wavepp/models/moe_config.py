@@ -202,6 +202,9 @@ class MoEModelConfig:
             num_experts_per_tok=hf["num_experts_per_tok"], rope_scaling=yarn,
         )
         if model_type == "minimax_m2":
+            if hf.get("use_qk_norm", True) is False or hf.get("qk_norm_type", "per_layer") != "per_layer":
+                raise ValueError("minimax_m2 without q/k RMSNorm over the whole projection "
+                                 "(use_qk_norm, qk_norm_type 'per_layer') is not supported")
             head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
             factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
             rotary_dim = hf.get("rotary_dim") or int(head_dim * (factor or 1.0))

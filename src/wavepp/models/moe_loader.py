@@ -9,7 +9,7 @@ are stacked, gate and up fused:
     deepseek_v3  self_attn.{q_a,q_b,kv_a_proj_with_mqa,kv_b,o}_proj, q_a/kv_a_layernorm -> attn.*
     glm_moe_dsa  mlp.gate.{weight, e_score_correction_bias}   -> mlp.router.{weight, bias} (fp32)
                  mlp.experts.{e}.{gate,up,down}_proj, mlp.shared_experts.* -> mlp.experts / mlp.shared
-                 self_attn.indexer.{wq_b, wk, k_norm, weights_proj} -> attn.indexer.* (GLM-5)
+                 self_attn.indexer.{wq_b, wk, k_norm, weights_proj (fp32)} -> attn.indexer.* (GLM-5)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from wavepp.models.moe_stage_model import MoEStageModel
 def load_moe_stage_model(model_path: str | Path, config: MoEModelConfig, stage: StageSpec,
                          dtype: torch.dtype) -> MoEStageModel:
     shapes = moe_tensor_shapes(config, stage)
-    fp32 = {name: shape for name, shape in shapes.items() if _is_router(name)}
+    fp32 = {name: shape for name, shape in shapes.items() if _kept_in_fp32(name)}
     aliases = {_LM_HEAD: _EMBED} if config.tie_word_embeddings else {}
     tensors = read_tensors(model_path, {n: s for n, s in shapes.items() if n not in fp32}, dtype, aliases)
     tensors.update(read_tensors(model_path, fp32, torch.float32))
@@ -105,8 +105,9 @@ def _swiglu_shapes(prefix: str, hidden: int, inter: int, names: tuple[str, str, 
             f"{prefix}{down}.weight": (hidden, inter)}
 
 
-def _is_router(name: str) -> bool:
-    return name.endswith(("gate.weight", "e_score_correction_bias"))
+def _kept_in_fp32(name: str) -> bool:
+    # routers and the indexer's head weights make discrete choices: fp32 in any model dtype
+    return name.endswith(("gate.weight", "e_score_correction_bias", "indexer.weights_proj.weight"))
 
 
 def _module_state(config: MoEModelConfig, stage: StageSpec, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
