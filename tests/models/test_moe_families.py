@@ -201,3 +201,34 @@ def test_mla_without_q_lora_matches_transformers(tmp_path):
     path = make_model(tmp_path / "ds", arch="deepseek_v3", seed=4, num_layers=3, q_lora_rank=0)
     assert load_model_config(path).q_lora_rank == 0
     _prefix_reuse_scenario(path, num_stages=3)
+
+
+def test_moe_runs_one_matmul_pair_per_active_expert(moe_models, monkeypatch):
+    """48 tokens, top-2 of 8 experts: one gate/up matmul per expert that got tokens (its down
+    matmul is a torch.mm), however many tokens it got; the result is transformers' MoE block's."""
+    import torch.nn.functional as F
+
+    import wavepp.models.moe as moe
+
+    stage = load_stage_model(moe_models["minimax_m2"], dtype=torch.float32)
+    block = stage.layers[1].mlp
+    x = torch.randn(48, 64, generator=torch.Generator().manual_seed(3))
+    calls = []
+
+    class CountingF:
+        def __getattr__(self, name):
+            return getattr(F, name)
+
+        def linear(self, inputs, weight, bias=None):
+            calls.append(inputs.shape[0])
+            return F.linear(inputs, weight, bias)
+
+    active = torch.unique(block.router(x)[1]).numel()
+    monkeypatch.setattr(moe, "F", CountingF())
+    out = block(x)
+    assert len(calls) == 1 + active          # the router's logits, then one per active expert
+    assert sum(calls[1:]) == 48 * 2          # every (token, expert) pair exactly once
+    reference_logits(moe_models["minimax_m2"], [0])
+    hf_block = _REFERENCES[str(moe_models["minimax_m2"])].model.layers[1].mlp
+    with torch.no_grad():
+        torch.testing.assert_close(out, hf_block(x[None])[0], atol=1e-5, rtol=0)
