@@ -1,12 +1,17 @@
 """Single-stage prefill speed of the stage model: computed tokens/s after a cached prefix.
 
     .venv/bin/python benchmarks/bench_model.py [--threads 1] [--runs 5] [--model smollm2]
+    .venv/bin/python benchmarks/bench_model.py --families [--dtype bfloat16]
 
 Runs the whole model as one stage in bf16 over chunks of 128/256/512 tokens after cached
 prefixes of 0/1k/4k tokens, and over batches of several chunks (waves batch requests). The
 cached prefix is filled with random K/V: attention cost does not depend on the values. Each
 case is warmed up, then timed `--runs` times; the table shows medians. Model: the built-in
 SmolLM2-135M when available, else a random model of the same shape.
+
+`--families` instead times each MoE / latent-attention family's tiny config (`wavepp
+make-model --arch minimax_m2 | deepseek_v3 | glm_moe_dsa`, 4 layers, hidden 64, 8 experts
+top-2): computed tokens/s per chunk shape, with the cache pools filled with random rows.
 """
 
 from __future__ import annotations
@@ -32,8 +37,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="built-in name or HF directory")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--families", action="store_true",
+                        help="time the tiny MiniMax-M2, DeepSeek-V3 and GLM-5 configs instead")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                        help="with --families")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.families:
+        _bench_families(getattr(torch, args.dtype), args.runs)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         path, label = _model_path(args.model, tmp)
         config = load_model_config(path)
@@ -56,6 +68,44 @@ def main() -> None:
             _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs)
     for num_chunks, chunk, prefix in BATCHES:
         _case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs)
+
+
+FAMILY_CASES = ((0, 128), (0, 512), (1024, 128), (1024, 512), (4096, 256))   # (prefix, chunk)
+
+
+def _bench_families(dtype: torch.dtype, runs: int) -> None:
+    from wavepp.make_model import MOE_ARCHS, make_model
+
+    print(f"machine: {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {dtype}")
+    print(f"\n{'family':>12} {'case':>16} {'ms':>9} {'tokens/s':>9} {'cpu/wall':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in MOE_ARCHS:
+            path = make_model(f"{tmp}/{arch}", arch=arch, max_position_embeddings=8192)
+            model = load_stage_model(path, dtype=dtype)
+            max_tokens = max(p + n for p, n in FAMILY_CASES)
+            cache = model.new_kv_cache(num_blocks=max_tokens // BLOCK_SIZE + 1, block_size=BLOCK_SIZE)
+            for tensor in cache.tensors.values():
+                tensor.normal_()
+            for prefix, chunk in FAMILY_CASES:
+                table = tuple(range(-(-(prefix + chunk) // BLOCK_SIZE)))
+                batch = StageBatch.build([ChunkSpec(prefix, chunk, table, 0)], BLOCK_SIZE)
+                input_ids = torch.randint(0, model.config.vocab_size, (chunk,))
+                seconds, busy = _time(lambda: model(batch, cache, input_ids=input_ids), runs)
+                print(f"{arch:>12} {f'{chunk} after {prefix}':>16} {seconds * 1e3:9.1f} "
+                      f"{chunk / seconds:9.0f} {busy:8.0%}", flush=True)
+
+
+def _time(fn, runs: int) -> tuple[float, float]:
+    """Median wall seconds of `runs` calls after a warm-up, and cpu/wall per thread."""
+    fn()
+    times, cpu_times = [], []
+    for _ in range(runs):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        fn()
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+    seconds = statistics.median(times)
+    return seconds, statistics.median(cpu_times) / seconds / torch.get_num_threads()
 
 
 def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: float, runs: int) -> None:

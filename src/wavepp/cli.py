@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wavepp.make_model import SUPPORTED_ARCHS
+
 
 def comma_list(text: str) -> list[str]:
     """The items of a comma-separated option: "a, b,,c" -> ["a", "b", "c"]."""
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("make-model", help="write a tiny random-weight HF checkpoint (seeded)")
     p.add_argument("path", help="output directory")
-    p.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    p.add_argument("--arch", default="llama", choices=SUPPORTED_ARCHS)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)

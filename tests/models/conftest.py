@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wavepp.make_model import make_model
+from wavepp.make_model import MOE_ARCHS, make_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -47,6 +47,16 @@ def llama3_model(tmp_path_factory) -> Path:
                                  "original_max_position_embeddings": 64}
     (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+@pytest.fixture(scope="session")
+def moe_models(tmp_path_factory) -> dict[str, object]:
+    """arch -> 4-layer tiny checkpoint (GLM-5 with index_topk 64: more than any prompt here,
+    so its attention is dense and exact), plus "glm_moe_dsa/topk4": GLM-5 keeping 4 keys."""
+    root = tmp_path_factory.mktemp("moe")
+    models = {arch: make_model(root / arch, arch=arch, seed=1, index_topk=64) for arch in MOE_ARCHS}
+    models["glm_moe_dsa/topk4"] = make_model(root / "glm_topk4", arch="glm_moe_dsa", seed=2, index_topk=4)
+    return models
 
 
 _HF_CACHE: dict = {}

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepp.models.moe_config import MOE_MODEL_TYPES, MoEModelConfig
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM"}
@@ -113,8 +115,10 @@ class ModelConfig:
         )
 
 
-def load_model_config(model_path: str | Path) -> ModelConfig:
-    """Read `<model_path>/config.json`. Raises FileNotFoundError naming the missing path."""
+def load_model_config(model_path: str | Path) -> ModelConfig | MoEModelConfig:
+    """Read `<model_path>/config.json`: a ModelConfig (Llama family) or, by model_type, a
+    MoEModelConfig. Raises FileNotFoundError naming the missing path, ValueError naming the
+    file and what it holds that is not supported."""
     path = Path(model_path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
@@ -126,9 +130,13 @@ def load_model_config(model_path: str | Path) -> ModelConfig:
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{config_file} is not readable JSON: {err}") from err
     try:
+        if isinstance(hf, dict) and hf.get("model_type") in MOE_MODEL_TYPES:
+            return MoEModelConfig.from_hf(hf)
         return ModelConfig.from_hf(hf)
     except KeyError as err:
         raise ValueError(f"{config_file} lacks the field {err.args[0]!r}") from err
+    except ValueError as err:
+        raise ValueError(f"{config_file}: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -187,8 +195,9 @@ def _architecture(hf: dict) -> str:
     # A config converted from GGUF may carry "architectures": null; model_type then decides.
     names = hf.get("architectures") or [_MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type"))]
     if len(names) != 1 or names[0] not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"architecture {names} is not supported; "
-                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(f"architecture {names} (model_type {hf.get('model_type')!r}) is not supported; "
+                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} and model types "
+                         f"{', '.join(MOE_MODEL_TYPES)}")
     return names[0]
 
 

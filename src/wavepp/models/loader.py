@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from wavepp.models.config import ModelConfig, StageSpec, load_model_config
+from wavepp.models.moe_config import MoEModelConfig
 from wavepp.models.stage_model import StageModel
 
 SINGLE_FILE = "model.safetensors"
@@ -49,6 +50,9 @@ def load_stage_model(model_path: str | Path, stage: StageSpec | None = None,
     if stage.num_layers != config.num_layers:
         raise ValueError(f"stage layer range [{stage.start_layer}, {stage.end_layer}) was made for "
                          f"{stage.num_layers} layers; the model at {model_path} has {config.num_layers}")
+    if isinstance(config, MoEModelConfig):
+        from wavepp.models.moe_loader import load_moe_stage_model   # it builds on this module
+        return load_moe_stage_model(model_path, config, stage, dtype)
     shapes = stage_tensor_shapes(config, stage)
     tensors = read_tensors(model_path, shapes, dtype,
                            aliases={_LM_HEAD: _EMBED} if config.tie_word_embeddings else {})

@@ -56,6 +56,15 @@ class StageModel(nn.Module):
         """A zeroed cache shaped for this stage's layers, in the model dtype."""
         return PagedKVCache.for_stage(self.config, self.stage, num_blocks, block_size, self.dtype)
 
+    @property
+    def input_width(self) -> int:
+        """Columns of the tensor a later stage receives: the residual stream."""
+        return self.config.hidden_size
+
+    @property
+    def output_width(self) -> int:
+        return self.config.hidden_size
+
     @torch.inference_mode()
     def forward(self, batch: StageBatch, kv_cache: PagedKVCache, *,
                 input_ids: torch.Tensor | None = None,

@@ -16,7 +16,7 @@ import time
 import torch
 
 from wavepp.cache import BlockPool
-from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, stage_specs
+from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.sched import StageServer, TokenResult, Wave
@@ -38,14 +38,15 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
     if config.stage_num_blocks:
         return config.stage_num_blocks[stage_id]
     spec = stage_specs(model_config.num_layers, config.num_stages)[stage_id]
-    bytes_per_token = (2 * spec.num_stage_layers * model_config.num_kv_heads * model_config.head_dim
-                       * _DTYPES[config.dtype].itemsize)
+    layout = page_layout(model_config)
+    dtype_bytes = _DTYPES[config.dtype].itemsize
+    bytes_per_token = layout.bytes_per_block(spec.start_layer, spec.end_layer, 1, dtype_bytes)
     if config.kv_cache_gib is not None:
         budget = int(config.kv_cache_gib * 2**30)
     else:
         budget = min(DEFAULT_KV_MAX_BYTES, available_memory_bytes() // (4 * config.num_stages),
                      DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token)
-    return max(1, budget // (bytes_per_token * config.block_size))
+    return layout.num_blocks(budget, spec.start_layer, spec.end_layer, config.block_size, dtype_bytes)
 
 
 def available_memory_bytes() -> int:

@@ -38,7 +38,7 @@ def run_worker(channels: Channels) -> None:
     channels.send_obj(StageReady(rank, stage.num_blocks), 0, "replies")
     inbox: queue.Queue = queue.Queue()
     is_last = rank == config.num_stages - 1
-    hidden_size = stage.model_config.hidden_size
+    input_width = stage.model.input_width    # hidden_size, plus DSA top-k columns where needed
     dtype = stage.model.dtype
 
     def wave_thread():
@@ -65,7 +65,7 @@ def run_worker(channels: Channels) -> None:
                 inbox.put(header)
                 return
             n = header.wave.num_tokens
-            hidden = channels.recv_tensor((n, hidden_size), dtype, rank - 1) if n else None
+            hidden = channels.recv_tensor((n, input_width), dtype, rank - 1) if n else None
             inbox.put(WaveWork(header, hidden))
 
     threads = [threading.Thread(target=_guard(fn, config.run_dir, rank), name=fn.__name__, daemon=True)

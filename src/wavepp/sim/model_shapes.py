@@ -28,6 +28,9 @@ class ModelShape:
     index_topk: int = 0                 # DeepSeek sparse attention: keys kept per query (0: dense)
     index_n_heads: int = 0
     index_head_dim: int = 0
+    index_layers: tuple[int, ...] | None = None  # layers running an indexer (None: all; others share)
+    index_key_bytes: float = 0.0        # bytes per cached indexer key element (0: fp8 + fp32 scale)
+    qk_norm: bool = False               # gqa: RMSNorm weights over the q and k projections
     linear_layers: tuple[int, ...] = () # 0-based layers with linear attention (hybrid models)
     linear_num_heads: int = 0
     linear_head_dim: int = 0
@@ -73,6 +76,9 @@ class ModelShape:
     def sparse_attention(self) -> bool:
         return self.index_topk > 0
 
+    def runs_indexer(self, layer: int) -> bool:
+        return self.sparse_attention and (self.index_layers is None or layer in self.index_layers)
+
     def attention_params(self, layer: int) -> int:
         """Projection weights of one layer's attention block (MLA: the kv up-projection too)."""
         h = self.hidden_size
@@ -90,10 +96,22 @@ class ModelShape:
             + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
         o = self.num_heads * self.v_head_dim * h
         index = 0
-        if self.sparse_attention:
+        if self.runs_indexer(layer):
             index = (self.q_lora_rank or h) * self.index_n_heads * self.index_head_dim \
                 + h * self.index_head_dim + h * self.index_n_heads
         return q + kv + o + index
+
+    def norm_params(self, layer: int) -> int:
+        """RMSNorm (and indexer LayerNorm) weights of one layer, and its router's score bias."""
+        n = 2 * self.hidden_size
+        if self.is_linear(layer):
+            return n
+        if self.attention == "gqa":
+            n += (self.num_heads + self.num_kv_heads) * self.head_dim if self.qk_norm else 0
+        else:
+            n += self.q_lora_rank + self.kv_lora_rank
+            n += 2 * self.index_head_dim if self.runs_indexer(layer) else 0
+        return n + (self.num_experts if self.is_moe(layer) else 0)
 
     def expert_params(self) -> int:
         """One routed (or shared) expert: gate, up and down projections."""
@@ -119,14 +137,48 @@ class ModelShape:
         if self.attention == "gqa":
             return 2 * self.num_kv_heads * self.head_dim * self.kv_bytes
         latent = (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_bytes
-        index = self.index_head_dim + 4 if self.sparse_attention else 0   # fp8 key + fp32 scale
-        return latent + index
+        if not self.runs_indexer(layer):
+            return latent
+        if self.index_key_bytes:
+            return latent + self.index_head_dim * self.index_key_bytes
+        return latent + self.index_head_dim + 4      # fp8 key + fp32 scale
+
+    @classmethod
+    def from_hf(cls, hf: dict, name: str = "", kv_bytes: float = 2.0, weight_bytes: float = 2.0,
+                gemm_dtype: str = "bf16") -> ModelShape:
+        """The shape of a minimax_m2, deepseek_v3 or glm_moe_dsa HF config.json dict, with the
+        cache (and indexer keys) held at `kv_bytes` per element, as the runtime holds them."""
+        kind = hf["model_type"]
+        common = dict(name=name or kind, hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                      vocab_size=hf["vocab_size"], num_heads=hf["num_attention_heads"],
+                      num_experts_per_tok=hf["num_experts_per_tok"], weight_bytes=weight_bytes,
+                      gemm_dtype=gemm_dtype, kv_bytes=kv_bytes, source=f"config.json ({kind})")
+        if kind == "minimax_m2":
+            return cls(**common, attention="gqa", num_kv_heads=hf["num_key_value_heads"],
+                       head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+                       qk_norm=True, num_experts=hf["num_local_experts"],
+                       moe_intermediate_size=hf["intermediate_size"])
+        if kind not in ("deepseek_v3", "glm_moe_dsa"):
+            raise ValueError(f"ModelShape.from_hf: model_type {kind!r} is not supported")
+        index = {}
+        if kind == "glm_moe_dsa":
+            types = hf.get("indexer_types") or ["full"] * hf["num_hidden_layers"]
+            index = dict(index_topk=hf["index_topk"], index_n_heads=hf["index_n_heads"],
+                         index_head_dim=hf["index_head_dim"], index_key_bytes=kv_bytes,
+                         index_layers=tuple(i for i, t in enumerate(types) if t == "full"))
+        return cls(**common, **index, attention="mla", q_lora_rank=hf.get("q_lora_rank") or 0,
+                   kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
+                   qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
+                   intermediate_size=hf["intermediate_size"], first_k_dense=hf.get("first_k_dense_replace", 0),
+                   num_experts=hf["n_routed_experts"], num_shared_experts=hf.get("n_shared_experts") or 0,
+                   moe_intermediate_size=hf["moe_intermediate_size"])
 
     # ---- whole model -----------------------------------------------------------------------
 
     def num_params(self) -> int:
-        layers = sum(self.attention_params(i) + self.mlp_params(i) for i in range(self.num_layers))
-        return layers + 2 * self.vocab_size * self.hidden_size
+        layers = sum(self.attention_params(i) + self.mlp_params(i) + self.norm_params(i)
+                     for i in range(self.num_layers))
+        return layers + 2 * self.vocab_size * self.hidden_size + self.hidden_size
 
     def num_active_params(self) -> int:
         layers = sum(self.attention_params(i) + self.active_mlp_params(i) for i in range(self.num_layers))

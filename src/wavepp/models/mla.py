@@ -1,0 +1,113 @@
+"""Multi-head latent attention (DeepSeek-V3, GLM-5) over a paged latent cache.
+
+The cache holds, per token and layer, one row: the normalized compressed latent c
+(kv_lora_rank) and the rotated RoPE key shared by all heads (qk_rope_head_dim). Attention
+runs in "MHA form": each chunk expands the latents of its whole context [0, end) into
+per-head keys and values with kv_b_proj, then attends.
+
+    x ─ q_a_proj ─ q_a_norm ─ q_resid ─ q_b_proj ─ q: [n, heads, nope | rope]   (or q_proj)
+    x ─ kv_a_proj ─ c: kv_a_norm ─┐
+                    k_rope: RoPE ─┴─ latent pool row [c | k_rope]
+    context rows ─ kv_b_proj(c) ─ k_nope, v per head; key = [k_nope | k_rope]
+
+With a DSA indexer (GLM-5) each query attends only to the keys its layer's top-k selects
+(`Indexer`); a "shared" layer takes the selection of the layer before it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wavepp.models.batch import StageBatch
+from wavepp.models.dsa import Indexer, selection_mask
+from wavepp.models.layers import RMSNorm
+from wavepp.models.moe_config import MoEModelConfig
+from wavepp.models.paged_pools import PagedPools
+from wavepp.models.rope import apply_rope
+
+
+class MLAttention(nn.Module):
+    def __init__(self, config: MoEModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.nope, self.rope, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.kv_lora_rank = config.kv_lora_rank
+        self.interleave = config.rope_interleave
+        self.reuses_topk = config.reuses_topk(layer)
+        self.scale = config.qk_head_dim ** -0.5
+        if config.rope_scaling is not None:
+            self.scale *= config.rope_scaling.softmax_factor
+        hidden, heads = config.hidden_size, config.num_heads
+        self.q_lora = bool(config.q_lora_rank)
+        if self.q_lora:
+            self.q_a_proj = _param(dtype, config.q_lora_rank, hidden)
+            # q_a / kv_a norms use their module's default eps (1e-6), as the reference does
+            self.q_a_norm = RMSNorm(config.q_lora_rank, 1e-6, dtype)
+            self.q_b_proj = _param(dtype, heads * config.qk_head_dim, config.q_lora_rank)
+        else:
+            self.q_proj = _param(dtype, heads * config.qk_head_dim, hidden)
+        self.kv_a_proj = _param(dtype, config.kv_lora_rank + config.qk_rope_head_dim, hidden)
+        self.kv_a_norm = RMSNorm(config.kv_lora_rank, 1e-6, dtype)
+        self.kv_b_proj = _param(dtype, heads * (config.qk_nope_head_dim + config.v_head_dim), config.kv_lora_rank)
+        self.o_proj = _param(dtype, hidden, heads * config.v_head_dim)
+        self.indexer = Indexer(config, dtype) if config.runs_indexer(layer) else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StageBatch,
+                pools: PagedPools, topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [n, hidden] -> ([n, hidden], top-k [n, index_topk] or None). Writes the batch's
+        latent rows (and indexer keys) into `pools`. `topk` is the previous layer's selection,
+        used when this layer shares it."""
+        n, heads = x.shape[0], self.num_heads
+        q_resid = None
+        if self.q_lora:
+            q_resid = self.q_a_norm(F.linear(x, self.q_a_proj))
+            q = F.linear(q_resid, self.q_b_proj)
+        else:
+            q = F.linear(x, self.q_proj)
+        # q: [n, heads, nope + rope]
+        q = q.view(n, heads, self.nope + self.rope)
+        q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave)), -1)
+        c, k_rope = F.linear(x, self.kv_a_proj).split([self.kv_lora_rank, self.rope], dim=-1)
+        k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave)[:, 0]
+        latent_cache = pools.view("latent", self.layer)
+        latent_cache.index_copy_(0, batch.slot_mapping, torch.cat((self.kv_a_norm(c), k_rope), -1))
+        if self.indexer is not None:
+            topk = self.indexer(x, q_resid, cos, sin, batch, pools.view("index_key", self.layer))
+        elif not self.reuses_topk:
+            topk = None
+        elif topk is None:
+            raise ValueError(f"layer {self.layer} shares the previous layer's top-k, but none was given")
+        out = x.new_empty(n, heads, self.v_dim)
+        for index, chunk in enumerate(batch.chunks):
+            t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
+            context = batch.context_slots[batch.context_starts[index]:batch.context_starts[index + 1]]
+            # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope], values [heads, end, v]
+            rows = latent_cache.index_select(0, context)
+            kv = F.linear(rows[:, :self.kv_lora_rank], self.kv_b_proj).view(-1, heads, self.nope + self.v_dim)
+            keys = torch.cat((kv[..., :self.nope], rows[:, None, self.kv_lora_rank:].expand(-1, heads, -1)), -1)
+            # allowed: [chunk_tokens, end], key j visible to query i iff j <= num_cached + i (and selected)
+            allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
+            if topk is not None:
+                allowed &= selection_mask(topk[t0:t1], chunk.end)
+            # scores: [heads, chunk_tokens, end], -inf where not visible. In fp32, as the
+            # reference computes them: bf16 scores of 24-dim heads drift by ~0.1 in logprob
+            bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+            scores = torch.baddbmm(bias, q[t0:t1].transpose(0, 1).float(), keys.permute(1, 2, 0).float(),
+                                   alpha=self.scale)
+            o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope:].transpose(0, 1).float())
+            out[t0:t1] = o.transpose(0, 1).to(out.dtype)
+        return F.linear(out.view(n, heads * self.v_dim), self.o_proj), topk
+
+
+def _causal(num_cached: int, num_tokens: int) -> torch.Tensor:
+    #   [0, num_cached)  cached prefix, visible to all  |  [num_cached, end)  causal
+    keys = torch.arange(num_cached + num_tokens)
+    queries = torch.arange(num_cached, num_cached + num_tokens)
+    return keys[None, :] <= queries[:, None]
+
+
+def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)

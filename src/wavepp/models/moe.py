@@ -1,0 +1,105 @@
+"""Mixture of experts: a sigmoid top-k router and experts run grouped by expert.
+
+Routing (MiniMax-M2, DeepSeek-V3, GLM-5 all route this way; MiniMax-M2 has one group):
+
+    scores  = sigmoid(x @ gate^T)                       [num_tokens, num_experts], fp32
+    choice  = scores + e_score_correction_bias          (the bias picks, it never weighs)
+    groups  : keep the topk_group groups whose two best choices sum highest
+    experts = top-k of choice within the kept groups
+    weights = scores[experts], normalized to sum 1 (norm_topk_prob) * routed_scaling_factor
+
+Execution: the (token, expert) pairs are sorted by expert, so each active expert runs one
+gate/up matmul and one down matmul over all of its tokens; results scatter back with their
+weights. The loop is over active experts, never over tokens. Shared experts run densely.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wavepp.models.layers import SwiGLUMLP
+
+
+class Router(nn.Module):
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, n_group: int = 1,
+                 topk_group: int = 1, norm_topk_prob: bool = True, scaling_factor: float = 1.0) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = num_experts, top_k
+        self.n_group, self.topk_group = n_group, topk_group
+        self.norm_topk_prob, self.scaling_factor = norm_topk_prob, scaling_factor
+        # the router decides discrete choices: it stays fp32 whatever the model dtype
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32),
+                                   requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [num_tokens, hidden] -> (weights [num_tokens, top_k] fp32, experts [num_tokens, top_k] int64)."""
+        scores = F.linear(x.float(), self.weight).sigmoid()
+        choice = scores + self.bias
+        if self.n_group > 1:
+            # group_scores: [num_tokens, n_group], the sum of each group's two best choices
+            grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+            kept = group_scores.topk(self.topk_group, dim=-1).indices
+            dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, kept, False)
+            choice = grouped.masked_fill(dropped[..., None], float("-inf")).view_as(choice)
+        experts = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scaling_factor, experts
+
+
+class Experts(nn.Module):
+    """`num_experts` SwiGLU experts stacked: gate_up [E, 2 * I, H], down [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
+                                         requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype),
+                                      requires_grad=False)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, H]; weights, experts: [num_tokens, top_k] -> [num_tokens, H]."""
+        num_tokens, top_k = experts.shape
+        flat = experts.flatten()
+        # pairs sorted by expert: pair p is (token order[p] // top_k, expert flat[order[p]])
+        order = torch.argsort(flat, stable=True)
+        tokens = order // top_k
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        # routed: [num_tokens * top_k, H], rows grouped by expert
+        routed = x.index_select(0, tokens)
+        out = torch.empty_like(routed)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = slice(start, start + count)
+            gate, up = F.linear(routed[rows], self.gate_up_proj[expert]).split(self.intermediate_size, -1)
+            torch.mm(F.silu(gate).mul_(up), self.down_proj[expert].t(), out=out[rows])
+            start += count
+        out.mul_(weights.flatten()[order, None].to(out.dtype))
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+
+class MoE(nn.Module):
+    """Routed experts plus optional shared experts (one SwiGLU of num_shared * I)."""
+
+    def __init__(self, config, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.router = Router(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                             config.n_group, config.topk_group, config.norm_topk_prob,
+                             config.routed_scaling_factor)
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, dtype)
+        self.shared = (SwiGLUMLP(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts,
+                                 dtype) if config.num_shared_experts else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, hidden] -> [num_tokens, hidden]
+        weights, experts = self.router(x)
+        out = self.experts(x, weights, experts)
+        return out if self.shared is None else out.add_(self.shared(x))

@@ -1,0 +1,74 @@
+"""What one cached token costs, per layer and per pool: the page layout of an architecture.
+
+A block of B tokens is one unit for the block pool (cached, leased, escrowed and evicted as a
+whole), but its bytes live in several tensors, one per *pool*, each [layers, blocks, B, width]:
+
+    architecture       pools (width in elements per token and layer)
+    llama/qwen (GQA)   key: kv_heads * head_dim | value: kv_heads * head_dim
+    minimax_m2 (GQA)   key: kv_heads * head_dim | value: kv_heads * head_dim
+    deepseek_v3 (MLA)  latent: kv_lora_rank + qk_rope_head_dim   (compressed latent | RoPE key)
+    glm_moe_dsa (DSA)  latent: as MLA | index_key: index_head_dim, only on layers with an indexer
+
+Block ids are shared by all pools: block b of every pool belongs to the same tokens. The
+runtime sizes its pools from a memory budget with `num_blocks`, the simulator reads the same
+`bytes_per_token`. Pure Python (no torch), so both sides can import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CachePool:
+    """`width` elements per token on each of `layers` (model layer indices)."""
+
+    name: str
+    width: int
+    layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.width <= 0 or not self.layers:
+            raise ValueError(f"pool {self.name!r} needs width > 0 and at least one layer")
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    architecture: str
+    pools: tuple[CachePool, ...]
+
+    def pool(self, name: str) -> CachePool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"{self.architecture} has no cache pool {name!r}")
+
+    def elements_per_token(self, layer: int) -> int:
+        """Cache elements one token adds to `layer`, summed over pools."""
+        return sum(p.width for p in self.pools if layer in p.layers)
+
+    def bytes_per_token(self, layer: int, dtype_bytes: int) -> int:
+        return self.elements_per_token(layer) * dtype_bytes
+
+    def bytes_per_block(self, start_layer: int, end_layer: int, block_size: int, dtype_bytes: int) -> int:
+        """Bytes of one block over the layers [start_layer, end_layer) of a stage."""
+        return block_size * sum(self.bytes_per_token(i, dtype_bytes) for i in range(start_layer, end_layer))
+
+    def num_blocks(self, budget_bytes: int, start_layer: int, end_layer: int, block_size: int,
+                   dtype_bytes: int) -> int:
+        """Blocks a stage owning [start_layer, end_layer) can hold in `budget_bytes` (at least 1)."""
+        per_block = self.bytes_per_block(start_layer, end_layer, block_size, dtype_bytes)
+        return max(1, int(budget_bytes) // per_block)
+
+
+def page_layout(config) -> PageLayout:
+    """The layout of a ModelConfig (Llama family) or a MoEModelConfig."""
+    layers = tuple(range(config.num_layers))
+    if getattr(config, "is_mla", False):
+        pools = [CachePool("latent", config.kv_lora_rank + config.qk_rope_head_dim, layers)]
+        indexed = tuple(i for i in layers if config.runs_indexer(i))
+        if indexed:
+            pools.append(CachePool("index_key", config.index_head_dim, indexed))
+        return PageLayout(config.architecture, tuple(pools))
+    kv = config.num_kv_heads * config.head_dim
+    return PageLayout(config.architecture, (CachePool("key", kv, layers), CachePool("value", kv, layers)))

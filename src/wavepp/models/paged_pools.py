@@ -1,0 +1,63 @@
+"""The paged cache of one stage, laid out by a `PageLayout`: one tensor per pool.
+
+    pool tensor: [num_pool_layers, num_blocks, block_size, width]   (its layers in this stage)
+
+All pools share block ids: block b of every pool holds the same tokens, so the block manager
+caches, leases, escrows and evicts a block with everything the layers keep about it. The
+model reads and writes through the slot indices of a `StageBatch` (slot = block * size + offset).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wavepp.models.config import StageSpec
+from wavepp.models.page_layout import PageLayout
+
+
+class PagedPools:
+    """Zero-initialised pools for the layers [stage.start_layer, stage.end_layer). Tensors only."""
+
+    def __init__(self, layout: PageLayout, stage: StageSpec, num_blocks: int, block_size: int,
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"PagedPools needs num_blocks >= 1 and block_size >= 1, got "
+                             f"{num_blocks}, {block_size}")
+        self.layout = layout
+        self.stage = stage
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        self.tensors: dict[str, torch.Tensor] = {}
+        # (pool name, model layer) -> index into that pool's tensor
+        self._index: dict[tuple[str, int], int] = {}
+        for pool in layout.pools:
+            layers = [i for i in pool.layers if stage.start_layer <= i < stage.end_layer]
+            if not layers:
+                continue
+            self.tensors[pool.name] = torch.zeros(len(layers), num_blocks, block_size, pool.width,
+                                                  dtype=dtype, device=device)
+            self._index.update({(pool.name, layer): j for j, layer in enumerate(layers)})
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def has(self, name: str, layer: int) -> bool:
+        return (name, layer) in self._index
+
+    def view(self, name: str, layer: int) -> torch.Tensor:
+        """Flat view [num_slots, width] of pool `name` for model layer `layer`, written in place."""
+        if (name, layer) not in self._index:
+            raise KeyError(f"no pool {name!r} for layer {layer} in this stage's cache "
+                           f"(layers [{self.stage.start_layer}, {self.stage.end_layer}))")
+        tensor = self.tensors[name][self._index[(name, layer)]]
+        return tensor.view(self.num_slots, tensor.shape[-1])
+
+    def __repr__(self) -> str:
+        shapes = {name: list(t.shape) for name, t in self.tensors.items()}
+        return f"PagedPools({self.layout.architecture}, {shapes}, dtype={self.dtype})"

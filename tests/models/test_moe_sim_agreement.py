@@ -1,0 +1,26 @@
+"""The simulator reads the same shapes the runtime computes with: for each tiny MoE / MLA /
+DSA checkpoint, the simulator's parameter count equals the runtime's parameters, and its
+cache bytes per token and layer equal the runtime's page layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from wavepp.models import load_model_config, load_stage_model, page_layout
+from wavepp.sim.model_shapes import ModelShape
+
+
+@pytest.mark.parametrize("arch", ["minimax_m2", "deepseek_v3", "glm_moe_dsa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_simulator_counts_what_the_runtime_holds(moe_models, arch, dtype):
+    path = moe_models[arch]
+    shape = ModelShape.from_hf(json.loads((path / "config.json").read_text()), kv_bytes=dtype.itemsize)
+    model = load_stage_model(path, dtype=dtype)
+    assert shape.num_params() == sum(p.numel() for p in model.parameters())
+    layout = page_layout(load_model_config(path))
+    per_layer = [layout.bytes_per_token(i, dtype.itemsize) for i in range(shape.num_layers)]
+    assert [shape.kv_bytes_per_token(i) for i in range(shape.num_layers)] == per_layer
+    assert model.new_kv_cache(3, 4).num_bytes == 3 * 4 * sum(per_layer)
