@@ -108,12 +108,19 @@ class LocalCluster:
         """A reason naming the first stage process that exited, or None. With `wait_s`, wait
         up to that long for one to exit (a peer that dropped its connection is exiting)."""
         if wait_s > 0 and self.procs:
-            mp.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
+            ready = mp.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
+            for proc in self.procs:     # its files close before its exit status is there
+                if proc.sentinel in ready:
+                    proc.join(wait_s)
         for rank, proc in enumerate(self.procs, start=1):
             if proc.exitcode is not None:
                 report = Path(self.run_dir, f"stage{rank}.error")
-                detail = (report.read_text().splitlines()[0] if report.exists()
-                          else "no report (it died before wavepp ran in it; its stderr says why)")
+                if report.exists():
+                    detail = report.read_text().splitlines()[0]
+                elif proc.exitcode < 0:
+                    detail = f"killed by {signal.Signals(-proc.exitcode).name}"
+                else:
+                    detail = "no report (it died before wavepp ran in it; its stderr says why)"
                 return (f"stage {rank} (pid {proc.pid}) exited with code {proc.exitcode}: {detail}")
         return None
 
