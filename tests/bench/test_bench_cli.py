@@ -52,7 +52,7 @@ def test_default_request_count_gives_a_steady_state_at_every_concurrency():
     overlaps execution; the default keeps 4 x c requests flowing through a run."""
     import argparse
 
-    from wavepp import cli_bench
+    from wavepp.cli import bench as cli_bench
 
     parser = argparse.ArgumentParser()
     cli_bench.add_parser(parser.add_subparsers())

@@ -8,6 +8,7 @@ No engine is alive between these tests (the checks look at the whole process).
 import multiprocessing as mp
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,14 +22,17 @@ from wavepp.engine import Engine, EngineError
 from wavepp.make_model import make_model
 from wavepp.runtime.launch import StageStartError
 
+from .helpers import assert_clean, groups
+
 VOCAB = 256
+MAX_POSITIONS = 512
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama", num_layers=4,
                       hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, seed=5)
+                      vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
 
 
 def _no_stage_left():
@@ -93,9 +97,9 @@ KILLED_STAGE_SCRIPT = textwrap.dedent("""
     import os, random, signal, sys
     from wavepp.engine import Engine, EngineError
     if __name__ == "__main__":
-        with Engine(sys.argv[1], pp=3, dtype="float32") as engine:
+        with Engine(sys.argv[1], pp=int(sys.argv[2]) + 2, dtype="float32") as engine:
             futures = [engine.submit([random.randrange(256) for _ in range(300)]) for _ in range(20)]
-            os.kill(engine._cluster.procs[int(sys.argv[2])].pid, signal.SIGKILL)
+            os.kill(engine._cluster.procs[-1].pid, signal.SIGKILL)
             try:
                 for f in futures:
                     f.result(timeout=20)
@@ -110,11 +114,51 @@ def test_exit_code_zero_after_a_killed_stage(tiny, tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED_STAGE_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, str(script), str(tiny), str(i % 2)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(10)]
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-2000:]
-        assert "engine error: stage" in out
+    for batch in range(5):        # two at a time, at pp = 2 and pp = 3
+        procs = [subprocess.Popen([sys.executable, str(script), str(tiny), str(i % 2)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+        for proc in procs:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err[-2000:]
+            assert "engine error: stage" in out
     assert not list(tmp_path.glob("wavepp-*"))
+
+
+@pytest.mark.parametrize("policy", ["wavepp", "lockstep"])
+def test_randomized_mix_every_future_resolves(tiny, policy):
+    """Submit, abort, duplicate ids, over-long and too-large prompts on tight, unequal caches:
+    every future resolves within the bound with a result or a known reason, the caches check
+    out, and the engine still serves."""
+    rng = random.Random(11)
+    prefixes = groups(rng, num_groups=4, prefix_len=64)
+    expected_errors = re.compile(r"aborted$|the prompt needs \d+ blocks of 16 tokens; the smallest stage "
+                                 r"holds 24$|the prompt has \d+ tokens; the model takes at most 512 ")
+    with Engine(str(tiny), pp=2, dtype="float32", policy=policy, stage_num_blocks=[24, 40]) as eng:
+        futures, refused = [], 0
+        for _ in range(250):
+            kind = rng.random()
+            if kind < 0.6:
+                prompt = rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 80))]
+            elif kind < 0.7:     # more blocks than stage 0 holds
+                prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(385, MAX_POSITIONS))]
+            elif kind < 0.75:    # past the model's positions
+                prompt = [rng.randrange(VOCAB) for _ in range(MAX_POSITIONS + rng.randrange(1, 50))]
+            else:
+                prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 200))]
+            try:
+                futures.append(eng.submit(prompt, request_id=rng.choice([None, None, rng.randrange(40)])))
+            except ValueError as exc:          # an id still in use
+                assert "already in use" in str(exc)
+                refused += 1
+            if rng.random() < 0.3:
+                eng.abort(rng.choice(futures).request_id)
+        done, pending = wait(futures, timeout=120)
+        assert not pending, f"{len(pending)} futures never resolved"
+        results = [f.result() for f in futures]
+        assert refused > 0 and sum(r.ok for r in results) > len(results) // 3
+        assert sum(r.error == "aborted" for r in results) > 10
+        for r in results:
+            assert r.ok or expected_errors.match(r.error), r.error
+        assert_clean(eng)
+        assert eng.submit(prefixes[0] + [1, 2]).result(timeout=30).ok

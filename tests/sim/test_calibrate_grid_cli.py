@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from wavepp import cli_simulate
+from wavepp.cli import simulate as cli_simulate
 from wavepp.sched import CostCoefficients, CostModel
 from wavepp.sim import (
     CpuHardware, StageSample, fit_stage_costs, grid_summary, kimi_grid, paper_grid, run_grid)

@@ -106,3 +106,16 @@ def test_open_loop_replays_the_arrival_times(tmp_path):
     assert result.num_failed == 0 and result.num_requests == 3
     assert [sim.records[i].arrival for i in range(3)] == [0.0, 0.5, 2.5]
     assert result.hit_rate == pytest.approx(work.ideal_hit_rate)
+
+
+def test_policies_come_from_one_registry():
+    from wavepp.sched.policy import POLICIES, bench_policies, get_policy, runtime_policies
+    from wavepp.sim.systems import SYSTEMS
+
+    assert list(SYSTEMS) == list(POLICIES)
+    assert all(SYSTEMS[name].policy is POLICIES[name] for name in POLICIES)
+    assert "vllm-pp" not in runtime_policies() and bench_policies()[-1] == "single-stage"
+    with pytest.raises(ValueError, match="unknown policy 'vllm-pp'; choose one of wavepp, wavepp-mpu"):
+        get_policy("vllm-pp", runtime=True)
+    with pytest.raises(ValueError, match="unknown policy 'x'; choose one of .*tp-ep"):
+        get_policy("x")

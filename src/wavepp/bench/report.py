@@ -7,6 +7,7 @@ import platform
 from pathlib import Path
 
 import torch
+from wavepp.jsonfile import write_json  # noqa: F401 - part of this module's API
 
 
 def machine() -> str:
@@ -35,10 +36,6 @@ def print_table(rows: list[dict], console, title: str) -> None:
                       f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle,
                       f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}")
     console.print(table)
-
-
-def write_json(path: str, rows: list[dict], meta: dict) -> None:
-    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
 
 
 def write_plot(path: str, rows: list[dict]) -> None:

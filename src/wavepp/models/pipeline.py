@@ -2,9 +2,10 @@
 
 `LocalPipeline` builds the stage slices of a model split into `num_stages` and runs a batch
 through them in order, each stage with its own paged KV cache. It keeps a block table per
-request with a trivial allocator, so tests (and the single-stage baseline) can feed prompts
-chunk by chunk. The real runtime puts each stage in its own process, with its own block
-manager; here one allocator serves all stages, so a request uses the same block ids on each.
+request with a trivial allocator, so tests can feed prompts chunk by chunk. The real runtime
+puts each stage in its own process, with its own block manager; here one allocator serves all
+stages, so a request uses the same block ids on each. (The bench's `single-stage` baseline is
+not this: it is the real runtime with one stage, `Engine(pp=1)`.)
 """
 
 from __future__ import annotations

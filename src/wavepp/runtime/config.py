@@ -26,7 +26,7 @@ class RuntimeConfig:
         if not isinstance(self.num_stages, int) or isinstance(self.num_stages, bool) or self.num_stages < 1:
             raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, "
                              f"got {self.num_stages!r}")
-        get_policy(self.policy)   # an unknown policy fails here, naming the valid ones
+        get_policy(self.policy, runtime=True)   # an unknown policy fails here, naming the valid ones
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
         if self.block_size < 1:

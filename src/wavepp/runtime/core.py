@@ -117,7 +117,7 @@ class EngineCore:
     def reset(self, policy: str | None = None) -> None:
         """Empty every stage's cache and (optionally) switch policy. Waits for idle."""
         policy = policy or self.policy.name
-        get_policy(policy)
+        get_policy(policy, runtime=True)
         with self.cond:
             self._wait_idle()
             self.stage.reset(policy)
@@ -295,7 +295,7 @@ class EngineCore:
                 fut.set_result(self._on_done(request_id, req))
 
     def _build_leader(self, policy: str) -> None:
-        self.policy = get_policy(policy)
+        self.policy = get_policy(policy, runtime=True)
         cfg = self.config
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages)
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,

@@ -20,6 +20,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -68,6 +69,9 @@ class LocalCluster:
         if num_stages == 1:
             self.channels = Channels(0, 1)
             return
+        if dist.is_available() and dist.is_initialized():
+            raise RuntimeError("another pipeline (an Engine with pp > 1) is running in this process: "
+                               "torch.distributed holds one process group per process; shut it down first")
         init = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         for rank in range(1, num_stages):
@@ -75,6 +79,7 @@ class LocalCluster:
                                name=f"wavepp-stage{rank}", daemon=True)
             proc.start()
             self.procs.append(proc)
+        self._joining = True     # from here on, a failure may leave a half-made process group
         self.channels = self._rendezvous(lambda: Channels(0, num_stages, backend, init_method=init))
 
     def _rendezvous(self, connect, poll_s: float = 0.2) -> Channels:
@@ -106,12 +111,18 @@ class LocalCluster:
 
     def dead_stage(self, wait_s: float = 0.0) -> str | None:
         """A reason naming the first stage process that exited, or None. With `wait_s`, wait
-        up to that long for one to exit (a peer that dropped its connection is exiting)."""
-        if wait_s > 0 and self.procs:
-            ready = mp.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
-            for proc in self.procs:     # its files close before its exit status is there
-                if proc.sentinel in ready:
-                    proc.join(wait_s)
+        up to that long for one to exit: a peer that dropped its connection is exiting, and its
+        sockets close a moment before its exit status is there (and the watchdog thread may be
+        reaping it at the same time)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            reason = self._first_exited()
+            remaining = deadline - time.monotonic()
+            if reason or remaining <= 0 or not self.procs:
+                return reason
+            mp.connection.wait([p.sentinel for p in self.procs], timeout=min(remaining, 0.05))
+
+    def _first_exited(self) -> str | None:
         for rank, proc in enumerate(self.procs, start=1):
             if proc.exitcode is not None:
                 report = Path(self.run_dir, f"stage{rank}.error")
@@ -149,7 +160,7 @@ class LocalCluster:
                 proc.join(2)
         if hasattr(self, "channels"):
             self.channels.close()
-        elif dist.is_available() and dist.is_initialized():   # a rendezvous that failed half-way
+        elif getattr(self, "_joining", False) and dist.is_initialized():   # a rendezvous that failed half-way
             dist.destroy_process_group()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

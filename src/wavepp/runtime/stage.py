@@ -71,7 +71,7 @@ class StageRuntime:
     def reset(self, policy: str) -> None:
         """Empty the cache (KV tensors need no clearing: nothing reads an unwritten block)."""
         with self.lock:
-            self.policy = get_policy(policy)
+            self.policy = get_policy(policy, runtime=True)
             self.server = StageServer(self.stage_id, BlockPool(self.num_blocks, self.config.block_size))
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()

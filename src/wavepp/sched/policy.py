@@ -1,13 +1,19 @@
-"""Policies: when admission runs, and which planner sizes the waves.
+"""Policies: when admission runs, which planner sizes the waves, and where each one runs.
 
 Each baseline differs from `wavepp` in exactly one mechanism:
 
-    policy       admission                          planner
-    wavepp       asynchronous (WAVE, beside LOOP)   balanced (fitted cost model)
-    wavepp-mpu   asynchronous                       mpu (the paper's budget halving)
-    lockstep     inline: between waves, on LOOP     balanced
-    static       asynchronous                       static (fixed token budget)
-    sglang-pp    inline                             dynamic (SGLang's dynamic chunking)
+    policy       admission                          planner                        runs in
+    wavepp       asynchronous (WAVE, beside LOOP)   balanced (fitted cost model)   runtime, simulator
+    wavepp-mpu   asynchronous                       mpu (the paper's budgets)      runtime, simulator
+    lockstep     inline: between waves, on LOOP     balanced                       runtime, simulator
+    static       asynchronous                       static (fixed token budget)    runtime, simulator
+    sglang-pp    inline                             dynamic (SGLang's chunking)    runtime, simulator
+    vllm-pp      one central scheduler and pool     static                         simulator
+    tp-ep        one scheduler, every device on     static                         simulator
+                 every layer
+
+The bench adds `single-stage` (the runtime with one stage: the pipelining reference). The CLI's
+choices, the bench's list and the simulator's systems (sim/systems.py) all come from here.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ class Policy:
     inline_admission: bool
     planner: str
     description: str
+    in_runtime: bool = True       # False: a topology only the simulator models
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
@@ -29,11 +36,41 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("lockstep", True, "balanced", "admission inline between waves (TensorRT-LLM PP style)"),
     Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
     Policy("sglang-pp", True, "dynamic", "inline admission, SGLang's dynamic chunk sizes"),
+    Policy("vllm-pp", True, "static", "central scheduler and pool, fixed budget", in_runtime=False),
+    Policy("tp-ep", True, "static", "one scheduler, fixed budget, TP/EP over all devices", in_runtime=False),
 )}
 
+SINGLE_STAGE = "single-stage"     # the bench's pipelining reference: the runtime at pp = 1
 
-def get_policy(name: str) -> Policy:
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+
+def runtime_policies() -> list[str]:
+    """Policies the runtime (Engine, prefill) runs."""
+    return [p.name for p in POLICIES.values() if p.in_runtime]
+
+
+def bench_policies() -> list[str]:
+    """What `wavepp bench --policy` takes: the runtime's policies and single-stage."""
+    return runtime_policies() + [SINGLE_STAGE]
+
+
+def simulator_policies() -> list[str]:
+    return list(POLICIES)
+
+
+def get_policy(name: str, *, runtime: bool = False) -> Policy:
+    """The policy called `name`; with `runtime`, only one the runtime runs. An unknown name
+    raises ValueError listing the valid ones."""
+    valid = runtime_policies() if runtime else simulator_policies()
+    if name not in valid:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(valid)}")
+    return POLICIES[name]
+
+
+def check_policies(names: list[str], valid: list[str]) -> list[str]:
+    """`names` if each is valid, else ValueError naming the first unknown one and the choices."""
+    if not names:
+        raise ValueError(f"no policy given; choose from {', '.join(valid)}")
+    for name in names:
+        if name not in valid:
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(valid)}")
+    return names

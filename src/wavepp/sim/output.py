@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from wavepp.sim.pipeline import PipelineSim
+from wavepp.jsonfile import write_json  # noqa: F401 - part of this module's API
 
 
 def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:
@@ -32,10 +33,6 @@ def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:
     if not console.is_terminal:        # a file or a pipe: do not squeeze the table to 80 columns
         console = Console(width=160)
     console.print(table)
-
-
-def write_json(rows: Sequence[dict], path: str | Path, meta: dict | None = None) -> None:
-    Path(path).write_text(json.dumps({"meta": meta or {}, "rows": list(rows)}, indent=1))
 
 
 def write_plot(rows: Sequence[dict], path: str | Path) -> None:

@@ -20,7 +20,7 @@ only compute; the servers (stage 0's) answer rounds and prepare and complete the
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from wavepp.sched.leader import Leader

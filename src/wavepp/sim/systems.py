@@ -53,14 +53,12 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
     SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
                "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches"),
-    SystemSpec("vllm-pp", Policy("vllm-pp", True, "static", "central scheduler, fixed budget"),
-               "central", 1, 8192, "one scheduler and pool (smallest stage), S batches in flight"),
-    SystemSpec("tp-ep", Policy("tp-ep", True, "static", "one scheduler, fixed budget"),
-               "tp", 2, 16384, "all devices on every layer: TP attention, EP experts"),
+    SystemSpec("vllm-pp", get_policy("vllm-pp"), "central", 1, 8192,
+               "one scheduler and pool (smallest stage), S batches in flight"),
+    SystemSpec("tp-ep", get_policy("tp-ep"), "tp", 2, 16384,
+               "all devices on every layer: TP attention, EP experts"),
 )}
 
 
 def get_system(name: str) -> SystemSpec:
-    if name not in SYSTEMS:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(SYSTEMS)}")
-    return SYSTEMS[name]
+    return SYSTEMS[get_policy(name).name]

@@ -16,7 +16,7 @@ import sys
 import time
 
 from wavepp.cli import comma_list
-from wavepp.sim.systems import SYSTEMS
+from wavepp.sched.policy import check_policies, simulator_policies
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -29,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
     p.add_argument("--workload", default="short-suffix",
                    help="comma list of: cold, reuse, mixed, short-suffix, gsp, trace (Mooncake)")
-    p.add_argument("--policy", default="wavepp,lockstep", help=f"comma list of: {', '.join(SYSTEMS)}")
+    p.add_argument("--policy", default="wavepp,lockstep", help=f"comma list of: {', '.join(simulator_policies())}")
     p.add_argument("--concurrency", default="8,32,128", help="comma list (closed loop)")
     p.add_argument("--num-requests", type=int, default=0,
                    help="requests per setting (0: max(32, 4 x concurrency); trace: 256)")
@@ -73,7 +73,7 @@ def run(args) -> int:
           f"({platform.python_implementation()} {platform.python_version()})")
     meta = {"argv": sys.argv[1:], "wall_s": wall}
     if args.json:
-        write_json(rows, args.json, meta)
+        write_json(args.json, rows, meta)
     if args.plot:
         write_plot(rows, args.plot)
     if args.trace:
@@ -89,10 +89,7 @@ def _run_settings(args) -> tuple[list[dict], list]:
     setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
                      token_scale=args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode)
-    policies = comma_list(args.policy)
-    for p in policies:
-        if p not in SYSTEMS:
-            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(SYSTEMS)}")
+    policies = check_policies(comma_list(args.policy), simulator_policies())
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
     for kind, conc in ((k, c) for k in comma_list(args.workload) for c in concurrencies):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from wavepp.cli import comma_list
-
-POLICIES = ("wavepp", "wavepp-mpu", "lockstep", "static", "single-stage")
+from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 
 
 def add_parser(sub) -> None:
@@ -18,7 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--workload", default="short-suffix,reuse",
                    help="comma list of: cold, reuse, short-suffix, mixed, gsp, trace")
-    p.add_argument("--policy", default="wavepp,wavepp-mpu,lockstep,static,single-stage")
+    p.add_argument("--policy", default="wavepp,wavepp-mpu,lockstep,static,single-stage",
+                   help=f"comma list of: {', '.join(bench_policies())}")
     p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
@@ -89,11 +89,8 @@ def run(args) -> int:
     from wavepp.store import DEFAULT_MODEL, resolve_model
 
     console = Console(width=max(Console().width, 160))
-    policies = comma_list(args.policy)
-    for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    policies = check_policies(comma_list(args.policy), bench_policies())
+    concurrencies = [int(c) for c in comma_list(args.concurrency)]
     model = args.model or DEFAULT_MODEL
     vocab_size = load_model_config(resolve_model(model)).vocab_size
     # workloads[c]: the workloads at concurrency c (the same shapes, sized for c)
@@ -110,11 +107,11 @@ def run(args) -> int:
             console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
                           f"ideal hit rate {wl.ideal_hit_rate:.1%}")
     t_start = time.perf_counter()
-    pipeline_policies = [p for p in policies if p != "single-stage"]
+    pipeline_policies = [p for p in policies if p != SINGLE_STAGE]
     engines = {}
     if pipeline_policies:
         engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype)
-    if "single-stage" in policies:
+    if SINGLE_STAGE in policies:
         engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype)
     rows, trace_events = [], []
     total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat
@@ -131,8 +128,8 @@ def run(args) -> int:
                         wl = workloads[c][index]
                         order = policies if rep % 2 == 0 else list(reversed(policies))
                         for pol in order:
-                            engine = engines["single" if pol == "single-stage" else "pp"]
-                            engine.reset("wavepp" if pol == "single-stage" else pol)
+                            engine = engines["single" if pol == SINGLE_STAGE else "pp"]
+                            engine.reset("wavepp" if pol == SINGLE_STAGE else pol)
                             progress.update(task, description=f"{wl.name} c={c} {pol} (run {rep + 1})")
                             m = run_closed_loop(engine, wl, c, policy_label=pol, repeat=rep,
                                                 on_progress=lambda n: progress.advance(task, n))

@@ -6,6 +6,9 @@ import json
 import sys
 import time
 
+from wavepp.cli import comma_list
+from wavepp.sched.policy import runtime_policies
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("prefill", help="prefill prompts through the pipeline; print first tokens",
@@ -16,10 +19,12 @@ def add_parser(sub) -> None:
     p.add_argument("--token-ids", metavar="FILE", help="a JSON list of token-id lists")
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
     p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
-    p.add_argument("--policy", default="wavepp", help="wavepp | wavepp-mpu | lockstep | static")
+    p.add_argument("--policy", default="wavepp", choices=runtime_policies(),
+                   help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--stage-blocks", default=None, help="cache blocks per stage, comma separated")
+    p.add_argument("--stage-num-blocks", default=None,
+                   help="cache blocks per stage, comma separated (default: sized from the model)")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per prompt")
     p.set_defaults(func=run)
@@ -43,7 +48,7 @@ def run(args) -> int:
         raise ValueError("no prompts: give PROMPT texts or --token-ids FILE")
     from wavepp.engine import Engine
 
-    blocks = [int(x) for x in args.stage_blocks.split(",")] if args.stage_blocks else None
+    blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
     t0 = time.perf_counter()
     with Engine(args.model or DEFAULT_MODEL, pp=args.pp, policy=args.policy, dtype=args.dtype,
                 block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k) as engine:

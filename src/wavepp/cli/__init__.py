@@ -1,0 +1,33 @@
+"""The `wavepp` command line: one module per command (models, make-model, prefill, bench,
+simulate), each with `add_parser(sub)` and its `run(args)`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def comma_list(text: str) -> list[str]:
+    """The items of a comma-separated option: "a, b,,c" -> ["a", "b", "c"]."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="wavepp", description="Pipeline-parallel LLM prefill with cross-stage prefix reuse.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from wavepp.cli import bench, make_model, models, prefill, simulate
+    for command in (models, make_model, prefill, bench, simulate):
+        command.add_parser(sub)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"wavepp {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+

@@ -1,0 +1,5 @@
+import sys
+
+from wavepp.cli import main
+
+sys.exit(main())
