@@ -42,7 +42,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="trace: arrival time multiplier")
     p.add_argument("--token-scale", type=int, default=16, help="real tokens per simulated token")
     p.add_argument("--block-size", type=int, default=16, help="simulated tokens per cache block")
-    p.add_argument("--max-wave-tokens", type=int, default=65536, help="largest wave, real tokens")
+    p.add_argument("--max-wave-tokens", type=int, default=0,
+                   help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)")
     p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")

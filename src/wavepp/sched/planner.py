@@ -38,6 +38,11 @@ class PlannerConfig:
     min_wave_tokens: int = 64       # b_min: the smallest (mpu, balanced)
     static_wave_tokens: int = 512   # the static planner's budget
     max_chunks_per_wave: int = 256
+    # the mpu planner's M and b_min; None: max_wave_tokens and min_wave_tokens. The paper runs
+    # microbatch 16,384 and b_min 8,192 (MPU_PAPER_TOKENS); scaled to this CPU's 512-token
+    # waves that is 512 and 256
+    mpu_microbatch_tokens: int | None = None
+    mpu_min_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
@@ -47,6 +52,22 @@ class PlannerConfig:
         if self.min_wave_tokens > self.max_wave_tokens:
             raise ValueError(f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
                              f"max_wave_tokens={self.max_wave_tokens}")
+        for name in ("mpu_microbatch_tokens", "mpu_min_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"PlannerConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.mpu_budgets[1] > self.mpu_budgets[0]:
+            raise ValueError(f"PlannerConfig: the mpu b_min {self.mpu_budgets[1]} exceeds its "
+                             f"microbatch {self.mpu_budgets[0]}")
+
+    @property
+    def mpu_budgets(self) -> tuple[int, int]:
+        """(M, b_min) of the mpu planner."""
+        return (self.mpu_microbatch_tokens or self.max_wave_tokens,
+                self.mpu_min_tokens or self.min_wave_tokens)
+
+
+# The paper's MPU settings: microbatch M = 16,384 tokens, b_min = 8,192.
+MPU_PAPER_TOKENS = (16384, 8192)
 
 
 class Planner(Protocol):
@@ -113,7 +134,7 @@ class MpuPlanner:
     """The paper's MPU planner.
 
     Execution ring R = 2P, target S = R + (F-1)P waves (F = 2). Candidate budgets halve from M
-    down to b_min (block aligned). With W admitted-but-unscheduled tokens and N_{>b/2} requests
+    down to b_min (block aligned; `PlannerConfig.mpu_budgets`, the paper's 16,384 and 8,192). With W admitted-but-unscheduled tokens and N_{>b/2} requests
     holding more than b/2 of them, budget b supports n(b) = max(W/b, N_{>b/2}) waves; the planner
     proposes the largest b with n(b) >= S (else b_min). Hysteresis: it raises its budget after
     R/2 consecutive proposals above it, lowers it after P below it.
@@ -125,7 +146,7 @@ class MpuPlanner:
         p = config.num_stages
         self.ring = 2 * p
         self.target_waves = self.ring + (fill_factor - 1) * p
-        self.budgets = budget_ladder(config.max_wave_tokens, config.min_wave_tokens, config.block_size)
+        self.budgets = budget_ladder(*config.mpu_budgets, config.block_size)
         self.budget = self.budgets[0]
         self._streak_up = 0
         self._streak_down = 0
@@ -154,23 +175,38 @@ class MpuPlanner:
 
     def plan(self, requests: Sequence[Request]) -> list[Chunk]:
         b = self.decide(self.propose(requests))
-        return pack_tokens(requests, b, self.config, max(self.config.min_wave_tokens, b // 2))
+        return pack_tokens(requests, b, self.config, max(self.budgets[-1], b // 2))
 
     def observe(self, chunks, seconds: float) -> None:
         pass
 
 
 class BalancedPlanner:
-    """Equal predicted wave times from a fitted cost model.
+    """Equal predicted wave times from a fitted cost model, counting the work in flight.
 
-    The wave time target T is the predicted cost of the available work spread over
-    `target_waves` waves (default: one per stage, enough to fill the pipeline), clamped
-    between the cost of a b_min-token wave and a cap: the cost of an M-token wave, or less,
-    the time beyond which the fixed costs of a wave (its own overhead, and per chunk the
-    overhead plus re-reading the cached prefix) fall under `overhead_frac` of it. Larger waves
-    buy no efficiency, only longer pipeline fill and drain. Packing is FCFS: a request that
-    fits in what is left of T goes whole, else it gets the largest aligned chunk that does; a
-    chunk shorter than a block never forms.
+    The pipeline wants `target_waves` waves in flight (default: one per stage), each carrying
+    an equal share of all the work in the system: the work waiting (W, predicted chunk time of
+    every plannable request's rest) and the work in flight (F, the chunks of the waves this
+    planner sent that have not come back). The wave time target is
+
+        T = c_wave + (W + F) / target_waves
+
+    With the pipeline empty the work at hand spreads over S waves; with waves in flight the
+    next one takes its share of the whole, not a share of what is left, so a few requests
+    arriving beside full waves do not split into ever thinner waves (each paying the per-wave
+    cost, and on a GPU reading every weight for few rows), and a burst of arrivals does not go
+    out as one lump that comes back as one lump.
+
+    T is clamped between the cost of a b_min-token wave and a cap: the cost of an M-token wave,
+    or less, the time beyond which the fixed costs of a wave (its own overhead, and per chunk
+    the overhead plus re-reading the cached prefix) fall under `overhead_frac` of it. Larger
+    waves buy no efficiency, only longer pipeline fill and drain; a wave never holds more than
+    M tokens (a deployment sets M from its profiling pass: `efficient_wave_tokens`). Packing is
+    FCFS: a request that fits in what is left of T goes whole, else it gets the largest aligned
+    chunk that does; a chunk shorter than a block never forms.
+
+    Waves in flight are the ones this planner planned whose chunks have not all completed
+    (the leader advances `num_computed_tokens` and finishes requests as waves come back).
     """
     name = "balanced"
 
@@ -180,11 +216,23 @@ class BalancedPlanner:
         self.cost = cost_model or CostModel()
         self.target_waves = target_waves or config.num_stages
         self.overhead_frac = overhead_frac
+        # planned waves not yet back: (predicted chunk seconds, ((request, chunk end), ...))
+        self._in_flight: list[tuple[float, tuple[tuple[Request, int], ...]]] = []
+
+    @property
+    def num_in_flight(self) -> int:
+        self._retire()
+        return len(self._in_flight)
+
+    def in_flight_work(self) -> float:
+        """Predicted chunk time of the waves in flight (their per-wave costs left out)."""
+        self._retire()
+        return sum(t for t, _ in self._in_flight)
 
     def target_time(self, requests: Sequence[Request]) -> float:
         cost = self.cost
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
-        spread = cost.coef.c_wave + work / self.target_waves
+        spread = cost.coef.c_wave + (work + self.in_flight_work()) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, self.config.min_wave_tokens)])
         # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
@@ -219,10 +267,19 @@ class BalancedPlanner:
         if not chunks and requests:   # never stall: at least one block of the first request
             chunk = chunk_of(requests[0], cfg.block_size, cfg.block_size)
             chunks = [chunk] if chunk else []
+        if chunks:
+            by_id = {r.request_id: r for r in requests}
+            self._in_flight.append((sum(cost.chunk_time(c.start, c.num_tokens) for c in chunks),
+                                    tuple((by_id[c.request_id], c.end) for c in chunks)))
         return chunks
 
     def observe(self, chunks, seconds: float) -> None:
         self.cost.observe(chunks, seconds)
+
+    def _retire(self) -> None:
+        """Forget waves whose chunks have all come back (or whose requests ended)."""
+        self._in_flight = [w for w in self._in_flight
+                           if any(not r.state.finished and r.num_computed_tokens < end for r, end in w[1])]
 
 
 def budget_ladder(max_tokens: int, min_tokens: int, block_size: int) -> list[int]:

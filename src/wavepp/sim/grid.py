@@ -66,7 +66,7 @@ class GridSetting:
     policies: tuple[str, ...]
     token_scale: int = 16
     block_size: int = 16
-    max_wave_tokens: int = 65536
+    max_wave_tokens: int = 0                # 0: from the profiling pass
     num_requests: int = field(default=0)    # 0: max(32, 4 x concurrency)
 
     def setup(self) -> SimSetup:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from wavepp.sched.cost_model import CostCoefficients, CostModel
-from wavepp.sched.planner import PlannerConfig
+from wavepp.sched.cost_model import (
+    CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, profile_wave_shapes)
+from wavepp.sched.planner import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec
@@ -21,6 +22,9 @@ from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
 from wavepp.workloads import Workload
+
+
+PROFILE_MAX_TOKENS = 65536   # real tokens: the largest wave of the profiling pass
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class SimSetup:
     num_devices: int                 # the PP degree; for tp-ep, the TP/EP degree
     token_scale: int = 16            # real tokens per simulated token
     block_size: int = 16             # simulated tokens per block
-    max_wave_tokens: int = 32768     # real tokens: the largest wave the planners may form
+    max_wave_tokens: int = 0         # real tokens: the largest wave (M) of the balanced planner;
+                                     # 0: from the profiling pass (efficient_wave_tokens)
     min_wave_tokens: int = 1024      # real tokens: the smallest budget (mpu)
     max_round_requests: int = 64
     max_pool_blocks: int = 1 << 22   # cap on blocks per pool (memory may allow more)
@@ -65,7 +70,9 @@ class SimSetup:
     memory: MemoryBudget = field(default_factory=MemoryBudget)
 
     def __post_init__(self) -> None:
-        for name in ("num_devices", "token_scale", "block_size", "max_wave_tokens",
+        if self.max_wave_tokens < 0:
+            raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
+        for name in ("num_devices", "token_scale", "block_size",
                      "min_wave_tokens", "max_round_requests", "max_pool_blocks"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SimSetup.{name} must be positive, got {getattr(self, name)}")
@@ -116,12 +123,16 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
     blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
     costs = scaled_costs(stages, setup, local=spec.topology != "pp")
-    chunk = spec.chunk_tokens or setup.max_wave_tokens
-    pcfg = PlannerConfig(block_size=bs, num_stages=len(stages),
-                         max_wave_tokens=_aligned(setup.max_wave_tokens, setup),
-                         min_wave_tokens=_aligned(setup.min_wave_tokens, setup),
-                         static_wave_tokens=_aligned(chunk, setup), max_chunks_per_wave=256)
     prior = fit_prior(stages, setup)
+    largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
+               else efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs))
+    chunk = _aligned(spec.chunk_tokens, setup) if spec.chunk_tokens else largest
+    mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
+    pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
+                         min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
+                         static_wave_tokens=chunk, max_chunks_per_wave=256,
+                         mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
+                         mpu_min_tokens=mpu and _aligned(mpu[1], setup))
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
@@ -150,18 +161,15 @@ def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) 
 
 
 def fit_prior(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
-    """The planners' starting cost model, in simulated tokens: t(L, x) fitted by least squares
-    to the slowest stage's analytic times over waves of 1 and 4 chunks (a profiling pass, as a
-    deployment would run before serving). The planner keeps refining it online."""
-    s, big = setup.token_scale, setup.max_wave_tokens
-    model = CostModel(prior_weight=1e-3)
-    for L in (0, big // 4, big, 4 * big):
-        for x in (big // 32, big // 8, big // 4, big // 2, big):
-            for n in (1, 4):
-                chunks = [(L // s, max(1, x // n // s))] * n
-                real = [(a * s, b * s) for a, b in chunks]
-                model.observe(chunks, max(st.wave_seconds(real) for st in stages))
-    return model.coef
+    """The planners' starting cost model, in simulated tokens: the profiling pass a deployment
+    runs before serving (`profile_wave_shapes`: waves of one and four chunks, a block to the
+    largest wave, after short and long prefixes), timed on the slowest stage and fitted with its
+    knee (`fit_coefficients`). The planner keeps refining it online."""
+    s = setup.token_scale
+    shapes = profile_wave_shapes(PROFILE_MAX_TOKENS // s, setup.block_size)
+    samples = [(chunks, max(st.wave_seconds([(L * s, x * s) for L, x in chunks]) for st in stages))
+               for chunks in shapes]
+    return fit_coefficients(samples)
 
 
 def run_setting(system: str, setup: SimSetup, workload: Workload, concurrency: int, *,
