@@ -29,7 +29,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
     p.add_argument("--workload", default="short-suffix",
                    help="comma list of: cold, reuse, mixed, short-suffix, gsp, trace (Mooncake)")
-    p.add_argument("--policy", default="wavepp,lockstep", help=f"comma list of: {', '.join(SYSTEMS)}")
+    p.add_argument("--policy", default=None,
+                   help=f"comma list of: {', '.join(SYSTEMS)} (default wavepp,lockstep; --grid: "
+                        f"the grid's own list, every policy)")
     p.add_argument("--concurrency", default="8,32,128", help="comma list (closed loop)")
     p.add_argument("--num-requests", type=int, default=0,
                    help="requests per setting (0: max(32, 4 x concurrency); trace: 256)")
@@ -62,8 +64,11 @@ def run(args) -> int:
     if args.grid:
         if args.trace:
             raise ValueError("--trace records single settings; drop --grid or --trace")
-        from wavepp.sim.grid import get_grid, run_grid
-        rows = run_grid(get_grid(args.grid), jobs=args.jobs)
+        from wavepp.sim.grid import get_grid, run_grid, with_overrides
+        settings = get_grid(args.grid)
+        if args.policy:
+            settings = with_overrides(settings, policies=tuple(_policies(args.policy)))
+        rows = run_grid(settings, jobs=args.jobs)
     else:
         rows, traces = _run_settings(args)
     wall = time.perf_counter() - t0
@@ -90,10 +95,7 @@ def _run_settings(args) -> tuple[list[dict], list]:
     setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
                      token_scale=args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode)
-    policies = comma_list(args.policy)
-    for p in policies:
-        if p not in SYSTEMS:
-            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(SYSTEMS)}")
+    policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
     for kind, conc in ((k, c) for k in comma_list(args.workload) for c in concurrencies):
@@ -107,6 +109,14 @@ def _run_settings(args) -> tuple[list[dict], list]:
             if args.trace:
                 traces.append((f"{policy} {workload.name} c={conc}", sim))
     return rows, traces
+
+
+def _policies(text: str) -> list[str]:
+    policies = comma_list(text)
+    for p in policies:
+        if p not in SYSTEMS:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(SYSTEMS)}")
+    return policies
 
 
 def _workload(name: str, args, setup, num_requests: int):

@@ -112,6 +112,9 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                                  f"{v['wavepp'] / v['lockstep']:.2f}x")
         multi = {k: v for k, v in mine.items() if len(v) > 2 and k[3] >= 8}
         if multi:
+            near = sum(v["wavepp"] >= TIE * max(v.values()) for v in multi.values())
+            lines.append(f"[{tag}] wavepp best of all policies (ties within 2%) in {near} of "
+                         f"{len(multi)} settings at concurrency >= 8")
             best = [k for k, v in multi.items() if _at_least(v["wavepp"], max(v.values()))]
             lines.append(f"[{tag}] wavepp highest of all policies in {len(best)} of {len(multi)} "
                          f"settings at concurrency >= 8")
@@ -121,6 +124,15 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                     lines.append(f"[{tag}]   {k[1]} {k[2]} c={k[3]}: {winner} "
                                  f"{v[winner] / v['wavepp']:.3f}x of wavepp")
     return lines
+
+
+TIE = 0.98   # within 2% of the best counts as best (ties)
+
+
+def rank_of(policy: str, values: dict[str, float]) -> int:
+    """1 + the number of policies more than 2% faster than `policy`."""
+    mine = values[policy]
+    return 1 + sum(1 for p, v in values.items() if p != policy and mine < TIE * v)
 
 
 def _at_least(a: float, b: float) -> bool:
