@@ -43,6 +43,11 @@ class PlannerConfig:
     # waves that is 512 and 256
     mpu_microbatch_tokens: int | None = None
     mpu_min_tokens: int | None = None
+    # balanced: fill waves to M tokens after the longest prefix (True; GPU deployments, M from
+    # the profiling pass) or keep predicted wave times equal under the fixed-cost cap (False)
+    fill_waves: bool = False
+    # balanced: with the pipeline full, hold back waves under this fraction of a fair share
+    hold_frac: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
@@ -52,6 +57,8 @@ class PlannerConfig:
         if self.min_wave_tokens > self.max_wave_tokens:
             raise ValueError(f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
                              f"max_wave_tokens={self.max_wave_tokens}")
+        if not 0 <= self.hold_frac < 1:
+            raise ValueError(f"PlannerConfig.hold_frac must be in [0, 1), got {self.hold_frac}")
         for name in ("mpu_microbatch_tokens", "mpu_min_tokens"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"PlannerConfig.{name} must be positive, got {getattr(self, name)}")
@@ -182,7 +189,7 @@ class MpuPlanner:
 
 
 class BalancedPlanner:
-    """Equal predicted wave times from a fitted cost model, counting the work in flight.
+    """Waves sized by a fitted cost model from all the work in the system, in flight included.
 
     The pipeline wants `target_waves` waves in flight (default: one per stage), each carrying
     an equal share of all the work in the system: the work waiting (W, predicted chunk time of
@@ -195,15 +202,24 @@ class BalancedPlanner:
     next one takes its share of the whole, not a share of what is left, so a few requests
     arriving beside full waves do not split into ever thinner waves (each paying the per-wave
     cost, and on a GPU reading every weight for few rows), and a burst of arrivals does not go
-    out as one lump that comes back as one lump.
+    out as one lump that comes back as one lump. With `target_waves` in flight already and
+    less than `hold_frac` of a share waiting, the planner sends nothing: the next wave to come
+    back brings more work, and one fuller wave costs less than two thin ones.
 
-    T is clamped between the cost of a b_min-token wave and a cap: the cost of an M-token wave,
-    or less, the time beyond which the fixed costs of a wave (its own overhead, and per chunk
-    the overhead plus re-reading the cached prefix) fall under `overhead_frac` of it. Larger
-    waves buy no efficiency, only longer pipeline fill and drain; a wave never holds more than
-    M tokens (a deployment sets M from its profiling pass: `efficient_wave_tokens`). Packing is
-    FCFS: a request that fits in what is left of T goes whole, else it gets the largest aligned
-    chunk that does; a chunk shorter than a block never forms.
+    T is clamped between the cost of a b_min-token wave and a cap; a wave never holds more
+    than M tokens. Two caps (`PlannerConfig.fill_waves`):
+      equal times (default)  an M-token wave after the mean prefix at hand, or less, the time
+                             beyond which the fixed costs of a wave (its own overhead, and per
+                             chunk the overhead plus re-reading the cached prefix) fall under
+                             `overhead_frac` of it: chunks after long prefixes get fewer tokens,
+                             and every wave costs about the same (the CPU runtime, M = 512)
+      fill waves             an M-token wave after the longest prefix at hand: waves fill to M
+                             tokens, M the efficient size from the profiling pass
+                             (`efficient_wave_tokens`). On a GPU a chunk cut short after a long
+                             prefix pays its per-chunk costs (MLA re-expansion of the prefix)
+                             and the per-wave weight reads again for fewer tokens.
+    Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
+    largest aligned chunk that does; a chunk shorter than a block never forms.
 
     Waves in flight are the ones this planner planned whose chunks have not all completed
     (the leader advances `num_computed_tokens` and finishes requests as waves come back).
@@ -230,22 +246,35 @@ class BalancedPlanner:
         return sum(t for t, _ in self._in_flight)
 
     def target_time(self, requests: Sequence[Request]) -> float:
-        cost = self.cost
+        cost, cfg = self.cost, self.config
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
         spread = cost.coef.c_wave + (work + self.in_flight_work()) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
-        lo = cost.wave_time([(0, self.config.min_wave_tokens)])
+        lo = cost.wave_time([(0, cfg.min_wave_tokens)])
+        if cfg.fill_waves:
+            longest = max((r.num_scheduled_tokens for r in requests), default=0)
+            return max(min(spread, cost.wave_time([(longest, cfg.max_wave_tokens)])), lo)
         # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
         # and a cap taken at an empty prefix would cut waves below M tokens
-        hi = cost.wave_time([(round(mean_prefix), self.config.max_wave_tokens)])
+        hi = cost.wave_time([(round(mean_prefix), cfg.max_wave_tokens)])
         # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
         # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
         fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
         efficient = fixed / self.overhead_frac
         return max(min(spread, hi, efficient), lo)
 
+    def holds(self, requests: Sequence[Request]) -> bool:
+        """True when the pipeline is full and what waits is under `hold_frac` of a share."""
+        if self.config.hold_frac <= 0 or self.num_in_flight < self.target_waves:
+            return False
+        cost = self.cost
+        work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
+        return work < self.config.hold_frac * (work + self.in_flight_work()) / self.target_waves
+
     def plan(self, requests: Sequence[Request]) -> list[Chunk]:
         cfg, cost = self.config, self.cost
+        if self.holds(requests):    # waves are in flight: one comes back and plans again
+            return []
         left = self.target_time(requests) - cost.coef.c_wave
         token_cap = cfg.max_wave_tokens
         chunks: list[Chunk] = []

@@ -132,7 +132,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                          min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
                          static_wave_tokens=chunk, max_chunks_per_wave=256,
                          mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
-                         mpu_min_tokens=mpu and _aligned(mpu[1], setup))
+                         mpu_min_tokens=mpu and _aligned(mpu[1], setup), fill_waves=True)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
