@@ -71,3 +71,19 @@ def test_efficient_wave_is_the_smallest_spending_most_time_on_tokens():
     # b*T >= 0.75 * (10 ms + b*T)  <=>  T >= 3000: the ladder from 65536 halves to 4096
     assert efficient_wave_tokens(coef, 65536, 16) == 4096
     assert efficient_wave_tokens(coef, 2048, 16) == 2048      # none fits: the largest
+
+
+def test_ablation_steps_differ_in_one_mechanism():
+    from wavepp.sim.grid import ablation_grid
+    from wavepp.sim.systems import ABLATION, get_system
+    base, wave, lease = (get_system(n) for n in ABLATION[:3])
+    assert base.policy.inline_admission and not wave.policy.inline_admission
+    assert base.chunk_tokens == wave.chunk_tokens == lease.chunk_tokens == MPU_PAPER_TOKENS[0]
+    assert not wave.lease_escrow and lease.lease_escrow
+    setup = setup_for("glm-5")
+    free = build_system("fixed-wave", setup).costs
+    paid = build_system("fixed-lease", setup).costs
+    assert free.round_new_block_s == free.round_leased_block_s == 0.0
+    assert paid.round_new_block_s > 0 and paid.round_leased_block_s > 0
+    grid = ablation_grid()
+    assert len(grid) == 18 and all(s.policies == ABLATION for s in grid)
