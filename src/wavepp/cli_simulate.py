@@ -22,7 +22,7 @@ from wavepp.sim.systems import SYSTEMS
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="simulate wavepp and baselines on modeled GPUs",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=["paper", "kimi", "all"], help="run a reconstructed paper grid")
+    p.add_argument("--grid", choices=["paper", "kimi", "ablation", "all"], help="run a reconstructed paper grid")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
     p.add_argument("--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3")
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
@@ -51,13 +51,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a throughput plot (PNG)")
+    p.add_argument("--markdown", metavar="PATH", help="write the tables as Markdown (best in bold)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the runs (not with --grid)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    from wavepp.sim.output import grid_summary, print_table, write_json, write_plot, write_trace
+    from wavepp.sim.output import (
+        grid_summary, markdown_tables, print_table, write_json, write_plot, write_trace)
 
     t0 = time.perf_counter()
     traces = []
@@ -82,6 +84,9 @@ def run(args) -> int:
         write_json(rows, args.json, meta)
     if args.plot:
         write_plot(rows, args.plot)
+    if args.markdown:
+        from pathlib import Path
+        Path(args.markdown).write_text(markdown_tables(rows))
     if args.trace:
         write_trace(traces, args.trace)
     return 0

@@ -147,3 +147,12 @@ def test_simulate_rejects_unknown_policy_and_trace_with_grid():
         run_cli("--policy", "nope")
     with pytest.raises(ValueError, match="--trace"):
         run_cli("--grid", "paper", "--trace", "x.json")
+
+
+def test_markdown_tables_bold_the_best_and_rank_wavepp():
+    from wavepp.sim.output import markdown_tables
+    rows = [{"grid": "g", "model": "m", "hardware": "B300", "pp": 4, "workload": "cold-8k", "concurrency": 8,
+             "policy": p, "input_tok_s": v} for p, v in [("wavepp", 99e3), ("static", 100e3), ("lockstep", 50e3)]]
+    text = markdown_tables(rows)
+    assert "| workload | c | wavepp | static | lockstep | wavepp rank |" in text
+    assert "| cold-8k | 8 | 99.0k | **100k** | 50.0k | 1 |" in text

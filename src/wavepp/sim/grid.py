@@ -97,12 +97,21 @@ def kimi_grid() -> list[GridSetting]:
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
 
 
-GRIDS = {"paper": paper_grid, "kimi": kimi_grid}
+def ablation_grid() -> list[GridSetting]:
+    """The paper's ablation on the kimi grid's settings at concurrency 8, 16, 32: wave admission,
+    + lease and escrow, + MPU (and the balanced planner), each over the step before."""
+    from wavepp.sim.systems import ABLATION
+    return [GridSetting("ablation", "kimi-k2", "B300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
+                        c, ABLATION, token_scale=256)
+            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in (8, 16, 32)]
+
+
+GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "ablation": ablation_grid}
 
 
 def get_grid(name: str) -> list[GridSetting]:
     if name == "all":
-        return [s for make in GRIDS.values() for s in make()]
+        return [s for key, make in GRIDS.items() if key != "ablation" for s in make()]
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}, all")
     return GRIDS[name]()

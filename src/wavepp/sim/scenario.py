@@ -122,7 +122,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
     blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
-    costs = scaled_costs(stages, setup, local=spec.topology != "pp")
+    costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
     prior = fit_prior(stages, setup)
     largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
                else efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs))
@@ -140,9 +140,11 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      hybrid=m.hybrid, central_pool=spec.topology == "central")
 
 
-def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) -> SimCosts:
+def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,
+                 lease_escrow: bool = True) -> SimCosts:
     """SimCosts in simulated tokens over cost models in real tokens. `local`: admission runs
-    in the scheduler's own process (one pool), no rounds-plane latency."""
+    in the scheduler's own process (one pool), no rounds-plane latency. `lease_escrow=False`
+    charges nothing for pinning and reserving blocks (the ablation's wave admission alone)."""
     s, m, hw, adm = setup.token_scale, setup.model, setup.hardware, setup.admission
     runtime_blocks = setup.block_size * s / adm.block_tokens   # runtime blocks per simulated block
 
@@ -155,8 +157,8 @@ def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) 
                     result_seconds=hw.link_latency_s,
                     round_latency_s=0.0 if local else adm.round_latency_s,
                     round_msg_s=adm.msg_s, round_item_s=adm.item_s,
-                    round_leased_block_s=adm.leased_block_s * runtime_blocks,
-                    round_new_block_s=adm.new_block_s * runtime_blocks,
+                    round_leased_block_s=adm.leased_block_s * runtime_blocks * lease_escrow,
+                    round_new_block_s=adm.new_block_s * runtime_blocks * lease_escrow,
                     leader_item_s=adm.leader_item_s)
 
 

@@ -14,6 +14,12 @@
                                                                              layer (TP attention,
                                                                              EP experts)
 
+The paper's ablation adds one mechanism at a time on MPU's 16,384-token microbatch:
+fixed-lockstep (inline rounds, fixed waves) -> fixed-wave (asynchronous rounds; the stages'
+lease and escrow work is not charged: an upper bound for wave admission alone, since this
+leader cannot admit without them) -> fixed-lease (that work charged) -> wavepp-mpu (MPU
+budgets) -> wavepp (the balanced planner).
+
 The fixed budgets are the frameworks' defaults: vLLM's max_num_batched_tokens of 8192 for its
 OpenAI server on large GPUs (vllm/engine/arg_utils.py); SGLang's chunked_prefill_size of 16384
 on GPUs with the most memory (sglang/srt/server_args.py), also the base chunk of its dynamic
@@ -35,6 +41,7 @@ class SystemSpec:
     ring_per_stage: int           # waves in flight per execution stage
     chunk_tokens: int | None      # fixed / base budget in real tokens (static, dynamic planners)
     description: str
+    lease_escrow: bool = True     # charge the stages' lease and escrow work in admission rounds
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -57,7 +64,17 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
                "central", 1, 8192, "one scheduler and pool (smallest stage), S batches in flight"),
     SystemSpec("tp-ep", Policy("tp-ep", True, "static", "one scheduler, fixed budget"),
                "tp", 2, 16384, "all devices on every layer: TP attention, EP experts"),
+    # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
+    SystemSpec("fixed-lockstep", Policy("fixed-lockstep", True, "static", "inline, fixed budget"),
+               "pp", 2, 16384, "ablation base: admission inline between waves, fixed 16,384-token waves"),
+    SystemSpec("fixed-wave", Policy("fixed-wave", False, "static", "asynchronous, fixed budget"),
+               "pp", 2, 16384, "ablation: + wave admission (lease and escrow work not charged)",
+               lease_escrow=False),
+    SystemSpec("fixed-lease", Policy("fixed-lease", False, "static", "asynchronous, fixed budget"),
+               "pp", 2, 16384, "ablation: + lease and escrow (their work charged)"),
 )}
+
+ABLATION = ("fixed-lockstep", "fixed-wave", "fixed-lease", "wavepp-mpu", "wavepp")
 
 
 def get_system(name: str) -> SystemSpec:
