@@ -177,3 +177,16 @@ def test_balanced_counts_the_work_in_flight():
     assert planner.num_in_flight == 1
     a.state = RequestState.DONE             # the second finished the request
     assert planner.num_in_flight == 0 and planner.in_flight_work() == 0.0
+
+
+def test_filled_waves_double_behind_a_deep_queue():
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
+                        fill_waves=True, deep_queue_waves=2)
+    planner = BalancedPlanner(cfg, CostModel(coef))
+    # 2 waves of 2M = 512 per stage, 2 stages: 2048 tokens waiting double the wave
+    assert planner.wave_tokens([req(0, 2048)]) == 512
+    assert planner.wave_tokens([req(0, 2032)]) == 256
+    assert sum(c.num_tokens for c in planner.plan([req(0, 4096)])) == 512
+    with pytest.raises(ValueError, match="hold_frac"):
+        PlannerConfig(hold_frac=1.0)

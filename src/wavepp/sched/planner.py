@@ -48,6 +48,9 @@ class PlannerConfig:
     fill_waves: bool = False
     # balanced: with the pipeline full, hold back waves under this fraction of a fair share
     hold_frac: float = 0.5
+    # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait
+    # (8-12 give the same simulator grids; 3 and 6 fewer best settings); 0: never
+    deep_queue_waves: int = 8
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
@@ -57,6 +60,8 @@ class PlannerConfig:
         if self.min_wave_tokens > self.max_wave_tokens:
             raise ValueError(f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
                              f"max_wave_tokens={self.max_wave_tokens}")
+        if self.deep_queue_waves < 0:
+            raise ValueError(f"PlannerConfig.deep_queue_waves must be >= 0, got {self.deep_queue_waves}")
         if not 0 <= self.hold_frac < 1:
             raise ValueError(f"PlannerConfig.hold_frac must be in [0, 1), got {self.hold_frac}")
         for name in ("mpu_microbatch_tokens", "mpu_min_tokens"):
@@ -215,7 +220,7 @@ class BalancedPlanner:
                              and every wave costs about the same (the CPU runtime, M = 512)
       fill waves             an M-token wave after the longest prefix at hand: waves fill to M
                              tokens, M the efficient size from the profiling pass
-                             (`efficient_wave_tokens`). On a GPU a chunk cut short after a long
+                             (`efficient_wave_tokens`), 2M behind a deep queue (`wave_tokens`). On a GPU a chunk cut short after a long
                              prefix pays its per-chunk costs (MLA re-expansion of the prefix)
                              and the per-wave weight reads again for fewer tokens.
     Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
@@ -240,6 +245,17 @@ class BalancedPlanner:
         self._retire()
         return len(self._in_flight)
 
+    def wave_tokens(self, requests: Sequence[Request]) -> int:
+        """The most tokens a wave may hold: M, or 2M when filling waves and the work waiting
+        would fill `deep_queue_waves` waves of 2M per stage (a queue that deep amortizes the
+        longer fill and drain of larger waves, and the per-wave costs halve)."""
+        cfg = self.config
+        if not cfg.fill_waves or cfg.deep_queue_waves <= 0:
+            return cfg.max_wave_tokens
+        waiting = sum(r.num_unscheduled_tokens for r in requests)
+        deep = waiting >= cfg.deep_queue_waves * cfg.num_stages * 2 * cfg.max_wave_tokens
+        return 2 * cfg.max_wave_tokens if deep else cfg.max_wave_tokens
+
     def in_flight_work(self) -> float:
         """Predicted chunk time of the waves in flight (their per-wave costs left out)."""
         self._retire()
@@ -253,7 +269,7 @@ class BalancedPlanner:
         lo = cost.wave_time([(0, cfg.min_wave_tokens)])
         if cfg.fill_waves:
             longest = max((r.num_scheduled_tokens for r in requests), default=0)
-            return max(min(spread, cost.wave_time([(longest, cfg.max_wave_tokens)])), lo)
+            return max(min(spread, cost.wave_time([(longest, self.wave_tokens(requests))])), lo)
         # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
         # and a cap taken at an empty prefix would cut waves below M tokens
         hi = cost.wave_time([(round(mean_prefix), cfg.max_wave_tokens)])
@@ -276,7 +292,7 @@ class BalancedPlanner:
         if self.holds(requests):    # waves are in flight: one comes back and plans again
             return []
         left = self.target_time(requests) - cost.coef.c_wave
-        token_cap = cfg.max_wave_tokens
+        token_cap = self.wave_tokens(requests)
         chunks: list[Chunk] = []
         for req in requests:
             if left <= 0 or token_cap <= 0 or len(chunks) >= cfg.max_chunks_per_wave:
