@@ -46,6 +46,9 @@ class PlannerConfig:
     # balanced: fill waves to M tokens after the longest prefix (True; GPU deployments, M from
     # the profiling pass) or keep predicted wave times equal under the fixed-cost cap (False)
     fill_waves: bool = False
+    # balanced: share out the work in flight with the work waiting (False: the waiting work
+    # alone, the planner before in-flight accounting)
+    count_in_flight: bool = True
     # balanced: with the pipeline full, hold back waves under this fraction of a fair share
     hold_frac: float = 0.5
     # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait
@@ -264,7 +267,8 @@ class BalancedPlanner:
     def target_time(self, requests: Sequence[Request]) -> float:
         cost, cfg = self.cost, self.config
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
-        spread = cost.coef.c_wave + (work + self.in_flight_work()) / self.target_waves
+        flight = self.in_flight_work() if cfg.count_in_flight else 0.0
+        spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, cfg.min_wave_tokens)])
         if cfg.fill_waves:

@@ -42,6 +42,9 @@ class SystemSpec:
     chunk_tokens: int | None      # fixed / base budget in real tokens (static, dynamic planners)
     description: str
     lease_escrow: bool = True     # charge the stages' lease and escrow work in admission rounds
+    # the planner setup of the baselines as first measured: the balanced planner over the
+    # waiting work only, waves up to 65,536 tokens, a cost model fitted on uniform chunks
+    first_planner: bool = False
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -56,10 +59,11 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     SystemSpec("wavepp-mpu", get_policy("wavepp-mpu"), "pp", 2, None,
                "asynchronous admission, the paper's MPU budget halving"),
     SystemSpec("lockstep", get_policy("lockstep"), "pp", 2, None,
-               "admission rounds inline between waves"),
+               "admission rounds inline between waves", first_planner=True),
     SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
     SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
-               "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches"),
+               "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches",
+               first_planner=True),
     SystemSpec("vllm-pp", Policy("vllm-pp", True, "static", "central scheduler, fixed budget"),
                "central", 1, 8192, "one scheduler and pool (smallest stage), S batches in flight"),
     SystemSpec("tp-ep", Policy("tp-ep", True, "static", "one scheduler, fixed budget"),
