@@ -87,3 +87,12 @@ def test_ablation_steps_differ_in_one_mechanism():
     assert paid.round_new_block_s > 0 and paid.round_leased_block_s > 0
     grid = ablation_grid()
     assert len(grid) == 18 and all(s.policies == ABLATION for s in grid)
+
+
+def test_baselines_keep_their_first_planner_setup():
+    setup = setup_for("glm-5")
+    lock = build_system("lockstep", setup).leader.planner.config
+    ours = build_system("wavepp", setup).leader.planner.config
+    assert not lock.count_in_flight and lock.hold_frac == 0.0 and not lock.fill_waves
+    assert lock.max_wave_tokens == 65536 // 16
+    assert ours.count_in_flight and ours.fill_waves and ours.max_wave_tokens == 8192 // 16
