@@ -11,8 +11,9 @@ prefix are aligned to the block size, except a request's final chunk:
 Planners differ in the size of a wave:
   static    a fixed token budget (vLLM's max_num_batched_tokens style)
   mpu       the paper's budget halving with hysteresis, from the available work
-  balanced  a fitted cost model: each wave costs about the same predicted time, sized so that
-            at least `target_waves` waves of work stay available
+  balanced  a fitted cost model: each wave takes an equal share of all the work in the system,
+            waiting and in flight, over `target_waves` waves; it holds back thin waves while
+            the pipeline is full
   dynamic   SGLang's dynamic chunking (dynamic_chunk.py): the chunked request's next chunk
             costs what the initial chunk did, by a fitted quadratic
 """
