@@ -2,7 +2,7 @@
 
 import pytest
 
-from wavepp.sched import (BalancedPlanner, CostCoefficients, CostModel, MpuPlanner, PlannerConfig,
+from wavepp.sched import (BalancedPlanner, CostCoefficients, CostModel, MpuPlanner, PlannerConfig, RequestState,
                           Request, StaticPlanner, budget_ladder, make_planner)
 
 
@@ -156,3 +156,37 @@ def test_planner_config_validates_fields():
         PlannerConfig(block_size=0)
     with pytest.raises(ValueError, match="min_wave_tokens"):
         PlannerConfig(min_wave_tokens=4096, max_wave_tokens=1024)
+
+
+def test_balanced_counts_the_work_in_flight():
+    # linear cost: 1 ms per wave, 10 us per token; S = 2
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=8192, min_wave_tokens=16)
+    planner = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
+    a = req(0, 4096)
+    # empty pipeline: the work spreads over S = 2 waves
+    assert spans(planner.plan([a])) == [(0, 0, 2048, False)]
+    a.num_scheduled_tokens = 2048
+    a.state = RequestState.RUNNING
+    assert planner.num_in_flight == 1
+    # one wave of 2048 in flight: the next takes its equal share of all 4096, the whole rest,
+    # not half of what waits (which would leave ever thinner waves)
+    assert spans(planner.plan([a])) == [(0, 2048, 4096, True)]
+    assert planner.num_in_flight == 2
+    a.num_computed_tokens = 2048            # the first wave came back
+    assert planner.num_in_flight == 1
+    a.state = RequestState.DONE             # the second finished the request
+    assert planner.num_in_flight == 0 and planner.in_flight_work() == 0.0
+
+
+def test_filled_waves_double_behind_a_deep_queue():
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
+                        fill_waves=True, deep_queue_waves=2)
+    planner = BalancedPlanner(cfg, CostModel(coef))
+    # 2 waves of 2M = 512 per stage, 2 stages: 2048 tokens waiting double the wave
+    assert planner.wave_tokens([req(0, 2048)]) == 512
+    assert planner.wave_tokens([req(0, 2032)]) == 256
+    assert sum(c.num_tokens for c in planner.plan([req(0, 4096)])) == 512
+    with pytest.raises(ValueError, match="hold_frac"):
+        PlannerConfig(hold_frac=1.0)

@@ -10,6 +10,7 @@ from wavepp.sched import CostCoefficients, CostModel
 from wavepp.sim import (
     CpuHardware, StageSample, fit_stage_costs, grid_summary, kimi_grid, paper_grid, run_grid)
 from wavepp.sim.grid import with_overrides
+from wavepp.sim.output import rank_of
 
 TRUE = (CostCoefficients(c_wave=2e-3, c0=3e-4, g=2e-7, b=4e-4, a=2e-9),
         CostCoefficients(c_wave=1e-3, c0=1e-4, g=1e-7, b=6e-4, a=1e-9))
@@ -49,27 +50,31 @@ def test_fitted_cpu_pipeline_predicts_the_flow_shop_time():
         cpu.build("tp-ep")
 
 
-def test_paper_grid_is_forty_settings_of_wavepp_and_lockstep():
+PP_POLICIES = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp")
+
+
+def test_paper_grid_is_forty_settings_of_every_pp_policy():
     grid = paper_grid()
     assert len(grid) == 40
     assert {s.model for s in grid} == {"glm-5", "minimax-m2"}
     assert {s.concurrency for s in grid} == {8, 16, 32, 64, 128}
     assert {s.workload.kind for s in grid} == {"cold", "mixed", "reuse", "short_suffix"}
-    assert all(s.pp == 4 and s.hardware == "B300" and s.policies == ("wavepp", "lockstep") for s in grid)
+    assert all(s.pp == 4 and s.hardware == "B300" and s.policies == PP_POLICIES for s in grid)
     short = [s for s in grid if s.workload.kind == "short_suffix"][0].workload
     assert short.suffix_len == 4096 and short.prefix_len > 4 * short.suffix_len
 
 
-def test_kimi_grid_covers_long_prompts_and_five_policies():
+def test_kimi_grid_covers_long_prompts_and_every_policy():
     grid = kimi_grid()
     assert len(grid) >= 28
     assert {s.workload.prompt_len for s in grid} == {65536, 131072, 262144}
     assert {s.concurrency for s in grid} == {1, 2, 4, 8, 16, 32}
-    assert set(grid[0].policies) == {"wavepp", "lockstep", "sglang-pp", "vllm-pp", "tp-ep"}
+    assert grid[0].policies == PP_POLICIES + ("tp-ep",)
 
 
 def test_run_grid_rows_carry_the_required_fields():
-    small = with_overrides(paper_grid()[:1], num_requests=8, concurrency=4, token_scale=64)
+    small = with_overrides(paper_grid()[:1], num_requests=8, concurrency=4, token_scale=64,
+                           policies=("wavepp", "lockstep"))
     rows = run_grid(small)
     assert [r["policy"] for r in rows] == ["wavepp", "lockstep"]
     for r in rows:
@@ -86,6 +91,29 @@ def test_grid_summary_counts_wins_and_names_the_losers():
     assert "wavepp >= lockstep in 2 of 2" in text
     assert "c=128: wavepp/lockstep = 4.00x" in text
     assert "wavepp highest of all policies in 1 of 2" in text and "tp-ep 1.500x of wavepp" in text
+    assert "(ties within 2%) in 1 of 2" in text
+
+
+def test_rank_counts_only_policies_more_than_two_percent_faster():
+    values = {"wavepp": 100.0, "static": 101.9, "vllm-pp": 103.0, "lockstep": 50.0}
+    assert rank_of("wavepp", values) == 2      # static ties; vllm-pp is 3% faster
+    assert rank_of("vllm-pp", values) == 1 and rank_of("lockstep", values) == 4
+
+
+def test_grid_takes_policy(capsys, monkeypatch):
+    """--grid with --policy runs the grid's settings under the given policies only."""
+    import wavepp.sim.grid as grid_mod
+    seen = []
+
+    def fake_run_grid(settings, jobs=1):
+        seen.extend(settings)
+        return []
+    monkeypatch.setattr(grid_mod, "run_grid", fake_run_grid)
+    assert run_cli("--grid", "kimi", "--policy", "wavepp,static") == 0
+    assert len(seen) == 36 and all(s.policies == ("wavepp", "static") for s in seen)
+    seen.clear()
+    assert run_cli("--grid", "paper") == 0
+    assert len(seen) == 40 and all(s.policies == PP_POLICIES for s in seen)
 
 
 def run_cli(*argv):
@@ -119,3 +147,12 @@ def test_simulate_rejects_unknown_policy_and_trace_with_grid():
         run_cli("--policy", "nope")
     with pytest.raises(ValueError, match="--trace"):
         run_cli("--grid", "paper", "--trace", "x.json")
+
+
+def test_markdown_tables_bold_the_best_and_rank_wavepp():
+    from wavepp.sim.output import markdown_tables
+    rows = [{"grid": "g", "model": "m", "hardware": "B300", "pp": 4, "workload": "cold-8k", "concurrency": 8,
+             "policy": p, "input_tok_s": v} for p, v in [("wavepp", 99e3), ("static", 100e3), ("lockstep", 50e3)]]
+    text = markdown_tables(rows)
+    assert "| workload | c | wavepp | static | lockstep | wavepp rank |" in text
+    assert "| cold-8k | 8 | 99.0k | **100k** | 50.0k | 1 |" in text

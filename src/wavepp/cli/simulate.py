@@ -22,14 +22,16 @@ from wavepp.sched.policy import check_policies, simulator_policies
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="simulate wavepp and baselines on modeled GPUs",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=["paper", "kimi", "all"], help="run a reconstructed paper grid")
+    p.add_argument("--grid", choices=["paper", "kimi", "ablation", "all"], help="run a reconstructed paper grid")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
     p.add_argument("--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3")
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
     p.add_argument("--workload", default="short-suffix",
                    help="comma list of: cold, reuse, mixed, short-suffix, gsp, trace (Mooncake)")
-    p.add_argument("--policy", default="wavepp,lockstep", help=f"comma list of: {', '.join(simulator_policies())}")
+    p.add_argument("--policy", default=None,
+                   help=f"comma list of: {', '.join(simulator_policies())} (default wavepp,lockstep; "
+                        f"--grid: the grid's own list, every policy)")
     p.add_argument("--concurrency", default="8,32,128", help="comma list (closed loop)")
     p.add_argument("--num-requests", type=int, default=0,
                    help="requests per setting (0: max(32, 4 x concurrency); trace: 256)")
@@ -42,27 +44,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="trace: arrival time multiplier")
     p.add_argument("--token-scale", type=int, default=16, help="real tokens per simulated token")
     p.add_argument("--block-size", type=int, default=16, help="simulated tokens per cache block")
-    p.add_argument("--max-wave-tokens", type=int, default=65536, help="largest wave, real tokens")
+    p.add_argument("--max-wave-tokens", type=int, default=0,
+                   help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)")
     p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a throughput plot (PNG)")
+    p.add_argument("--markdown", metavar="PATH", help="write the tables as Markdown (best in bold)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the runs (not with --grid)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    from wavepp.sim.output import grid_summary, print_table, write_json, write_plot, write_trace
+    from wavepp.sim.output import (
+        grid_summary, markdown_tables, print_table, write_json, write_plot, write_trace)
 
     t0 = time.perf_counter()
     traces = []
     if args.grid:
         if args.trace:
             raise ValueError("--trace records single settings; drop --grid or --trace")
-        from wavepp.sim.grid import get_grid, run_grid
-        rows = run_grid(get_grid(args.grid), jobs=args.jobs)
+        from wavepp.sim.grid import get_grid, run_grid, with_overrides
+        settings = get_grid(args.grid)
+        if args.policy:
+            settings = with_overrides(settings, policies=tuple(_policies(args.policy)))
+        rows = run_grid(settings, jobs=args.jobs)
     else:
         rows, traces = _run_settings(args)
     wall = time.perf_counter() - t0
@@ -76,6 +84,9 @@ def run(args) -> int:
         write_json(args.json, rows, meta)
     if args.plot:
         write_plot(rows, args.plot)
+    if args.markdown:
+        from pathlib import Path
+        Path(args.markdown).write_text(markdown_tables(rows))
     if args.trace:
         write_trace(traces, args.trace)
     return 0
@@ -89,7 +100,7 @@ def _run_settings(args) -> tuple[list[dict], list]:
     setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
                      token_scale=args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode)
-    policies = check_policies(comma_list(args.policy), simulator_policies())
+    policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
     for kind, conc in ((k, c) for k in comma_list(args.workload) for c in concurrencies):
@@ -103,6 +114,10 @@ def _run_settings(args) -> tuple[list[dict], list]:
             if args.trace:
                 traces.append((f"{policy} {workload.name} c={conc}", sim))
     return rows, traces
+
+
+def _policies(text: str) -> list[str]:
+    return check_policies(comma_list(text), simulator_policies())
 
 
 def _workload(name: str, args, setup, num_requests: int):

@@ -11,8 +11,9 @@ prefix are aligned to the block size, except a request's final chunk:
 Planners differ in the size of a wave:
   static    a fixed token budget (vLLM's max_num_batched_tokens style)
   mpu       the paper's budget halving with hysteresis, from the available work
-  balanced  a fitted cost model: each wave costs about the same predicted time, sized so that
-            at least `target_waves` waves of work stay available
+  balanced  a fitted cost model: each wave takes an equal share of all the work in the system,
+            waiting and in flight, over `target_waves` waves; it holds back thin waves while
+            the pipeline is full
   dynamic   SGLang's dynamic chunking (dynamic_chunk.py): the chunked request's next chunk
             costs what the initial chunk did, by a fitted quadratic
 """
@@ -38,6 +39,22 @@ class PlannerConfig:
     min_wave_tokens: int = 64       # b_min: the smallest (mpu, balanced)
     static_wave_tokens: int = 512   # the static planner's budget
     max_chunks_per_wave: int = 256
+    # the mpu planner's M and b_min; None: max_wave_tokens and min_wave_tokens. The paper runs
+    # microbatch 16,384 and b_min 8,192 (MPU_PAPER_TOKENS); scaled to this CPU's 512-token
+    # waves that is 512 and 256
+    mpu_microbatch_tokens: int | None = None
+    mpu_min_tokens: int | None = None
+    # balanced: fill waves to M tokens after the longest prefix (True; GPU deployments, M from
+    # the profiling pass) or keep predicted wave times equal under the fixed-cost cap (False)
+    fill_waves: bool = False
+    # balanced: share out the work in flight with the work waiting (False: the waiting work
+    # alone, the planner before in-flight accounting)
+    count_in_flight: bool = True
+    # balanced: with the pipeline full, hold back waves under this fraction of a fair share
+    hold_frac: float = 0.5
+    # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait
+    # (8-12 give the same simulator grids; 3 and 6 fewer best settings); 0: never
+    deep_queue_waves: int = 8
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
@@ -47,6 +64,26 @@ class PlannerConfig:
         if self.min_wave_tokens > self.max_wave_tokens:
             raise ValueError(f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
                              f"max_wave_tokens={self.max_wave_tokens}")
+        if self.deep_queue_waves < 0:
+            raise ValueError(f"PlannerConfig.deep_queue_waves must be >= 0, got {self.deep_queue_waves}")
+        if not 0 <= self.hold_frac < 1:
+            raise ValueError(f"PlannerConfig.hold_frac must be in [0, 1), got {self.hold_frac}")
+        for name in ("mpu_microbatch_tokens", "mpu_min_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"PlannerConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.mpu_budgets[1] > self.mpu_budgets[0]:
+            raise ValueError(f"PlannerConfig: the mpu b_min {self.mpu_budgets[1]} exceeds its "
+                             f"microbatch {self.mpu_budgets[0]}")
+
+    @property
+    def mpu_budgets(self) -> tuple[int, int]:
+        """(M, b_min) of the mpu planner."""
+        return (self.mpu_microbatch_tokens or self.max_wave_tokens,
+                self.mpu_min_tokens or self.min_wave_tokens)
+
+
+# The paper's MPU settings: microbatch M = 16,384 tokens, b_min = 8,192.
+MPU_PAPER_TOKENS = (16384, 8192)
 
 
 class Planner(Protocol):
@@ -113,7 +150,7 @@ class MpuPlanner:
     """The paper's MPU planner.
 
     Execution ring R = 2P, target S = R + (F-1)P waves (F = 2). Candidate budgets halve from M
-    down to b_min (block aligned). With W admitted-but-unscheduled tokens and N_{>b/2} requests
+    down to b_min (block aligned; `PlannerConfig.mpu_budgets`, the paper's 16,384 and 8,192). With W admitted-but-unscheduled tokens and N_{>b/2} requests
     holding more than b/2 of them, budget b supports n(b) = max(W/b, N_{>b/2}) waves; the planner
     proposes the largest b with n(b) >= S (else b_min). Hysteresis: it raises its budget after
     R/2 consecutive proposals above it, lowers it after P below it.
@@ -125,7 +162,7 @@ class MpuPlanner:
         p = config.num_stages
         self.ring = 2 * p
         self.target_waves = self.ring + (fill_factor - 1) * p
-        self.budgets = budget_ladder(config.max_wave_tokens, config.min_wave_tokens, config.block_size)
+        self.budgets = budget_ladder(*config.mpu_budgets, config.block_size)
         self.budget = self.budgets[0]
         self._streak_up = 0
         self._streak_down = 0
@@ -154,23 +191,47 @@ class MpuPlanner:
 
     def plan(self, requests: Sequence[Request]) -> list[Chunk]:
         b = self.decide(self.propose(requests))
-        return pack_tokens(requests, b, self.config, max(self.config.min_wave_tokens, b // 2))
+        return pack_tokens(requests, b, self.config, max(self.budgets[-1], b // 2))
 
     def observe(self, chunks, seconds: float) -> None:
         pass
 
 
 class BalancedPlanner:
-    """Equal predicted wave times from a fitted cost model.
+    """Waves sized by a fitted cost model from all the work in the system, in flight included.
 
-    The wave time target T is the predicted cost of the available work spread over
-    `target_waves` waves (default: one per stage, enough to fill the pipeline), clamped
-    between the cost of a b_min-token wave and a cap: the cost of an M-token wave, or less,
-    the time beyond which the fixed costs of a wave (its own overhead, and per chunk the
-    overhead plus re-reading the cached prefix) fall under `overhead_frac` of it. Larger waves
-    buy no efficiency, only longer pipeline fill and drain. Packing is FCFS: a request that
-    fits in what is left of T goes whole, else it gets the largest aligned chunk that does; a
-    chunk shorter than a block never forms.
+    The pipeline wants `target_waves` waves in flight (default: one per stage), each carrying
+    an equal share of all the work in the system: the work waiting (W, predicted chunk time of
+    every plannable request's rest) and the work in flight (F, the chunks of the waves this
+    planner sent that have not come back). The wave time target is
+
+        T = c_wave + (W + F) / target_waves
+
+    With the pipeline empty the work at hand spreads over S waves; with waves in flight the
+    next one takes its share of the whole, not a share of what is left, so a few requests
+    arriving beside full waves do not split into ever thinner waves (each paying the per-wave
+    cost, and on a GPU reading every weight for few rows), and a burst of arrivals does not go
+    out as one lump that comes back as one lump. With `target_waves` in flight already and
+    less than `hold_frac` of a share waiting, the planner sends nothing: the next wave to come
+    back brings more work, and one fuller wave costs less than two thin ones.
+
+    T is clamped between the cost of a b_min-token wave and a cap; a wave never holds more
+    than M tokens. Two caps (`PlannerConfig.fill_waves`):
+      equal times (default)  an M-token wave after the mean prefix at hand, or less, the time
+                             beyond which the fixed costs of a wave (its own overhead, and per
+                             chunk the overhead plus re-reading the cached prefix) fall under
+                             `overhead_frac` of it: chunks after long prefixes get fewer tokens,
+                             and every wave costs about the same (the CPU runtime, M = 512)
+      fill waves             an M-token wave after the longest prefix at hand: waves fill to M
+                             tokens, M the efficient size from the profiling pass
+                             (`efficient_wave_tokens`), 2M behind a deep queue (`wave_tokens`). On a GPU a chunk cut short after a long
+                             prefix pays its per-chunk costs (MLA re-expansion of the prefix)
+                             and the per-wave weight reads again for fewer tokens.
+    Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
+    largest aligned chunk that does; a chunk shorter than a block never forms.
+
+    Waves in flight are the ones this planner planned whose chunks have not all completed
+    (the leader advances `num_computed_tokens` and finishes requests as waves come back).
     """
     name = "balanced"
 
@@ -180,26 +241,63 @@ class BalancedPlanner:
         self.cost = cost_model or CostModel()
         self.target_waves = target_waves or config.num_stages
         self.overhead_frac = overhead_frac
+        # planned waves not yet back: (predicted chunk seconds, ((request, chunk end), ...))
+        self._in_flight: list[tuple[float, tuple[tuple[Request, int], ...]]] = []
+
+    @property
+    def num_in_flight(self) -> int:
+        self._retire()
+        return len(self._in_flight)
+
+    def wave_tokens(self, requests: Sequence[Request]) -> int:
+        """The most tokens a wave may hold: M, or 2M when filling waves and the work waiting
+        would fill `deep_queue_waves` waves of 2M per stage (a queue that deep amortizes the
+        longer fill and drain of larger waves, and the per-wave costs halve)."""
+        cfg = self.config
+        if not cfg.fill_waves or cfg.deep_queue_waves <= 0:
+            return cfg.max_wave_tokens
+        waiting = sum(r.num_unscheduled_tokens for r in requests)
+        deep = waiting >= cfg.deep_queue_waves * cfg.num_stages * 2 * cfg.max_wave_tokens
+        return 2 * cfg.max_wave_tokens if deep else cfg.max_wave_tokens
+
+    def in_flight_work(self) -> float:
+        """Predicted chunk time of the waves in flight (their per-wave costs left out)."""
+        self._retire()
+        return sum(t for t, _ in self._in_flight)
 
     def target_time(self, requests: Sequence[Request]) -> float:
-        cost = self.cost
+        cost, cfg = self.cost, self.config
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
-        spread = cost.coef.c_wave + work / self.target_waves
+        flight = self.in_flight_work() if cfg.count_in_flight else 0.0
+        spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
-        lo = cost.wave_time([(0, self.config.min_wave_tokens)])
+        lo = cost.wave_time([(0, cfg.min_wave_tokens)])
+        if cfg.fill_waves:
+            longest = max((r.num_scheduled_tokens for r in requests), default=0)
+            return max(min(spread, cost.wave_time([(longest, self.wave_tokens(requests))])), lo)
         # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
         # and a cap taken at an empty prefix would cut waves below M tokens
-        hi = cost.wave_time([(round(mean_prefix), self.config.max_wave_tokens)])
+        hi = cost.wave_time([(round(mean_prefix), cfg.max_wave_tokens)])
         # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
         # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
         fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
         efficient = fixed / self.overhead_frac
         return max(min(spread, hi, efficient), lo)
 
+    def holds(self, requests: Sequence[Request]) -> bool:
+        """True when the pipeline is full and what waits is under `hold_frac` of a share."""
+        if self.config.hold_frac <= 0 or self.num_in_flight < self.target_waves:
+            return False
+        cost = self.cost
+        work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
+        return work < self.config.hold_frac * (work + self.in_flight_work()) / self.target_waves
+
     def plan(self, requests: Sequence[Request]) -> list[Chunk]:
         cfg, cost = self.config, self.cost
+        if self.holds(requests):    # waves are in flight: one comes back and plans again
+            return []
         left = self.target_time(requests) - cost.coef.c_wave
-        token_cap = cfg.max_wave_tokens
+        token_cap = self.wave_tokens(requests)
         chunks: list[Chunk] = []
         for req in requests:
             if left <= 0 or token_cap <= 0 or len(chunks) >= cfg.max_chunks_per_wave:
@@ -219,10 +317,19 @@ class BalancedPlanner:
         if not chunks and requests:   # never stall: at least one block of the first request
             chunk = chunk_of(requests[0], cfg.block_size, cfg.block_size)
             chunks = [chunk] if chunk else []
+        if chunks:
+            by_id = {r.request_id: r for r in requests}
+            self._in_flight.append((sum(cost.chunk_time(c.start, c.num_tokens) for c in chunks),
+                                    tuple((by_id[c.request_id], c.end) for c in chunks)))
         return chunks
 
     def observe(self, chunks, seconds: float) -> None:
         self.cost.observe(chunks, seconds)
+
+    def _retire(self) -> None:
+        """Forget waves whose chunks have all come back (or whose requests ended)."""
+        self._in_flight = [w for w in self._in_flight
+                           if any(not r.state.finished and r.num_computed_tokens < end for r, end in w[1])]
 
 
 def budget_ladder(max_tokens: int, min_tokens: int, block_size: int) -> list[int]:

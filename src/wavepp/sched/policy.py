@@ -11,6 +11,7 @@ Each baseline differs from `wavepp` in exactly one mechanism:
     vllm-pp      one central scheduler and pool     static                         simulator
     tp-ep        one scheduler, every device on     static                         simulator
                  every layer
+    fixed-*      the paper's ablation steps         static                         simulator
 
 The bench adds `single-stage` (the runtime with one stage: the pipelining reference). The CLI's
 choices, the bench's list and the simulator's systems (sim/systems.py) all come from here.
@@ -38,6 +39,11 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("sglang-pp", True, "dynamic", "inline admission, SGLang's dynamic chunk sizes"),
     Policy("vllm-pp", True, "static", "central scheduler and pool, fixed budget", in_runtime=False),
     Policy("tp-ep", True, "static", "one scheduler, fixed budget, TP/EP over all devices", in_runtime=False),
+    # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)
+    Policy("fixed-lockstep", True, "static", "ablation: inline admission, fixed budget", in_runtime=False),
+    Policy("fixed-wave", False, "static", "ablation: + wave admission, lease and escrow not charged",
+           in_runtime=False),
+    Policy("fixed-lease", False, "static", "ablation: + lease and escrow", in_runtime=False),
 )}
 
 SINGLE_STAGE = "single-stage"     # the bench's pipelining reference: the runtime at pp = 1

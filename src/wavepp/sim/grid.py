@@ -1,13 +1,12 @@
 """The paper's evaluation grids, reconstructed, and a runner for any list of settings.
 
-paper  GLM-5-class and MiniMax-M2-class on PP4 B300, `wavepp` vs `lockstep`, concurrency
+paper  GLM-5-class and MiniMax-M2-class on PP4 B300, every PP policy, concurrency
        8, 16, 32, 64, 128, four workloads (2 x 4 x 5 = 40 settings):
          cold          8k-token prompts, nothing shared
          mixed         75% warm (8 groups sharing 90% of an 8k prompt), 25% cold, interleaved
          reuse         8 groups sharing 90% of an 8k prompt
          short_suffix  8 groups sharing a 28k-token prefix, each with its own 4k-token suffix
-kimi   Kimi-K2-class on 8 B300: PP8 `wavepp`, `lockstep`, `sglang-pp`, `vllm-pp` and TP8/EP8
-       `tp-ep`; cold and 90%-reuse (4 groups) prompts of 64k, 128k and 256k tokens at
+kimi   Kimi-K2-class on 8 B300: every PP8 policy and TP8/EP8 `tp-ep`; cold and 90%-reuse (4 groups) prompts of 64k, 128k and 256k tokens at
        concurrency 1, 2, 4, 8, 16, 32 (2 x 3 x 6 = 36 settings)
 
 The paper states the models, hardware, workload kinds and concurrencies; prompt lengths,
@@ -66,7 +65,7 @@ class GridSetting:
     policies: tuple[str, ...]
     token_scale: int = 16
     block_size: int = 16
-    max_wave_tokens: int = 65536
+    max_wave_tokens: int = 0                # 0: from the profiling pass
     num_requests: int = field(default=0)    # 0: max(32, 4 x concurrency)
 
     def setup(self) -> SimSetup:
@@ -86,23 +85,33 @@ KIMI_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 def paper_grid() -> list[GridSetting]:
     shapes = (WorkloadShape("cold"), WorkloadShape("mixed"), WorkloadShape("reuse"),
               WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096))
-    return [GridSetting("paper", model, "B300", 4, shape, c, ("wavepp", "lockstep"))
+    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp")
+    return [GridSetting("paper", model, "B300", 4, shape, c, policies)
             for model in ("glm-5", "minimax-m2") for shape in shapes for c in PAPER_CONCURRENCY]
 
 
 def kimi_grid() -> list[GridSetting]:
-    policies = ("wavepp", "lockstep", "sglang-pp", "vllm-pp", "tp-ep")
+    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
     return [GridSetting("kimi", "kimi-k2", "B300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
                         c, policies, token_scale=256)
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
 
 
-GRIDS = {"paper": paper_grid, "kimi": kimi_grid}
+def ablation_grid() -> list[GridSetting]:
+    """The paper's ablation on the kimi grid's settings at concurrency 8, 16, 32: wave admission,
+    + lease and escrow, + MPU (and the balanced planner), each over the step before."""
+    from wavepp.sim.systems import ABLATION
+    return [GridSetting("ablation", "kimi-k2", "B300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
+                        c, ABLATION, token_scale=256)
+            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in (8, 16, 32)]
+
+
+GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "ablation": ablation_grid}
 
 
 def get_grid(name: str) -> list[GridSetting]:
     if name == "all":
-        return [s for make in GRIDS.values() for s in make()]
+        return [s for key, make in GRIDS.items() if key != "ablation" for s in make()]
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}, all")
     return GRIDS[name]()

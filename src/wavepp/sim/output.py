@@ -109,6 +109,9 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                                  f"{v['wavepp'] / v['lockstep']:.2f}x")
         multi = {k: v for k, v in mine.items() if len(v) > 2 and k[3] >= 8}
         if multi:
+            near = sum(v["wavepp"] >= TIE * max(v.values()) for v in multi.values())
+            lines.append(f"[{tag}] wavepp best of all policies (ties within 2%) in {near} of "
+                         f"{len(multi)} settings at concurrency >= 8")
             best = [k for k, v in multi.items() if _at_least(v["wavepp"], max(v.values()))]
             lines.append(f"[{tag}] wavepp highest of all policies in {len(best)} of {len(multi)} "
                          f"settings at concurrency >= 8")
@@ -118,6 +121,51 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                     lines.append(f"[{tag}]   {k[1]} {k[2]} c={k[3]}: {winner} "
                                  f"{v[winner] / v['wavepp']:.3f}x of wavepp")
     return lines
+
+
+TIE = 0.98   # within 2% of the best counts as best (ties)
+
+
+def markdown_tables(rows: Sequence[dict]) -> str:
+    """The README's tables: per (grid, model) one row per (workload, concurrency), input
+    tokens/s of every policy with the best in bold, and the default policy's rank (1: best or
+    within 2% of it)."""
+    groups: dict[tuple, dict[tuple, dict[str, float]]] = collections.defaultdict(
+        lambda: collections.defaultdict(dict))
+    policies: dict[tuple, list[str]] = collections.defaultdict(list)
+    for r in rows:
+        key = (r["grid"], r["model"], r["hardware"], r["pp"])
+        groups[key][(r["workload"], r["concurrency"])][r["policy"]] = r["input_tok_s"]
+        if r["policy"] not in policies[key]:
+            policies[key].append(r["policy"])
+    out = []
+    for key, settings in groups.items():
+        grid, model, hw, pp = key
+        cols = policies[key]
+        out.append(f"{grid or 'simulate'}: {model}, PP{pp} {hw}, input tokens/s (best in bold)\n")
+        ranked = "wavepp" in cols
+        out.append("| workload | c | " + " | ".join(cols) + (" | wavepp rank |" if ranked else " |"))
+        out.append("|---|---|" + "---|" * (len(cols) + ranked))
+        for (workload, c), values in settings.items():
+            best = max(values.values())
+            cells = [f"**{_k_tok(values[p])}**" if values.get(p) == best else _k_tok(values.get(p))
+                     for p in cols]
+            rank = [str(rank_of("wavepp", values))] if ranked else []
+            out.append(f"| {workload} | {c} | " + " | ".join(cells + rank) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _k_tok(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1e3:,.0f}k" if value >= 100e3 else f"{value / 1e3:.1f}k"
+
+
+def rank_of(policy: str, values: dict[str, float]) -> int:
+    """1 + the number of policies more than 2% faster than `policy`."""
+    mine = values[policy]
+    return 1 + sum(1 for p, v in values.items() if p != policy and mine < TIE * v)
 
 
 def _at_least(a: float, b: float) -> bool:

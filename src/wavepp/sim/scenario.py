@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from wavepp.sched.cost_model import CostCoefficients, CostModel
-from wavepp.sched.planner import PlannerConfig
+from wavepp.sched.cost_model import (
+    CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, profile_wave_shapes)
+from wavepp.sched.planner import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec
@@ -21,6 +22,10 @@ from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
 from wavepp.workloads import Workload
+
+
+PROFILE_MAX_TOKENS = 65536   # real tokens: the largest wave of the profiling pass
+FIRST_MAX_WAVE_TOKENS = 65536   # real tokens: the largest wave of the first planner setup
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class SimSetup:
     num_devices: int                 # the PP degree; for tp-ep, the TP/EP degree
     token_scale: int = 16            # real tokens per simulated token
     block_size: int = 16             # simulated tokens per block
-    max_wave_tokens: int = 32768     # real tokens: the largest wave the planners may form
+    max_wave_tokens: int = 0         # real tokens: the largest wave (M) of the balanced planner;
+                                     # 0: from the profiling pass (efficient_wave_tokens)
     min_wave_tokens: int = 1024      # real tokens: the smallest budget (mpu)
     max_round_requests: int = 64
     max_pool_blocks: int = 1 << 22   # cap on blocks per pool (memory may allow more)
@@ -65,7 +71,9 @@ class SimSetup:
     memory: MemoryBudget = field(default_factory=MemoryBudget)
 
     def __post_init__(self) -> None:
-        for name in ("num_devices", "token_scale", "block_size", "max_wave_tokens",
+        if self.max_wave_tokens < 0:
+            raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
+        for name in ("num_devices", "token_scale", "block_size",
                      "min_wave_tokens", "max_round_requests", "max_pool_blocks"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SimSetup.{name} must be positive, got {getattr(self, name)}")
@@ -115,13 +123,23 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
     blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
-    costs = scaled_costs(stages, setup, local=spec.topology != "pp")
-    chunk = spec.chunk_tokens or setup.max_wave_tokens
-    pcfg = PlannerConfig(block_size=bs, num_stages=len(stages),
-                         max_wave_tokens=_aligned(setup.max_wave_tokens, setup),
-                         min_wave_tokens=_aligned(setup.min_wave_tokens, setup),
-                         static_wave_tokens=_aligned(chunk, setup), max_chunks_per_wave=256)
-    prior = fit_prior(stages, setup)
+    costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
+    if spec.first_planner:
+        prior = fit_prior_uniform(stages, setup)
+        largest = _aligned(setup.max_wave_tokens or FIRST_MAX_WAVE_TOKENS, setup)
+    else:
+        prior = fit_prior(stages, setup)
+        largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
+                   else efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs))
+    chunk = _aligned(spec.chunk_tokens, setup) if spec.chunk_tokens else largest
+    mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
+    pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
+                         min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
+                         static_wave_tokens=chunk, max_chunks_per_wave=256,
+                         mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
+                         mpu_min_tokens=mpu and _aligned(mpu[1], setup),
+                         fill_waves=not spec.first_planner, count_in_flight=not spec.first_planner,
+                         hold_frac=0.0 if spec.first_planner else 0.5)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
@@ -129,9 +147,11 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      hybrid=m.hybrid, central_pool=spec.topology == "central")
 
 
-def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) -> SimCosts:
+def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,
+                 lease_escrow: bool = True) -> SimCosts:
     """SimCosts in simulated tokens over cost models in real tokens. `local`: admission runs
-    in the scheduler's own process (one pool), no rounds-plane latency."""
+    in the scheduler's own process (one pool), no rounds-plane latency. `lease_escrow=False`
+    charges nothing for pinning and reserving blocks (the ablation's wave admission alone)."""
     s, m, hw, adm = setup.token_scale, setup.model, setup.hardware, setup.admission
     runtime_blocks = setup.block_size * s / adm.block_tokens   # runtime blocks per simulated block
 
@@ -144,16 +164,28 @@ def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool) 
                     result_seconds=hw.link_latency_s,
                     round_latency_s=0.0 if local else adm.round_latency_s,
                     round_msg_s=adm.msg_s, round_item_s=adm.item_s,
-                    round_leased_block_s=adm.leased_block_s * runtime_blocks,
-                    round_new_block_s=adm.new_block_s * runtime_blocks,
+                    round_leased_block_s=adm.leased_block_s * runtime_blocks * lease_escrow,
+                    round_new_block_s=adm.new_block_s * runtime_blocks * lease_escrow,
                     leader_item_s=adm.leader_item_s)
 
 
 def fit_prior(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
-    """The planners' starting cost model, in simulated tokens: t(L, x) fitted by least squares
-    to the slowest stage's analytic times over waves of 1 and 4 chunks (a profiling pass, as a
-    deployment would run before serving). The planner keeps refining it online."""
-    s, big = setup.token_scale, setup.max_wave_tokens
+    """The planners' starting cost model, in simulated tokens: the profiling pass a deployment
+    runs before serving (`profile_wave_shapes`: waves of one and four chunks, a block to the
+    largest wave, after short and long prefixes), timed on the slowest stage and fitted with its
+    knee (`fit_coefficients`). The planner keeps refining it online."""
+    s = setup.token_scale
+    shapes = profile_wave_shapes(PROFILE_MAX_TOKENS // s, setup.block_size)
+    samples = [(chunks, max(st.wave_seconds([(L * s, x * s) for L, x in chunks]) for st in stages))
+               for chunks in shapes]
+    return fit_coefficients(samples)
+
+
+def fit_prior_uniform(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
+    """The baselines' cost model as first measured (`SystemSpec.first_planner`): t(L, x) fitted
+    by least squares to the slowest stage's times over waves of 1 and 4 uniform chunks of
+    2k-64k tokens, no knee."""
+    s, big = setup.token_scale, FIRST_MAX_WAVE_TOKENS
     model = CostModel(prior_weight=1e-3)
     for L in (0, big // 4, big, 4 * big):
         for x in (big // 32, big // 8, big // 4, big // 2, big):

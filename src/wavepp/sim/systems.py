@@ -14,6 +14,12 @@
                                                                              layer (TP attention,
                                                                              EP experts)
 
+The paper's ablation adds one mechanism at a time on MPU's 16,384-token microbatch:
+fixed-lockstep (inline rounds, fixed waves) -> fixed-wave (asynchronous rounds; the stages'
+lease and escrow work is not charged: an upper bound for wave admission alone, since this
+leader cannot admit without them) -> fixed-lease (that work charged) -> wavepp-mpu (MPU
+budgets) -> wavepp (the balanced planner).
+
 The fixed budgets are the frameworks' defaults: vLLM's max_num_batched_tokens of 8192 for its
 OpenAI server on large GPUs (vllm/engine/arg_utils.py); SGLang's chunked_prefill_size of 16384
 on GPUs with the most memory (sglang/srt/server_args.py), also the base chunk of its dynamic
@@ -35,6 +41,10 @@ class SystemSpec:
     ring_per_stage: int           # waves in flight per execution stage
     chunk_tokens: int | None      # fixed / base budget in real tokens (static, dynamic planners)
     description: str
+    lease_escrow: bool = True     # charge the stages' lease and escrow work in admission rounds
+    # the planner setup of the baselines as first measured: the balanced planner over the
+    # waiting work only, waves up to 65,536 tokens, a cost model fitted on uniform chunks
+    first_planner: bool = False
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -49,15 +59,25 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     SystemSpec("wavepp-mpu", get_policy("wavepp-mpu"), "pp", 2, None,
                "asynchronous admission, the paper's MPU budget halving"),
     SystemSpec("lockstep", get_policy("lockstep"), "pp", 2, None,
-               "admission rounds inline between waves"),
+               "admission rounds inline between waves", first_planner=True),
     SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
     SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
-               "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches"),
+               "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches",
+               first_planner=True),
     SystemSpec("vllm-pp", get_policy("vllm-pp"), "central", 1, 8192,
                "one scheduler and pool (smallest stage), S batches in flight"),
     SystemSpec("tp-ep", get_policy("tp-ep"), "tp", 2, 16384,
                "all devices on every layer: TP attention, EP experts"),
+    # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
+    SystemSpec("fixed-lockstep", get_policy("fixed-lockstep"), "pp", 2, 16384,
+               "ablation base: admission inline between waves, fixed 16,384-token waves"),
+    SystemSpec("fixed-wave", get_policy("fixed-wave"), "pp", 2, 16384,
+               "ablation: + wave admission (lease and escrow work not charged)", lease_escrow=False),
+    SystemSpec("fixed-lease", get_policy("fixed-lease"), "pp", 2, 16384,
+               "ablation: + lease and escrow (their work charged)"),
 )}
+
+ABLATION = ("fixed-lockstep", "fixed-wave", "fixed-lease", "wavepp-mpu", "wavepp")
 
 
 def get_system(name: str) -> SystemSpec:

@@ -1,0 +1,98 @@
+"""The default planner at GPU scale: never below a fixed budget on simulated settings, and the
+paper's MPU parameters."""
+
+import pytest
+
+from wavepp.sched import PlannerConfig
+from wavepp.sched.cost_model import CostCoefficients, efficient_wave_tokens, fit_coefficients, profile_wave_shapes
+from wavepp.sched.planner import MPU_PAPER_TOKENS, MpuPlanner
+from wavepp.sim import SimSetup, get_hardware, get_model, run_setting
+from wavepp.sim.scenario import build_system
+from wavepp.workloads import make_workload
+
+
+def setup_for(model):
+    return SimSetup(get_model(model), get_hardware("B300"), 4, token_scale=16)
+
+
+@pytest.mark.parametrize("model,kind,c", [("glm-5", "reuse", 8), ("glm-5", "cold", 32),
+                                          ("minimax-m2", "mixed", 8), ("minimax-m2", "short_suffix", 32)])
+def test_wavepp_not_below_static(model, kind, c):
+    setup = setup_for(model)
+    s = setup.sim_tokens
+    n = max(32, 4 * c)
+    if kind == "short_suffix":
+        w = make_workload(kind, num_requests=n, num_groups=8, prefix_len=s(28672), suffix_len=s(4096),
+                          block_size=setup.block_size, seed=0)
+    elif kind == "cold":
+        w = make_workload(kind, num_requests=n, prompt_len=s(8192), block_size=setup.block_size, seed=0)
+    else:
+        w = make_workload(kind, num_requests=n, num_groups=8, prompt_len=s(8192), reuse_ratio=0.9,
+                          block_size=setup.block_size, seed=0)
+    ours, _ = run_setting("wavepp", setup, w, c)
+    static, _ = run_setting("static", setup, w, c)
+    assert ours.num_failed == static.num_failed == 0
+    assert ours.input_tok_s >= 0.98 * static.input_tok_s, (ours.input_tok_s, static.input_tok_s)
+
+
+def test_mpu_runs_the_papers_budgets():
+    setup = setup_for("glm-5")
+    planner = build_system("wavepp-mpu", setup).leader.planner
+    assert isinstance(planner, MpuPlanner) and MPU_PAPER_TOKENS == (16384, 8192)
+    # in simulated tokens (16 real each): M = 16384 / 16, b_min = 8192 / 16
+    assert planner.budgets == [1024, 512]
+    assert planner.ring == 8 and planner.target_waves == 12      # R = 2P, S = R + (F-1)P, F = 2
+
+
+def test_mpu_budgets_default_to_the_wave_limits():
+    cfg = PlannerConfig(max_wave_tokens=512, min_wave_tokens=64)
+    assert cfg.mpu_budgets == (512, 64)
+    scaled = PlannerConfig(max_wave_tokens=512, mpu_microbatch_tokens=512, mpu_min_tokens=256)
+    assert MpuPlanner(scaled).budgets == [512, 256]
+    with pytest.raises(ValueError, match="b_min"):
+        PlannerConfig(mpu_microbatch_tokens=256, mpu_min_tokens=512)
+
+
+def test_fit_recovers_a_knee_from_the_profiling_shapes():
+    truth = CostCoefficients(c_wave=2e-3, c0=1e-4, g=1e-7, b=1e-5, a=1e-9, knee_tokens=1024)
+    from wavepp.sched import CostModel
+    exact = CostModel(truth)
+    samples = [(shape, exact.wave_time(shape)) for shape in profile_wave_shapes(8192, 16)]
+    fit = fit_coefficients(samples)
+    assert fit.knee_tokens == 1024
+    for name in ("c_wave", "b", "a"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    # below the knee a wave costs what a knee-sized one does
+    assert exact.wave_time([(0, 16)]) == pytest.approx(2e-3 + 1e-4 + 1024 * 1e-5 + 1e-9 * 256)
+
+
+def test_efficient_wave_is_the_smallest_spending_most_time_on_tokens():
+    coef = CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0)
+    # b*T >= 0.75 * (10 ms + b*T)  <=>  T >= 3000: the ladder from 65536 halves to 4096
+    assert efficient_wave_tokens(coef, 65536, 16) == 4096
+    assert efficient_wave_tokens(coef, 2048, 16) == 2048      # none fits: the largest
+
+
+def test_ablation_steps_differ_in_one_mechanism():
+    from wavepp.sim.grid import ablation_grid
+    from wavepp.sim.systems import ABLATION, get_system
+    base, wave, lease = (get_system(n) for n in ABLATION[:3])
+    assert base.policy.inline_admission and not wave.policy.inline_admission
+    assert base.chunk_tokens == wave.chunk_tokens == lease.chunk_tokens == MPU_PAPER_TOKENS[0]
+    assert not wave.lease_escrow and lease.lease_escrow
+    setup = setup_for("glm-5")
+    free = build_system("fixed-wave", setup).costs
+    paid = build_system("fixed-lease", setup).costs
+    assert free.round_new_block_s == free.round_leased_block_s == 0.0
+    assert paid.round_new_block_s > 0 and paid.round_leased_block_s > 0
+    grid = ablation_grid()
+    assert len(grid) == 18 and all(s.policies == ABLATION for s in grid)
+
+
+def test_baselines_keep_their_first_planner_setup():
+    setup = setup_for("glm-5")
+    lock = build_system("lockstep", setup).leader.planner.config
+    ours = build_system("wavepp", setup).leader.planner.config
+    assert not lock.count_in_flight and lock.hold_frac == 0.0 and not lock.fill_waves
+    assert lock.max_wave_tokens == 65536 // 16
+    assert ours.count_in_flight and ours.fill_waves and ours.max_wave_tokens == 8192 // 16
