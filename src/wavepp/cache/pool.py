@@ -99,14 +99,11 @@ class BlockPool(BlockStore):
             if entry.victim_of is not None:
                 del self._requests[entry.victim_of].escrow.victims[entry.block_id]  # type: ignore[union-attr]
                 unmark_victim(entry)
-                self._num_escrowed -= 1
-                self._num_leased += 1
+                self._pin(was_victim=True)
             elif entry.ref_count == 0:
-                self._num_evictable -= 1
-                self._num_leased += 1
+                self._pin(was_victim=False)
             entry.ref_count += 1
-            self._clock += 1
-            entry.last_access = self._clock
+            self._touch(entry)
         self._retired.pop(request_id, None)
         self._requests[request_id] = PoolRequest(request_id, entries)
         self._maybe_compact()
@@ -212,8 +209,7 @@ class BlockPool(BlockStore):
         for entry, block_id in zip(request.own, block_ids):
             entry.block_id = block_id
             self._block_entries[block_id] = entry
-        self._num_escrowed -= len(block_ids)
-        self._num_in_use += len(block_ids)
+        self._escrow_to_in_use(len(block_ids))
         request.escrow = None
         request.block_table = [e.block_id for e in request.leased] + block_ids  # type: ignore[misc]
         return list(request.block_table)
@@ -244,10 +240,7 @@ class BlockPool(BlockStore):
         end = max(num_computed_tokens // block_size - num_leased, 0)
         for entry in request.own[start:end]:
             if entry.linked and not entry.computed:
-                entry.computed = True
-                self._num_pending -= 1
-                self._clock += 1
-                entry.last_access = self._clock
+                self._pending_computed(entry)
         request.num_computed_tokens = num_computed_tokens
 
     def free(self, request_id: Hashable) -> None:
@@ -345,7 +338,7 @@ class BlockPool(BlockStore):
             num_registered += 1
         for depth in range(depth, len(request.leased) + escrow.num_blocks):
             own.append(BlockEntry(None, None, depth, request_id))
-        self._num_pending += num_registered
+        self._pending_registered(num_registered)
         request.own = own
         request.new_block_hashes = tuple(new_block_hashes)
         return num_registered
@@ -364,8 +357,7 @@ class BlockPool(BlockStore):
             was_leased = entry.block_id is not None and not entry.owned
             entry.ref_count -= 1
             if was_leased and entry.ref_count == 0:  # (dead and never materialized: nothing)
-                self._num_leased -= 1
-                self._settle_unreferenced(entry)
+                self._unpin(entry)
         request.leased = []
         del self._requests[request.request_id]
         self._retired[request.request_id] = None
@@ -385,11 +377,7 @@ class BlockPool(BlockStore):
             entry.ref_count -= 1
             if entry.block_id is None:
                 continue
-            self._num_in_use -= 1
-            if entry.ref_count:
-                self._num_leased += 1  # readers keep it: cached-and-leased, or dead
-            else:
-                self._settle_unreferenced(entry)
+            self._owner_let_go(entry)
         request.own = []
         request.new_block_hashes = ()
 

@@ -131,6 +131,48 @@ class BlockStore:
             entry.victim_of = None
             self._free_block(entry)
 
+    def _touch(self, entry: BlockEntry) -> None:
+        """A use of the entry, for LRU: it gets the next tick of the logical clock."""
+        self._clock += 1
+        entry.last_access = self._clock
+
+    def _pin(self, *, was_victim: bool) -> None:
+        """A cached block gets its first reader: from an escrow's victims (`was_victim`) or
+        from the evictable leaves, to leased."""
+        if was_victim:
+            self._num_escrowed -= 1
+        else:
+            self._num_evictable -= 1
+        self._num_leased += 1
+
+    def _unpin(self, entry: BlockEntry) -> None:
+        """A leased block lost its last reader: cache it, or free its block."""
+        self._num_leased -= 1
+        self._settle_unreferenced(entry)
+
+    def _escrow_to_in_use(self, num_blocks: int) -> None:
+        """A request materialized: its escrowed blocks are now its own, in use."""
+        self._num_escrowed -= num_blocks
+        self._num_in_use += num_blocks
+
+    def _owner_let_go(self, entry: BlockEntry) -> None:
+        """The owner of an in-use block let go (its ref already dropped): readers keep it leased
+        (cached-and-leased, or dead), else it is cached or freed."""
+        self._num_in_use -= 1
+        if entry.ref_count:
+            self._num_leased += 1
+        else:
+            self._settle_unreferenced(entry)
+
+    def _pending_registered(self, num_blocks: int) -> None:
+        self._num_pending += num_blocks
+
+    def _pending_computed(self, entry: BlockEntry) -> None:
+        """A pending block was published: its tokens are computed, and it is touched."""
+        entry.computed = True
+        self._num_pending -= 1
+        self._touch(entry)
+
     def _settle_unreferenced(self, entry: BlockEntry) -> None:
         """An entry with a block just lost its last ref: cache it, or free its block."""
         if entry.linked:
