@@ -33,6 +33,9 @@ from wavepp.sched import Leader, LeaderConfig, PlannerConfig, ReleaseMsg, WaveRe
 from wavepp.sched.rounds import run_round
 
 
+RUNTIME_MPU_TOKENS = (512, 256)    # (microbatch M, b_min) of wavepp-mpu on the CPU runtime
+
+
 class EngineError(RuntimeError):
     """The pipeline cannot go on (a stage died, or a stage rejected the leader's plan), or the
     engine was shut down."""
@@ -297,7 +300,9 @@ class EngineCore:
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)
         cfg = self.config
-        pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages)
+        # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
+        pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
+                             mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1])
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
                                           max_prompt_tokens=self.max_prompt_tokens),
                              make_planner(self.policy.planner, pcfg))
