@@ -6,6 +6,7 @@ import time
 
 from wavepp.cli import comma_list
 from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
+from wavepp.workloads.registry import WORKLOAD_NAMES
 
 
 def add_parser(sub) -> None:
@@ -16,7 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--workload", default="short-suffix,reuse",
-                   help="comma list of: cold, reuse, short-suffix, mixed, gsp, trace")
+                   help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)")
     p.add_argument("--policy", default="wavepp,wavepp-mpu,lockstep,static,single-stage",
                    help=f"comma list of: {', '.join(bench_policies())}")
     p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
@@ -24,9 +25,10 @@ def add_parser(sub) -> None:
                    help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
                         "so that high concurrencies reach a steady state of finishing and arriving requests)")
     p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=None, help="cold/reuse/mixed prompt length")
-    p.add_argument("--prefix-len", type=int, default=1536, help="short-suffix shared prefix")
-    p.add_argument("--suffix-len", type=int, default=64, help="short-suffix suffix")
+    p.add_argument("--prompt-len", type=int, default=512, help="cold, reuse, mixed: prompt length")
+    p.add_argument("--prefix-len", type=int, default=1536,
+                   help="short-suffix: shared prefix; gsp: system prompt")
+    p.add_argument("--suffix-len", type=int, default=64, help="short-suffix: suffix; gsp: question")
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--trace-file", default=None, help="Mooncake JSONL for the trace workload")
     p.add_argument("--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block")
@@ -47,35 +49,13 @@ def requests_for(args, concurrency: int) -> int:
 def build_workloads(args, vocab_size: int, num_requests: int):
     """The named workloads of `num_requests` prompts each, with token ids from the model's
     vocabulary."""
-    from wavepp.workloads import make_workload as make
+    from wavepp.workloads import WorkloadOptions, workload_from_options
 
-    def make_workload(name, **kw):
-        return make(name, vocab_size=vocab_size, **kw)
-
-    out = []
-    for name in comma_list(args.workload):
-        key = name.replace("_", "-")
-        if key == "short-suffix":
-            wl = make_workload("short_suffix", num_requests=num_requests, num_groups=args.num_groups,
-                               prefix_len=args.prefix_len, suffix_len=args.suffix_len)
-        elif key in ("cold", "reuse", "mixed"):
-            kw = {"num_requests": num_requests, "prompt_len": args.prompt_len or 512}
-            if key != "cold":
-                kw["num_groups"] = args.num_groups
-            wl = make_workload(key, **kw)
-        elif key == "gsp":
-            wl = make_workload("gsp", num_groups=max(1, num_requests // 16), prompts_per_group=16,
-                               system_prompt_len=args.prompt_len or 1024, question_len=128)
-        elif key in ("trace", "mooncake"):
-            kw = {"tokens_per_block": args.tokens_per_block, "max_requests": num_requests}
-            if args.trace_file:
-                kw["path"] = args.trace_file
-            wl = make_workload("mooncake", **kw)
-        else:
-            raise ValueError(f"unknown workload {name!r}; choose from cold, reuse, short-suffix, "
-                             f"mixed, gsp, trace")
-        out.append(wl)
-    return out
+    opts = WorkloadOptions(
+        num_requests=num_requests, prompt_len=args.prompt_len, prefix_len=args.prefix_len,
+        suffix_len=args.suffix_len, num_groups=args.num_groups, tokens_per_block=args.tokens_per_block,
+        max_trace_requests=num_requests, trace_file=args.trace_file, common={"vocab_size": vocab_size})
+    return [workload_from_options(name, opts) for name in comma_list(args.workload)]
 
 
 def run(args) -> int:

@@ -17,6 +17,7 @@ import time
 
 from wavepp.cli import comma_list
 from wavepp.sched.policy import check_policies, simulator_policies
+from wavepp.workloads.registry import WORKLOAD_NAMES
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
     p.add_argument("--workload", default="short-suffix",
-                   help="comma list of: cold, reuse, mixed, short-suffix, gsp, trace (Mooncake)")
+                   help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)")
     p.add_argument("--policy", default=None,
                    help=f"comma list of: {', '.join(simulator_policies())} (default wavepp,lockstep; "
                         f"--grid: the grid's own list, every policy)")
@@ -36,8 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--num-requests", type=int, default=0,
                    help="requests per setting (0: max(32, 4 x concurrency); trace: 256)")
     p.add_argument("--prompt-len", type=int, default=8192, help="real tokens (cold, reuse, mixed)")
-    p.add_argument("--prefix-len", type=int, default=28672, help="real tokens (short_suffix)")
-    p.add_argument("--suffix-len", type=int, default=4096, help="real tokens (short_suffix)")
+    p.add_argument("--prefix-len", type=int, default=28672,
+                   help="real tokens (short-suffix: shared prefix; gsp: system prompt)")
+    p.add_argument("--suffix-len", type=int, default=4096, help="real tokens (short-suffix: suffix; gsp: question)")
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--reuse-ratio", type=float, default=0.9)
     p.add_argument("--trace-file", default=None, help="Mooncake JSONL (default: the shared copy)")
@@ -121,28 +123,15 @@ def _policies(text: str) -> list[str]:
 
 
 def _workload(name: str, args, setup, num_requests: int):
-    from wavepp.workloads import make_workload
+    from wavepp.workloads import WorkloadOptions, workload_from_options
 
+    if name.replace("_", "-") in ("trace", "mooncake") and 512 % setup.token_scale:
+        raise ValueError("--token-scale must divide 512 for the Mooncake trace")
     s = setup.sim_tokens
-    common = {"block_size": setup.block_size, "seed": args.seed}
-    kind = name.replace("-", "_")
-    if kind in ("trace", "mooncake"):
-        if 512 % setup.token_scale:
-            raise ValueError("--token-scale must divide 512 for the Mooncake trace")
-        extra = {"path": args.trace_file} if args.trace_file else {}
-        return make_workload("mooncake", tokens_per_block=512 // setup.token_scale,
-                             max_requests=args.num_requests or 256, time_scale=args.time_scale,
-                             **extra, **common)
-    if kind == "cold":
-        return make_workload("cold", num_requests=num_requests, prompt_len=s(args.prompt_len), **common)
-    if kind == "short_suffix":
-        return make_workload("short_suffix", num_requests=num_requests, num_groups=args.num_groups,
-                             prefix_len=s(args.prefix_len), suffix_len=s(args.suffix_len), **common)
-    if kind in ("reuse", "mixed"):
-        return make_workload(kind, num_requests=num_requests, num_groups=args.num_groups,
-                             prompt_len=s(args.prompt_len), reuse_ratio=args.reuse_ratio, **common)
-    if kind == "gsp":
-        groups = max(1, num_requests // 16)
-        return make_workload("gsp", num_groups=groups, prompts_per_group=max(1, num_requests // groups),
-                             system_prompt_len=s(args.prefix_len), question_len=s(args.suffix_len), **common)
-    raise ValueError(f"unknown workload {name!r}")
+    opts = WorkloadOptions(
+        num_requests=num_requests, prompt_len=s(args.prompt_len), prefix_len=s(args.prefix_len),
+        suffix_len=s(args.suffix_len), num_groups=args.num_groups, reuse_ratio=args.reuse_ratio,
+        tokens_per_block=512 // setup.token_scale, max_trace_requests=args.num_requests or 256,
+        trace_file=args.trace_file, time_scale=args.time_scale,
+        common={"block_size": setup.block_size, "seed": args.seed})
+    return workload_from_options(name, opts)

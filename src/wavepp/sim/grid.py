@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 from wavepp.sim.hardware import get_hardware
 from wavepp.sim.model_shapes import get_model
 from wavepp.sim.scenario import SimSetup, run_setting
-from wavepp.workloads import Workload, make_workload
+from wavepp.workloads import Workload, WorkloadOptions, workload_from_options
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,11 @@ class WorkloadShape:
         return f"{self.kind}-{_k(self.prompt_len)}"
 
     def build(self, num_requests: int, setup: SimSetup, seed: int = 0) -> Workload:
-        common = {"num_requests": num_requests, "block_size": setup.block_size, "seed": seed}
-        if self.kind == "cold":
-            return make_workload("cold", prompt_len=setup.sim_tokens(self.prompt_len), **common)
-        if self.kind == "short_suffix":
-            return make_workload("short_suffix", num_groups=self.num_groups,
-                                 prefix_len=setup.sim_tokens(self.prefix_len),
-                                 suffix_len=setup.sim_tokens(self.suffix_len), **common)
-        return make_workload(self.kind, num_groups=self.num_groups, reuse_ratio=self.reuse_ratio,
-                             prompt_len=setup.sim_tokens(self.prompt_len), **common)
+        s = setup.sim_tokens
+        return workload_from_options(self.kind, WorkloadOptions(
+            num_requests=num_requests, prompt_len=s(self.prompt_len), prefix_len=s(self.prefix_len),
+            suffix_len=s(self.suffix_len), num_groups=self.num_groups, reuse_ratio=self.reuse_ratio,
+            common={"block_size": setup.block_size, "seed": seed}))
 
 
 @dataclass(frozen=True)

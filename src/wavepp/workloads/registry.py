@@ -64,3 +64,47 @@ def make_workload(name: str, **overrides) -> Workload:
     if key not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
     return WORKLOADS[key].make(**overrides)
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """What `wavepp bench` and `wavepp simulate` say about a workload, with one meaning in
+    both: lengths in tokens (the simulator passes them already scaled to its tokens)."""
+    num_requests: int
+    prompt_len: int               # cold, reuse, mixed: the whole prompt
+    prefix_len: int               # short-suffix: the shared prefix; gsp: the system prompt
+    suffix_len: int               # short-suffix: each suffix; gsp: each question
+    num_groups: int = 8
+    reuse_ratio: float = 0.9      # reuse, mixed
+    tokens_per_block: int = 32    # trace: tokens that stand for one of its 512-token blocks
+    max_trace_requests: int = 256
+    trace_file: str | None = None
+    time_scale: float = 1.0       # trace: arrival time multiplier
+    common: Mapping[str, Any] = field(default_factory=dict)   # vocab_size, seed, block_size
+
+
+WORKLOAD_NAMES = ("cold", "reuse", "short-suffix", "mixed", "gsp", "trace")
+
+
+def workload_from_options(name: str, opts: WorkloadOptions) -> Workload:
+    """The workload `name` (one of WORKLOAD_NAMES; '-' and '_' alike, "mooncake" = "trace")
+    built from the command line's options."""
+    kind = name.replace("_", "-")
+    n, c = opts.num_requests, dict(opts.common)
+    if kind in ("trace", "mooncake"):
+        extra = {"path": opts.trace_file} if opts.trace_file else {}
+        return make_workload("mooncake", tokens_per_block=opts.tokens_per_block,
+                             max_requests=opts.max_trace_requests, time_scale=opts.time_scale, **extra, **c)
+    if kind == "cold":
+        return make_workload("cold", num_requests=n, prompt_len=opts.prompt_len, **c)
+    if kind == "short-suffix":
+        return make_workload("short_suffix", num_requests=n, num_groups=opts.num_groups,
+                             prefix_len=opts.prefix_len, suffix_len=opts.suffix_len, **c)
+    if kind in ("reuse", "mixed"):
+        return make_workload(kind, num_requests=n, num_groups=opts.num_groups, prompt_len=opts.prompt_len,
+                             reuse_ratio=opts.reuse_ratio, **c)
+    if kind == "gsp":
+        groups = max(1, n // 16)
+        return make_workload("gsp", num_groups=groups, prompts_per_group=max(1, n // groups),
+                             system_prompt_len=opts.prefix_len, question_len=opts.suffix_len, **c)
+    raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOAD_NAMES)}")
