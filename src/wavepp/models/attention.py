@@ -11,11 +11,11 @@ of one KV head are stacked as rows of one matmul, so each KV head's keys are rea
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.batch import StageBatch
 from wavepp.models.config import ModelConfig
+from wavepp.models.kernels import linear
 from wavepp.models.layers import RMSNorm, apply_rotary
 
 # Score tiles of at most about this many bytes stay in a core's L2 cache while softmax reads
@@ -49,7 +49,7 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
         # qkv: [num_tokens, heads + 2 * kv_heads, head_dim]  (q heads | k heads | v heads)
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias).view(num_tokens, -1, self.head_dim)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias).view(num_tokens, -1, self.head_dim)
         # q and k rotate together: qk: [num_tokens, heads + kv_heads, head_dim]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qkv[:, :heads]), self.k_norm(qkv[:, heads:heads + kv_heads])), 1)
@@ -62,7 +62,7 @@ class Attention(nn.Module):
         value_cache.index_copy_(0, batch.slot_mapping, qkv[:, heads + kv_heads:])
         out = paged_attention(qk[:, :heads], key_cache, value_cache, batch, self.scale)
         # out: [num_tokens, heads * head_dim] -> [num_tokens, hidden]
-        return F.linear(out, self.o_proj, self.o_bias)
+        return linear(out, self.o_proj, self.o_bias)
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

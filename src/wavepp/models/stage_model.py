@@ -17,6 +17,7 @@ from torch import nn
 from wavepp.models.attention import Attention
 from wavepp.models.batch import StageBatch
 from wavepp.models.config import ModelConfig, StageSpec
+from wavepp.models.kernels import linear
 from wavepp.models.kv_cache import PagedKVCache
 from wavepp.models.layers import RMSNorm, RotaryEmbedding, SwiGLUMLP
 
@@ -91,7 +92,7 @@ class StageModel(nn.Module):
             return hidden
         # last: [num_chunks, hidden_size] -> logits: [num_chunks, vocab_size]
         last = self.norm(hidden.index_select(0, batch.last_token_indices))
-        return F.linear(last, self.lm_head).float()
+        return linear(last, self.lm_head).float()
 
     def _check(self, batch: StageBatch, kv_cache: PagedKVCache, input_ids: torch.Tensor | None,
                hidden_states: torch.Tensor | None) -> None:
