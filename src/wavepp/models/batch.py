@@ -33,16 +33,16 @@ class ChunkSpec:
     block_table: tuple[int, ...]     # block ids covering [0, num_cached_tokens + num_tokens)
     request_id: Hashable = None      # only used in error messages
     state_in: int | None = None      # state slot to start from (hybrid models)
-    state_saves: tuple[tuple[int, int], ...] = ()   # (position, state slot), positions increasing
+    state_saves: tuple[tuple[int, int], ...] = ()   # (position, state slot), positions non-decreasing
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_table", tuple(int(b) for b in self.block_table))
         object.__setattr__(self, "state_saves", tuple((int(p), int(s)) for p, s in self.state_saves))
         positions = [p for p, _ in self.state_saves]
-        if positions != sorted(set(positions)) or any(not self.num_cached_tokens < p <= self.end
+        if positions != sorted(positions) or any(not self.num_cached_tokens < p <= self.end
                                                       for p in positions):
             raise ValueError(f"chunk of request {self.request_id!r}: state_saves {list(self.state_saves)} "
-                             f"need increasing positions in ({self.num_cached_tokens}, {self.end}]")
+                             f"need non-decreasing positions in ({self.num_cached_tokens}, {self.end}]")
         if self.num_tokens < 1:
             raise ValueError(f"chunk of request {self.request_id!r} is empty (num_tokens="
                              f"{self.num_tokens}); every chunk computes at least one token")

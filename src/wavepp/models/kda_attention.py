@@ -74,11 +74,10 @@ class KimiDeltaAttention(nn.Module):
             # the scan splits at every save: [start, p1) | [p1, p2) | ... | [p_last, end)
             start = chunk.num_cached_tokens
             for position, slot in (*chunk.state_saves, (chunk.end, None)):
-                if position == start:
-                    continue
                 a, b = start - chunk.num_cached_tokens, position - chunk.num_cached_tokens
-                o, state = kda_scan(q[:, a:b], k[:, a:b], v[:, a:b], gc[:, a:b], bc[:, a:b], state)
-                out[t0 + a:t0 + b] = o.transpose(0, 1).to(x.dtype)
+                if b > a:
+                    o, state = kda_scan(q[:, a:b], k[:, a:b], v[:, a:b], gc[:, a:b], bc[:, a:b], state)
+                    out[t0 + a:t0 + b] = o.transpose(0, 1).to(x.dtype)
                 if slot is not None:
                     recurrent[slot] = state.flatten()
                     # the last taps - 1 inputs before `position`: window rows [b, b + taps - 1)

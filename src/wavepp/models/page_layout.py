@@ -27,6 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+BOOKKEEPING_BLOCKS = 1 << 12   # blocks of a stage whose layers keep no per-token rows
+
+
 @dataclass(frozen=True)
 class CachePool:
     """`width` elements per token on each of `layers` (model layer indices)."""
@@ -89,8 +92,8 @@ class PageLayout:
                    dtype_bytes: int) -> int:
         """Blocks a stage owning [start_layer, end_layer) can hold in `budget_bytes` (at least 1)."""
         per_block = self.bytes_per_block(start_layer, end_layer, block_size, dtype_bytes)
-        if per_block == 0:   # a stage of linear-attention layers only: blocks cost no bytes
-            return max(1, int(budget_bytes) // max(1, self.bytes_per_snapshot(start_layer, end_layer, dtype_bytes)))
+        if per_block == 0:   # a stage of linear-attention layers only: its blocks are bookkeeping
+            return BOOKKEEPING_BLOCKS
         return max(1, int(budget_bytes) // per_block)
 
 
