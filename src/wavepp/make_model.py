@@ -12,7 +12,8 @@ from dataclasses import dataclass, asdict
 from pathlib import Path
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "minimax_m2", "deepseek_v3", "glm_moe_dsa", "kimi_linear")
-MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa", "kimi_linear")
+MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa")
+HYBRID_ARCHS = ("kimi_linear",)   # MoE and MLA with linear-attention layers (state snapshots)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def hf_config(spec: TinyModelSpec):
     """The transformers config object for `spec`."""
     import transformers
 
-    if spec.arch in MOE_ARCHS:
+    if spec.arch in MOE_ARCHS + HYBRID_ARCHS:
         return _moe_hf_config(spec)
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
            "qwen3": transformers.Qwen3Config}[spec.arch]

@@ -111,3 +111,33 @@ def test_resume_without_a_state_is_refused(kimi):
         chain.run(ChunkSpec(16, 4, (0, 1), "a"), torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="state_saves"):
         ChunkSpec(16, 4, (0, 1), "a", state_saves=((16, 0),))
+
+
+def test_engine_pp2_reuses_snapshots_and_matches_transformers(kimi):
+    """The real pipeline (one process per stage) with a snapshot every 2 blocks of 4 tokens:
+    first tokens and logprobs as transformers computes them, cold and over reused snapshots."""
+    import random
+
+    import transformers
+
+    from wavepp.engine import Engine
+
+    rng = random.Random(4)
+    prefixes = [[rng.randrange(256) for _ in range(rng.randrange(20, 40))] for _ in range(2)]
+    prompts = [p + [rng.randrange(256) for _ in range(rng.randrange(1, 12))] for p in prefixes for _ in range(3)]
+    prompts.append(list(prompts[0]))
+    model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = [model(torch.tensor([p])).logits[0, -1].log_softmax(-1) for p in prompts]
+    with Engine(str(kimi), pp=2, dtype="float32", block_size=4, stage_num_blocks=[64, 48],
+                snapshot_interval_blocks=2) as engine:
+        first = engine.prefill(prompts)
+        again = engine.prefill(prompts)
+    for results in (first, again):
+        for r, lp, p in zip(results, reference, prompts):
+            assert r.ok, r.error
+            assert r.first_token_id == int(lp.argmax())
+            assert abs(r.first_token_logprob - float(lp.max())) < ATOL
+            # resumed on the grid (every 8 tokens) or at the prompt's last reusable boundary
+            assert r.num_cached_tokens % 8 == 0 or r.num_cached_tokens == (len(p) - 1) // 4 * 4
+    assert all(r.num_cached_tokens > 0 for r in again)
