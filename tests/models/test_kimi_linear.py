@@ -138,6 +138,5 @@ def test_engine_pp2_reuses_snapshots_and_matches_transformers(kimi):
             assert r.ok, r.error
             assert r.first_token_id == int(lp.argmax())
             assert abs(r.first_token_logprob - float(lp.max())) < ATOL
-            # resumed on the grid (every 8 tokens) or at the prompt's last reusable boundary
-            assert r.num_cached_tokens % 8 == 0 or r.num_cached_tokens == (len(p) - 1) // 4 * 4
+            assert r.num_cached_tokens % 4 == 0 and r.num_cached_tokens < len(p)
     assert all(r.num_cached_tokens > 0 for r in again)
