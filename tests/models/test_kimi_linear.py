@@ -140,3 +140,31 @@ def test_engine_pp2_reuses_snapshots_and_matches_transformers(kimi):
             assert abs(r.first_token_logprob - float(lp.max())) < ATOL
             assert r.num_cached_tokens % 4 == 0 and r.num_cached_tokens < len(p)
     assert all(r.num_cached_tokens > 0 for r in again)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_simulator_charges_snapshots_from_the_runtime_layout(kimi, dtype):
+    """The simulator's Kimi-Linear shape keeps the cache bytes per token and the snapshot bytes
+    of the runtime's page layout (and the tensors the runtime allocates), and charges a chunk's
+    snapshot copies at those bytes."""
+    import json
+
+    from wavepp.sim.cost import StageCostModel
+    from wavepp.sim.hardware import HARDWARE
+    from wavepp.sim.model_shapes import ModelShape
+
+    shape = ModelShape.from_hf(json.loads((kimi / "config.json").read_text()), kv_bytes=dtype.itemsize)
+    layout = page_layout(load_model_config(kimi))
+    size = dtype.itemsize
+    assert [shape.kv_bytes_per_token(i) for i in range(4)] == [layout.bytes_per_token(i, size) for i in range(4)]
+    for start, end in [(0, 4), (0, 2), (2, 3), (3, 4)]:
+        assert sum(shape.snapshot_bytes(i) for i in range(start, end)) == layout.bytes_per_snapshot(start, end, size)
+    model = load_stage_model(kimi, dtype=dtype)
+    cache = model.new_kv_cache(3, 4, num_state_slots=5)
+    assert cache.num_bytes == 3 * 4 * layout.bytes_per_block(0, 4, 1, size) + 5 * layout.bytes_per_snapshot(0, 4, size)
+    hw = next(iter(HARDWARE.values()))
+    cost = StageCostModel(shape, hw, 0, 4, snapshot_interval_tokens=64)
+    # resume at 100 (1 load), cross 128 and 192 (2 saves), save at the end 200: 4 copies
+    want = 4 * layout.bytes_per_snapshot(0, 4, size) / hw.hbm_bytes_s
+    assert cost.breakdown([(100, 100)])["snapshots"] == pytest.approx(want)
+    assert "snapshots" not in StageCostModel(shape, hw, 0, 4).breakdown([(100, 100)])

@@ -66,8 +66,9 @@ class StageRuntime:
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.pool_args = (page_layout(self.model_config), self.model_config.num_layers, self.spec, self.num_blocks,
                           config.block_size, _DTYPES[config.dtype].itemsize, config.snapshot_interval_blocks)
-        slots = getattr(stage_pool(*self.pool_args), "num_slots", None)
-        self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size, slots)
+        slots = getattr(stage_pool(*self.pool_args), "num_slots", None)   # hybrid models: snapshot slots
+        self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size,
+                                          **({"num_state_slots": slots} if slots else {}))
         self.lock = threading.Lock()
         self.reset(config.policy)
 
