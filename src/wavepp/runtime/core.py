@@ -305,7 +305,7 @@ class EngineCore:
                              mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1])
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
                                           max_prompt_tokens=self.max_prompt_tokens,
-                                          hybrid=self.stage.kv.layout.is_hybrid),
+                                          hybrid=self.stage.layout.is_hybrid),
                              make_planner(self.policy.planner, pcfg))
         self._stats = CoreStats.empty(self.num_stages)
 

@@ -64,7 +64,8 @@ class StageRuntime:
         self.spec = stage_specs(self.model_config.num_layers, config.num_stages)[stage_id]
         self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype])
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
-        self.pool_args = (page_layout(self.model_config), self.model_config.num_layers, self.spec, self.num_blocks,
+        self.layout = page_layout(self.model_config)
+        self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
                           config.block_size, _DTYPES[config.dtype].itemsize, config.snapshot_interval_blocks)
         slots = getattr(stage_pool(*self.pool_args), "num_slots", None)   # hybrid models: snapshot slots
         self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size,
