@@ -65,9 +65,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from wavepp.bench.measure import median_rows, run_closed_loop
-    from wavepp.bench.report import chrome_trace, machine, print_table, write_json, write_plot, write_trace
-    from wavepp.engine import Engine
+    from wavepp.bench.measure import median_rows
+    from wavepp.bench.report import machine, print_table, write_json, write_plot, write_trace
     from wavepp.models import load_model_config
     from wavepp.store import DEFAULT_MODEL, resolve_model
     from wavepp.workloads.workload import ideal_snapshot_hit_rate
@@ -99,49 +98,16 @@ def run(args) -> int:
                           f"ideal hit rate {wl.ideal_hit_rate:.1%}{grid}")
     t_start = time.perf_counter()
     pipeline_policies = [p for p in policies if p != SINGLE_STAGE]
-    engines = {}
-    for interval in intervals:
-        if pipeline_policies:
-            engines[("pp", interval)] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
-                                               snapshot_interval_blocks=interval)
-        if SINGLE_STAGE in policies:
-            engines[("single", interval)] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
-                                                   snapshot_interval_blocks=interval)
     rows, trace_events = [], []
     total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat \
         * len(intervals)
-    try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as progress:
-            task = progress.add_task("warm-up", total=total)
-            first = workloads[concurrencies[0]]
-            for engine in engines.values():   # warm up: first forwards are slow
-                engine.prefill([wl.prompts[0][:256] for wl in first])
-            for rep in range(args.repeat):
-                for index in range(len(first)):
-                    for c in concurrencies:
-                        wl = workloads[c][index]
-                        order = policies if rep % 2 == 0 else list(reversed(policies))
-                        for pol, interval in [(p, i) for p in order for i in intervals]:
-                            engine = engines[("single" if pol == SINGLE_STAGE else "pp", interval)]
-                            engine.reset("wavepp" if pol == SINGLE_STAGE else pol)
-                            label = pol if interval is None else f"{pol} snap={interval}"
-                            progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
-                            m = run_closed_loop(engine, wl, c, policy_label=label, repeat=rep,
-                                                on_progress=lambda n: progress.advance(task, n))
-                            rows.append(m)
-                            progress.console.print(
-                                f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-                                f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}"
-                                + (f" (ideal on the grid {ideal_on_grid[(wl.name, wl.num_requests, interval)]:.1%})"
-                                   if interval is not None else "") + ", "
-                                f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}")
-                            if args.trace:
-                                trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {label} r{rep}",
-                                                             pid=len(rows))
-    finally:
-        for engine in engines.values():
-            engine.shutdown()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("warm-up", total=total)
+        # one pipeline per process (torch.distributed): snapshot intervals run one after the other
+        for interval in intervals:
+            rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, interval,
+                                  ideal_on_grid, progress, task, trace_events)
     med = median_rows(rows)
     print_table(med, console, f"medians of {args.repeat} interleaved run(s); ratios vs lockstep")
     console.print(f"total {time.perf_counter() - t_start:.0f} s")
@@ -164,3 +130,49 @@ def run(args) -> int:
 def _argv(args) -> list[str]:
     import sys
     return sys.argv[2:]
+
+
+def _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, interval, ideal_on_grid,
+                  progress, task, trace_events) -> list:
+    """Every (workload, concurrency, policy) on engines with one snapshot interval (None: the default)."""
+    from wavepp.bench.measure import run_closed_loop
+    from wavepp.bench.report import chrome_trace
+    from wavepp.engine import Engine
+
+    engines, rows = {}, []
+    try:
+        if pipeline_policies:
+            engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
+                                   snapshot_interval_blocks=interval)
+        if SINGLE_STAGE in policies:
+            engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
+                                       snapshot_interval_blocks=interval)
+        first = workloads[concurrencies[0]]
+        for engine in engines.values():   # warm up: first forwards are slow
+            engine.prefill([wl.prompts[0][:256] for wl in first])
+        for rep in range(args.repeat):
+            for index in range(len(first)):
+                for c in concurrencies:
+                    wl = workloads[c][index]
+                    order = policies if rep % 2 == 0 else list(reversed(policies))
+                    for pol in order:
+                        engine = engines["single" if pol == SINGLE_STAGE else "pp"]
+                        engine.reset("wavepp" if pol == SINGLE_STAGE else pol)
+                        label = pol if interval is None else f"{pol} snap={interval}"
+                        progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
+                        m = run_closed_loop(engine, wl, c, policy_label=label, repeat=rep,
+                                            on_progress=lambda n: progress.advance(task, n))
+                        rows.append(m)
+                        grid = "" if interval is None else \
+                            f" (ideal on the grid {ideal_on_grid[(wl.name, wl.num_requests, interval)]:.1%})"
+                        progress.console.print(
+                            f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
+                            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
+                            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}")
+                        if args.trace:
+                            trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {label} r{rep}",
+                                                         pid=len(trace_events) + 1)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    return rows
