@@ -152,6 +152,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._cluster.unwatch()       # the stages exit on purpose from here on
         try:
             self._core.shutdown()
         finally:

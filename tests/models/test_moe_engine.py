@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from tests.models.test_moe_families import reference_logits, stable_topk
 from wavepp.engine import Engine

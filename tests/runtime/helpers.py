@@ -1,6 +1,7 @@
-"""Helpers of the runtime tests."""
+"""Helpers of the runtime tests (the tiny model of conftest.py)."""
 
 VOCAB = 256
+MAX_POSITIONS = 512          # of the tiny model (conftest.py)
 
 
 def groups(rng, num_groups=8, prefix_len=96):

@@ -11,19 +11,9 @@ from concurrent.futures import wait
 import pytest
 
 from wavepp.engine import Engine
-from wavepp.make_model import make_model
 
-from .helpers import assert_clean, groups
+from .helpers import MAX_POSITIONS, VOCAB, assert_clean, groups
 
-VOCAB = 256
-MAX_POSITIONS = 512
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama", num_layers=4,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ Rounds cost about as much as a short suffix's compute. Lockstep pays them on the
 between waves; wavepp pays them beside execution.
 """
 
-import random
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -50,7 +49,6 @@ def test_balanced_not_worse_than_static_packing():
 
 def test_pipeline_fill_matches_the_analytic_bubble():
     # M equal waves of work, S stages, no admission cost: M + S - 1 wave-times
-    from wavepp.sched import CostCoefficients, CostModel
     from wavepp.sim import SimCosts
     t = 1e-3
     costs = SimCosts(wave_seconds=lambda s, chunks: t)

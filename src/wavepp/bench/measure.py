@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from wavepp.workloads import Workload
+from wavepp.sched.stats import quantile
 
 
 @dataclass(frozen=True)
@@ -114,15 +115,6 @@ def summarize(engine, workload: Workload, results, seconds: float, policy: str, 
         ttft_p95_ms=quantile(ttft, 0.95), stage_utilization=util, stage_idle_input_frac=wait_in,
         stage_idle_admission_frac=wait_adm, admission_p50_ms=quantile(rounds, 0.5),
         admission_p99_ms=quantile(rounds, 0.99), num_waves=stats.num_waves)
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
 
 
 def median_rows(rows: list[Measurement]) -> list[dict]:

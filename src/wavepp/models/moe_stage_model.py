@@ -28,7 +28,7 @@ from wavepp.models.moe_config import MoEModelConfig
 from wavepp.models.page_layout import page_layout
 from wavepp.models.paged_pools import PagedPools
 from wavepp.models.rope import RopeTable
-from wavepp.models.stage_model import _check_input_ids
+from wavepp.models.stage_model import check_stage_inputs
 
 
 class MoEDecoderLayer(nn.Module):
@@ -138,13 +138,9 @@ class MoEStageModel(nn.Module):
                 or kv_cache.stage != self.stage or kv_cache.dtype != self.dtype:
             raise ValueError(f"cache {kv_cache!r} was not made for stage {self.stage} of this "
                              f"{self.layout.architecture} model in {self.dtype}")
-        if batch.block_size != kv_cache.block_size:
-            raise ValueError(f"batch block_size {batch.block_size} != cache block_size {kv_cache.block_size}")
-        if batch.max_block_id >= kv_cache.num_blocks:
-            raise ValueError(f"block id {batch.max_block_id} is outside the cache's {kv_cache.num_blocks} blocks")
-        if batch.max_position >= self.config.max_position_embeddings:
-            raise ValueError(f"position {batch.max_position} is beyond the model's "
-                             f"max_position_embeddings={self.config.max_position_embeddings}")
+        check_stage_inputs(batch, self.stage, kv_cache.block_size, kv_cache.num_blocks,
+                           self.config.max_position_embeddings, self.config.vocab_size, self.input_width,
+                           self.dtype, input_ids, hidden_states)
         if kv_cache.states:
             for chunk in batch.chunks:
                 slots = [s for _, s in chunk.state_saves] + ([chunk.state_in] if chunk.state_in is not None else [])
@@ -155,13 +151,6 @@ class MoEStageModel(nn.Module):
                     raise ValueError(f"chunk of request {chunk.request_id!r} resumes after "
                                      f"{chunk.num_cached_tokens} tokens with no state_in: its linear-"
                                      f"attention layers need the state saved there")
-        if self.stage.is_first:
-            _check_input_ids(input_ids, batch.num_tokens, self.config.vocab_size)
-        elif input_ids is not None or hidden_states is None:
-            raise ValueError(f"stage {self.stage} is not the first: pass hidden_states, not input_ids")
-        elif hidden_states.shape != (batch.num_tokens, self.input_width) or hidden_states.dtype != self.dtype:
-            raise ValueError(f"hidden_states {tuple(hidden_states.shape)} {hidden_states.dtype}; expected "
-                             f"[{batch.num_tokens}, {self.input_width}] {self.dtype}")
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

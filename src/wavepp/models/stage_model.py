@@ -17,6 +17,7 @@ from torch import nn
 from wavepp.models.attention import Attention
 from wavepp.models.batch import StageBatch
 from wavepp.models.config import ModelConfig, StageSpec
+from wavepp.models.kernels import linear
 from wavepp.models.kv_cache import PagedKVCache
 from wavepp.models.layers import RMSNorm, RotaryEmbedding, SwiGLUMLP
 
@@ -91,7 +92,7 @@ class StageModel(nn.Module):
             return hidden
         # last: [num_chunks, hidden_size] -> logits: [num_chunks, vocab_size]
         last = self.norm(hidden.index_select(0, batch.last_token_indices))
-        return F.linear(last, self.lm_head).float()
+        return linear(last, self.lm_head).float()
 
     def _check(self, batch: StageBatch, kv_cache: PagedKVCache, input_ids: torch.Tensor | None,
                hidden_states: torch.Tensor | None) -> None:
@@ -101,20 +102,30 @@ class StageModel(nn.Module):
         if got != expected:
             raise ValueError(f"kv cache (layers, kv heads, head_dim, dtype) = {got}; "
                              f"this stage needs {expected}")
-        if batch.block_size != kv_cache.block_size:
-            raise ValueError(f"batch block_size {batch.block_size} != cache block_size {kv_cache.block_size}")
-        if batch.max_block_id >= kv_cache.num_blocks:
-            raise ValueError(f"block id {batch.max_block_id} is outside the cache's {kv_cache.num_blocks} blocks")
-        if batch.max_position >= self.rotary.max_positions:
-            raise ValueError(f"position {batch.max_position} is beyond the model's "
-                             f"max_position_embeddings={self.rotary.max_positions}")
-        if self.stage.is_first:
-            _check_input_ids(input_ids, batch.num_tokens, config.vocab_size)
-        elif input_ids is not None or hidden_states is None:
-            raise ValueError(f"stage {self.stage} is not the first: pass hidden_states, not input_ids")
-        elif hidden_states.shape != (batch.num_tokens, config.hidden_size) or hidden_states.dtype != self.dtype:
-            raise ValueError(f"hidden_states {tuple(hidden_states.shape)} {hidden_states.dtype}; expected "
-                             f"[{batch.num_tokens}, {config.hidden_size}] {self.dtype}")
+        check_stage_inputs(batch, self.stage, kv_cache.block_size, kv_cache.num_blocks, self.rotary.max_positions,
+                           config.vocab_size, config.hidden_size, self.dtype, input_ids, hidden_states)
+
+
+def check_stage_inputs(batch: StageBatch, stage: StageSpec, block_size: int, num_blocks: int,
+                       max_positions: int, vocab_size: int, input_width: int, dtype: torch.dtype,
+                       input_ids: torch.Tensor | None, hidden_states: torch.Tensor | None) -> None:
+    """What every stage model checks of a batch before running it: blocks and positions fit
+    its cache and its rotary table; the first stage gets input_ids, the others hidden states
+    [num_tokens, input_width] in the model's dtype. Raises ValueError naming what is off."""
+    if batch.block_size != block_size:
+        raise ValueError(f"batch block_size {batch.block_size} != cache block_size {block_size}")
+    if batch.max_block_id >= num_blocks:
+        raise ValueError(f"block id {batch.max_block_id} is outside the cache's {num_blocks} blocks")
+    if batch.max_position >= max_positions:
+        raise ValueError(f"position {batch.max_position} is beyond the model's "
+                         f"max_position_embeddings={max_positions}")
+    if stage.is_first:
+        _check_input_ids(input_ids, batch.num_tokens, vocab_size)
+    elif input_ids is not None or hidden_states is None:
+        raise ValueError(f"stage {stage} is not the first: pass hidden_states, not input_ids")
+    elif hidden_states.shape != (batch.num_tokens, input_width) or hidden_states.dtype != dtype:
+        raise ValueError(f"hidden_states {tuple(hidden_states.shape)} {hidden_states.dtype}; expected "
+                         f"[{batch.num_tokens}, {input_width}] {dtype}")
 
 
 def _check_input_ids(input_ids: torch.Tensor | None, num_tokens: int, vocab_size: int) -> None:

@@ -135,23 +135,34 @@ class LocalCluster:
                 return (f"stage {rank} (pid {proc.pid}) exited with code {proc.exitcode}: {detail}")
         return None
 
-    def watch(self, on_dead, interval_s: float = 0.2) -> None:
-        """Call on_dead(reason) from a daemon thread once a stage process exits."""
+    def watch(self, on_dead) -> None:
+        """Call on_dead(reason) from a daemon thread as soon as a stage process exits (it
+        waits on the processes' sentinels, woken by close())."""
+        if not self.procs:
+            return
+        stop_recv, self._stop = mp.Pipe(duplex=False)
+
         def run():
-            stop = self._stop
-            while not stop.wait(interval_s):
-                reason = self.dead_stage()
-                if reason:
-                    on_dead(reason)
-                    return
-        self._stop = threading.Event()
+            ready = mp.connection.wait([p.sentinel for p in self.procs] + [stop_recv])
+            if stop_recv not in ready:
+                on_dead(self.dead_stage(wait_s=1.0) or "a stage process exited")
+            stop_recv.close()
         threading.Thread(target=run, name="wavepp-watchdog", daemon=True).start()
+
+    def unwatch(self) -> None:
+        """Stop the watchdog (before stages exit on purpose). Safe to call twice."""
+        if hasattr(self, "_stop"):
+            try:
+                self._stop.send(None)
+            except OSError:          # the watchdog fired already and is gone
+                pass
+            self._stop.close()
+            del self._stop
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait for the stage processes to exit (kill them after `timeout_s`), leave the
         process group, and remove the run directory. Safe to call twice."""
-        if hasattr(self, "_stop"):
-            self._stop.set()
+        self.unwatch()
         for proc in self.procs:
             proc.join(timeout_s)
         for proc in self.procs:

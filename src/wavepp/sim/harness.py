@@ -6,7 +6,6 @@ caches (each its own BlockPool), the real Leader and planner, virtual time.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,6 +15,7 @@ from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.planner import PlannerConfig, make_planner
 from wavepp.sched.policy import Policy, get_policy
 from wavepp.sched.stage_server import StageServer
+from wavepp.sched.stats import quantile
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 
 
@@ -106,12 +106,6 @@ def report(sim: PipelineSim, policy: str, end: float) -> SimReport:
     return SimReport(
         policy=policy, num_requests=len(recs), num_failed=len(recs) - len(done), seconds=end,
         input_tokens=sum(r.num_tokens for r in done), cached_tokens=sum(r.num_cached_tokens for r in done),
-        ttft_p50_s=_quantile(ttft, 0.5), ttft_p95_s=_quantile(ttft, 0.95), stage_utilization=util,
-        idle_admission_frac=adm, round_latency_p50_s=_quantile(rounds, 0.5),
-        round_latency_p99_s=_quantile(rounds, 0.99), num_waves=sim.stats[0].num_waves)
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    return statistics.quantiles(sorted_values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+        ttft_p50_s=quantile(ttft, 0.5), ttft_p95_s=quantile(ttft, 0.95), stage_utilization=util,
+        idle_admission_frac=adm, round_latency_p50_s=quantile(rounds, 0.5),
+        round_latency_p99_s=quantile(rounds, 0.99), num_waves=sim.stats[0].num_waves)
