@@ -59,11 +59,14 @@ class Engine:
     def __init__(self, model: str = DEFAULT_MODEL, *, pp: int = 2, policy: str = "wavepp",
                  dtype: str = "bfloat16", block_size: int = 16,
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
-                 top_k: int = 5, num_threads: int = 1, backend: str = "gloo"):
+                 top_k: int = 5, num_threads: int = 1, backend: str = "gloo",
+                 snapshot_interval_blocks: int | None = None):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
-        full-length prompts within 1 GiB and a quarter of the available memory.
+        full-length prompts within 1 GiB and a quarter of the available memory. A hybrid model
+        (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks (default:
+        from memory, `models.stage_pool`).
 
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
@@ -71,7 +74,7 @@ class Engine:
         config = RuntimeConfig(
             model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
             stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
-            num_threads=num_threads, backend=backend)
+            num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks)
         self.model_path = resolve_model(model)
         stage_specs(load_model_config(self.model_path).num_layers, pp)   # the layers split into pp stages
         self._cluster = LocalCluster(pp, backend)

@@ -7,11 +7,13 @@ and wavepp both load. Same arguments and seed give byte-identical weights.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "minimax_m2", "deepseek_v3", "glm_moe_dsa")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "minimax_m2", "deepseek_v3", "glm_moe_dsa", "kimi_linear")
 MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa")
+HYBRID_ARCHS = ("kimi_linear",)   # MoE and MLA with linear-attention layers (state snapshots)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class TinyModelSpec:
     index_n_heads: int = 2
     index_head_dim: int = 16
     indexer_types: tuple[str, ...] | None = None
+    # Kimi-Linear: KDA heads of linear_head_dim, a 4-tap short convolution; layer_types default to
+    # KDA everywhere but every third layer (layer 2, 5, ...), which is MLA without RoPE
+    linear_num_heads: int = 4
+    linear_head_dim: int = 16
+    layer_types: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -65,7 +72,7 @@ def hf_config(spec: TinyModelSpec):
     """The transformers config object for `spec`."""
     import transformers
 
-    if spec.arch in MOE_ARCHS:
+    if spec.arch in MOE_ARCHS + HYBRID_ARCHS:
         return _moe_hf_config(spec)
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
            "qwen3": transformers.Qwen3Config}[spec.arch]
@@ -110,6 +117,14 @@ def make_model(path: str | Path, spec: TinyModelSpec | None = None, **overrides)
         for name, buffer in sorted(model.named_buffers()):
             if name.endswith("e_score_correction_bias"):   # the routers' choice bias
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
+        for name, param in sorted(model.named_parameters()):
+            # KDA forget gates as the released model initializes them: decay rates exp(A_log) in
+            # [1, 16], dt_bias = softplus^-1 of a step in [1e-3, 1e-1]
+            if name.endswith("forget_gate.A_log"):
+                param.copy_(torch.empty(param.shape).uniform_(1.0, 16.0, generator=gen).log())
+            elif name.endswith("forget_gate.dt_bias"):
+                dt = torch.empty(param.shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+                param.copy_(dt + torch.log(-torch.expm1(-dt)))
     model.save_pretrained(path)
     (path / "wavepp_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return path
@@ -141,6 +156,15 @@ def _moe_hf_config(spec: TinyModelSpec):
     )
     if spec.arch == "deepseek_v3":
         return transformers.DeepseekV3Config(**common, **mla, n_group=2, topk_group=1)
+    if spec.arch == "kimi_linear":
+        layer_types = spec.layer_types or tuple(
+            "full_attention" if i % 3 == 2 else "linear_attention" for i in range(spec.num_layers))
+        kimi = {k: v for k, v in mla.items() if k not in ("rope_parameters", "n_routed_experts")}
+        kimi["q_lora_rank"] = None   # as released: q projected straight from the hidden state
+        return transformers.KimiLinearConfig(
+            **common, **kimi, num_local_experts=spec.num_experts, n_group=2, topk_group=1,
+            linear_num_heads=spec.linear_num_heads, linear_head_dim=spec.linear_head_dim,
+            linear_conv_kernel_dim=4, layer_types=list(layer_types), pad_token_id=None)
     indexer_types = spec.indexer_types or tuple(
         "full" if i == 0 or i % 2 else "shared" for i in range(spec.num_layers))
     return transformers.GlmMoeDsaConfig(

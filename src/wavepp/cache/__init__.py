@@ -1,7 +1,8 @@
 """One pipeline stage's KV block cache: pure Python, deterministic, no tensors, no threads.
 
 `BlockPool` keeps the stage's blocks (ref counts, leaf-only LRU eviction on a logical clock,
-a prefix index of chained hashes, leases and capacity escrow); `hash_blocks` names full
+a prefix index of chained hashes, leases and capacity escrow); `HybridPool` adds the
+recurrent-state snapshots of hybrid models as attachments of blocks; `hash_blocks` names full
 blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
 """
 
@@ -16,6 +17,8 @@ from wavepp.cache.errors import (
 )
 from wavepp.cache.hashing import hash_blocks
 from wavepp.cache.pool import BlockPool
+from wavepp.cache.snapshot_plan import default_interval_blocks, snapshot_boundaries
+from wavepp.cache.snapshots import HybridPool, SnapshotMatch
 from wavepp.cache.results import (
     CapacityView,
     CommitResult,
@@ -41,4 +44,8 @@ __all__ = [
     "ReserveResult",
     "UnknownRequestError",
     "hash_blocks",
+    "HybridPool",
+    "SnapshotMatch",
+    "default_interval_blocks",
+    "snapshot_boundaries",
 ]

@@ -198,6 +198,7 @@ class BlockStore:
 
     def _unlink(self, entry: BlockEntry) -> None:
         del self._index[entry.block_hash]  # type: ignore[arg-type]
+        self._on_unlink(entry)
         forget_victim_child(entry)
         entry.linked = False
         if not entry.computed:
@@ -207,6 +208,10 @@ class BlockStore:
             parent.num_children -= 1
             if not parent.ref_count:
                 self._leaves.offer(parent)
+
+    def _on_unlink(self, entry: BlockEntry) -> None:
+        """An entry left the index (evicted, or dropped uncomputed). Attachments of blocks
+        (recurrent-state snapshots, `HybridPool`) leave with it."""
 
     def _maybe_compact(self) -> None:
         if len(self._leaves) > 2 * self._num_evictable + 1024:

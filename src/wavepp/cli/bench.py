@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--trace-file", default=None, help="Mooncake JSONL for the trace workload")
     p.add_argument("--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--snapshot-interval", default=None, metavar="BLOCKS",
+                   help="hybrid models (kimi_linear): comma list of snapshot intervals in blocks, each "
+                        "run side by side (default: the interval chosen from memory)")
     p.add_argument("--json", default=None, metavar="FILE")
     p.add_argument("--plot", default=None, metavar="FILE.png")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="Chrome trace (Perfetto)")
@@ -62,11 +65,11 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from wavepp.bench.measure import median_rows, run_closed_loop
-    from wavepp.bench.report import chrome_trace, machine, print_table, write_json, write_plot, write_trace
-    from wavepp.engine import Engine
+    from wavepp.bench.measure import median_rows
+    from wavepp.bench.report import machine, print_table, write_json, write_plot, write_trace
     from wavepp.models import load_model_config
     from wavepp.store import DEFAULT_MODEL, resolve_model
+    from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
     console = Console(width=max(Console().width, 160))
     policies = check_policies(comma_list(args.policy), bench_policies())
@@ -82,52 +85,35 @@ def run(args) -> int:
             sized[n] = build_workloads(args, vocab_size, n)
         workloads[c] = sized[n]
     console.print(f"[bold]wavepp bench[/] model={model} pp={args.pp} dtype={args.dtype} on {machine()}")
+    intervals = [int(i) for i in comma_list(args.snapshot_interval)] if args.snapshot_interval else [None]
+    ideal_on_grid = {}
     for wls in sized.values():
         for wl in wls:
+            grid = ""
+            for interval in intervals if intervals != [None] else []:
+                ideal_on_grid[(wl.name, wl.num_requests, interval)] = rate = \
+                    ideal_snapshot_hit_rate(wl.prompts, wl.block_size, interval)
+                grid += f", on a snapshot grid of {interval} blocks {rate:.1%}"
             console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
-                          f"ideal hit rate {wl.ideal_hit_rate:.1%}")
+                          f"ideal hit rate {wl.ideal_hit_rate:.1%}{grid}")
     t_start = time.perf_counter()
     pipeline_policies = [p for p in policies if p != SINGLE_STAGE]
-    engines = {}
-    if pipeline_policies:
-        engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype)
-    if SINGLE_STAGE in policies:
-        engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype)
     rows, trace_events = [], []
-    total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat
-    try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as progress:
-            task = progress.add_task("warm-up", total=total)
-            first = workloads[concurrencies[0]]
-            for engine in engines.values():   # warm up: first forwards are slow
-                engine.prefill([wl.prompts[0][:256] for wl in first])
-            for rep in range(args.repeat):
-                for index in range(len(first)):
-                    for c in concurrencies:
-                        wl = workloads[c][index]
-                        order = policies if rep % 2 == 0 else list(reversed(policies))
-                        for pol in order:
-                            engine = engines["single" if pol == SINGLE_STAGE else "pp"]
-                            engine.reset("wavepp" if pol == SINGLE_STAGE else pol)
-                            progress.update(task, description=f"{wl.name} c={c} {pol} (run {rep + 1})")
-                            m = run_closed_loop(engine, wl, c, policy_label=pol, repeat=rep,
-                                                on_progress=lambda n: progress.advance(task, n))
-                            rows.append(m)
-                            progress.console.print(
-                                f"  {wl.name} c={c} {pol} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-                                f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}, "
-                                f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}")
-                            if args.trace:
-                                trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {pol} r{rep}",
-                                                             pid=len(rows))
-    finally:
-        for engine in engines.values():
-            engine.shutdown()
+    total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat \
+        * len(intervals)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("warm-up", total=total)
+        # one pipeline per process (torch.distributed): snapshot intervals run one after the other
+        for interval in intervals:
+            rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, interval,
+                                  ideal_on_grid, progress, task, trace_events)
     med = median_rows(rows)
     print_table(med, console, f"medians of {args.repeat} interleaved run(s); ratios vs lockstep")
     console.print(f"total {time.perf_counter() - t_start:.0f} s")
     meta = {"model": model, "pp": args.pp, "dtype": args.dtype, "machine": machine(),
+            "ideal_on_snapshot_grid": [{"workload": w, "num_requests": n, "interval_blocks": i, "ideal_hit_rate": r}
+                                       for (w, n, i), r in ideal_on_grid.items()],
             "repeat": args.repeat, "command": "wavepp bench " + " ".join(_argv(args))}
     if args.json:
         write_json(args.json, [m.to_dict() for m in rows], {**meta, "medians": med})
@@ -144,3 +130,49 @@ def run(args) -> int:
 def _argv(args) -> list[str]:
     import sys
     return sys.argv[2:]
+
+
+def _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, interval, ideal_on_grid,
+                  progress, task, trace_events) -> list:
+    """Every (workload, concurrency, policy) on engines with one snapshot interval (None: the default)."""
+    from wavepp.bench.measure import run_closed_loop
+    from wavepp.bench.report import chrome_trace
+    from wavepp.engine import Engine
+
+    engines, rows = {}, []
+    try:
+        if pipeline_policies:
+            engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
+                                   snapshot_interval_blocks=interval)
+        if SINGLE_STAGE in policies:
+            engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
+                                       snapshot_interval_blocks=interval)
+        first = workloads[concurrencies[0]]
+        for engine in engines.values():   # warm up: first forwards are slow
+            engine.prefill([wl.prompts[0][:256] for wl in first])
+        for rep in range(args.repeat):
+            for index in range(len(first)):
+                for c in concurrencies:
+                    wl = workloads[c][index]
+                    order = policies if rep % 2 == 0 else list(reversed(policies))
+                    for pol in order:
+                        engine = engines["single" if pol == SINGLE_STAGE else "pp"]
+                        engine.reset("wavepp" if pol == SINGLE_STAGE else pol)
+                        label = pol if interval is None else f"{pol} snap={interval}"
+                        progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
+                        m = run_closed_loop(engine, wl, c, policy_label=label, repeat=rep,
+                                            on_progress=lambda n: progress.advance(task, n))
+                        rows.append(m)
+                        grid = "" if interval is None else \
+                            f" (ideal on the grid {ideal_on_grid[(wl.name, wl.num_requests, interval)]:.1%})"
+                        progress.console.print(
+                            f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
+                            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
+                            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}")
+                        if args.trace:
+                            trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {label} r{rep}",
+                                                         pid=len(trace_events) + 1)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+    return rows

@@ -7,6 +7,12 @@ positions [0, num_cached_tokens + num_tokens), in order: position p lives in blo
 `block_id * block_size + offset`). The block ids come from the stage's block manager.
 
     chunk i:  [0, num_cached_tokens)  K/V read from the cache  |  [num_cached_tokens, end)  computed now
+
+A hybrid model's linear-attention layers start the chunk from the state saved in slot
+`state_in` (the state after [0, num_cached_tokens); None: the zero state of an empty prefix)
+and save the state after [0, p) into slot s for each (p, s) of `state_saves`:
+
+    num_cached_tokens ... p1 ... p2 ... end      saves at p1, p2 (and end, to go on from there)
     batch:    tokens of chunk 0 | tokens of chunk 1 | ...   (flat, token_starts[i] marks chunk i)
 """
 
@@ -26,9 +32,17 @@ class ChunkSpec:
     num_tokens: int
     block_table: tuple[int, ...]     # block ids covering [0, num_cached_tokens + num_tokens)
     request_id: Hashable = None      # only used in error messages
+    state_in: int | None = None      # state slot to start from (hybrid models)
+    state_saves: tuple[tuple[int, int], ...] = ()   # (position, state slot), positions non-decreasing
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_table", tuple(int(b) for b in self.block_table))
+        object.__setattr__(self, "state_saves", tuple((int(p), int(s)) for p, s in self.state_saves))
+        positions = [p for p, _ in self.state_saves]
+        if positions != sorted(positions) or any(not self.num_cached_tokens < p <= self.end
+                                                      for p in positions):
+            raise ValueError(f"chunk of request {self.request_id!r}: state_saves {list(self.state_saves)} "
+                             f"need non-decreasing positions in ({self.num_cached_tokens}, {self.end}]")
         if self.num_tokens < 1:
             raise ValueError(f"chunk of request {self.request_id!r} is empty (num_tokens="
                              f"{self.num_tokens}); every chunk computes at least one token")

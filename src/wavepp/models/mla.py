@@ -36,6 +36,7 @@ class MLAttention(nn.Module):
         self.nope, self.rope, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         self.kv_lora_rank = config.kv_lora_rank
         self.interleave = config.rope_interleave
+        self.rotates = config.uses_rope   # Kimi-Linear: the "rope" dims stay unrotated
         self.reuses_topk = config.reuses_topk(layer)
         self.scale = config.qk_head_dim ** -0.5
         if config.rope_scaling is not None:
@@ -69,9 +70,10 @@ class MLAttention(nn.Module):
             q = F.linear(x, self.q_proj)
         # q: [n, heads, nope + rope]
         q = q.view(n, heads, self.nope + self.rope)
-        q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave)), -1)
         c, k_rope = F.linear(x, self.kv_a_proj).split([self.kv_lora_rank, self.rope], dim=-1)
-        k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave)[:, 0]
+        if self.rotates:
+            q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave)), -1)
+            k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave)[:, 0]
         latent_cache = pools.view("latent", self.layer)
         latent_cache.index_copy_(0, batch.slot_mapping, torch.cat((self.kv_a_norm(c), k_rope), -1))
         if self.indexer is not None:

@@ -9,6 +9,8 @@ One frozen record describes all three, parsed from an HF `config.json` by `model
                                                                experts, grouped top-k routing
     glm_moe_dsa   MLA + DSA indexer (its own keys; "shared"    as deepseek_v3
                   layers reuse the previous layer's top-k)
+    kimi_linear   hybrid: KDA linear attention (recurrent     as deepseek_v3
+                  state per sequence) and MLA without RoPE
 
 Only what the runtime computes is kept; what it can not compute (other RoPE types, other
 activations) is refused here with the field named.
@@ -20,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 MOE_MODEL_TYPES = {"minimax_m2": "MiniMaxM2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                   "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
+                   "glm_moe_dsa": "GlmMoeDsaForCausalLM", "kimi_linear": "KimiLinearForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,11 @@ class MoEModelConfig:
     topk_group: int = 1
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
+    # hybrid linear attention (kimi_linear): per layer "linear_attention" (KDA) or "full_attention" (MLA)
+    layer_types: tuple[str, ...] = ()
+    linear_num_heads: int = 0
+    linear_head_dim: int = 0
+    linear_conv_kernel: int = 0          # short convolution over q, k, v: this many taps
 
     def __post_init__(self) -> None:
         if self.model_type not in MOE_MODEL_TYPES:
@@ -132,6 +139,14 @@ class MoEModelConfig:
             if self.index_n_heads <= 0 or not self.qk_rope_head_dim <= self.index_head_dim:
                 raise ValueError("MoEModelConfig: the indexer needs index_n_heads > 0 and "
                                  "index_head_dim >= qk_rope_head_dim")
+        if self.is_hybrid:
+            if len(self.layer_types) != self.num_layers or \
+                    set(self.layer_types) - {"linear_attention", "full_attention"}:
+                raise ValueError(f"MoEModelConfig.layer_types {list(self.layer_types)} must give "
+                                 f"'linear_attention' or 'full_attention' for each of {self.num_layers} layers")
+            for name in ("linear_num_heads", "linear_head_dim", "linear_conv_kernel"):
+                if getattr(self, name) <= 0:
+                    raise ValueError(f"MoEModelConfig.{name} must be positive for kimi_linear")
         if self.dense_layers and self.intermediate_size <= 0:
             raise ValueError("MoEModelConfig.intermediate_size must be positive with dense layers")
         if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
@@ -148,6 +163,19 @@ class MoEModelConfig:
     @property
     def is_mla(self) -> bool:
         return self.model_type != "minimax_m2"
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers keep a recurrent state instead of per-token KV (kimi_linear)."""
+        return self.model_type == "kimi_linear"
+
+    @property
+    def uses_rope(self) -> bool:
+        return self.model_type != "kimi_linear"
+
+    def is_linear(self, layer: int) -> bool:
+        """This layer is KDA linear attention (state snapshots, no per-token cache)."""
+        return self.is_hybrid and self.layer_types[layer] == "linear_attention"
 
     @property
     def has_indexer(self) -> bool:
@@ -199,7 +227,8 @@ class MoEModelConfig:
             rope_theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            num_experts_per_tok=hf["num_experts_per_tok"], rope_scaling=yarn,
+            num_experts_per_tok=hf.get("num_experts_per_tok") or hf["num_experts_per_token"],
+            rope_scaling=yarn,
         )
         if model_type == "minimax_m2":
             if hf.get("use_qk_norm", True) is False or hf.get("qk_norm_type", "per_layer") != "per_layer":
@@ -211,6 +240,8 @@ class MoEModelConfig:
             return cls(**common, num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
                        head_dim=head_dim, rotary_dim=rotary_dim, num_experts=hf["num_local_experts"],
                        moe_intermediate_size=hf["intermediate_size"])
+        if model_type == "kimi_linear":
+            return cls._kimi_linear_from_hf(hf, common)
         if model_type not in ("deepseek_v3", "glm_moe_dsa"):
             raise ValueError(f"model_type {model_type!r} is not supported here; "
                              f"supported: {', '.join(MOE_MODEL_TYPES)}")
@@ -237,3 +268,37 @@ class MoEModelConfig:
             num_shared_experts=hf.get("n_shared_experts") or 0, n_group=hf.get("n_group") or 1,
             topk_group=hf.get("topk_group") or 1, norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
             routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)), **indexer)
+
+    @classmethod
+    def _kimi_linear_from_hf(cls, hf: dict, common: dict) -> MoEModelConfig:
+        # KimiLinearConfig stores some fields under other names (its attribute_map), and a
+        # released checkpoint keeps the linear-attention fields in a sub-dict with 1-based layers
+        num_layers = hf["num_hidden_layers"]
+        linear = hf.get("linear_attn_config") or {}
+        layer_types = hf.get("layer_types")
+        if layer_types is None and "kda_layers" in linear:
+            kda = set(linear["kda_layers"])
+            layer_types = ["linear_attention" if i + 1 in kda else "full_attention" for i in range(num_layers)]
+        if layer_types is None:
+            layer_types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(num_layers)]
+        mlp_types = hf.get("mlp_layer_types")
+        if mlp_types is None:
+            first_k = min(hf.get("first_k_dense_replace", 1), num_layers)
+            mlp_types = ["dense"] * first_k + ["sparse"] * (num_layers - first_k)
+        pick = lambda *names, default=None: next((hf[n] for n in names if hf.get(n) is not None), default)  # noqa: E731
+        common = dict(common, max_position_embeddings=pick("model_max_length", "max_position_embeddings",
+                                                           default=1048576))
+        return cls(
+            **common, q_lora_rank=hf.get("q_lora_rank") or 0, kv_lora_rank=hf["kv_lora_rank"],
+            qk_nope_head_dim=hf["qk_nope_head_dim"], qk_rope_head_dim=hf["qk_rope_head_dim"],
+            v_head_dim=hf["v_head_dim"], intermediate_size=hf["intermediate_size"],
+            dense_layers=tuple(i for i, kind in enumerate(mlp_types) if kind == "dense"),
+            num_experts=pick("num_experts", "num_local_experts"), moe_intermediate_size=hf["moe_intermediate_size"],
+            num_shared_experts=pick("num_shared_experts", "n_shared_experts", default=0),
+            n_group=pick("num_expert_group", "n_group", default=1), topk_group=hf.get("topk_group") or 1,
+            norm_topk_prob=bool(pick("moe_renormalize", "norm_topk_prob", default=True)),
+            routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+            layer_types=tuple(layer_types),
+            linear_num_heads=linear.get("num_heads", hf.get("linear_num_heads", 32)),
+            linear_head_dim=linear.get("head_dim", hf.get("linear_head_dim", 128)),
+            linear_conv_kernel=linear.get("short_conv_kernel_size", hf.get("linear_conv_kernel_dim", 4)))

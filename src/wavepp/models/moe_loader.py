@@ -26,13 +26,17 @@ from wavepp.models.moe_stage_model import MoEStageModel
 
 def load_moe_stage_model(model_path: str | Path, config: MoEModelConfig, stage: StageSpec,
                          dtype: torch.dtype) -> MoEStageModel:
-    shapes = moe_tensor_shapes(config, stage)
-    fp32 = {name: shape for name, shape in shapes.items() if _kept_in_fp32(name)}
+    if config.is_hybrid:
+        from wavepp.models.kimi_loader import kimi_kept_in_fp32, kimi_module_state, kimi_tensor_shapes
+        shapes, kept_fp32, module_state = kimi_tensor_shapes(config, stage), kimi_kept_in_fp32, kimi_module_state
+    else:
+        shapes, kept_fp32, module_state = moe_tensor_shapes(config, stage), _kept_in_fp32, _module_state
+    fp32 = {name: shape for name, shape in shapes.items() if kept_fp32(name)}
     aliases = {_LM_HEAD: _EMBED} if config.tie_word_embeddings else {}
     tensors = read_tensors(model_path, {n: s for n, s in shapes.items() if n not in fp32}, dtype, aliases)
     tensors.update(read_tensors(model_path, fp32, torch.float32))
     model = MoEStageModel(config, stage, dtype)
-    model.load_state_dict(_module_state(config, stage, tensors), strict=True, assign=True)
+    model.load_state_dict(module_state(config, stage, tensors), strict=True, assign=True)
     return model.eval()
 
 

@@ -1,7 +1,7 @@
-"""One pipeline stage of a MiniMax-M2, DeepSeek-V3 or GLM-5 model: layers [start, end), the
+"""One pipeline stage of a MiniMax-M2, DeepSeek-V3, GLM-5 or Kimi-Linear model: layers [start, end), the
 embedding on the first stage, the final norm and LM head on the last (as `StageModel`).
 
-    layer:  hidden ─ norm ─ attention (GQA or MLA[+DSA]) ─ + ─ norm ─ MLP (dense or MoE) ─ +
+    layer:  hidden ─ norm ─ attention (GQA, MLA[+DSA] or KDA) ─ + ─ norm ─ MLP (dense or MoE) ─ +
 
 What crosses a stage boundary is one tensor [num_tokens, width]: the residual stream, and,
 when the next stage starts with a layer that shares its predecessor's DSA top-k, those top-k
@@ -19,6 +19,7 @@ from torch import nn
 
 from wavepp.models.batch import StageBatch
 from wavepp.models.config import StageSpec
+from wavepp.models.kda_attention import KimiDeltaAttention
 from wavepp.models.layers import RMSNorm, SwiGLUMLP
 from wavepp.models.minimax_m2 import MiniMaxAttention
 from wavepp.models.mla import MLAttention
@@ -35,7 +36,10 @@ class MoEDecoderLayer(nn.Module):
         super().__init__()
         self.layer = layer
         self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.attn = MLAttention(config, layer, dtype) if config.is_mla else MiniMaxAttention(config, dtype)
+        if config.is_linear(layer):
+            self.attn = KimiDeltaAttention(config, layer, dtype)
+        else:
+            self.attn = MLAttention(config, layer, dtype) if config.is_mla else MiniMaxAttention(config, dtype)
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MoE(config, dtype) if config.is_moe(layer) else \
             SwiGLUMLP(config.hidden_size, config.intermediate_size, dtype)
@@ -44,7 +48,9 @@ class MoEDecoderLayer(nn.Module):
                 pools: PagedPools, topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         # hidden: [num_tokens, hidden_size] -> [num_tokens, hidden_size]
         x = self.input_norm(hidden)
-        if isinstance(self.attn, MLAttention):
+        if isinstance(self.attn, KimiDeltaAttention):
+            out = self.attn(x, batch, pools)
+        elif isinstance(self.attn, MLAttention):
             out, topk = self.attn(x, cos, sin, batch, pools, topk)
         else:
             out = self.attn(x, cos, sin, batch, pools.view("key", self.layer), pools.view("value", self.layer))
@@ -69,12 +75,17 @@ class MoEStageModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if stage.is_last else None
         self.lm_head = _param(dtype, *shape) if stage.is_last else None
         rope_dim = config.qk_rope_head_dim if config.is_mla else config.rotary_dim
+        # Kimi-Linear's MLA has no RoPE (position comes from its KDA layers): no table
         self.rotary = RopeTable(rope_dim, config.rope_theta, config.max_position_embeddings, dtype,
-                                config.rope_scaling)
+                                config.rope_scaling) if config.uses_rope else None
 
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedPools:
-        """Zeroed pools of this stage's layers (the architecture's page layout), in the model dtype."""
-        return PagedPools(self.layout, self.stage, num_blocks, block_size, self.dtype)
+    def new_kv_cache(self, num_blocks: int, block_size: int, num_state_slots: int | None = None) -> PagedPools:
+        """Zeroed pools of this stage's layers (the architecture's page layout), in the model dtype.
+        Hybrid models also get `num_state_slots` snapshot slots (default: one per block)."""
+        if num_state_slots is None:
+            num_state_slots = num_blocks if self.layout.is_hybrid else 0
+        return PagedPools(self.layout, self.stage, num_blocks, block_size, self.dtype,
+                          num_state_slots=num_state_slots)
 
     @property
     def input_width(self) -> int:
@@ -105,7 +116,7 @@ class MoEStageModel(nn.Module):
             if self.input_width > self.config.hidden_size:
                 topk = hidden_states[:, self.config.hidden_size:].contiguous().view(torch.int32).long()
         # cos, sin: [num_tokens, 1, rope_dim / 2], shared by all layers
-        cos, sin = self.rotary(batch.positions)
+        cos, sin = self.rotary(batch.positions) if self.rotary is not None else (None, None)
         for layer in self.layers:
             hidden, topk = layer(hidden, cos, sin, batch, kv_cache, topk)
         if not self.stage.is_last:
@@ -127,8 +138,19 @@ class MoEStageModel(nn.Module):
                 or kv_cache.stage != self.stage or kv_cache.dtype != self.dtype:
             raise ValueError(f"cache {kv_cache!r} was not made for stage {self.stage} of this "
                              f"{self.layout.architecture} model in {self.dtype}")
-        check_stage_inputs(batch, self.stage, kv_cache.block_size, kv_cache.num_blocks, self.rotary.max_positions,
-                           self.config.vocab_size, self.input_width, self.dtype, input_ids, hidden_states)
+        check_stage_inputs(batch, self.stage, kv_cache.block_size, kv_cache.num_blocks,
+                           self.config.max_position_embeddings, self.config.vocab_size, self.input_width,
+                           self.dtype, input_ids, hidden_states)
+        if kv_cache.states:
+            for chunk in batch.chunks:
+                slots = [s for _, s in chunk.state_saves] + ([chunk.state_in] if chunk.state_in is not None else [])
+                if any(not 0 <= s < kv_cache.num_state_slots for s in slots):
+                    raise ValueError(f"chunk of request {chunk.request_id!r} names a state slot outside "
+                                     f"[0, {kv_cache.num_state_slots})")
+                if chunk.num_cached_tokens and chunk.state_in is None:
+                    raise ValueError(f"chunk of request {chunk.request_id!r} resumes after "
+                                     f"{chunk.num_cached_tokens} tokens with no state_in: its linear-"
+                                     f"attention layers need the state saved there")
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

@@ -8,6 +8,14 @@ whole), but its bytes live in several tensors, one per *pool*, each [layers, blo
     minimax_m2 (GQA)   key: kv_heads * head_dim | value: kv_heads * head_dim
     deepseek_v3 (MLA)  latent: kv_lora_rank + qk_rope_head_dim   (compressed latent | RoPE key)
     glm_moe_dsa (DSA)  latent: as MLA | index_key: index_head_dim, only on layers with an indexer
+    kimi_linear        latent: as MLA, on its full-attention layers only
+                       + per snapshot, on its KDA layers: recurrent: heads * dk * dv (fp32) |
+                         conv: (conv_kernel - 1) * 3 * heads * head_dim (model dtype)
+
+A hybrid model's linear-attention layers keep no per-token rows: they keep one state per
+sequence, and a prefix can be resumed only where that state was saved, a *snapshot* taken at a
+block boundary. A snapshot is an attachment of its block with its own bytes
+(`bytes_per_snapshot`), in the same budget as the blocks.
 
 Block ids are shared by all pools: block b of every pool belongs to the same tokens. The
 runtime sizes its pools from a memory budget with `num_blocks`, the simulator reads the same
@@ -17,6 +25,9 @@ runtime sizes its pools from a memory budget with `num_blocks`, the simulator re
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+BOOKKEEPING_BLOCKS = 1 << 12   # blocks of a stage whose layers keep no per-token rows
 
 
 @dataclass(frozen=True)
@@ -33,9 +44,32 @@ class CachePool:
 
 
 @dataclass(frozen=True)
+class StatePool:
+    """`elements` per snapshot on each of `layers`; fp32 whatever the model dtype, or not."""
+
+    name: str
+    elements: int
+    layers: tuple[int, ...]
+    fp32: bool = False
+
+    def element_bytes(self, dtype_bytes: int) -> int:
+        return 4 if self.fp32 else dtype_bytes
+
+
+@dataclass(frozen=True)
 class PageLayout:
     architecture: str
     pools: tuple[CachePool, ...]
+    states: tuple[StatePool, ...] = ()
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.states)
+
+    def bytes_per_snapshot(self, start_layer: int, end_layer: int, dtype_bytes: int) -> int:
+        """Bytes of one state snapshot over the layers [start_layer, end_layer) of a stage."""
+        return sum(s.elements * s.element_bytes(dtype_bytes)
+                   for s in self.states for i in s.layers if start_layer <= i < end_layer)
 
     def pool(self, name: str) -> CachePool:
         for pool in self.pools:
@@ -58,12 +92,22 @@ class PageLayout:
                    dtype_bytes: int) -> int:
         """Blocks a stage owning [start_layer, end_layer) can hold in `budget_bytes` (at least 1)."""
         per_block = self.bytes_per_block(start_layer, end_layer, block_size, dtype_bytes)
+        if per_block == 0:   # a stage of linear-attention layers only: its blocks are bookkeeping
+            return BOOKKEEPING_BLOCKS
         return max(1, int(budget_bytes) // per_block)
 
 
 def page_layout(config) -> PageLayout:
     """The layout of a ModelConfig (Llama family) or a MoEModelConfig."""
     layers = tuple(range(config.num_layers))
+    if getattr(config, "is_hybrid", False):
+        full = tuple(i for i in layers if not config.is_linear(i))
+        linear = tuple(i for i in layers if config.is_linear(i))
+        pools = (CachePool("latent", config.kv_lora_rank + config.qk_rope_head_dim, full),) if full else ()
+        qkv = config.linear_num_heads * config.linear_head_dim
+        states = (StatePool("recurrent", config.linear_num_heads * config.linear_head_dim ** 2, linear, fp32=True),
+                  StatePool("conv", (config.linear_conv_kernel - 1) * 3 * qkv, linear)) if linear else ()
+        return PageLayout(config.architecture, pools, states)
     if getattr(config, "is_mla", False):
         pools = [CachePool("latent", config.kv_lora_rank + config.qk_rope_head_dim, layers)]
         indexed = tuple(i for i in layers if config.runs_indexer(i))

@@ -5,6 +5,13 @@
 All pools share block ids: block b of every pool holds the same tokens, so the block manager
 caches, leases, escrows and evicts a block with everything the layers keep about it. The
 model reads and writes through the slot indices of a `StageBatch` (slot = block * size + offset).
+
+A hybrid model's linear-attention layers keep snapshots instead, one per *state slot*:
+
+    state tensor: [num_state_slots, num_state_layers, elements]   (recurrent: fp32; conv: dtype)
+
+A chunk reads its starting state from one slot and saves states into others (`ChunkSpec`);
+which slot belongs to which block boundary is the block manager's business.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ class PagedPools:
     """Zero-initialised pools for the layers [stage.start_layer, stage.end_layer). Tensors only."""
 
     def __init__(self, layout: PageLayout, stage: StageSpec, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
+                 num_state_slots: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"PagedPools needs num_blocks >= 1 and block_size >= 1, got "
                              f"{num_blocks}, {block_size}")
@@ -38,6 +46,17 @@ class PagedPools:
             self.tensors[pool.name] = torch.zeros(len(layers), num_blocks, block_size, pool.width,
                                                   dtype=dtype, device=device)
             self._index.update({(pool.name, layer): j for j, layer in enumerate(layers)})
+        if layout.states and num_state_slots < 1:
+            raise ValueError(f"{layout.architecture} keeps state snapshots: num_state_slots must be >= 1")
+        self.num_state_slots = num_state_slots
+        self.states: dict[str, torch.Tensor] = {}
+        for state in layout.states:
+            layers = [i for i in state.layers if stage.start_layer <= i < stage.end_layer]
+            if not layers:
+                continue
+            self.states[state.name] = torch.zeros(num_state_slots, len(layers), state.elements,
+                                                  dtype=torch.float32 if state.fp32 else dtype, device=device)
+            self._index.update({(state.name, layer): j for j, layer in enumerate(layers)})
 
     @property
     def num_slots(self) -> int:
@@ -45,7 +64,7 @@ class PagedPools:
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return sum(t.numel() * t.element_size() for t in [*self.tensors.values(), *self.states.values()])
 
     def has(self, name: str, layer: int) -> bool:
         return (name, layer) in self._index
@@ -57,6 +76,17 @@ class PagedPools:
                            f"(layers [{self.stage.start_layer}, {self.stage.end_layer}))")
         tensor = self.tensors[name][self._index[(name, layer)]]
         return tensor.view(self.num_slots, tensor.shape[-1])
+
+    def state_view(self, name: str, layer: int) -> torch.Tensor:
+        """[num_state_slots, elements] of state `name` for model layer `layer`, written in place."""
+        if name not in self.states or (name, layer) not in self._index:
+            raise KeyError(f"no state {name!r} for layer {layer} in this stage's cache")
+        return self.states[name][:, self._index[(name, layer)]]
+
+    def copy_states(self, src_slot: int, dst_slot: int) -> None:
+        """Copy every layer's state of one slot into another (a snapshot taken or restored)."""
+        for tensor in self.states.values():
+            tensor[dst_slot].copy_(tensor[src_slot])
 
     def __repr__(self) -> str:
         shapes = {name: list(t.shape) for name, t in self.tensors.items()}

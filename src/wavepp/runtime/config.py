@@ -19,6 +19,7 @@ class RuntimeConfig:
     num_threads: int = 1                  # compute threads per stage process
     backend: str = "gloo"
     run_dir: str = ""                     # where stage processes leave error reports
+    snapshot_interval_blocks: int | None = None   # hybrid models: snapshot grid; None: from memory
 
     def __post_init__(self) -> None:
         from wavepp.sched.policy import get_policy
@@ -42,5 +43,7 @@ class RuntimeConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.snapshot_interval_blocks is not None and self.snapshot_interval_blocks < 1:
+            raise ValueError(f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")

@@ -304,7 +304,8 @@ class EngineCore:
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
                              mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1])
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
-                                          max_prompt_tokens=self.max_prompt_tokens),
+                                          max_prompt_tokens=self.max_prompt_tokens,
+                                          hybrid=self.stage.layout.is_hybrid),
                              make_planner(self.policy.planner, pcfg))
         self._stats = CoreStats.empty(self.num_stages)
 

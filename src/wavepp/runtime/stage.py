@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from wavepp.cache import BlockPool
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
 from wavepp.models.attention import choose_cascade
 from wavepp.models.kernels import choose_linear, linear_shapes
+from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.sched import StageServer, TokenResult, Wave
@@ -72,7 +72,12 @@ class StageRuntime:
             self.attention_times = choose_cascade(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
                                                   mc.head_dim, _DTYPES[config.dtype])
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
-        self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size)
+        self.layout = page_layout(self.model_config)
+        self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
+                          config.block_size, _DTYPES[config.dtype].itemsize, config.snapshot_interval_blocks)
+        slots = getattr(stage_pool(*self.pool_args), "num_slots", None)   # hybrid models: snapshot slots
+        self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size,
+                                          **({"num_state_slots": slots} if slots else {}))
         self.lock = threading.Lock()
         self.reset(config.policy)
 
@@ -80,7 +85,7 @@ class StageRuntime:
         """Empty the cache (KV tensors need no clearing: nothing reads an unwritten block)."""
         with self.lock:
             self.policy = get_policy(policy, runtime=True)
-            self.server = StageServer(self.stage_id, BlockPool(self.num_blocks, self.config.block_size))
+            self.server = StageServer(self.stage_id, stage_pool(*self.pool_args))
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
 
@@ -103,8 +108,8 @@ class StageRuntime:
         t0 = time.perf_counter()
         output = None
         if prepared:
-            chunks = [ChunkSpec(p.chunk.start, p.chunk.num_tokens, p.block_table, p.chunk.request_id)
-                      for p in prepared]
+            chunks = [ChunkSpec(p.chunk.start, p.chunk.num_tokens, p.block_table, p.chunk.request_id,
+                                p.state_in, p.state_saves) for p in prepared]
             batch = StageBatch.build(chunks, self.config.block_size)
             if self.spec.is_first:
                 output = self.model(batch, self.kv, input_ids=inputs)

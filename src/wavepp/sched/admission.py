@@ -20,9 +20,10 @@ def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid
     k = min(h.num_blocks for h in hints)
     k = min(k, req.max_reusable_blocks(block_size))
     if hybrid and k > 0:
+        # the largest boundary <= k with a snapshot on every stage (never one some stage lacks)
         common = set(range(1, k + 1))
         for h in hints:
-            common.intersection_update(h.snapshot_blocks)
+            common.intersection_update(h.snapshot_set())
         k = max(common, default=0)
     return k
 

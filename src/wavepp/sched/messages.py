@@ -41,6 +41,21 @@ class Hint:
     request_id: int
     num_blocks: int                     # longest prefix present (computed or pending)
     snapshot_blocks: tuple[int, ...] = ()   # hybrid models: boundaries (in blocks) with a recurrent snapshot
+    # hybrid models on a HybridPool: snapshots at every grid point up to num_grid_snapshot_blocks
+    # (multiples of snapshot_interval_blocks), and at num_end_snapshot_blocks if > 0
+    snapshot_interval_blocks: int = 0
+    num_grid_snapshot_blocks: int = 0
+    num_end_snapshot_blocks: int = 0
+
+    def snapshot_set(self) -> set[int]:
+        """Every boundary (in blocks) this hint says holds a snapshot."""
+        found = set(self.snapshot_blocks)
+        if self.snapshot_interval_blocks:
+            found.update(range(self.snapshot_interval_blocks, self.num_grid_snapshot_blocks + 1,
+                               self.snapshot_interval_blocks))
+        if self.num_end_snapshot_blocks:
+            found.add(self.num_end_snapshot_blocks)
+        return found
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.sched.messages import (
     Chunk, CommitMsg, CommitReply, Hint, ItemResult, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg,
     ProbeReply, ReleaseMsg, Wave)
@@ -39,8 +40,12 @@ class StageRequest:
 
 @dataclass(frozen=True)
 class PreparedChunk:
+    """A chunk ready to run here. Hybrid models: the state slot to start from (None: zeros)
+    and the (position, slot) pairs to save, as `models.ChunkSpec` takes them."""
     chunk: Chunk
     block_table: list[int]
+    state_in: int | None = None
+    state_saves: tuple[tuple[int, int], ...] = ()
 
 
 class StageServer:
@@ -54,6 +59,9 @@ class StageServer:
         self._probed: dict[int, ProbeItem] = {}
         self._track_snapshots = track_snapshots
         self._snapshots: set[int] = set()   # hashes of blocks that end at a saved snapshot
+        # a HybridPool keeps real snapshots (slots, leases, escrow); track_snapshots is the
+        # simulator's memoryless stand-in
+        self._hybrid_pool = hasattr(pool, "match_snapshots")
 
     def handle(self, msg):
         """Answer one rounds-plane message; ReleaseMsg has no reply."""
@@ -77,6 +85,13 @@ class StageServer:
             self._probed[item.request_id] = item
             num_blocks = self.pool.match(item.block_hashes).num_blocks
             snapshots: tuple[int, ...] = ()
+            if self._hybrid_pool:
+                # O(log n): the grid snapshots of a chain form a prefix of the grid
+                limit = min(num_blocks, (item.num_tokens - 1) // self.block_size)
+                found = self.pool.match_snapshots(item.block_hashes, limit)
+                hints.append(Hint(item.request_id, num_blocks, (), self.pool.interval_blocks,
+                                  found.num_grid_blocks, found.num_end_blocks))
+                continue
             if self._track_snapshots:
                 snapshots = tuple(b for b in range(1, num_blocks + 1)
                                   if item.block_hashes[b - 1] in self._snapshots)
@@ -99,6 +114,10 @@ class StageServer:
                                           f"stage {self.stage_id}: lease: {lease.reason}"))
                 continue
             reserve = self.pool.reserve(item.request_id, item.num_new_blocks)
+            if reserve.ok and self._hybrid_pool:
+                boundaries = snapshot_boundaries(item.num_leased_blocks, probed.num_tokens, self.block_size,
+                                                 self.pool.interval_blocks)
+                reserve = self.pool.reserve_snapshots(item.request_id, boundaries)
             if not reserve.ok:
                 self._drop(item.request_id)
                 results.append(ItemResult(item.request_id, False,
@@ -167,8 +186,27 @@ class StageServer:
                             f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
                             f"reuses {num_leased} blocks but only {computed} are computed here "
                             f"(the leader dispatched it before the request computing them)")
-            prepared.append(PreparedChunk(chunk, req.block_table))
+            prepared.append(self._with_states(chunk, req) if self._hybrid_pool
+                            else PreparedChunk(chunk, req.block_table))
         return prepared
+
+    def _with_states(self, chunk: Chunk, req: StageRequest) -> PreparedChunk:
+        """Which state slot the chunk starts from and which it saves into. Between chunks a
+        request carries its state in its working slot (a boundary's slot may go back to the
+        pool at publish, if that boundary has a snapshot already):
+
+            start ... planned boundaries in (start, end] ... end (-> working slot, unless last)
+        """
+        plan = self.pool.snapshot_plan(chunk.request_id)
+        if chunk.start == req.num_cached_tokens:
+            state_in = plan.leased.slot if plan.leased is not None else None
+        else:
+            state_in = plan.working_slot
+        saves = [(b * self.block_size, slot) for b, slot in sorted(plan.slots.items())
+                 if chunk.start < b * self.block_size <= chunk.end]
+        if not chunk.is_last:
+            saves.append((chunk.end, plan.working_slot))
+        return PreparedChunk(chunk, req.block_table, state_in, tuple(saves))
 
     def complete(self, wave: Wave) -> None:
         """The wave ran here: publish the computed blocks; free requests that are done and the

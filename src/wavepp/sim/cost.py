@@ -54,7 +54,7 @@ class StageCostModel:
 
     def __init__(self, model: ModelShape, hw: HardwareSpec, start: int, end: int, *,
                  first: bool = False, last: bool = False, degree: int = 1,
-                 overheads: ExecOverheads = ExecOverheads()):
+                 overheads: ExecOverheads = ExecOverheads(), snapshot_interval_tokens: int = 0):
         if not 0 <= start < end <= model.num_layers:
             raise ValueError(f"layers [{start}, {end}) outside the model's {model.num_layers}")
         if degree <= 0:
@@ -63,6 +63,10 @@ class StageCostModel:
         self.start, self.end = start, end
         self.first, self.last, self.degree = first, last, degree
         self.overheads = overheads
+        # hybrid models: a chunk loads the state it resumes from and saves one at every
+        # snapshot boundary it crosses and at its end (0: snapshots not charged)
+        self.snapshot_interval_tokens = snapshot_interval_tokens
+        self.snapshot_bytes = sum(model.snapshot_bytes(i) for i in range(start, end))
         # identical layers cost the same: group them as (linear?, moe?) -> count
         kinds: dict[tuple[bool, bool], int] = {}
         for i in range(start, end):
@@ -89,11 +93,20 @@ class StageCostModel:
                 out[name] = out.get(name, 0.0) + count * seconds
         ov = self.overheads
         out["overhead"] = ov.wave_s + ov.chunk_s * len(chunks)
+        if self.snapshot_interval_tokens and self.snapshot_bytes:
+            out["snapshots"] = self.snapshot_copy_seconds(chunks)
         if self.last:
             m, num_last = self.model, len(chunks)   # at most one final token per chunk
             out["lm_head"] = self._gemm(2.0 * num_last * m.hidden_size * m.vocab_size / self.degree,
                                         num_last, m.vocab_size * m.hidden_size * 2 / self.degree, "bf16")
         return out
+
+    def snapshot_copy_seconds(self, chunks: Sequence[ChunkShape]) -> float:
+        """HBM time of the state snapshots of `chunks`: one read where a chunk resumes (L > 0),
+        one write per snapshot boundary it crosses, and one at its end."""
+        step = self.snapshot_interval_tokens
+        copies = sum(int(L > 0) + (L + x) // step - L // step + 1 for L, x in chunks)
+        return copies * self.snapshot_bytes / self.degree / self.hw.hbm_bytes_s
 
     # ---- one layer ---------------------------------------------------------------------------
 

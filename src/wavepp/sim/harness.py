@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from wavepp.cache import BlockPool
+from wavepp.cache import BlockPool, HybridPool
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.planner import PlannerConfig, make_planner
@@ -53,7 +53,7 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
               planner_config: PlannerConfig | None = None, cost_model: CostModel | None = None,
               max_waves_in_flight: int | None = None, max_round_requests: int = 64,
               check_integrity: bool = False, hybrid: bool = False,
-              central_pool: bool = False) -> PipelineSim:
+              central_pool: bool = False, snapshot_interval_blocks: int | None = None) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
@@ -62,6 +62,9 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
     if central_pool:
         stage_num_blocks = [min(stage_num_blocks)]
     pools = [BlockPool(n, block_size) for n in stage_num_blocks]
+    if hybrid and snapshot_interval_blocks:   # real snapshots (slots, leases, escrow), as the runtime keeps
+        pools = [HybridPool(n, block_size, num_slots=n // snapshot_interval_blocks + 16,
+                            interval_blocks=snapshot_interval_blocks) for n in stage_num_blocks]
     servers = [StageServer(s, pool, track_snapshots=hybrid) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
     kwargs = {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}

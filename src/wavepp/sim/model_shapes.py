@@ -34,6 +34,7 @@ class ModelShape:
     linear_layers: tuple[int, ...] = () # 0-based layers with linear attention (hybrid models)
     linear_num_heads: int = 0
     linear_head_dim: int = 0
+    linear_conv_kernel: int = 4         # short convolution taps over q, k, v (its state: taps - 1 rows)
     intermediate_size: int = 0          # dense MLP layers
     first_k_dense: int = 0              # layers [0, k) have a dense MLP
     num_experts: int = 0                # 0: every layer dense
@@ -130,6 +131,16 @@ class ModelShape:
         return (self.num_experts_per_tok + self.num_shared_experts) * self.expert_params() \
             + self.hidden_size * self.num_experts
 
+    def snapshot_bytes(self, layer: int) -> float:
+        """Bytes of one saved state of a linear-attention layer, as the runtime keeps it
+        (models/page_layout.py): the recurrent state in fp32, the convolution's last
+        taps - 1 inputs at `kv_bytes`. 0 on other layers."""
+        if not self.is_linear(layer):
+            return 0.0
+        inner = self.linear_num_heads * self.linear_head_dim
+        return self.linear_num_heads * self.linear_head_dim ** 2 * 4 \
+            + (self.linear_conv_kernel - 1) * 3 * inner * self.kv_bytes
+
     def kv_bytes_per_token(self, layer: int) -> float:
         """Cache bytes one token adds to one layer (linear attention: a fixed state instead)."""
         if self.is_linear(layer):
@@ -151,13 +162,15 @@ class ModelShape:
         kind = hf["model_type"]
         common = dict(name=name or kind, hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
                       vocab_size=hf["vocab_size"], num_heads=hf["num_attention_heads"],
-                      num_experts_per_tok=hf["num_experts_per_tok"], weight_bytes=weight_bytes,
+                      num_experts_per_tok=hf.get("num_experts_per_tok") or hf["num_experts_per_token"], weight_bytes=weight_bytes,
                       gemm_dtype=gemm_dtype, kv_bytes=kv_bytes, source=f"config.json ({kind})")
         if kind == "minimax_m2":
             return cls(**common, attention="gqa", num_kv_heads=hf["num_key_value_heads"],
                        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
                        qk_norm=True, num_experts=hf["num_local_experts"],
                        moe_intermediate_size=hf["intermediate_size"])
+        if kind == "kimi_linear":
+            return cls._kimi_linear(hf, common)
         if kind not in ("deepseek_v3", "glm_moe_dsa"):
             raise ValueError(f"ModelShape.from_hf: model_type {kind!r} is not supported")
         index = {}
@@ -172,6 +185,19 @@ class ModelShape:
                    intermediate_size=hf["intermediate_size"], first_k_dense=hf.get("first_k_dense_replace", 0),
                    num_experts=hf["n_routed_experts"], num_shared_experts=hf.get("n_shared_experts") or 0,
                    moe_intermediate_size=hf["moe_intermediate_size"])
+
+    @classmethod
+    def _kimi_linear(cls, hf: dict, common: dict) -> ModelShape:
+        # the runtime's parse (MoEModelConfig) is the one reading of a Kimi-Linear config.json
+        from wavepp.models.moe_config import MoEModelConfig
+        c = MoEModelConfig.from_hf(hf)
+        return cls(**common, attention="mla", kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
+                   qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
+                   linear_layers=tuple(i for i in range(c.num_layers) if c.is_linear(i)),
+                   linear_num_heads=c.linear_num_heads, linear_head_dim=c.linear_head_dim,
+                   linear_conv_kernel=c.linear_conv_kernel, intermediate_size=c.intermediate_size,
+                   first_k_dense=len(c.dense_layers), num_experts=c.num_experts,
+                   num_shared_experts=c.num_shared_experts, moe_intermediate_size=c.moe_intermediate_size)
 
     # ---- whole model -----------------------------------------------------------------------
 

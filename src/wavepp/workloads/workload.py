@@ -81,3 +81,29 @@ def ideal_hit_rate(prompts: Sequence[Sequence[int]], block_size: int) -> float:
     """Fraction of all prompt tokens that are reusable in this order."""
     total = sum(len(p) for p in prompts)
     return sum(reusable_tokens(prompts, block_size)) / total if total else 0.0
+
+
+def snapshot_reusable_tokens(prompts: Sequence[Sequence[int]], block_size: int, interval_blocks: int) -> list[int]:
+    """Per prompt, what an infinite cache of a hybrid model could reuse: the reusable prefix
+    (`reusable_tokens`) lowered to the last boundary where an earlier prompt saved a state
+    snapshot (every `interval_blocks`-th block boundary it computed, and its last reusable
+    boundary; see `cache.snapshot_plan`)."""
+    snapshots: set[int] = set()
+    out = []
+    for prompt, reusable in zip(prompts, reusable_tokens(prompts, block_size)):
+        hashes = hash_blocks(prompt, block_size)
+        k = reusable // block_size
+        while k and hashes[k - 1] not in snapshots:
+            k -= 1
+        out.append(k * block_size)
+        last = (len(prompt) - 1) // block_size
+        snapshots.update(hashes[b - 1] for b in range(interval_blocks, len(hashes) + 1, interval_blocks))
+        if last:
+            snapshots.add(hashes[last - 1])
+    return out
+
+
+def ideal_snapshot_hit_rate(prompts: Sequence[Sequence[int]], block_size: int, interval_blocks: int) -> float:
+    """Fraction of all prompt tokens reusable at snapshot boundaries, in this order."""
+    total = sum(len(p) for p in prompts)
+    return sum(snapshot_reusable_tokens(prompts, block_size, interval_blocks)) / total if total else 0.0

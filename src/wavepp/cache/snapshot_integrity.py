@@ -1,0 +1,78 @@
+"""Full invariant check of a `HybridPool`'s snapshots, O(pool size); after `check_pool`.
+
+  1. slots partition exactly: free | attached to a snapshot | held by a request's plan
+     (bytes in use = slots not free x bytes per snapshot)
+  2. every snapshot's block is in the index, COMPUTED, at depth boundary - 1 (none without its block)
+  3. ref counts equal the live requests leasing the snapshot; a leased snapshot's block is leased
+  4. grid snapshots: on the grid, their parent is the grid snapshot just before on the same
+     chain, child counts match; off-grid snapshots have no parent
+  5. match_snapshots() equals a linear walk over the grid on the chain of every live request
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from wavepp.cache.errors import IntegrityError
+
+if TYPE_CHECKING:
+    from wavepp.cache.snapshots import HybridPool
+
+
+def check_snapshots(pool: HybridPool) -> None:
+    free = list(pool._free_slots)
+    held = [s.slot for s in pool._snapshots.values()]
+    for plan in pool._plans.values():
+        held += list(plan.slots.values()) + ([plan.working_slot] if plan.working_slot is not None else [])
+    every = free + held
+    _check(len(set(every)) == len(every), "a snapshot slot is held twice (free, attached or planned)")
+    _check(set(every) == set(range(pool.num_slots)), "a snapshot slot leaked: neither free nor held")
+    _check(pool.snapshot_bytes_in_use == len(held) * pool.bytes_per_snapshot, "snapshot bytes miscounted")
+    refs: dict[int, int] = {}
+    for request_id, plan in pool._plans.items():
+        _check(pool.has_request(request_id), f"request {request_id!r} has snapshot slots but left the pool")
+        if plan.leased is not None:
+            refs[id(plan.leased)] = refs.get(id(plan.leased), 0) + 1
+    children: dict[int, int] = {}
+    for block_hash, snap in pool._snapshots.items():
+        entry = pool._index.get(block_hash)
+        _check(entry is not None and entry.linked and entry.computed,
+               f"snapshot at block {snap.num_blocks} has no cached computed block")
+        _check(entry.depth == snap.num_blocks - 1, f"snapshot at {snap.num_blocks} sits on a block of depth {entry.depth}")
+        _check(snap.ref_count == refs.get(id(snap), 0),
+               f"snapshot at {snap.num_blocks}: ref_count {snap.ref_count}, leased by {refs.get(id(snap), 0)}")
+        if snap.ref_count:
+            _check(entry.ref_count > 0, f"leased snapshot at {snap.num_blocks} sits on an unleased block")
+        _check(snap.grid == (snap.num_blocks % pool.interval_blocks == 0), "grid flag off the grid")
+        if snap.grid and snap.num_blocks > pool.interval_blocks:
+            parent = snap.parent
+            _check(parent is not None and pool._snapshots.get(parent.block_hash) is parent,
+                   f"grid snapshot at {snap.num_blocks} without the grid snapshot before it")
+            ancestor = entry
+            for _ in range(pool.interval_blocks):
+                ancestor = ancestor.parent
+            _check(ancestor.block_hash == parent.block_hash, "grid parent is not on the snapshot's chain")
+            children[id(parent)] = children.get(id(parent), 0) + 1
+        else:
+            _check(snap.parent is None, f"snapshot at {snap.num_blocks} has a grid parent")
+    for snap in pool._snapshots.values():
+        _check(snap.num_grid_children == children.get(id(snap), 0),
+               f"snapshot at {snap.num_blocks}: {snap.num_grid_children} grid children counted, "
+               f"{children.get(id(snap), 0)} found")
+    for request in pool._requests.values():
+        hashes = [e.block_hash for e in request.leased] + list(request.new_block_hashes)
+        if None in hashes:
+            continue
+        step = pool.interval_blocks
+        linear = 0
+        for boundary in range(step, len(hashes) + 1, step):
+            if hashes[boundary - 1] not in pool._snapshots:
+                break
+            linear = boundary
+        got = pool.match_snapshots(hashes, len(hashes)).num_grid_blocks
+        _check(got == linear, f"match_snapshots found grid {got}, a walk finds {linear}")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise IntegrityError(message)
