@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.batch import StageBatch
+from wavepp.models.kernels import linear
 from wavepp.models.moe_config import MoEModelConfig
 from wavepp.models.rope import apply_rope
 
@@ -45,13 +46,13 @@ class Indexer(nn.Module):
         Writes the batch's indexer keys into key_cache ([num_slots, index_head_dim])."""
         n, r = x.shape[0], self.rope
         # q: [n, heads, head_dim]; k: [n, head_dim]
-        q = F.linear(q_resid, self.wq_b).view(n, self.num_heads, self.head_dim)
+        q = linear(q_resid, self.wq_b).view(n, self.num_heads, self.head_dim)
         q = torch.cat((apply_rope(q[..., :r], cos, sin, True), q[..., r:]), -1).float()
-        k = F.layer_norm(F.linear(x, self.wk), (self.head_dim,), self.k_norm_weight, self.k_norm_bias, 1e-6)
+        k = F.layer_norm(linear(x, self.wk), (self.head_dim,), self.k_norm_weight, self.k_norm_bias, 1e-6)
         k = torch.cat((apply_rope(k[:, None, :r], cos, sin, True)[:, 0], k[:, r:]), -1)
         key_cache.index_copy_(0, batch.slot_mapping, k)
         # weights: [n, 1, heads]
-        weights = (F.linear(x.float(), self.weights_proj) * self.num_heads ** -0.5)[:, None, :]
+        weights = (linear(x.float(), self.weights_proj) * self.num_heads ** -0.5)[:, None, :]
         topk = torch.full((n, self.topk), -1, dtype=torch.int64)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]

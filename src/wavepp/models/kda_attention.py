@@ -20,6 +20,7 @@ from torch import nn
 
 from wavepp.models.batch import StageBatch
 from wavepp.models.kda import kda_scan, l2_normalize
+from wavepp.models.kernels import linear
 from wavepp.models.moe_config import MoEModelConfig
 from wavepp.models.paged_pools import PagedPools
 
@@ -49,11 +50,11 @@ class KimiDeltaAttention(nn.Module):
         """x: [n, hidden] -> [n, hidden]. Reads each chunk's starting state from its `state_in`
         slot (zeros if None) and writes the states of its `state_saves` into `pools`."""
         n, heads, d = x.shape[0], self.heads, self.head_dim
-        mixed = F.linear(x, self.qkv_proj)                                   # [n, 3 * qkv]
+        mixed = linear(x, self.qkv_proj)                                   # [n, 3 * qkv]
         # g: [n, heads, d] fp32, <= 0
-        g = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).float() + self.dt_bias
+        g = linear(linear(x, self.f_a_proj), self.f_b_proj).float() + self.dt_bias
         g = -self.A_log.float().exp()[:, None] * F.softplus(g.view(n, heads, d), threshold=20.0)
-        beta = torch.sigmoid(F.linear(x, self.b_proj)).float()               # [n, heads]
+        beta = torch.sigmoid(linear(x, self.b_proj)).float()               # [n, heads]
         recurrent = pools.state_view("recurrent", self.layer)                # [slots, heads * d * d]
         conv_state = pools.state_view("conv", self.layer)                    # [slots, (taps - 1) * 3qkv]
         out = torch.empty(n, heads, d, dtype=x.dtype)
@@ -83,11 +84,11 @@ class KimiDeltaAttention(nn.Module):
                     # the last taps - 1 inputs before `position`: window rows [b, b + taps - 1)
                     conv_state[slot] = window[b:b + self.taps - 1].flatten()
                 start = position
-        gate = F.linear(F.linear(x, self.g_a_proj), self.g_b_proj).view(n, heads, d)
+        gate = linear(linear(x, self.g_a_proj), self.g_b_proj).view(n, heads, d)
         o = out.float()
         o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.float()
         o = (o * torch.sigmoid(gate.float())).to(x.dtype)
-        return F.linear(o.view(n, heads * d), self.o_proj)
+        return linear(o.view(n, heads * d), self.o_proj)
 
     def _conv(self, window: torch.Tensor) -> torch.Tensor:
         # window: [taps - 1 + m, C] -> [m, C]: out[t] = silu(sum_j w[:, j] * window[t + j])

@@ -10,11 +10,11 @@ heads at once, not per head), then rotated on the first `rotary_dim` dims of eac
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.attention import paged_attention
 from wavepp.models.batch import StageBatch
+from wavepp.models.kernels import linear
 from wavepp.models.layers import RMSNorm
 from wavepp.models.moe_config import MoEModelConfig
 from wavepp.models.rope import apply_rope
@@ -38,7 +38,7 @@ class MiniMaxAttention(nn.Module):
         """x: [num_tokens, hidden] -> [num_tokens, hidden]. Writes the batch's K/V into the flat
         pools key_cache / value_cache ([num_slots, kv_heads * head_dim]) at batch.slot_mapping."""
         n = x.shape[0]
-        q, k, v = F.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # q: [n, heads, head_dim], k: [n, kv_heads, head_dim]
         q = self.q_norm(q).view(n, self.num_heads, self.head_dim)
         k = self.k_norm(k).view(n, self.num_kv_heads, self.head_dim)
@@ -49,7 +49,7 @@ class MiniMaxAttention(nn.Module):
         value_cache.index_copy_(0, batch.slot_mapping, v)
         heads_view = (-1, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, key_cache.view(heads_view), value_cache.view(heads_view), batch, self.scale)
-        return F.linear(out, self.o_proj)
+        return linear(out, self.o_proj)
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

@@ -17,11 +17,11 @@ With a DSA indexer (GLM-5) each query attends only to the keys its layer's top-k
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.batch import StageBatch
 from wavepp.models.dsa import Indexer, selection_mask
+from wavepp.models.kernels import linear
 from wavepp.models.layers import RMSNorm
 from wavepp.models.moe_config import MoEModelConfig
 from wavepp.models.paged_pools import PagedPools
@@ -64,13 +64,13 @@ class MLAttention(nn.Module):
         n, heads = x.shape[0], self.num_heads
         q_resid = None
         if self.q_lora:
-            q_resid = self.q_a_norm(F.linear(x, self.q_a_proj))
-            q = F.linear(q_resid, self.q_b_proj)
+            q_resid = self.q_a_norm(linear(x, self.q_a_proj))
+            q = linear(q_resid, self.q_b_proj)
         else:
-            q = F.linear(x, self.q_proj)
+            q = linear(x, self.q_proj)
         # q: [n, heads, nope + rope]
         q = q.view(n, heads, self.nope + self.rope)
-        c, k_rope = F.linear(x, self.kv_a_proj).split([self.kv_lora_rank, self.rope], dim=-1)
+        c, k_rope = linear(x, self.kv_a_proj).split([self.kv_lora_rank, self.rope], dim=-1)
         if self.rotates:
             q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave)), -1)
             k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave)[:, 0]
@@ -88,7 +88,7 @@ class MLAttention(nn.Module):
             context = batch.context_slots[batch.context_starts[index]:batch.context_starts[index + 1]]
             # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope], values [heads, end, v]
             rows = latent_cache.index_select(0, context)
-            kv = F.linear(rows[:, :self.kv_lora_rank], self.kv_b_proj).view(-1, heads, self.nope + self.v_dim)
+            kv = linear(rows[:, :self.kv_lora_rank], self.kv_b_proj).view(-1, heads, self.nope + self.v_dim)
             keys = torch.cat((kv[..., :self.nope], rows[:, None, self.kv_lora_rank:].expand(-1, heads, -1)), -1)
             # allowed: [chunk_tokens, end], key j visible to query i iff j <= num_cached + i (and selected)
             allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
@@ -101,7 +101,7 @@ class MLAttention(nn.Module):
                                    alpha=self.scale)
             o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope:].transpose(0, 1).float())
             out[t0:t1] = o.transpose(0, 1).to(out.dtype)
-        return F.linear(out.view(n, heads * self.v_dim), self.o_proj), topk
+        return linear(out.view(n, heads * self.v_dim), self.o_proj), topk
 
 
 def _causal(num_cached: int, num_tokens: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wavepp.models.kernels import linear
 from wavepp.models.layers import SwiGLUMLP
 
 
@@ -36,7 +37,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [num_tokens, hidden] -> (weights [num_tokens, top_k] fp32, experts [num_tokens, top_k] int64)."""
-        scores = F.linear(x.float(), self.weight).sigmoid()
+        scores = linear(x.float(), self.weight).sigmoid()
         choice = scores + self.bias
         if self.n_group > 1:
             # group_scores: [num_tokens, n_group], the sum of each group's two best choices
@@ -79,7 +80,7 @@ class Experts(nn.Module):
             if count == 0:
                 continue
             rows = slice(start, start + count)
-            gate, up = F.linear(routed[rows], self.gate_up_proj[expert]).split(self.intermediate_size, -1)
+            gate, up = linear(routed[rows], self.gate_up_proj[expert]).split(self.intermediate_size, -1)
             torch.mm(F.silu(gate).mul_(up), self.down_proj[expert].t(), out=out[rows])
             start += count
         out.mul_(weights.flatten()[order, None].to(out.dtype))
