@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from wavepp.cache import BlockPool, hash_blocks
+from wavepp.cli import comma_list
 
 BLOCK_SIZE = 16
 CHAIN_BLOCKS = 256  # 4k tokens
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--repeats", type=int, default=2000)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in comma_list(args.sizes)]
     print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cpus; python {sys.version.split()[0]} ({platform.python_implementation()})")
     rng = np.random.default_rng(0)
