@@ -66,7 +66,7 @@ def test_sglang_period_is_compute_plus_schedule_plus_the_outputs_round_the_ring(
     assert steady_period("sglang", num_stages, c) == pytest.approx(expected, rel=1e-9)
 
 
-def test_a_request_has_one_chunk_in_flight_in_the_outside_loops():
+def test_a_request_has_one_chunk_in_flight_in_trtllm_and_several_in_sglang():
     """TensorRT-LLM's in-flight request ids: a long prompt's chunks go one at a time, each one
     after the previous came back, so a lone request takes P iterations per chunk."""
     pcfg = PlannerConfig(block_size=BS, num_stages=4, static_wave_tokens=W)
@@ -77,6 +77,11 @@ def test_a_request_has_one_chunk_in_flight_in_the_outside_loops():
     assert report.num_failed == 0 and sim.stats[0].num_waves == 3
     # each chunk crosses 4 stages (4T) and is retired by rank 0 before the next is scheduled
     assert report.seconds >= 3 * 4 * T
+    sim = build_sim("static", 4, SimCosts(wave_seconds=lambda stage, chunks: T), stage_num_blocks=256,
+                    block_size=BS, planner_config=pcfg, max_waves_in_flight=4, check_integrity=True,
+                    loop="sglang", loop_costs=costs())
+    report = run_closed_loop(sim, [[3] * (3 * W)], 1)
+    assert report.num_failed == 0 and report.seconds == pytest.approx((3 + 4 - 1) * T, rel=1e-9)
 
 
 def test_loop_costs_are_checked():

@@ -73,7 +73,7 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
                                  max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
                                  max_round_requests=max_round_requests,
                                  stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid,
-                                 serial_chunks=loop is not None), planner)
+                                 serial_chunks=loop == "trtllm"), planner)
     if loop is not None:
         from wavepp.sim.loops import LoopCosts, LoopSim
         return LoopSim(leader, servers, costs, loop=loop, loop_costs=loop_costs or LoopCosts(),

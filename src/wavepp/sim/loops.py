@@ -36,6 +36,9 @@ per microbatch slot on every rank:
                        them (a sync on those outputs)
     (not last rank)    send the carried outputs, the request list and the hidden states on
 
+Chunks of one long request go in successive microbatches (SGLang's chunked pipeline
+parallelism), so they may be in flight together.
+
 Rank 0's leader decides every batch; the other ranks take its decision with the request list
 (the real ranks reach the same decision by running the same scheduler on the same requests).
 """
