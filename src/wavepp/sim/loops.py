@@ -139,8 +139,8 @@ class LoopSim(PipelineSim):
     def _sleep(self, seconds: float):
         return lambda resume: self.loop.after(seconds, resume)
 
-    def _send(self, src: int, dst: int, kind: str, payload, at: float | None = None) -> None:
-        """Post a message; it arrives hop_s after `at` (default: now)."""
+    def _send(self, src: int, dst: int, kind: str, payload) -> None:
+        """Post a message to rank `dst`; it arrives hop_s later, in order per (src, dst, kind)."""
         key = (src, dst, kind)
 
         def arrive():
@@ -149,7 +149,7 @@ class LoopSim(PipelineSim):
                 waiter(payload)
             else:
                 self._chan[key].append(payload)
-        self.loop.at(max(self.loop.now, at if at is not None else self.loop.now) + self.lc.hop_s, arrive)
+        self.loop.after(self.lc.hop_s, arrive)
 
     def _recv(self, src: int, dst: int, kind: str):
         key = (src, dst, kind)
