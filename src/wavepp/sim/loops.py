@@ -60,14 +60,15 @@ class LoopCosts:
     """Host seconds per iteration of an outside loop, on each rank.
 
     Defaults: `schedule_item_s` is TensorRT-LLM's measured host step over its requests
-    (NVIDIA/TensorRT-LLM#10273: 45.11 ms per iteration for a 1,536-request batch, 29 us per
-    request, the scheduler 4.4% of it); `schedule_s` the ~580 us of host work per iteration
-    that issue NVIDIA/TensorRT-LLM#13957 measures exposed as GPU idle in its executor loop;
+    (NVIDIA/TensorRT-LLM#10273: 45.11 ms per iteration for a 1,536-request decode batch, 29 us
+    per request, the scheduler 4.4% of it); `schedule_s` the ~580 us of host work per iteration
+    that NVIDIA/TensorRT-LLM#13957 measures exposed as GPU idle in its executor loop (decode);
     `match_block_s` and `alloc_block_s` are this project's BlockPool per block (lease 0.66 us,
     reserve + commit 4.9 us on the 2-core VM, scaled 1.4x to a server core, as in
     AdmissionCosts), charged per KV block of `block_tokens` (TensorRT-LLM's default
-    tokens_per_block, 32); `hop_s` and `relay_s` are one message between neighbouring ranks
-    (this project's rounds-plane latency, 100 us, and per-message work, 50 us).
+    tokens_per_block, 32); `hop_s`, `fetch_s`, `relay_s` and `finalize_s` are assumptions
+    taken from this project's admission costs (AdmissionCosts: 100 us one way, 50 us of work
+    per message).
     """
     fetch_s: float = 50e-6          # read the queue / unpickle the request list
     schedule_s: float = 580e-6      # the scheduler and loop bookkeeping per iteration
