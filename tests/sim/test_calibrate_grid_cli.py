@@ -51,6 +51,7 @@ def test_fitted_cpu_pipeline_predicts_the_flow_shop_time():
 
 
 PP_POLICIES = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp")
+PAPER_POLICIES = ("wavepp", "wavepp-mpu", "lockstep", "static", "trtllm-pp", "sglang-pp", "vllm-pp")
 
 
 def test_paper_grid_is_forty_settings_of_every_pp_policy():
@@ -59,7 +60,7 @@ def test_paper_grid_is_forty_settings_of_every_pp_policy():
     assert {s.model for s in grid} == {"glm-5", "minimax-m2"}
     assert {s.concurrency for s in grid} == {8, 16, 32, 64, 128}
     assert {s.workload.kind for s in grid} == {"cold", "mixed", "reuse", "short_suffix"}
-    assert all(s.pp == 4 and s.hardware == "B300" and s.policies == PP_POLICIES for s in grid)
+    assert all(s.pp == 4 and s.hardware == "B300" and s.policies == PAPER_POLICIES for s in grid)
     short = [s for s in grid if s.workload.kind == "short_suffix"][0].workload
     assert short.suffix_len == 4096 and short.prefix_len > 4 * short.suffix_len
 
@@ -94,6 +95,20 @@ def test_grid_summary_counts_wins_and_names_the_losers():
     assert "(ties within 2%) in 1 of 2" in text
 
 
+def test_the_paper_table_sets_ours_beside_the_papers_figures():
+    from wavepp.sim.output import paper_comparison
+    settings = {("paper", "glm-5", "short_suffix-28k+4k", 128): {"wavepp": 606.5e3, "trtllm-pp": 208e3},
+                ("paper", "glm-5", "short_suffix-28k+4k", 64): {"wavepp": 1.0, "trtllm-pp": 1.0},
+                ("paper", "glm-5", "reuse-8k", 128): {"wavepp": 1.0, "trtllm-pp": 1.0}}
+    (line,) = paper_comparison(settings)
+    assert "wavepp 606K (paper 1,213K, 0.50x of it)" in line
+    assert "trtllm-pp 208K (paper 416K, 0.50x)" in line
+    assert "wavepp/trtllm-pp 2.92x (paper 2.92x)" in line
+    rows = [{"grid": "paper", "model": "glm-5", "workload": "short_suffix-28k+4k", "concurrency": 128,
+             "policy": p, "input_tok_s": v} for p, v in (("wavepp", 606.5e3), ("trtllm-pp", 208e3))]
+    assert "[paper] wavepp >= trtllm-pp in 1 of 1 settings (1 within 2%)" in grid_summary(rows)
+
+
 def test_rank_counts_only_policies_more_than_two_percent_faster():
     values = {"wavepp": 100.0, "static": 101.9, "vllm-pp": 103.0, "lockstep": 50.0}
     assert rank_of("wavepp", values) == 2      # static ties; vllm-pp is 3% faster
@@ -113,7 +128,7 @@ def test_grid_takes_policy(capsys, monkeypatch):
     assert len(seen) == 36 and all(s.policies == ("wavepp", "static") for s in seen)
     seen.clear()
     assert run_cli("--grid", "paper") == 0
-    assert len(seen) == 40 and all(s.policies == PP_POLICIES for s in seen)
+    assert len(seen) == 40 and all(s.policies == PAPER_POLICIES for s in seen)
 
 
 def run_cli(*argv):

@@ -36,6 +36,9 @@ class LeaderConfig:
     stage_num_blocks: tuple[int, ...] | None = None   # to fail prompts no stage could ever hold
     max_prompt_tokens: int | None = None     # to fail prompts past the model's positions
     hybrid: bool = False
+    # a request's next chunk waits until its chunk in flight has come back (TensorRT-LLM's and
+    # SGLang's in-flight request ids); False: chunks of one request may be in flight together
+    serial_chunks: bool = False
 
     def __post_init__(self) -> None:
         if self.num_stages <= 0:
@@ -249,6 +252,8 @@ class Leader:
         if len(self.waves_in_flight) >= self.config.waves_in_flight_cap:
             return None
         ready = [r for r in self.plannable if r.num_unscheduled_tokens > 0 and self._deps_dispatched(r)]
+        if self.config.serial_chunks:
+            ready = [r for r in ready if r.num_computed_tokens == r.num_scheduled_tokens]
         chunks = self.planner.plan(ready) if ready else []
         if not chunks and not self._pending_releases:
             return None

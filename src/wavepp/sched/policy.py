@@ -8,6 +8,9 @@ Each baseline differs from `wavepp` in exactly one mechanism:
     lockstep     inline: between waves, on LOOP     balanced                       runtime, simulator
     static       asynchronous                       static (fixed token budget)    runtime, simulator
     sglang-pp    inline                             dynamic (SGLang's chunking)    runtime, simulator
+                 (simulator: SGLang's event_loop_pp step by step, sim/loops.py)
+    trtllm-pp    TensorRT-LLM's _executor_loop_pp   static (max_num_tokens 8192)   simulator
+                 step by step (sim/loops.py)
     vllm-pp      one central scheduler and pool     static                         simulator
     tp-ep        one scheduler, every device on     static                         simulator
                  every layer
@@ -37,6 +40,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("lockstep", True, "balanced", "admission inline between waves (TensorRT-LLM PP style)"),
     Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
     Policy("sglang-pp", True, "dynamic", "inline admission, SGLang's dynamic chunk sizes"),
+    Policy("trtllm-pp", True, "static", "TensorRT-LLM's PP executor loop, 8192-token microbatches",
+           in_runtime=False),
     Policy("vllm-pp", True, "static", "central scheduler and pool, fixed budget", in_runtime=False),
     Policy("tp-ep", True, "static", "one scheduler, fixed budget, TP/EP over all devices", in_runtime=False),
     # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)

@@ -7,6 +7,7 @@ from wavepp.sim.events import EventLoop
 from wavepp.sim.grid import GRIDS, GridSetting, WorkloadShape, get_grid, kimi_grid, paper_grid, run_grid
 from wavepp.sim.hardware import HARDWARE, HardwareSpec, get_hardware
 from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
+from wavepp.sim.loops import LoopCosts, LoopSim
 from wavepp.sim.model_shapes import MODELS, ModelShape, get_model
 from wavepp.sim.output import chrome_trace, grid_summary, print_table, write_json, write_plot, write_trace
 from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats
@@ -19,7 +20,7 @@ __all__ = [
     "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "ExecOverheads",
     "StageCostModel", "sparse_pairs", "transfer_seconds", "EventLoop", "GRIDS", "GridSetting",
     "WorkloadShape", "get_grid", "kimi_grid", "paper_grid", "run_grid", "HARDWARE", "HardwareSpec",
-    "get_hardware", "SimReport", "build_sim", "run_closed_loop", "MODELS", "ModelShape", "get_model",
+    "get_hardware", "SimReport", "build_sim", "run_closed_loop", "LoopCosts", "LoopSim", "MODELS", "ModelShape", "get_model",
     "chrome_trace", "grid_summary", "print_table", "write_json", "write_plot", "write_trace",
     "PipelineSim", "SimCosts", "StageStats", "AdmissionCosts", "SimResult", "SimSetup",
     "build_system", "fit_prior", "run_setting", "scaled_costs", "MemoryBudget", "partition_layers",

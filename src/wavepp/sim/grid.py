@@ -81,7 +81,7 @@ KIMI_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 def paper_grid() -> list[GridSetting]:
     shapes = (WorkloadShape("cold"), WorkloadShape("mixed"), WorkloadShape("reuse"),
               WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096))
-    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp")
+    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "trtllm-pp", "sglang-pp", "vllm-pp")
     return [GridSetting("paper", model, "B300", 4, shape, c, policies)
             for model in ("glm-5", "minimax-m2") for shape in shapes for c in PAPER_CONCURRENCY]
 

@@ -53,9 +53,12 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
               planner_config: PlannerConfig | None = None, cost_model: CostModel | None = None,
               max_waves_in_flight: int | None = None, max_round_requests: int = 64,
               check_integrity: bool = False, hybrid: bool = False,
-              central_pool: bool = False, snapshot_interval_blocks: int | None = None) -> PipelineSim:
+              central_pool: bool = False, snapshot_interval_blocks: int | None = None,
+              loop: str | None = None, loop_costs=None) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
-    one scheduler-side pool (its size: the smallest entry) and S execution stages."""
+    one scheduler-side pool (its size: the smallest entry) and S execution stages. With
+    `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops.py) with
+    `loop_costs`, S microbatch slots."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
@@ -72,7 +75,12 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
     leader = Leader(LeaderConfig(len(servers), block_size,
                                  max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
                                  max_round_requests=max_round_requests,
-                                 stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid), planner)
+                                 stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid,
+                                 serial_chunks=loop == "trtllm"), planner)
+    if loop is not None:
+        from wavepp.sim.loops import LoopCosts, LoopSim
+        return LoopSim(leader, servers, costs, loop=loop, loop_costs=loop_costs or LoopCosts(),
+                       check_integrity=check_integrity)
     return PipelineSim(leader, servers, costs, inline_admission=pol.inline_admission,
                        check_integrity=check_integrity, num_stages=num_stages)
 

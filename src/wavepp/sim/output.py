@@ -107,6 +107,13 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
                 if k[3] == top and k[2].startswith("short_suffix"):
                     lines.append(f"[{tag}] {k[1]} {k[2]} c={top}: wavepp/lockstep = "
                                  f"{v['wavepp'] / v['lockstep']:.2f}x")
+        trt = {k: v for k, v in mine.items() if "trtllm-pp" in v}
+        if trt:
+            wins = sum(_at_least(v["wavepp"], v["trtllm-pp"]) for v in trt.values())
+            near = sum(v["wavepp"] >= TIE * v["trtllm-pp"] for v in trt.values())
+            lines.append(f"[{tag}] wavepp >= trtllm-pp in {wins} of {len(trt)} settings "
+                         f"({near} within 2%)")
+            lines.extend(f"[{tag}] {line}" for line in paper_comparison(trt))
         multi = {k: v for k, v in mine.items() if len(v) > 2 and k[3] >= 8}
         if multi:
             near = sum(v["wavepp"] >= TIE * max(v.values()) for v in multi.values())
@@ -124,6 +131,26 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
 
 
 TIE = 0.98   # within 2% of the best counts as best (ties)
+
+# The paper's table: input tokens/s at concurrency 128, 4K-token suffixes, PP4 on B300,
+# WavePP and TensorRT-LLM's PyTorch executor in pipeline mode (arXiv 2609.35263).
+PAPER_FIGURES = {"glm-5": (1213e3, 416e3), "minimax-m2": (1113e3, 551e3)}
+
+
+def paper_comparison(settings: dict[tuple, dict[str, float]]) -> list[str]:
+    """Our wavepp and trtllm-pp beside the paper's figures, for the short-suffix settings at
+    concurrency 128 of the models the paper reports (keys: (grid, model, workload, c))."""
+    lines = []
+    for (_, model, workload, c), v in sorted(settings.items()):
+        if model not in PAPER_FIGURES or c != 128 or not workload.startswith("short_suffix"):
+            continue
+        ours, theirs = (v["wavepp"], v["trtllm-pp"]), PAPER_FIGURES[model]
+        lines.append(f"paper table {model} {workload} c={c}: wavepp {ours[0] / 1e3:,.0f}K "
+                     f"(paper {theirs[0] / 1e3:,.0f}K, {ours[0] / theirs[0]:.2f}x of it), "
+                     f"trtllm-pp {ours[1] / 1e3:,.0f}K (paper {theirs[1] / 1e3:,.0f}K, "
+                     f"{ours[1] / theirs[1]:.2f}x), wavepp/trtllm-pp {ours[0] / ours[1]:.2f}x "
+                     f"(paper {theirs[0] / theirs[1]:.2f}x)")
+    return lines
 
 
 def markdown_tables(rows: Sequence[dict]) -> str:

@@ -17,6 +17,7 @@ from wavepp.sched.planner import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec
+from wavepp.sim.loops import LoopCosts
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
@@ -69,6 +70,7 @@ class SimSetup:
     admission: AdmissionCosts = field(default_factory=AdmissionCosts)
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
+    loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
 
     def __post_init__(self) -> None:
         if self.max_wave_tokens < 0:
@@ -144,7 +146,8 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
-                     hybrid=m.hybrid, central_pool=spec.topology == "central")
+                     hybrid=m.hybrid, central_pool=spec.topology == "central",
+                     loop=spec.loop, loop_costs=setup.loop_costs.scaled(s))
 
 
 def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,

@@ -5,8 +5,10 @@
     wavepp-mpu  asynchronous rounds            the paper's MPU budgets       PP, pool per stage
     lockstep    inline rounds between waves    balanced cost model           PP, pool per stage
     static      asynchronous rounds            fixed budget                  PP, pool per stage
-    sglang-pp   inline rounds                  SGLang dynamic chunking       PP, pool per stage,
+    sglang-pp   SGLang's event_loop_pp         SGLang dynamic chunking       PP, pool per stage,
                                                                              S micro-batches
+    trtllm-pp   TensorRT-LLM's                 fixed budget (8192)           PP, pool per stage,
+                _executor_loop_pp                                            S micro-batches
     vllm-pp     one central scheduler, local   fixed budget (8192)           PP, one pool sized to
                 (no cross-stage round)                                       the smallest stage,
                                                                              S batches in flight
@@ -20,7 +22,9 @@ lease and escrow work is not charged: an upper bound for wave admission alone, s
 leader cannot admit without them) -> fixed-lease (that work charged) -> wavepp-mpu (MPU
 budgets) -> wavepp (the balanced planner).
 
-The fixed budgets are the frameworks' defaults: vLLM's max_num_batched_tokens of 8192 for its
+sglang-pp and trtllm-pp run those frameworks' pipeline loops step by step (sim/loops.py), with
+their per-iteration host costs (`LoopCosts`). The fixed budgets are the frameworks' defaults:
+TensorRT-LLM's max_num_tokens of 8192 per microbatch (tensorrt_llm/llmapi/llm_args.py); vLLM's max_num_batched_tokens of 8192 for its
 OpenAI server on large GPUs (vllm/engine/arg_utils.py); SGLang's chunked_prefill_size of 16384
 on GPUs with the most memory (sglang/srt/server_args.py), also the base chunk of its dynamic
 chunking.
@@ -45,6 +49,7 @@ class SystemSpec:
     # the planner setup of the baselines as first measured: the balanced planner over the
     # waiting work only, waves up to 65,536 tokens, a cost model fitted on uniform chunks
     first_planner: bool = False
+    loop: str | None = None       # an outside executor loop (sim/loops.py): trtllm | sglang
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -62,8 +67,10 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
                "admission rounds inline between waves", first_planner=True),
     SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
     SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
-               "inline admission, SGLang dynamic chunking (sigma 0.75), S micro-batches",
-               first_planner=True),
+               "SGLang's event_loop_pp, dynamic chunking (sigma 0.75), S micro-batches",
+               first_planner=True, loop="sglang"),
+    SystemSpec("trtllm-pp", get_policy("trtllm-pp"), "pp", 1, 8192,
+               "TensorRT-LLM's _executor_loop_pp, 8192-token microbatches, S slots", loop="trtllm"),
     SystemSpec("vllm-pp", get_policy("vllm-pp"), "central", 1, 8192,
                "one scheduler and pool (smallest stage), S batches in flight"),
     SystemSpec("tp-ep", get_policy("tp-ep"), "tp", 2, 16384,

@@ -1,0 +1,368 @@
+"""Outside pipeline loops, step by step: TensorRT-LLM's and SGLang's executors in PP mode.
+
+Each rank runs its host loop as a coroutine in virtual time; each rank's GPU runs the
+batches its host launched, in order, once the activations from the rank before have arrived.
+The host blocks where the real loop blocks (a receive from a neighbour, a GPU sync) and
+spends the named host costs of `LoopCosts` where the real loop does that work. The
+admission itself is the same leader and stage caches as every other system: rank 0's
+scheduler runs the leader's round and plans the microbatch at once (the round's work is the
+loop's `schedule` and per-rank `match`/`alloc` costs, charged on each rank's host).
+
+TensorRT-LLM, `PyExecutor._executor_loop_pp` (tensorrt_llm/_torch/pyexecutor/py_executor.py),
+per iteration on every rank, P microbatch slots:
+
+    fetch      rank 0 reads the queue; the request list goes down the ranks (recv from k-1)
+    schedule   rank 0 schedules and propagates (`_pp_schedule_and_propagate`: recv from k-1);
+               every rank re-runs its scheduler and `prepare_resources` (its own KV
+               allocation and reuse match)
+    forward    activations from k-1; `_forward_step_inter_pp` synchronizes on the forward
+               (non-last ranks); the last rank samples asynchronously
+    sync       the previous microbatch's sampler event
+    relay      sample state of slot mb+1 received from k-1 (rank 0: from the last rank) and
+               sent on; the last rank sends slot mb-1's (`send/recv chain:
+               (pp_size - 1) -> 0 -> 1 -> ... -> (pp_size - 2)`)
+    finalize   slot mb+1 (the batch of P-1 iterations ago): requests updated, KV freed,
+               in-flight ids removed (a request is in at most one in-flight microbatch)
+
+SGLang, `SchedulerPPMixin.event_loop_pp` (python/sglang/srt/managers/scheduler_pp_mixin.py),
+per microbatch slot on every rank:
+
+    recv_requests      rank 0 from the tokenizer; others receive rank k-1's list (blocking)
+    get_next_batch     every rank schedules over its own radix cache (match, allocate)
+    run_batch          non-first ranks receive the hidden states' metadata (blocking), launch
+    (last rank)        send the sampled ids to rank 0
+    next slot          receive the outputs of slot mb+1 from the rank before (rank 0: from the
+                       last rank; others: the carry rank k-1 sends one slot later) and process
+                       them (a sync on those outputs)
+    (not last rank)    send the carried outputs, the request list and the hidden states on
+
+Chunks of one long request go in successive microbatches (SGLang's chunked pipeline
+parallelism), so they may be in flight together.
+
+Rank 0's leader decides every batch; the other ranks take its decision with the request list
+(the real ranks reach the same decision by running the same scheduler on the same requests).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Generator
+
+from wavepp.sched.messages import ReleaseMsg, TokenResult, Wave, WaveResult
+from wavepp.sched.rounds import run_round
+from wavepp.sim.pipeline import PipelineSim
+
+
+@dataclass(frozen=True)
+class LoopCosts:
+    """Host seconds per iteration of an outside loop, on each rank.
+
+    Defaults: `schedule_item_s` is TensorRT-LLM's measured host step over its requests
+    (NVIDIA/TensorRT-LLM#10273: 45.11 ms per iteration for a 1,536-request decode batch, 29 us
+    per request, the scheduler 4.4% of it); `schedule_s` the ~580 us of host work per iteration
+    that NVIDIA/TensorRT-LLM#13957 measures exposed as GPU idle in its executor loop (decode);
+    `match_block_s` and `alloc_block_s` are this project's BlockPool per block (lease 0.66 us,
+    reserve + commit 4.9 us on the 2-core VM, scaled 1.4x to a server core, as in
+    AdmissionCosts), charged per KV block of `block_tokens` (TensorRT-LLM's default
+    tokens_per_block, 32); `hop_s`, `fetch_s`, `relay_s` and `finalize_s` are assumptions
+    taken from this project's admission costs (AdmissionCosts: 100 us one way, 50 us of work
+    per message).
+    """
+    fetch_s: float = 50e-6          # read the queue / unpickle the request list
+    schedule_s: float = 580e-6      # the scheduler and loop bookkeeping per iteration
+    schedule_item_s: float = 29e-6  # ... per request in the microbatch
+    match_block_s: float = 0.5e-6   # prefix match, per cached block (each rank)
+    alloc_block_s: float = 3.5e-6   # KV allocation, per new block (each rank)
+    relay_s: float = 50e-6          # (de)serialize and post one message
+    hop_s: float = 100e-6           # one way between neighbouring ranks
+    finalize_s: float = 50e-6       # retire a microbatch (responses, free KV)
+    block_tokens: int = 32          # real tokens per block of the per-block costs
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 0:
+                raise ValueError(f"LoopCosts.{name} must be >= 0, got {value}")
+        if self.block_tokens <= 0:
+            raise ValueError("LoopCosts.block_tokens must be positive")
+
+    def scaled(self, token_scale: int) -> "LoopCosts":
+        """The same costs for blocks of `token_scale` times fewer (simulated) tokens."""
+        return LoopCosts(**{**asdict(self), "block_tokens": max(1, self.block_tokens // token_scale)})
+
+
+LOOPS = ("trtllm", "sglang")
+
+
+class _Batch:
+    """One microbatch (a leader wave) on its way through the ranks."""
+
+    def __init__(self, wave: Wave, num_ranks: int):
+        self.wave = wave
+        self.ready = [False] * num_ranks          # activations arrived at rank k
+        self.done_at: list[float | None] = [None] * num_ranks
+        self.seconds: list[float] = []
+        self.waiters: dict[int, list] = collections.defaultdict(list)   # rank -> coroutines
+
+
+class LoopSim(PipelineSim):
+    """A PipelineSim whose ranks run an outside executor loop (`loop`: trtllm | sglang)."""
+
+    def __init__(self, leader, servers, costs, *, loop: str, loop_costs: LoopCosts,
+                 check_integrity: bool = False):
+        if loop not in LOOPS:
+            raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
+        super().__init__(leader, servers, costs, inline_admission=True, check_integrity=check_integrity)
+        self.kind, self.lc = loop, loop_costs
+        n = self.num_stages
+        self._chan: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
+        self._chan_waiter: dict[tuple, Callable] = {}
+        self._gpu_queue = [collections.deque() for _ in range(n)]
+        self._gpu_busy = [False] * n
+        self._idle_waiter: Callable | None = None
+        self.iterations = [0] * n
+        body = self._trtllm if loop == "trtllm" else self._sglang
+        for rank in range(n):
+            self._start(body(rank))
+
+    # ---- coroutine plumbing ------------------------------------------------------------------
+
+    def _start(self, gen: Generator) -> None:
+        def step(value=None):
+            try:
+                op = gen.send(value)
+            except StopIteration:
+                return
+            op(step)
+        self.loop.after(0.0, step)
+
+    def _sleep(self, seconds: float):
+        return lambda resume: self.loop.after(seconds, resume)
+
+    def _send(self, src: int, dst: int, kind: str, payload) -> None:
+        """Post a message to rank `dst`; it arrives hop_s later, in order per (src, dst, kind)."""
+        key = (src, dst, kind)
+
+        def arrive():
+            waiter = self._chan_waiter.pop(key, None)
+            if waiter is not None:
+                waiter(payload)
+            else:
+                self._chan[key].append(payload)
+        self.loop.after(self.lc.hop_s, arrive)
+
+    def _recv(self, src: int, dst: int, kind: str):
+        key = (src, dst, kind)
+
+        def op(resume):
+            if self._chan[key]:
+                payload = self._chan[key].popleft()
+                self.loop.after(0.0, lambda: resume(payload))
+            else:
+                self._chan_waiter[key] = resume
+        return op
+
+    def _gpu_sync(self, rank: int, batch: _Batch):
+        def op(resume):
+            if batch.done_at[rank] is not None:
+                self.loop.after(0.0, resume)
+            else:
+                batch.waiters[rank].append(resume)
+        return op
+
+    def _wait_for_work(self):
+        def op(resume):
+            if self._has_work():
+                self.loop.after(0.0, resume)
+            else:
+                self._idle_waiter = resume
+        return op
+
+    def _has_work(self) -> bool:
+        return bool(self.leader.has_waiting or self.leader.plannable or self.leader.waves_in_flight)
+
+    def _kick(self) -> None:
+        if self._idle_waiter is not None and self._has_work():
+            resume, self._idle_waiter = self._idle_waiter, None
+            self.loop.after(0.0, resume)
+
+    # ---- the GPU of each rank ----------------------------------------------------------------
+
+    def _launch(self, rank: int, batch: _Batch) -> None:
+        if rank == 0:
+            batch.ready[0] = True
+        self._gpu_queue[rank].append(batch)
+        self._gpu_run(rank)
+
+    def _gpu_run(self, rank: int) -> None:
+        queue = self._gpu_queue[rank]
+        if self._gpu_busy[rank] or not queue or not queue[0].ready[rank]:
+            return
+        batch = queue.popleft()
+        wave = batch.wave
+        # the stage materializes the blocks when the batch's kernels run: the blocks it reuses
+        # from a batch ahead of it are computed by then (GPU order)
+        self.servers[rank].prepare(wave)
+        shapes = [(c.start, c.num_tokens) for c in wave.chunks]
+        seconds = self.costs.wave_seconds(rank, shapes) if shapes else 0.0
+        start = self.loop.now
+        self._gpu_busy[rank] = True
+        self.stats[rank].busy_s += seconds
+        self.stats[rank].num_waves += 1
+
+        def finish():
+            self._gpu_busy[rank] = False
+            self.servers[rank].complete(wave)
+            batch.done_at[rank] = self.loop.now
+            batch.seconds.append(seconds)
+            self.wave_spans.append((rank, wave.wave_id, start, self.loop.now))
+            if rank + 1 < self.num_stages:
+                def arrive():
+                    batch.ready[rank + 1] = True
+                    self._gpu_run(rank + 1)
+                self.loop.after(self.costs.transfer_seconds(wave.num_tokens), arrive)
+            for resume in batch.waiters.pop(rank, []):
+                resume()
+            self._gpu_run(rank)
+        self.loop.after(seconds, finish)
+
+    # ---- rank 0's scheduler: the leader ------------------------------------------------------
+
+    def _schedule(self) -> _Batch | None:
+        """Admit what waits (one round, at once) and plan the next microbatch."""
+        leader, now = self.leader, self.loop.now
+        if leader.has_waiting and leader.round is None:
+            def exchange(msg):
+                replies = [s.handle(msg) for s in self.servers]
+                return None if isinstance(msg, ReleaseMsg) else replies
+            outcome = run_round(leader, exchange, lambda: now)
+            if outcome is not None:
+                self.round_spans.append((outcome.round_id, now, now))
+                for req in outcome.admitted:
+                    self.records[req.request_id].num_cached_tokens = req.num_cached_tokens
+            self._record_finished()
+        wave = leader.plan_wave(now)
+        return _Batch(wave, self.num_stages) if wave is not None else None
+
+    def _retire(self, batch: _Batch) -> None:
+        wave = batch.wave
+        tokens = tuple(TokenResult(c.request_id, 0, 0.0) for c in wave.chunks if c.is_last)
+        self.leader.on_wave_result(WaveResult(wave.wave_id, tokens, tuple(batch.seconds)), self.loop.now)
+        self._record_finished()
+
+    def _prepare_s(self, batch: _Batch | None) -> float:
+        """A rank's scheduler pass and prepare_resources over one microbatch."""
+        lc = self.lc
+        if batch is None:
+            return lc.schedule_s
+        seconds = lc.schedule_s + lc.schedule_item_s * len(batch.wave.chunks)
+        for c in batch.wave.chunks:
+            seconds += lc.alloc_block_s * math.ceil(c.num_tokens / lc.block_tokens)
+            if c.start and self.leader.requests.get(c.request_id) is not None \
+                    and c.start == self.leader.requests[c.request_id].num_cached_tokens:
+                seconds += lc.match_block_s * (c.start // lc.block_tokens)
+        return seconds
+
+    # ---- the loops ---------------------------------------------------------------------------
+
+    def _trtllm(self, rank: int):
+        """PyExecutor._executor_loop_pp, one rank."""
+        P, lc = self.num_stages, self.lc
+        last = rank == P - 1
+        prev_rank, next_rank = (rank - 1) % P, (rank + 1) % P
+        slots: list[_Batch | None] = [None] * P
+        mb = 0
+        while True:
+            # fetch: rank 0 reads the queue, the list goes down the chain
+            if rank == 0:
+                if all(s is None for s in slots):
+                    yield self._wait_for_work()
+            else:
+                yield self._recv(rank - 1, rank, "fetch")
+            yield self._sleep(lc.fetch_s)
+            if not last:
+                self._send(rank, rank + 1, "fetch", None)
+            # schedule on rank 0, propagated; every rank runs its scheduler and prepare_resources
+            if rank == 0:
+                batch = self._schedule()
+            else:
+                batch = yield self._recv(rank - 1, rank, "schedule")
+            if not last:
+                self._send(rank, rank + 1, "schedule", batch)
+            yield self._sleep(self._prepare_s(batch))
+            self.iterations[rank] += 1
+            slots[mb] = batch
+            if batch is not None:
+                self._launch(rank, batch)
+                if not last:            # _forward_step_inter_pp: sampler_event.synchronize()
+                    yield self._gpu_sync(rank, batch)
+            previous = slots[(mb - 1) % P]
+            if previous is not None:    # sync the previous microbatch's sampler event
+                yield self._gpu_sync(rank, previous)
+            # relay: (P-1) -> 0 -> 1 -> ... -> (P-2)
+            previous = slots[(mb + (-1 if last else 1)) % P]
+            if previous is not None:
+                if not last:
+                    yield self._recv(prev_rank, rank, "sample")
+                if rank != P - 2:
+                    self._send(rank, next_rank, "sample", previous)
+                yield self._sleep(lc.relay_s)
+            # finalize the batch of P-1 iterations ago
+            previous = slots[(mb + 1) % P]
+            if previous is not None:
+                yield self._sleep(lc.finalize_s)
+                if rank == 0:
+                    self._retire(previous)
+                slots[(mb + 1) % P] = None
+            mb = (mb + 1) % P
+
+    def _sglang(self, rank: int):
+        """SchedulerPPMixin.event_loop_pp, one rank."""
+        P, lc = self.num_stages, self.lc
+        last = rank == P - 1
+        slots: list[_Batch | None] = [None] * P
+        carry: _Batch | None = None
+        mb = 0
+        while True:
+            if rank == 0:
+                if all(s is None for s in slots):
+                    yield self._wait_for_work()
+                yield self._sleep(lc.fetch_s)
+                batch = self._schedule()
+            else:
+                batch = yield self._recv(rank - 1, rank, "reqs")
+                yield self._sleep(lc.fetch_s)
+            yield self._sleep(self._prepare_s(batch))
+            self.iterations[rank] += 1
+            slots[mb] = batch
+            if batch is not None:
+                if rank > 0:            # run_batch: the hidden states' metadata (blocking)
+                    yield self._recv(rank - 1, rank, "proxy")
+                self._launch(rank, batch)
+                if last:                # sampled ids to rank 0 (the data: when computed)
+                    self._send(rank, 0, "out", batch)
+            following = slots[(mb + 1) % P]
+            received = None
+            if following is not None:
+                src = P - 1 if rank == 0 else rank - 1
+                received = yield self._recv(src, rank, "out")
+                if received is not following:
+                    raise AssertionError(f"rank {rank}: outputs of wave {received.wave.wave_id} "
+                                         f"for slot of wave {following.wave.wave_id}")
+                yield self._gpu_sync(P - 1, following)      # process_batch_result syncs on them
+                if rank == 0:           # ... which left the last rank's GPU a hop ago
+                    yield self._sleep(max(0.0, following.done_at[P - 1] + lc.hop_s - self.loop.now))
+                yield self._sleep(lc.relay_s + lc.finalize_s)
+                if rank == 0:
+                    self._retire(following)
+                slots[(mb + 1) % P] = None
+            if not last:
+                if carry is not None:
+                    self._send(rank, rank + 1, "out", carry)
+                self._send(rank, rank + 1, "reqs", batch)
+                if batch is not None:
+                    self._send(rank, rank + 1, "proxy", batch)
+                yield self._sleep(lc.relay_s)
+            carry = received
+            mb = (mb + 1) % P
