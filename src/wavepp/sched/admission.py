@@ -41,6 +41,9 @@ class AdmissionRound:
     leased: list[Request] = field(default_factory=list)
     escrowed: list[Request] = field(default_factory=list)
     aborted: set[int] = field(default_factory=set)
+    # requests whose agreed prefix holds a block that a withdrawn request was to compute: the
+    # stages may drop it (the release) before this round commits, so they are not admitted
+    tainted: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,17 @@ class InflightBlocks:
         for j in range(start_block, end_block):
             self._drop(req.block_hashes[j], req.request_id)
 
-    def withdraw(self, req: Request, release_done: int) -> None:
+    def withdraw(self, req: Request, release_done: int) -> set[int]:
         """`req` leaves before dispatching its blocks [num_scheduled, num_full): they are dead
-        until `release_done` waves have finished."""
+        until `release_done` waves have finished. Returns their hashes."""
         bs = self.block_size
+        dead = set()
         for j in range(req.num_scheduled_tokens // bs, req.num_tokens // bs):
             h = req.block_hashes[j]
             self._drop(h, req.request_id)
             self._dead[h] = max(self._dead.get(h, 0), release_done)
+            dead.add(h)
+        return dead
 
     def dead_until(self, req: Request, num_leased_blocks: int) -> int:
         """The wave count after which every one of `req`'s leased blocks is sound (0: now)."""

@@ -182,6 +182,8 @@ class Leader:
             req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = k * bs
             req.state = RequestState.LEASED
             rnd.leased.append(req)
+            if self.inflight.dead_until(req, k) > self._num_waves_done:   # released, maybe before the commit
+                rnd.tainted.add(req.request_id)
             items.append(LeaseItem(req.request_id, k, req.num_blocks(bs) - k))
         for req in reversed(deferred):
             req.state = RequestState.WAITING
@@ -226,9 +228,10 @@ class Leader:
                 continue
             k = req.num_cached_tokens // bs
             dead = self.inflight.dead_until(req, k)
-            if dead > self._num_waves_done:   # it leased blocks a withdrawn request will not compute
+            if dead > self._num_waves_done or req.request_id in rnd.tainted:
+                # it leased blocks a withdrawn request will not compute: retry once the release ran
                 release.append(req.request_id)
-                self._requeue(req, dead, front=True)
+                self._requeue(req, max(dead, self._num_waves_done), front=True)
                 continue
             req.state = RequestState.ADMITTED
             req.admitted_time = now
@@ -363,7 +366,12 @@ class Leader:
         if req.num_scheduled_tokens < req.num_tokens:
             self._pending_releases.append(req.request_id)
         release_done = self._next_wave_id + 1    # the release rides on the next wave
-        self.inflight.withdraw(req, release_done)
+        dead = self.inflight.withdraw(req, release_done)
+        if self.round is not None and dead:      # this round's leases may hold them
+            bs = self.config.block_size
+            for r in self.round.leased:
+                if not dead.isdisjoint(r.block_hashes[:r.num_cached_tokens // bs]):
+                    self.round.tainted.add(r.request_id)
         for dep in list(self.plannable):
             if dep in self.plannable and any(
                     d.owner_id == req.request_id and req.num_scheduled_tokens < d.num_tokens
