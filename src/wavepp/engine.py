@@ -55,6 +55,18 @@ class PrefillResult:
         }
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds right now (a server's admission control reads it).
+
+    num_waiting: queued or in an admission round, not yet admitted on every stage.
+    num_running: admitted on every stage, computing.
+    error: why the pipeline cannot go on (a dead stage, named), or None."""
+    num_waiting: int
+    num_running: int
+    error: str | None
+
+
 class Engine:
     def __init__(self, model: str = DEFAULT_MODEL, *, pp: int = 2, policy: str = "wavepp",
                  dtype: str = "bfloat16", block_size: int = 16,
@@ -130,6 +142,42 @@ class Engine:
     @property
     def stage_num_blocks(self) -> tuple[int, ...]:
         return self._core.stage_num_blocks
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt every stage can hold and the model's positions allow."""
+        return min(self._core.max_prompt_tokens, min(self.stage_num_blocks) * self.config.block_size)
+
+    def load(self) -> EngineLoad:
+        """Waiting and running counts, and the pipeline's fatal error (a dead stage) if any.
+        Cheap: it reads the leader's queues under its lock."""
+        core = self._core
+        with core.cond:
+            leader = core.leader
+            num_round = len(leader.round.requests) if leader.round is not None else 0
+            load = EngineLoad(len(leader.waiting) + num_round, len(leader.plannable), core.error)
+        if load.error is None and not self._closed:
+            dead = self._cluster.dead_stage()
+            if dead:
+                load = dataclasses.replace(load, error=dead)
+        return load
+
+    def stage_capacity(self) -> list:
+        """Each stage's blocks by state (CapacityView): stage 0's now, the others' as their last
+        admission commit reported them (None before their first)."""
+        core = self._core
+        with core.cond:
+            out = list(core.leader.stage_capacity)
+        with core.stage.lock:
+            out[0] = core.stage.server.pool.capacity()
+        return out
+
+    def decode(self, token_ids: Sequence[int]) -> str | None:
+        """The text of token ids, or None when the model has no tokenizer."""
+        try:
+            return self._get_tokenizer().decode(list(token_ids))
+        except ValueError:
+            return None
 
     def reset(self, policy: str | None = None) -> None:
         """Wait for idle, empty every stage's cache, and switch policy if one is given."""
@@ -214,4 +262,4 @@ class Engine:
                              first_token_text=text)
 
 
-__all__ = ["Engine", "EngineError", "PrefillResult"]
+__all__ = ["Engine", "EngineError", "EngineLoad", "PrefillResult"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from wavepp.cache import CapacityView
 from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request
 from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.messages import CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, ReleaseMsg, Wave, WaveResult
@@ -73,6 +74,8 @@ class Leader:
         self._num_waves_done = 0
         self._next_round_id = 0
         self._next_wave_id = 0
+        # each stage's blocks by state, as its last CommitReply reported them (for metrics)
+        self.stage_capacity: list[CapacityView | None] = [None] * config.num_stages
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -209,6 +212,9 @@ class Leader:
     def _on_commit_replies(self, replies, now: float) -> RoundStep:
         """Admit the requests every stage committed; release the others everywhere."""
         rnd = self.round
+        for reply in replies:
+            if reply.capacity is not None:
+                self.stage_capacity[reply.stage_id] = reply.capacity
         failed = failures_by_request(replies, self.config.num_stages)
         bs = self.config.block_size
         admitted, release = [], []

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wavepp.cache import CapacityView
+
 
 @dataclass(frozen=True)
 class ProbeItem:
@@ -100,6 +102,7 @@ class CommitReply:
     round_id: int
     stage_id: int
     results: tuple[ItemResult, ...]
+    capacity: CapacityView | None = None   # the stage's blocks by state after the commit
 
 
 @dataclass(frozen=True)
