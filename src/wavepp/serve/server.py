@@ -3,11 +3,12 @@
 On a stop signal uvicorn stops accepting connections and lets the requests in flight finish
 for up to `drain_s`; requests still running then are cancelled, which aborts them in the
 engine. The app's shutdown hook then shuts the engine down (joins every stage process), so
-nothing is left behind whichever way the server stops.
+nothing is left behind whichever way the server stops; SIGTERM ends it with status 0.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import uvicorn
@@ -27,6 +28,12 @@ def run_server(engine_kwargs: dict, serve_config: ServeConfig, host: str = "127.
         server = uvicorn.Server(config)
         print(f"wavepp serve: {serve_config.model_name} pp={engine_kwargs.get('pp')} "
               f"policy={engine.policy} on http://{host}:{port}", file=sys.stderr, flush=True)
-        server.run()
+        # uvicorn re-raises the stop signal once it has shut down; by then the engine is down
+        # too, and a SIGTERM that drained cleanly ends the process with status 0
+        previous = signal.signal(signal.SIGTERM, lambda sig, frame: None)
+        try:
+            server.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
         engine.shutdown()
