@@ -142,3 +142,28 @@ def _metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     raise KeyError(name)
+
+
+def test_echo_prompt_logprobs_match_transformers_never_from_cache(server, tiny_model):
+    rng = random.Random(8)
+    ids = [rng.randrange(VOCAB) for _ in range(50)]
+    ref = hf_logprobs(tiny_model, ids)
+    assert _post(server, {"prompt": ids}).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert _post(server, {"prompt": ids}).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 48
+    out = _post(server, {"prompt": ids, "echo": True, "max_tokens": 1, "prompt_logprobs": 2}).json()
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0    # computed, not reused
+    plp = out["choices"][0]["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    for p in range(1, len(ids)):
+        entry = plp[p][str(ids[p])]
+        assert math.isclose(entry["logprob"], float(ref[p - 1, ids[p]]), abs_tol=FP32_ATOL), p
+        assert len(plp[p]) in (2, 3)    # the top 2, and the prompt's token if not among them
+        for t, e in plp[p].items():
+            assert math.isclose(e["logprob"], float(ref[p - 1, int(t)]), abs_tol=FP32_ATOL)
+    # OpenAI's echo with logprobs: the prompt's tokens, then the first token
+    legacy = _client(server).completions.create(model=server.model, prompt=ids, max_tokens=1, echo=True, logprobs=1)
+    lp = legacy.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None
+    for p in range(1, len(ids)):
+        assert math.isclose(lp.token_logprobs[p], float(ref[p - 1, ids[p]]), abs_tol=FP32_ATOL)
+    assert math.isclose(lp.token_logprobs[-1], float(ref[-1].max()), abs_tol=FP32_ATOL)

@@ -113,11 +113,11 @@ class _API:
     async def completions(self, request: Request):
         body = self._counted(_parse_json, await request.body())
         req = self._counted(parse_completion, body, self.model_names, self.top_k)
-        if req.echo and req.prompt_logprobs is not None:
-            self.metrics.count("bad_request")
-            raise APIError(400, "prompt_logprobs is not supported yet", "prompt_logprobs")
         token_lists = self._tokenize(req.prompts, "prompt")
-        results = await self._run(request, token_lists)
+        # the prompt's own logprobs (vLLM's prompt_logprobs, or OpenAI's echo with logprobs):
+        # every position is computed, none served from the cache
+        wants_prompt = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
+        results = await self._run(request, token_lists, logprob_start=0 if wants_prompt else None)
         return self._completion_response(req, token_lists, results)
 
     # ---- the steps of a request --------------------------------------------------------------
@@ -151,7 +151,7 @@ class _API:
                                     f"{longest} tokens per prompt (the model's positions and the "
                                     f"smallest stage's cache)", name)
 
-    async def _run(self, request: Request, token_lists, top_labels=None) -> list:
+    async def _run(self, request: Request, token_lists, logprob_start: int | None = None) -> list:
         """Submit every prompt and wait for all of them, or for the client to go away."""
         load = self.engine.load()
         if load.error:
@@ -166,7 +166,7 @@ class _API:
         try:
             try:
                 for ids in token_lists:
-                    futures.append(self.engine.submit(ids))
+                    futures.append(self.engine.submit(ids, logprob_start=logprob_start))
             except EngineError as exc:
                 self.metrics.count("unavailable", len(token_lists) - len(futures))
                 raise APIError(503, f"the pipeline is down: {exc}", type_="service_unavailable") from None
@@ -213,6 +213,26 @@ class _API:
                 return text
         return f"token_id:{token_id}"
 
+    def _append_logprob(self, out: dict, token_id: int, logprob, top, k: int, offset: int) -> None:
+        """One token of OpenAI's legacy logprobs: its text, logprob, top-k dict and offset."""
+        out["tokens"].append(self.token_text(token_id))
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(None if logprob is None else
+                                   {self.token_text(t): lp for t, lp in top[:k]})
+        out["text_offset"].append(offset)
+
+    def _vllm_logprobs(self, token_id: int, logprob: float, top, k: int) -> dict:
+        """One position of vLLM's prompt_logprobs: {token id: {logprob, rank, decoded_token}},
+        the prompt's token and the top k (rank: 1 for the best; null outside the top)."""
+        out = {}
+        for rank, (t, lp) in enumerate(top[:k], start=1):
+            out[str(t)] = {"logprob": lp, "rank": rank, "decoded_token": self.token_text(t)}
+        if str(token_id) not in out:
+            ranks = [rank for rank, (t, _) in enumerate(top, start=1) if t == token_id]
+            out[str(token_id)] = {"logprob": logprob, "rank": ranks[0] if ranks else None,
+                                  "decoded_token": self.token_text(token_id)}
+        return out
+
     def _completion_response(self, req: CompletionRequest, token_lists, results) -> dict:
         choices = []
         for i, (prompt, ids, r) in enumerate(zip(req.prompts, token_lists, results)):
@@ -220,16 +240,27 @@ class _API:
                 self.engine.decode(ids) if self.has_tokenizer else "")
             text = prompt_text if req.echo else ""
             logprobs = None
+            if req.logprobs is not None:
+                logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+                if req.echo:      # the prompt's tokens first: the first has no logprob
+                    pairs = [(None, ())] + list(r.prompt_logprobs)
+                    offset = 0
+                    for t, (lp, top) in zip(ids, pairs):
+                        self._append_logprob(logprobs, t, lp, top, req.logprobs, offset)
+                        offset += len(self.token_text(t))
             if req.max_tokens == 1:
-                token_text = self.token_text(r.first_token_id)
-                if req.logprobs is not None:
-                    logprobs = {
-                        "tokens": [token_text], "token_logprobs": [r.first_token_logprob],
-                        "top_logprobs": [{self.token_text(t): lp for t, lp in r.top_logprobs[:req.logprobs]}],
-                        "text_offset": [len(text)]}
-                text += self.engine.decode([r.first_token_id]) if self.has_tokenizer else token_text
-            choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length",
-                            "stop_reason": None})
+                if logprobs is not None:
+                    self._append_logprob(logprobs, r.first_token_id, r.first_token_logprob,
+                                         r.top_logprobs, req.logprobs, len(text))
+                text += self.engine.decode([r.first_token_id]) if self.has_tokenizer else \
+                    self.token_text(r.first_token_id)
+            choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": "length",
+                      "stop_reason": None}
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = [None] + [
+                    self._vllm_logprobs(t, lp, top, req.prompt_logprobs)
+                    for t, (lp, top) in zip(ids[1:], r.prompt_logprobs)]
+            choices.append(choice)
         num_prompt = sum(len(ids) for ids in token_lists)
         num_completion = req.max_tokens * len(results)
         return {
