@@ -167,3 +167,45 @@ def test_echo_prompt_logprobs_match_transformers_never_from_cache(server, tiny_m
     for p in range(1, len(ids)):
         assert math.isclose(lp.token_logprobs[p], float(ref[p - 1, ids[p]]), abs_tol=FP32_ATOL)
     assert math.isclose(lp.token_logprobs[-1], float(ref[-1].max()), abs_tol=FP32_ATOL)
+
+
+@pytest.mark.parametrize("apply_softmax, item_first", [(True, False), (False, False), (False, True)])
+def test_score_matches_transformers(server, tiny_model, apply_softmax, item_first):
+    import torch
+
+    rng = random.Random(21 + item_first)
+    query = [rng.randrange(VOCAB) for _ in range(40)]
+    items = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 17)]
+    labels = [7, 42, 200]
+    r = _post(server, {"model": server.model, "query": query, "items": items, "label_token_ids": labels,
+                       "apply_softmax": apply_softmax, "item_first": item_first}, path="/v1/score")
+    assert r.status_code == 200, r.text
+    scores = r.json()["scores"]
+    assert len(scores) == 3
+    for item, row in zip(items, scores):
+        context = item + query if item_first else query + item
+        lp = hf_logprobs(tiny_model, context)[-1][labels]
+        ref = torch.softmax(lp, -1) if apply_softmax else lp.exp()
+        for got, want in zip(row, ref.tolist()):
+            assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-7)
+        if apply_softmax:
+            assert math.isclose(sum(row), 1.0, abs_tol=1e-9)
+    # the query is reused: a second call finds it (and the items) cached
+    again = _post(server, {"query": query, "items": items, "label_token_ids": labels,
+                           "apply_softmax": apply_softmax, "item_first": item_first}, path="/v1/score").json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert sum(again["scores"], []) == pytest.approx(sum(scores, []), rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"items": ["a"], "label_token_ids": [1]}, "query"),
+    ({"query": "a", "label_token_ids": [1]}, "items"),
+    ({"query": "a", "items": [], "label_token_ids": [1]}, "items"),
+    ({"query": "a", "items": ["b", ""], "label_token_ids": [1]}, "items[1]"),
+    ({"query": "a", "items": ["b"], "label_token_ids": [VOCAB]}, "label_token_ids"),
+    ({"query": "a", "items": ["b"]}, "label_token_ids"),
+    ({"query": "a", "items": ["b"], "label_token_ids": [1], "apply_softmax": 1}, "apply_softmax"),
+])
+def test_score_bad_input_is_400(server, body, param):
+    r = _post(server, body, path="/v1/score")
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

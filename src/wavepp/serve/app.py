@@ -1,6 +1,7 @@
 """The HTTP API over one Engine: OpenAI-style completions, scoring, health and metrics.
 
     POST /v1/completions   max_tokens 0 or 1: the prompt's KV cache and its first token
+    POST /v1/score         one query, many items: each item's probabilities over label tokens
     GET  /v1/models, /health, /metrics, /debug/integrity (with debug=True)
 
 A request's life here: parse (400 naming the field) -> tokenize and check against the model
@@ -26,7 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from wavepp.engine import Engine, EngineError
 from wavepp.serve.metrics import ServeMetrics
-from wavepp.serve.protocol import APIError, CompletionRequest, parse_completion
+from wavepp.serve.protocol import APIError, CompletionRequest, parse_completion, parse_score
+from wavepp.serve.scoring import score_prompts, score_response
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,10 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await api.completions(request)
+
+    @app.post("/v1/score")
+    async def score(request: Request):
+        return await api.score(request)
 
     @app.get("/v1/models")
     async def models():
@@ -120,6 +126,17 @@ class _API:
         results = await self._run(request, token_lists, logprob_start=0 if wants_prompt else None)
         return self._completion_response(req, token_lists, results)
 
+    async def score(self, request: Request):
+        body = self._counted(_parse_json, await request.body())
+        req = self._counted(parse_score, body, self.model_names, self.engine.vocab_size)
+        query = self._tokenize((req.query,), "query")[0]
+        items = self._tokenize(req.items, "items")
+        prompts = score_prompts(query, items, req.label_token_ids, req.item_first)
+        self._check_lengths([p.token_ids for p in prompts], "items")
+        results = await self._run(request, [p.token_ids for p in prompts],
+                                  logprob_start=[p.logprob_start for p in prompts])
+        return score_response(req, prompts, results, self.config.model_name)
+
     # ---- the steps of a request --------------------------------------------------------------
 
     def _counted(self, parse, *args):
@@ -151,8 +168,11 @@ class _API:
                                     f"{longest} tokens per prompt (the model's positions and the "
                                     f"smallest stage's cache)", name)
 
-    async def _run(self, request: Request, token_lists, logprob_start: int | None = None) -> list:
-        """Submit every prompt and wait for all of them, or for the client to go away."""
+    async def _run(self, request: Request, token_lists, logprob_start=None) -> list:
+        """Submit every prompt and wait for all of them, or for the client to go away.
+        logprob_start: None, one position for every prompt, or a list (one per prompt)."""
+        if not isinstance(logprob_start, list):
+            logprob_start = [logprob_start] * len(token_lists)
         load = self.engine.load()
         if load.error:
             self.metrics.count("unavailable", len(token_lists))
@@ -165,8 +185,8 @@ class _API:
         futures = []
         try:
             try:
-                for ids in token_lists:
-                    futures.append(self.engine.submit(ids, logprob_start=logprob_start))
+                for ids, start in zip(token_lists, logprob_start):
+                    futures.append(self.engine.submit(ids, logprob_start=start))
             except EngineError as exc:
                 self.metrics.count("unavailable", len(token_lists) - len(futures))
                 raise APIError(503, f"the pipeline is down: {exc}", type_="service_unavailable") from None
