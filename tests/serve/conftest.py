@@ -114,7 +114,7 @@ def tiny_model(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("serve") / "tiny")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(tiny_model):
     srv = ServerProcess(tiny_model)
     yield srv
