@@ -25,6 +25,8 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model
+from wavepp.models.attention import choose_cascade
+from wavepp.models.kernels import choose_linear, linear_shapes
 
 CHUNKS = (128, 256, 512)
 PREFIXES = (0, 1024, 4096)
@@ -59,6 +61,15 @@ def main() -> None:
     cache.value.normal_()
     flops_per_token = _matmul_flops_per_token(config)
     peak = _matmul_gflops()
+    choice = choose_linear(linear_shapes(model), torch.bfloat16)
+    rates = ", ".join(f"{name} {rate:.0f}" for name, rate in choice.gflops.items())
+    print(f"projection kernel: {choice.name} (measured on this model's shapes, GFLOP/s: {rates}; "
+          f"{choice.seconds:.2f} s)")
+    attn = choose_cascade(config.num_kv_heads, config.num_heads // config.num_kv_heads, config.head_dim,
+                          torch.bfloat16)
+    print(f"shared-prefix attention: {'cascade' if attn['chunk_by_chunk'] >= 1.05 * attn['cascade'] else 'chunk by chunk'}"
+          f" (4 chunks of 64 after a shared 1,024: cascade {attn['cascade'] * 1e3:.1f} ms, chunk by chunk "
+          f"{attn['chunk_by_chunk'] * 1e3:.1f} ms)")
     print(f"bf16 matmul on this core: {peak:.0f} GFLOP/s (1024^3); the layer stack's "
           f"{flops_per_token / 1e6:.0f} MFLOP/token caps prefill at {peak * 1e9 / flops_per_token:.0f} "
           f"tokens/s before any attention")

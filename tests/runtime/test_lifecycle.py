@@ -87,7 +87,7 @@ KILLED_STAGE_SCRIPT = textwrap.dedent("""
     import os, random, signal, sys
     from wavepp.engine import Engine, EngineError
     if __name__ == "__main__":
-        with Engine(sys.argv[1], pp=int(sys.argv[2]) + 2, dtype="float32") as engine:
+        with Engine(sys.argv[1], pp=2, dtype="float32") as engine:
             futures = [engine.submit([random.randrange(256) for _ in range(300)]) for _ in range(20)]
             os.kill(engine._cluster.procs[-1].pid, signal.SIGKILL)
             try:
@@ -104,8 +104,8 @@ def test_exit_code_zero_after_a_killed_stage(tiny, tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED_STAGE_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
-    for batch in range(5):        # two at a time, at pp = 2 and pp = 3
-        procs = [subprocess.Popen([sys.executable, str(script), str(tiny), str(i % 2)], env=env,
+    for batch in range(5):        # two at a time
+        procs = [subprocess.Popen([sys.executable, str(script), str(tiny)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i in range(2)]
         for proc in procs:

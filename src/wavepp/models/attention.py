@@ -11,11 +11,11 @@ of one KV head are stacked as rows of one matmul, so each KV head's keys are rea
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from wavepp.models.batch import StageBatch
+from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.config import ModelConfig
+from wavepp.models.kernels import linear
 from wavepp.models.layers import RMSNorm, apply_rotary
 
 # Score tiles of at most about this many bytes stay in a core's L2 cache while softmax reads
@@ -49,7 +49,7 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
         # qkv: [num_tokens, heads + 2 * kv_heads, head_dim]  (q heads | k heads | v heads)
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias).view(num_tokens, -1, self.head_dim)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias).view(num_tokens, -1, self.head_dim)
         # q and k rotate together: qk: [num_tokens, heads + kv_heads, head_dim]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qkv[:, :heads]), self.k_norm(qkv[:, heads:heads + kv_heads])), 1)
@@ -62,16 +62,24 @@ class Attention(nn.Module):
         value_cache.index_copy_(0, batch.slot_mapping, qkv[:, heads + kv_heads:])
         out = paged_attention(qk[:, :heads], key_cache, value_cache, batch, self.scale)
         # out: [num_tokens, heads * head_dim] -> [num_tokens, hidden]
-        return F.linear(out, self.o_proj, self.o_bias)
+        return linear(out, self.o_proj, self.o_bias)
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    batch: StageBatch, scale: float) -> torch.Tensor:
+                    batch: StageBatch, scale: float, *, cascade: bool | None = None) -> torch.Tensor:
     """Each chunk's queries attend causally over its context [0, end) read from the cache.
 
     query: [num_tokens, num_heads, head_dim]; key_cache, value_cache: [num_slots, num_kv_heads,
     head_dim] already holding the batch's new K/V. Returns [num_tokens, num_heads * head_dim].
+
+    With `cascade`, chunks that read the same cached prefix blocks (requests sharing a system
+    prompt or a document) attend to that prefix together: their queries stacked into one
+    matmul against the prefix's keys and values, gathered once, then merged with each chunk's
+    own part by log-sum-exp. Otherwise (and for chunks sharing nothing) chunk by chunk.
+    None: this process's measured choice (`choose_cascade`).
     """
+    if cascade is None:
+        cascade = _cascade_enabled
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = key_cache.shape[1]
     group = num_heads // kv_heads
@@ -79,19 +87,147 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     query = query * scale
     # out: [num_tokens, kv_heads, group, head_dim]; head h uses KV head h // group
     out = query.new_empty(num_tokens, kv_heads, group, head_dim)
+    bias = batch.causal_bias(query.dtype)
+    shared = batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS) if cascade else []
+    for members, prefix in shared:
+        _attend_shared_prefix(query, key_cache, value_cache, batch, members, prefix, bias, out)
+    grouped = {i for members, _ in shared for i in members}
     for index, chunk in enumerate(batch.chunks):
+        if index in grouped:
+            continue
         t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
         c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
-        context = batch.context_slots[c0:c1]
-        # keys, values: [end, kv_heads, head_dim] -> [kv_heads, end, head_dim], made contiguous
-        # once here so that the matmuls of every tile below read them in place
-        keys = key_cache.index_select(0, context).transpose(0, 1).contiguous()
-        values = value_cache.index_select(0, context).transpose(0, 1).contiguous()
-        # queries: [kv_heads, group, chunk_tokens, head_dim]
-        queries = query[t0:t1].view(-1, kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        _attend_chunk(queries, keys, values, chunk.num_cached_tokens,
-                      batch.causal_bias(query.dtype), out[t0:t1])
+        keys, values = _gather(key_cache, value_cache, batch.context_slots[c0:c1])
+        _attend_chunk(_heads_major(query[t0:t1], kv_heads), keys, values, chunk.num_cached_tokens,
+                      bias, out[t0:t1])
     return out.view(num_tokens, num_heads * head_dim)
+
+
+# Chunks share a prefix for cascade attention from this many cached tokens on (a block or two
+# of shared keys is not worth a second pass and a merge).
+MIN_SHARED_PREFIX_TOKENS = 64
+_cascade_enabled = False
+
+
+def use_cascade(enabled: bool) -> None:
+    global _cascade_enabled
+    _cascade_enabled = bool(enabled)
+
+
+def choose_cascade(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
+                   margin: float = 1.05) -> dict[str, float]:
+    """Time cascade and chunk-by-chunk attention, interleaved, on a wave of 4 chunks of 64
+    tokens after a shared 1,024-token prefix with this model's heads; use cascade only if it
+    is at least `margin` times faster. Returns the median seconds of each."""
+    import statistics
+    import time
+
+    block_size, prefix, new = 16, 1024, 64
+    shared = tuple(range(prefix // block_size))
+    chunks = [ChunkSpec(prefix, new, shared + tuple(range(100 + 4 * i, 104 + 4 * i)), i) for i in range(4)]
+    batch = StageBatch.build(chunks, block_size)
+    gen = torch.Generator().manual_seed(0)
+    num_slots = (100 + 16) * block_size
+    key_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
+    value_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
+    query = torch.randn(batch.num_tokens, kv_heads * group, head_dim, generator=gen).to(dtype)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(trials + 1):
+        for mode in (True, False):
+            start = time.perf_counter()
+            paged_attention(query, key_cache, value_cache, batch, 1.0, cascade=mode)
+            times[mode].append(time.perf_counter() - start)
+    cascade_s, plain_s = (statistics.median(times[m][1:]) for m in (True, False))
+    use_cascade(plain_s >= margin * cascade_s)
+    return {"cascade": cascade_s, "chunk_by_chunk": plain_s}
+
+
+def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                          batch: StageBatch, members: tuple[int, ...], prefix: int,
+                          causal_bias: torch.Tensor, out: torch.Tensor) -> None:
+    """Cascade attention of the chunks `members`, which all hold [0, prefix) cached in the same
+    blocks:
+
+        member i:  [0, prefix)  shared: one matmul for every member's queries
+                   [prefix, num_cached_i)  its own cached part  |  [num_cached_i, end_i)  causal
+
+    Each part gives an unnormalized output with its row max and sum; the two merge exactly."""
+    kv_heads, group, head_dim = out.shape[1:]
+    c0 = batch.context_starts[members[0]]
+    keys, values = _gather(key_cache, value_cache, batch.context_slots[c0:c0 + prefix])
+    spans = [(batch.token_starts[i], batch.token_starts[i + 1]) for i in members]
+    rows = torch.cat([torch.arange(t0, t1) for t0, t1 in spans])
+    # queries: [kv_heads, group, n, head_dim], n = the members' tokens side by side
+    queries = _heads_major(query.index_select(0, rows), kv_heads)
+    n = rows.numel()
+    shared_out, shared_max, shared_sum = _partial_attention(queries.reshape(kv_heads, group * n, head_dim),
+                                                            keys, values)
+    shared_out = shared_out.view(kv_heads, group, n, head_dim)
+    shared_max, shared_sum = shared_max.view(kv_heads, group, n), shared_sum.view(kv_heads, group, n)
+    offset = 0
+    for index, (t0, t1) in zip(members, spans):
+        chunk, num_new = batch.chunks[index], t1 - t0
+        c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
+        own_keys, own_values = _gather(key_cache, value_cache, batch.context_slots[c0 + prefix:c1])
+        # bias over [prefix, end): [prefix, num_cached) visible | [num_cached, end) causal
+        own_cached = chunk.num_cached_tokens - prefix
+        bias = causal_bias.new_zeros(num_new, own_cached + num_new)
+        bias[:, own_cached:] = causal_bias[:num_new, :num_new]
+        own_out, own_max, own_sum = _partial_attention(
+            queries[:, :, offset:offset + num_new].reshape(kv_heads, group * num_new, head_dim),
+            own_keys, own_values, bias)
+        rows_of = slice(offset, offset + num_new)
+        merged = _merge(shared_out[:, :, rows_of], shared_max[:, :, rows_of], shared_sum[:, :, rows_of],
+                        own_out.view(kv_heads, group, num_new, head_dim),
+                        own_max.view(kv_heads, group, num_new), own_sum.view(kv_heads, group, num_new))
+        out[t0:t1] = merged.permute(2, 0, 1, 3).to(out.dtype)
+        offset += num_new
+
+
+def _partial_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax attention left unnormalized, for merging: queries [kv_heads, r, head_dim] over
+    keys/values [kv_heads, L, head_dim]; `bias` [rows, L] repeats over r = group * rows.
+    Returns (sum_j exp(s_j - m) v_j, m, sum_j exp(s_j - m)) in fp32: [kv_heads, r, head_dim],
+    [kv_heads, r], [kv_heads, r]. Rows in tiles, so each tile's scores stay in cache."""
+    kv_heads, r, head_dim = queries.shape
+    length = keys.shape[1]
+    out = torch.empty(kv_heads, r, head_dim, dtype=torch.float32)
+    row_max = torch.empty(kv_heads, r, dtype=torch.float32)
+    row_sum = torch.empty(kv_heads, r, dtype=torch.float32)
+    tile = r if bias is not None else _tile_rows(r, kv_heads * length * 4)
+    for a in range(0, r, tile):
+        b = min(r, a + tile)
+        # scores: [kv_heads, b - a, L], in the model's dtype like the chunk-by-chunk softmax
+        scores = torch.bmm(queries[:, a:b], keys.transpose(1, 2))
+        if bias is not None:
+            scores.view(kv_heads, -1, bias.shape[0], length).add_(bias)
+        m = scores.amax(-1, keepdim=True)
+        probs = scores.sub_(m).exp_()
+        row_max[:, a:b] = m.squeeze(-1)
+        row_sum[:, a:b] = probs.sum(-1, dtype=torch.float32)
+        out[:, a:b] = torch.bmm(probs, values)
+    return out, row_max, row_sum
+
+
+def _merge(out_a, max_a, sum_a, out_b, max_b, sum_b) -> torch.Tensor:
+    """Two unnormalized parts of one softmax over disjoint keys -> the normalized output."""
+    m = torch.maximum(max_a, max_b)
+    wa, wb = torch.exp(max_a - m), torch.exp(max_b - m)
+    return (out_a * wa[..., None] + out_b * wb[..., None]) / (sum_a * wa + sum_b * wb)[..., None]
+
+
+def _gather(key_cache: torch.Tensor, value_cache: torch.Tensor, slots: torch.Tensor):
+    """keys, values of `slots`: [len, kv_heads, head_dim] -> [kv_heads, len, head_dim], made
+    contiguous once so that every matmul below reads them in place."""
+    return (key_cache.index_select(0, slots).transpose(0, 1).contiguous(),
+            value_cache.index_select(0, slots).transpose(0, 1).contiguous())
+
+
+def _heads_major(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[tokens, heads, head_dim] -> [kv_heads, group, tokens, head_dim] (a view)."""
+    tokens, heads, head_dim = query.shape
+    return query.view(tokens, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)
 
 
 def _attend_chunk(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

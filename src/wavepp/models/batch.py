@@ -82,6 +82,34 @@ class StageBatch:
             self._biases[dtype] = zeros.masked_fill_(self.causal_mask, float("-inf"))
         return self._biases[dtype]
 
+    def shared_prefixes(self, min_tokens: int) -> list[tuple[tuple[int, ...], int]]:
+        """Chunks that read the same cached blocks first: (chunk indices, shared prefix tokens)
+        for every group of two or more chunks whose block tables start with the same blocks,
+        all cached for each of them, at least `min_tokens` long. A chunk is in one group at
+        most; the groups' prefix lengths are whole blocks.
+
+            chunk a:  [ shared blocks | a's own cached | a's new ]
+            chunk b:  [ shared blocks | b's new ]                  prefix = shared blocks
+        """
+        bs = self.block_size
+        order = sorted(range(self.num_chunks), key=lambda i: self.chunks[i].block_table)
+        groups, start = [], 0
+        while start < len(order):
+            first = self.chunks[order[start]]
+            limit = first.num_cached_tokens // bs           # blocks it holds cached
+            end, prefix = start + 1, limit
+            while end < len(order):
+                other = self.chunks[order[end]]
+                common = _common_blocks(first.block_table, other.block_table,
+                                        min(prefix, other.num_cached_tokens // bs))
+                if common * bs < max(min_tokens, 1):
+                    break
+                prefix, end = common, end + 1
+            if end - start >= 2:
+                groups.append((tuple(sorted(order[start:end])), prefix * bs))
+            start = end
+        return groups
+
     @classmethod
     def build(cls, chunks: Sequence[ChunkSpec], block_size: int) -> StageBatch:
         """Derive the shared index tensors. Raises ValueError on an empty batch, a block table
@@ -124,6 +152,13 @@ class StageBatch:
             max_block_id=max_block_id,
             max_position=max(chunk.end for chunk in chunks) - 1,
         )
+
+
+def _common_blocks(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _check_writes(slot_mapping: torch.Tensor, cached: list[torch.Tensor]) -> None:

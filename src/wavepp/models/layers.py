@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.config import Llama3RopeScaling, ModelConfig
+from wavepp.models.kernels import linear
 
 
 class RMSNorm(nn.Module):
@@ -72,10 +73,10 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, hidden] -> gate_up: [num_tokens, 2 * intermediate]
-        gate_up = F.linear(x, self.gate_up_proj)
+        gate_up = linear(x, self.gate_up_proj)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         # act: [num_tokens, intermediate] -> [num_tokens, hidden]
-        return F.linear(F.silu(gate).mul_(up), self.down_proj)
+        return linear(F.silu(gate).mul_(up), self.down_proj)
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> torch.Tensor:

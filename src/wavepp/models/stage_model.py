@@ -17,6 +17,7 @@ from torch import nn
 from wavepp.models.attention import Attention
 from wavepp.models.batch import StageBatch
 from wavepp.models.config import ModelConfig, StageSpec
+from wavepp.models.kernels import linear
 from wavepp.models.kv_cache import PagedKVCache
 from wavepp.models.layers import RMSNorm, RotaryEmbedding, SwiGLUMLP
 
@@ -95,7 +96,7 @@ class StageModel(nn.Module):
         # token, or the rows asked for (prompt logprobs): the head runs on those only
         rows = batch.last_token_indices if output_indices is None else output_indices
         last = self.norm(hidden.index_select(0, rows))
-        return F.linear(last, self.lm_head).float()
+        return linear(last, self.lm_head).float()
 
     def _check(self, batch: StageBatch, kv_cache: PagedKVCache, input_ids: torch.Tensor | None,
                hidden_states: torch.Tensor | None) -> None:

@@ -152,7 +152,10 @@ class LocalCluster:
     def unwatch(self) -> None:
         """Stop the watchdog (before stages exit on purpose). Safe to call twice."""
         if hasattr(self, "_stop"):
-            self._stop.send(None)
+            try:
+                self._stop.send(None)
+            except OSError:          # the watchdog fired already and is gone
+                pass
             self._stop.close()
             del self._stop
 

@@ -18,6 +18,8 @@ import torch
 
 from wavepp.cache import BlockPool
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
+from wavepp.models.attention import choose_cascade
+from wavepp.models.kernels import choose_linear, linear_shapes
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
@@ -85,6 +87,12 @@ class StageRuntime:
         self.model_config = load_model_config(config.model_path)
         self.spec = stage_specs(self.model_config.num_layers, config.num_stages)[stage_id]
         self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype])
+        # the projections' kernel path, measured here on this model's shapes (CPUs differ)
+        self.linear_kernel = choose_linear(linear_shapes(self.model), _DTYPES[config.dtype])
+        mc = self.model_config
+        if getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None):   # GQA attention
+            self.attention_times = choose_cascade(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
+                                                  mc.head_dim, _DTYPES[config.dtype])
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size)
         self.lock = threading.Lock()

@@ -1,0 +1,100 @@
+"""Kernel paths chosen by measuring them on this machine, for the model's own shapes.
+
+CPUs differ: on a Xeon with AMX, `torch.matmul(x, w.t())` reaches the AMX bf16 kernels and
+runs 2-3x faster than `F.linear(x, w)`; on an AMD EPYC without AMX the two are alike, and which
+is faster depends on the shape. So a stage times the candidates once at start-up on the
+projections it will run, at the row counts its waves have, and uses the fastest:
+
+    linear   F.linear(x, w)                 (x: [rows, in], w: [out, in])
+    matmul   torch.matmul(x, w.t())
+
+`linear(x, w, b)` is the one call every projection makes; `choose_linear(shapes, dtype)` sets
+the path for this process and returns what it measured; `linear_shapes(model)` lists a stage
+model's projections.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, w, b)
+
+
+def _matmul_t(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    out = torch.matmul(x, w.t())
+    return out if b is None else out.add_(b)
+
+
+LINEAR_KERNELS: dict[str, Callable] = {"linear": _f_linear, "matmul": _matmul_t}
+_chosen: Callable = _f_linear
+_chosen_name = "linear"
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ b) by this process's chosen path. x: [..., in], w: [out, in] -> [..., out]."""
+    return _chosen(x, w, b)
+
+
+def linear_kernel() -> str:
+    return _chosen_name
+
+
+def use_linear(name: str) -> None:
+    global _chosen, _chosen_name
+    if name not in LINEAR_KERNELS:
+        raise ValueError(f"unknown linear kernel {name!r}; choose one of {', '.join(LINEAR_KERNELS)}")
+    _chosen, _chosen_name = LINEAR_KERNELS[name], name
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    name: str                           # the path now in use
+    gflops: dict[str, float]            # each candidate's rate over the shapes (median of trials)
+    seconds: float                      # the measurement's own time
+
+
+def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *, trials: int = 5,
+                  seed: int = 0) -> KernelChoice:
+    """Time every linear path on `shapes` ((rows, in, out) each) with random operands of `dtype`,
+    the candidates interleaved trial by trial (so that a noisy neighbour hurts them alike), and
+    use the one with the highest median rate. Takes well under a second for a model's shapes."""
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    operands = [(torch.randn(r, i, generator=gen).to(dtype), torch.randn(o, i, generator=gen).to(dtype))
+                for r, i, o in shapes]
+    flops = sum(2 * r * i * o for r, i, o in shapes)
+    rates: dict[str, list[float]] = {name: [] for name in LINEAR_KERNELS}
+    for fn in LINEAR_KERNELS.values():       # warm up each path (first calls pick and pack)
+        for x, w in operands:
+            fn(x, w)
+    for _ in range(trials):
+        for name, fn in LINEAR_KERNELS.items():
+            start = time.perf_counter()
+            for x, w in operands:
+                fn(x, w)
+            rates[name].append(flops / (time.perf_counter() - start) / 1e9)
+    gflops = {name: statistics.median(r) for name, r in rates.items()}
+    best = max(gflops, key=gflops.get)
+    use_linear(best)
+    return KernelChoice(best, gflops, time.perf_counter() - t0)
+
+
+def linear_shapes(model: torch.nn.Module, rows: Sequence[int] = (64, 256, 512)) -> list[tuple[int, int, int]]:
+    """(rows, in, out) of every projection of a stage model: its 2-D weights [out, in] (3-D
+    expert weights [experts, out, in] count once), the embedding and the head left out (the
+    head runs on a few rows a wave)."""
+    pairs = set()
+    for name, p in model.named_parameters():
+        if "embed" in name or "lm_head" in name or p.dim() not in (2, 3):
+            continue
+        out_features, in_features = p.shape[-2:]
+        pairs.add((int(in_features), int(out_features)))
+    return [(r, i, o) for r in rows for i, o in sorted(pairs)]
