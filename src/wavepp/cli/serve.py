@@ -8,8 +8,10 @@ from wavepp.sched.policy import runtime_policies
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions, /metrics)",
-                       description="Start the pipeline, then serve POST /v1/completions, GET /v1/models, "
-                                   "/health and /metrics until SIGTERM or SIGINT.")
+                       description="Start the pipeline, then serve POST /v1/completions, /v1/score, "
+                                   "GET /v1/models, /health and /metrics until SIGTERM or SIGINT. Under "
+                                   "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
+                                   "and the other ranks serve their stage.")
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
@@ -31,8 +33,14 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from wavepp.store import DEFAULT_MODEL
+    from wavepp.cli.prefill import serve_stage
+    from wavepp.runtime import torchrun_rank
     from wavepp.serve import ServeConfig, run_server
+    from wavepp.store import DEFAULT_MODEL
+
+    ranks = torchrun_rank()
+    if ranks is not None and ranks[0] != 0:
+        return serve_stage(ranks)
 
     model = args.model or DEFAULT_MODEL
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
