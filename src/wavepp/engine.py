@@ -40,6 +40,9 @@ class PrefillResult:
     admission_s: float | None         # arrival -> admitted on every stage
     error: str | None = None
     first_token_text: str | None = None
+    # with logprob_start: for each position p from logprob_start to the prompt's last but one,
+    # (logprob of prompt token p + 1, ((token id, logprob), ...) top tokens at p)
+    prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,6 +56,18 @@ class PrefillResult:
             "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
             "admission_s": self.admission_s, "error": self.error,
         }
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds right now (a server's admission control reads it).
+
+    num_waiting: queued or in an admission round, not yet admitted on every stage.
+    num_running: admitted on every stage, computing.
+    error: why the pipeline cannot go on (a dead stage, named), or None."""
+    num_waiting: int
+    num_running: int
+    error: str | None
 
 
 class Engine:
@@ -93,18 +108,35 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def submit(self, prompt: Prompt, request_id: int | None = None) -> Future:
+    def submit(self, prompt: Prompt, request_id: int | None = None, *,
+               logprob_start: int | None = None) -> Future:
         """Queue one prompt (text or token ids); the future resolves to a PrefillResult, and
         its `request_id` attribute is the request's id.
 
         `request_id`: any int not in use by an unfinished request (None: an automatic one that
         is not in use). A bad prompt or an id in use raises ValueError and queues nothing; a
         prompt that no stage can hold, or longer than the model's positions, resolves at once
-        to a failed result with the reason."""
+        to a failed result with the reason.
+
+        `logprob_start`: also return the logprob of every prompt token after that position
+        (`prompt_logprobs`); positions from there on are computed, never reused from the cache
+        (reuse of the blocks before it stays)."""
         token_ids = self.tokenize(prompt)
         if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
-        return self._core.submit(request_id, token_ids)
+        if logprob_start is None:
+            return self._core.submit(request_id, token_ids)
+        if isinstance(logprob_start, bool) or not isinstance(logprob_start, int) \
+                or not 0 <= logprob_start < len(token_ids):
+            raise ValueError(f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
+                             f"got {logprob_start!r}")
+        core = self._core
+        with core.cond:   # re-entrant: no round can see the request before logprob_start is set
+            fut = core.submit(request_id, token_ids)
+            internal_id = core._live.get(fut.request_id)
+            if internal_id is not None and internal_id in core.leader.requests:
+                core.leader.set_logprob_start(internal_id, logprob_start)
+        return fut
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
         """Prefill every prompt; results in order. Every prompt is checked before any is
@@ -133,6 +165,42 @@ class Engine:
     @property
     def stage_num_blocks(self) -> tuple[int, ...]:
         return self._core.stage_num_blocks
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt every stage can hold and the model's positions allow."""
+        return min(self._core.max_prompt_tokens, min(self.stage_num_blocks) * self.config.block_size)
+
+    def load(self) -> EngineLoad:
+        """Waiting and running counts, and the pipeline's fatal error (a dead stage) if any.
+        Cheap: it reads the leader's queues under its lock."""
+        core = self._core
+        with core.cond:
+            leader = core.leader
+            num_round = len(leader.round.requests) if leader.round is not None else 0
+            load = EngineLoad(len(leader.waiting) + num_round, len(leader.plannable), core.error)
+        if load.error is None and not self._closed:
+            dead = self._cluster.dead_stage()
+            if dead:
+                load = dataclasses.replace(load, error=dead)
+        return load
+
+    def stage_capacity(self) -> list:
+        """Each stage's blocks by state (CapacityView): stage 0's now, the others' as their last
+        admission commit reported them (None before their first)."""
+        core = self._core
+        with core.cond:
+            out = list(core.leader.stage_capacity)
+        with core.stage.lock:
+            out[0] = core.stage.server.pool.capacity()
+        return out
+
+    def decode(self, token_ids: Sequence[int]) -> str | None:
+        """The text of token ids, or None when the model has no tokenizer."""
+        try:
+            return self._get_tokenizer().decode(list(token_ids))
+        except ValueError:
+            return None
 
     def reset(self, policy: str | None = None) -> None:
         """Wait for idle, empty every stage's cache, and switch policy if one is given."""
@@ -212,9 +280,15 @@ class Engine:
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
         text = self._tokenizer.decode([token.token_id]) if self._tokenizer is not None else None
+        prompt_logprobs = None
+        if req.logprob_start is not None:
+            prompt_logprobs = tuple(
+                (lp, tuple(zip(ids, lps)))
+                for part in sorted(req.prompt_logprobs, key=lambda p: p.start)
+                for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs))
         return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
                              token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
-                             first_token_text=text)
+                             first_token_text=text, prompt_logprobs=prompt_logprobs)
 
 
-__all__ = ["Engine", "EngineError", "PrefillResult"]
+__all__ = ["Engine", "EngineError", "EngineLoad", "PrefillResult"]

@@ -1,5 +1,5 @@
 """The `wavepp` command line: one module per command (models, make-model, prefill, bench,
-simulate), each with `add_parser(sub)` and its `run(args)`."""
+simulate, serve), each with `add_parser(sub)` and its `run(args)`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="wavepp", description="Pipeline-parallel LLM prefill with cross-stage prefix reuse.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from wavepp.cli import bench, make_model, models, prefill, simulate
-    for command in (models, make_model, prefill, bench, simulate):
+    from wavepp.cli import bench, make_model, models, prefill, serve, simulate
+    for command in (models, make_model, prefill, bench, simulate, serve):
         command.add_parser(sub)
 
     args = parser.parse_args(argv)

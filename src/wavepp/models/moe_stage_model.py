@@ -98,13 +98,15 @@ class MoEStageModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: StageBatch, kv_cache: PagedPools, *, input_ids: torch.Tensor | None = None,
-                hidden_states: torch.Tensor | None = None, all_logits: bool = False) -> torch.Tensor:
+                hidden_states: torch.Tensor | None = None, all_logits: bool = False,
+                output_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stage over every chunk of `batch`; writes the chunks' cache rows into `kv_cache`.
 
         First stage takes input_ids: [num_tokens] int64; others take hidden_states:
         [num_tokens, input_width] from the previous stage. Returns [num_tokens, output_width]
         in the model dtype, or, on the last stage, the fp32 logits of each chunk's last token
-        [num_chunks, vocab_size] (of every token, [num_tokens, vocab_size], with all_logits).
+        [num_chunks, vocab_size] (of every token, [num_tokens, vocab_size], with all_logits; of
+        the flat token rows `output_indices` asks for, [num_rows, vocab_size]).
         Inputs are checked before any compute.
         """
         self._check(batch, kv_cache, input_ids, hidden_states)
@@ -123,7 +125,9 @@ class MoEStageModel(nn.Module):
             if self.output_width == self.config.hidden_size:
                 return hidden
             return torch.cat((hidden, topk.to(torch.int32).view(self.dtype)), dim=-1)
-        if not all_logits:
+        if output_indices is not None:
+            hidden = hidden.index_select(0, output_indices)
+        elif not all_logits:
             hidden = hidden.index_select(0, batch.last_token_indices)
         return F.linear(self.norm(hidden), self.lm_head).float()
 

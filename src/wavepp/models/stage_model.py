@@ -69,14 +69,16 @@ class StageModel(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: StageBatch, kv_cache: PagedKVCache, *,
                 input_ids: torch.Tensor | None = None,
-                hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+                hidden_states: torch.Tensor | None = None,
+                output_indices: torch.Tensor | None = None) -> torch.Tensor:
         """Run the stage over every chunk of `batch`; writes the chunks' K/V into `kv_cache`.
 
         First stage takes input_ids: [num_tokens] int64; others take hidden_states:
         [num_tokens, hidden_size] from the previous stage. Returns hidden states
         [num_tokens, hidden_size] in the model dtype, or, on the last stage, the fp32 logits
-        of each chunk's last token [num_chunks, vocab_size]. Inputs are checked before any
-        compute, so a bad input leaves the cache untouched.
+        of each chunk's last token [num_chunks, vocab_size] (or of the flat token rows
+        `output_indices` [num_rows] asks for: [num_rows, vocab_size]). Inputs are checked before
+        any compute, so a bad input leaves the cache untouched.
         """
         self._check(batch, kv_cache, input_ids, hidden_states)
         if self.stage.is_first:
@@ -90,8 +92,10 @@ class StageModel(nn.Module):
             hidden = layer(hidden, cos, sin, batch, key_cache, value_cache)
         if not self.stage.is_last:
             return hidden
-        # last: [num_chunks, hidden_size] -> logits: [num_chunks, vocab_size]
-        last = self.norm(hidden.index_select(0, batch.last_token_indices))
+        # last: [num_rows, hidden_size] -> logits: [num_rows, vocab_size]; rows: each chunk's last
+        # token, or the rows asked for (prompt logprobs): the head runs on those only
+        rows = batch.last_token_indices if output_indices is None else output_indices
+        last = self.norm(hidden.index_select(0, rows))
         return linear(last, self.lm_head).float()
 
     def _check(self, batch: StageBatch, kv_cache: PagedKVCache, input_ids: torch.Tensor | None,

@@ -9,6 +9,7 @@ forward itself runs outside the lock.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -21,7 +22,7 @@ from wavepp.models.kernels import choose_linear, linear_shapes
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.protocol import IntegrityReport
-from wavepp.sched import StageServer, TokenResult, Wave
+from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -49,6 +50,27 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
         budget = min(DEFAULT_KV_MAX_BYTES, available_memory_bytes() // (4 * config.num_stages),
                      DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token)
     return layout.num_blocks(budget, spec.start_layer, spec.end_layer, config.block_size, dtype_bytes)
+
+
+def _output_rows(wave: Wave):
+    """None when every chunk needs only its last token's logits; else (flat row indices of
+    every position whose logits are needed, per chunk the list of its own rows): the positions
+    [logprob_start, end) of a chunk that asks for prompt logprobs, the last token of the others."""
+    if all(c.logprob_start is None for c in wave.chunks):
+        return None
+    flat, per_chunk, offset = [], [], 0
+    for c in wave.chunks:
+        # [start, end) of chunk c is the flat rows [offset, offset + num_tokens)
+        first = c.logprob_start if c.logprob_start is not None else c.end - 1
+        own = list(range(offset + first - c.start, offset + c.num_tokens))
+        flat += own
+        per_chunk.append(own)
+        offset += c.num_tokens
+    return torch.tensor(flat, dtype=torch.int64), per_chunk
+
+
+def rows_kwarg(rows) -> dict:
+    return {} if rows is None else {"output_indices": rows[0]}
 
 
 def available_memory_bytes() -> int:
@@ -111,12 +133,13 @@ class StageRuntime:
             chunks = [ChunkSpec(p.chunk.start, p.chunk.num_tokens, p.block_table, p.chunk.request_id,
                                 p.state_in, p.state_saves) for p in prepared]
             batch = StageBatch.build(chunks, self.config.block_size)
+            rows = _output_rows(wave) if self.spec.is_last else None
             if self.spec.is_first:
-                output = self.model(batch, self.kv, input_ids=inputs)
+                output = self.model(batch, self.kv, input_ids=inputs, **rows_kwarg(rows))
             else:
-                output = self.model(batch, self.kv, hidden_states=inputs)
+                output = self.model(batch, self.kv, hidden_states=inputs, **rows_kwarg(rows))
             if self.spec.is_last:
-                output = self._first_tokens(wave, output)
+                output = self._first_tokens(wave, output, rows)
         seconds = time.perf_counter() - t0
         with self.lock:
             self.server.complete(wave)
@@ -124,17 +147,37 @@ class StageRuntime:
             output = []
         return output, seconds
 
-    def _first_tokens(self, wave: Wave, logits: torch.Tensor) -> list[TokenResult]:
-        # logits: [num_chunks, vocab] fp32; only chunks that end their request yield a token
-        rows = [i for i, c in enumerate(wave.chunks) if c.is_last]
-        if not rows:
+    def _first_tokens(self, wave: Wave, logits: torch.Tensor, rows) -> list:
+        """TokenResults of the chunks that end their request, and PromptLogprobs of the chunks
+        that ask for them. logits: [num_chunks, vocab] fp32 (one row per chunk: its last
+        token), or with prompt logprobs one row per position `rows` lists."""
+        # last[i]: the row of chunk i's last token
+        if rows is None:
+            last = list(range(len(wave.chunks)))
+        else:
+            last = list(itertools.accumulate(len(r) for r in rows[1]))
+            last = [n - 1 for n in last]
+        wanted = [i for i, c in enumerate(wave.chunks) if c.is_last or c.logprob_start is not None]
+        if not wanted:
             return []
-        logprobs = torch.log_softmax(logits[rows], dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1)
         k = min(max(1, self.config.top_k), logprobs.shape[-1])
         top_lp, top_ids = torch.topk(logprobs, k, dim=-1)
         results = []
-        for j, i in enumerate(rows):
-            ids, lps = top_ids[j].tolist(), top_lp[j].tolist()
-            results.append(TokenResult(wave.chunks[i].request_id, ids[0], lps[0],
-                                       tuple(ids[:self.config.top_k]), tuple(lps[:self.config.top_k])))
+        for i in wanted:
+            c = wave.chunks[i]
+            if c.is_last:
+                ids, lps = top_ids[last[i]].tolist(), top_lp[last[i]].tolist()
+                results.append(TokenResult(c.request_id, ids[0], lps[0], tuple(ids[:self.config.top_k]),
+                                           tuple(lps[:self.config.top_k])))
+            if c.logprob_start is not None:
+                # rows of positions [logprob_start, logprob_start + n) of this chunk
+                first = last[i] - (c.end - 1 - c.logprob_start)
+                n = len(c.logprob_token_ids)
+                targets = torch.tensor(c.logprob_token_ids, dtype=torch.int64)
+                lps = logprobs[first:first + n].gather(1, targets[:, None])[:, 0]
+                results.append(PromptLogprobs(
+                    c.request_id, c.logprob_start, tuple(lps.tolist()),
+                    tuple(map(tuple, top_ids[first:first + n].tolist())),
+                    tuple(map(tuple, top_lp[first:first + n].tolist()))))
         return results

@@ -6,7 +6,7 @@ from wavepp.sched.dynamic_chunk import DynamicChunkPlanner
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.messages import (
     Chunk, CommitMsg, CommitReply, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem,
-    ProbeMsg, ProbeReply, ReleaseMsg, TokenResult, Wave, WaveResult)
+    ProbeMsg, ProbeReply, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import (
     PLANNERS, BalancedPlanner, MpuPlanner, PlannerConfig, StaticPlanner, budget_ladder, make_planner)
 from wavepp.sched.policy import POLICIES, Policy, get_policy
@@ -16,7 +16,7 @@ from wavepp.sched.stage_server import PlanMismatchError, PreparedChunk, StageSer
 __all__ = [
     "AdmissionRound", "RoundOutcome", "agree_prefix", "CostCoefficients", "CostModel", "Leader",
     "LeaderConfig", "DynamicChunkPlanner", "Chunk", "CommitMsg", "CommitReply", "Hint", "ItemResult", "LeaseItem",
-    "LeaseMsg", "LeaseReply", "ProbeItem", "ProbeMsg", "ProbeReply", "ReleaseMsg", "TokenResult",
+    "LeaseMsg", "LeaseReply", "ProbeItem", "ProbeMsg", "ProbeReply", "PromptLogprobs", "ReleaseMsg", "TokenResult",
     "Wave", "WaveResult", "PLANNERS", "BalancedPlanner", "MpuPlanner", "PlannerConfig",
     "StaticPlanner", "budget_ladder", "make_planner", "POLICIES", "Policy", "get_policy",
     "Dependency", "Request", "RequestState", "PlanMismatchError", "PreparedChunk", "StageServer",

@@ -20,9 +20,11 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from wavepp.cache import CapacityView
 from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request
 from wavepp.sched.inflight import InflightBlocks
-from wavepp.sched.messages import CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, ReleaseMsg, Wave, WaveResult
+from wavepp.sched.messages import (
+    CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import Planner
 from wavepp.sched.request import Request, RequestState
 
@@ -76,15 +78,23 @@ class Leader:
         self._num_waves_done = 0
         self._next_round_id = 0
         self._next_wave_id = 0
+        # each stage's blocks by state, as its last CommitReply reported them (for metrics)
+        self.stage_capacity: list[CapacityView | None] = [None] * config.num_stages
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def add_request(self, request_id: int, token_ids, now: float = 0.0) -> Request:
+    def add_request(self, request_id: int, token_ids, now: float = 0.0, *,
+                    logprob_start: int | None = None) -> Request:
         """Hash the prompt and queue it. A prompt that no stage could ever hold, or longer than
-        the model's positions, fails at once (it is then among `take_finished()`)."""
+        the model's positions, fails at once (it is then among `take_finished()`).
+        `logprob_start`: compute positions from there on (no reuse past its block) and return
+        the logprob of each next prompt token (Request.prompt_logprobs)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id} is already in use")
+        if logprob_start is not None and not 0 <= logprob_start < len(token_ids):
+            raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {len(token_ids)})")
         req = Request.create(request_id, token_ids, self.config.block_size, arrival_time=now)
+        req.logprob_start = logprob_start
         self.requests[request_id] = req
         bs = self.config.block_size
         smallest = min(self.config.stage_num_blocks) if self.config.stage_num_blocks else None
@@ -98,6 +108,15 @@ class Leader:
         else:
             self.waiting.append(req)
         return req
+
+    def set_logprob_start(self, request_id: int, logprob_start: int) -> None:
+        """Ask prompt logprobs of a request that is still waiting (see add_request)."""
+        req = self.requests[request_id]
+        if req.state != RequestState.WAITING or req.num_rounds:
+            raise ValueError(f"request {request_id} is already {req.state.value}")
+        if not 0 <= logprob_start < req.num_tokens:
+            raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {req.num_tokens})")
+        req.logprob_start = logprob_start
 
     def abort(self, request_id: int, now: float = 0.0) -> None:
         """Abort a request at any step of its life; unknown or ended ids are ignored. A request
@@ -214,6 +233,9 @@ class Leader:
     def _on_commit_replies(self, replies, now: float) -> RoundStep:
         """Admit the requests every stage committed; release the others everywhere."""
         rnd = self.round
+        for reply in replies:
+            if reply.capacity is not None:
+                self.stage_capacity[reply.stage_id] = reply.capacity
         failed = failures_by_request(replies, self.config.num_stages)
         bs = self.config.block_size
         admitted, release = [], []
@@ -283,13 +305,18 @@ class Leader:
         self.inflight.on_wave_done(self._num_waves_done)
         if result.stage_seconds and wave.chunks:
             self.planner.observe([(c.start, c.num_tokens) for c in wave.chunks], max(result.stage_seconds))
-        tokens = {t.request_id: t for t in result.tokens}
+        tokens = {t.request_id: t for t in result.tokens if isinstance(t, TokenResult)}
+        prompt_logprobs = {t.request_id: t for t in result.tokens if isinstance(t, PromptLogprobs)}
         done = []
         for chunk in wave.chunks:
             req = self.requests.get(chunk.request_id)
             if req is None:      # aborted while this chunk was in flight
                 continue
             req.num_computed_tokens = chunk.end
+            if chunk.logprob_start is not None:
+                if chunk.request_id not in prompt_logprobs:
+                    raise ValueError(f"wave {wave.wave_id}: no prompt logprobs for request {chunk.request_id}")
+                req.prompt_logprobs.append(prompt_logprobs[chunk.request_id])
             if chunk.is_last:
                 if chunk.request_id not in tokens:
                     raise ValueError(f"wave {wave.wave_id}: no first token for request {chunk.request_id}")

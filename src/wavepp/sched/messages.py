@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wavepp.cache import CapacityView
+
 
 @dataclass(frozen=True)
 class ProbeItem:
@@ -115,6 +117,7 @@ class CommitReply:
     round_id: int
     stage_id: int
     results: tuple[ItemResult, ...]
+    capacity: CapacityView | None = None   # the stage's blocks by state after the commit
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,11 @@ class Chunk:
     start: int
     end: int
     is_last: bool     # end == the request's num_tokens: the last stage samples its first token
+    # prompt logprobs: the last stage returns the logprob of each id of `logprob_token_ids`
+    # at the positions [logprob_start, logprob_start + len(logprob_token_ids)) of this chunk
+    # (the token id that follows each position in the prompt)
+    logprob_start: int | None = None
+    logprob_token_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -162,7 +170,18 @@ class TokenResult:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Logprobs of a request's prompt tokens computed by one chunk: at position `start + i`,
+    the logprob of the prompt's next token `logprobs[i]`, and that position's top tokens."""
+    request_id: int
+    start: int
+    logprobs: tuple[float, ...]
+    top_ids: tuple[tuple[int, ...], ...] = ()
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+
+
+@dataclass(frozen=True)
 class WaveResult:
     wave_id: int
-    tokens: tuple[TokenResult, ...]
+    tokens: tuple[TokenResult | PromptLogprobs, ...]
     stage_seconds: tuple[float, ...] = field(default=())   # measured compute time per stage

@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass, field
 
 from wavepp.cache import hash_blocks
-from wavepp.sched.messages import TokenResult
+from wavepp.sched.messages import PromptLogprobs, TokenResult
 
 
 class RequestState(enum.Enum):
@@ -61,6 +61,10 @@ class Request:
     admitted_time: float | None = None
     finish_time: float | None = None
     result: TokenResult | None = None   # the first token, once DONE
+    # prompt logprobs: positions [logprob_start, num_tokens - 1) are computed (never reused from
+    # the cache) and the logprob of each next prompt token comes back, chunk by chunk
+    logprob_start: int | None = None
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
     @classmethod
     def create(cls, request_id: int, token_ids, block_size: int, *, arrival_time: float = 0.0,
@@ -84,11 +88,27 @@ class Request:
         """Forget the agreed prefix and every chunk: the request holds nothing on any stage."""
         self.num_cached_tokens = self.num_scheduled_tokens = self.num_computed_tokens = 0
         self.dependencies = []
+        self.prompt_logprobs = []
 
     def num_blocks(self, block_size: int) -> int:
         return -(-self.num_tokens // block_size)
 
     def max_reusable_blocks(self, block_size: int) -> int:
         """At least one token is always computed, so the first token can be produced: a fully
-        cached prompt recomputes its last block."""
-        return (self.num_tokens - 1) // block_size
+        cached prompt recomputes its last block. With prompt logprobs, reuse stops at the
+        block holding logprob_start (the blocks before it are still reused):
+
+            [0, k * block_size)  reused  |  [k * block_size, num_tokens)  computed, logprob_start inside
+        """
+        limit = self.num_tokens - 1
+        if self.logprob_start is not None:
+            limit = min(limit, self.logprob_start)
+        return limit // block_size
+
+    def logprob_token_ids(self, start: int, end: int) -> tuple[int | None, tuple[int, ...]]:
+        """What a chunk [start, end) asks of the last stage for prompt logprobs: the first
+        position and the next prompt token of each position from there (none past the prompt)."""
+        if self.logprob_start is None or self.logprob_start >= end:
+            return None, ()
+        first = max(start, self.logprob_start)
+        return first, self.token_ids[first + 1:min(end, self.num_tokens - 1) + 1]

@@ -150,7 +150,7 @@ class StageServer:
                                           f"stage {self.stage_id}: commit: {commit.reason}"))
                 continue
             results.append(ItemResult(request_id, True))
-        return CommitReply(msg.round_id, self.stage_id, tuple(results))
+        return CommitReply(msg.round_id, self.stage_id, tuple(results), self.pool.capacity())
 
     def release(self, msg: ReleaseMsg) -> None:
         """Give back everything the requests hold here. Unknown ids are ignored: a stage that

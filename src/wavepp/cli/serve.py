@@ -1,0 +1,51 @@
+"""`wavepp serve`: an OpenAI-compatible prefill server (FastAPI + uvicorn) over the pipeline."""
+
+from __future__ import annotations
+
+from wavepp.cli import comma_list
+from wavepp.sched.policy import runtime_policies
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions, /metrics)",
+                       description="Start the pipeline, then serve POST /v1/completions, /v1/score, "
+                                   "GET /v1/models, /health and /metrics until SIGTERM or SIGINT. Under "
+                                   "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
+                                   "and the other ranks serve their stage.")
+    p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p.add_argument("--policy", default="wavepp", choices=runtime_policies(),
+                   help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="prompts queued and not yet admitted beyond which requests get 429 (default 256)")
+    p.add_argument("--drain-s", type=float, default=10.0,
+                   help="on SIGTERM, seconds to let requests in flight finish before aborting them")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--stage-num-blocks", default=None,
+                   help="cache blocks per stage, comma separated (default: sized from the model)")
+    p.add_argument("--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)")
+    p.add_argument("--debug", action="store_true", help="enable GET /debug/integrity")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from wavepp.cli.prefill import serve_stage
+    from wavepp.runtime import torchrun_rank
+    from wavepp.serve import ServeConfig, run_server
+    from wavepp.store import DEFAULT_MODEL
+
+    ranks = torchrun_rank()
+    if ranks is not None and ranks[0] != 0:
+        return serve_stage(ranks)
+
+    model = args.model or DEFAULT_MODEL
+    blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
+    engine_kwargs = dict(model=model, pp=args.pp, policy=args.policy, dtype=args.dtype,
+                         block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k)
+    config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug)
+    run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
+    return 0

@@ -1,0 +1,133 @@
+"""Prometheus metrics of `wavepp serve` (prometheus-client, one registry per server).
+
+Per request (updated when a request ends):
+    wavepp_requests_total{outcome}             ok | aborted | rejected | failed | unavailable | bad_request
+    wavepp_prompt_tokens_total                 tokens of the prompts served
+    wavepp_cached_tokens_total                 of which reused from the cache on every stage
+    wavepp_computed_tokens_total               of which computed
+    wavepp_ttft_seconds                        histogram: arrival -> first token
+    wavepp_queue_seconds                       histogram: arrival -> admitted on every stage
+Read from the engine at each scrape:
+    wavepp_requests_waiting, wavepp_requests_running
+    wavepp_prefix_hit_rate                     cached / prompt tokens since start
+    wavepp_stage_busy_seconds_total{stage}, wavepp_stage_busy_fraction{stage} (since start)
+    wavepp_admission_round_seconds             histogram: one admission round's latency
+    wavepp_stage_blocks{stage,state}           used | free | leased | escrowed (a stage's last report)
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+OUTCOMES = ("ok", "aborted", "rejected", "failed", "unavailable", "bad_request")
+
+
+class ServeMetrics:
+    def __init__(self, engine):
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        self.t0 = time.monotonic()
+        self.requests = Counter("wavepp_requests", "HTTP prompts by outcome", ["outcome"],
+                                registry=self.registry)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        self.prompt_tokens = Counter("wavepp_prompt_tokens", "prompt tokens served", registry=self.registry)
+        self.cached_tokens = Counter("wavepp_cached_tokens", "prompt tokens reused from the cache",
+                                     registry=self.registry)
+        self.computed_tokens = Counter("wavepp_computed_tokens", "prompt tokens computed",
+                                       registry=self.registry)
+        self.ttft = Histogram("wavepp_ttft_seconds", "arrival to first token", buckets=_LATENCY_BUCKETS,
+                              registry=self.registry)
+        self.queue = Histogram("wavepp_queue_seconds", "arrival to admitted on every stage",
+                               buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.rounds = Histogram("wavepp_admission_round_seconds", "admission round latency",
+                                buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self._rounds_seen = 0
+        self.registry.register(_EngineCollector(self))
+
+    def observe(self, result) -> None:
+        """A PrefillResult that ended: count it by outcome, and its tokens and times if served."""
+        if result.ok:
+            self.requests.labels("ok").inc()
+            self.prompt_tokens.inc(result.num_prompt_tokens)
+            self.cached_tokens.inc(result.num_cached_tokens)
+            self.computed_tokens.inc(result.num_prompt_tokens - result.num_cached_tokens)
+            if result.ttft_s is not None:
+                self.ttft.observe(result.ttft_s)
+            if result.admission_s is not None:
+                self.queue.observe(result.admission_s)
+        elif result.error == "aborted":
+            self.requests.labels("aborted").inc()
+        else:
+            self.requests.labels("failed").inc()
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        self.requests.labels(outcome).inc(n)
+
+    def render(self) -> bytes:
+        self._feed_rounds()
+        return generate_latest(self.registry)
+
+    def _feed_rounds(self) -> None:
+        """Observe the round latencies recorded since the last scrape (the engine keeps a window)."""
+        try:
+            stats = self.engine.stats()
+        except Exception:   # noqa: BLE001 - a dead engine has no new rounds
+            return
+        new = stats.num_rounds - self._rounds_seen
+        if new > 0:
+            for latency in stats.round_latencies_s[-new:]:
+                self.rounds.observe(latency)
+        self._rounds_seen = stats.num_rounds
+        self._last_stats = stats
+
+
+class _EngineCollector:
+    """Values read from the engine at scrape time."""
+
+    def __init__(self, metrics: ServeMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        engine = self.metrics.engine
+        load = engine.load()
+        yield _gauge("wavepp_requests_waiting", "requests queued or in an admission round", load.num_waiting)
+        yield _gauge("wavepp_requests_running", "requests admitted on every stage, computing", load.num_running)
+        yield _gauge("wavepp_up", "1 while every stage is alive", 0 if load.error else 1)
+        m = self.metrics
+        prompt = m.prompt_tokens._value.get()
+        yield _gauge("wavepp_prefix_hit_rate", "cached / prompt tokens since start",
+                     m.cached_tokens._value.get() / prompt if prompt else 0.0)
+        stats = getattr(m, "_last_stats", None)
+        if stats is not None:
+            elapsed = max(1e-9, time.monotonic() - m.t0)
+            busy = CounterMetricFamily("wavepp_stage_busy_seconds", "seconds a stage computed waves",
+                                       labels=["stage"])
+            frac = GaugeMetricFamily("wavepp_stage_busy_fraction", "busy seconds / seconds since start",
+                                     labels=["stage"])
+            for i, st in enumerate(stats.stages):
+                busy.add_metric([str(i)], st.busy_s)
+                frac.add_metric([str(i)], min(1.0, st.busy_s / elapsed))
+            yield busy
+            yield frac
+        blocks = GaugeMetricFamily("wavepp_stage_blocks", "a stage's cache blocks by state (its last report)",
+                                   labels=["stage", "state"])
+        for stage, cap in enumerate(engine.stage_capacity()):
+            if cap is None:
+                continue
+            used = cap.num_blocks - cap.num_free
+            for state, value in (("used", used), ("free", cap.num_free), ("leased", cap.num_leased),
+                                 ("escrowed", cap.num_escrowed), ("in_use", cap.num_in_use),
+                                 ("evictable", cap.num_evictable)):
+                blocks.add_metric([str(stage), state], value)
+        yield blocks
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc)
+    g.add_metric([], value)
+    return g

@@ -1,0 +1,177 @@
+"""Request bodies of the HTTP API, checked by hand so that every refusal names its field.
+
+OpenAI's error format: {"error": {"message", "type", "param", "code"}} with the HTTP status.
+A body is parsed into a frozen record (CompletionRequest, ScoreRequest) or refused with an
+APIError; nothing here touches the engine, so the checks are cheap and testable alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class APIError(Exception):
+    """A refusal in OpenAI's error format. `param` names the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.status}}
+
+
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompts: tuple[Prompt, ...]
+    max_tokens: int                 # 0 or 1: this is a prefill engine
+    logprobs: int | None            # top-k of the first token
+    echo: bool
+    prompt_logprobs: int | None     # vLLM's extension: logprobs of the prompt's own tokens
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    query: Prompt
+    items: tuple[Prompt, ...]
+    label_token_ids: tuple[int, ...]
+    apply_softmax: bool
+    item_first: bool
+
+
+def parse_completion(body, model_names: tuple[str, ...], max_top_k: int) -> CompletionRequest:
+    """Check a /v1/completions body; raise APIError(400) naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    _check_model(body, model_names)
+    prompts = _prompts(body.get("prompt"), "prompt")
+    max_tokens = body.get("max_tokens", 1)
+    if max_tokens is None:
+        max_tokens = 1
+    if not _is_int(max_tokens) or max_tokens < 0:
+        raise APIError(400, f"max_tokens must be a non-negative integer, got {max_tokens!r}", "max_tokens")
+    if max_tokens > 1:
+        raise APIError(400, f"max_tokens={max_tokens}: this is a prefill engine; it computes the "
+                            f"prompt and its first token only (max_tokens 0 or 1)", "max_tokens")
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise APIError(400, f"n={n!r}: a prefill engine returns one choice per prompt", "n")
+    if body.get("stream"):
+        raise APIError(400, "stream=true is not supported: the first token is the whole answer", "stream")
+    logprobs = _optional_k(body, "logprobs", max_top_k)
+    prompt_logprobs = _optional_k(body, "prompt_logprobs", max_top_k)
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise APIError(400, f"echo must be a boolean, got {echo!r}", "echo")
+    user = body.get("user")
+    return CompletionRequest(prompts, max_tokens, logprobs, echo, prompt_logprobs,
+                             user if isinstance(user, str) else None)
+
+
+def parse_score(body, model_names: tuple[str, ...], vocab_size: int) -> ScoreRequest:
+    """Check a /v1/score body (SGLang / vLLM generative scoring)."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    _check_model(body, model_names)
+    query = body.get("query")
+    if query is None:
+        raise APIError(400, "query is required", "query")
+    query = _prompts(query, "query")
+    if len(query) != 1:
+        raise APIError(400, "query must be one prompt (a string or a list of token ids)", "query")
+    items = body.get("items")
+    if items is None:
+        raise APIError(400, "items is required", "items")
+    if isinstance(items, (str, dict)) or (isinstance(items, list) and items and _is_int(items[0])):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        raise APIError(400, "items must be a non-empty list of strings or of token-id lists", "items")
+    item_prompts = []
+    for i, item in enumerate(items):
+        one = _prompts(item, f"items[{i}]")
+        if len(one) != 1:
+            raise APIError(400, f"items[{i}] must be one prompt", f"items[{i}]")
+        item_prompts.append(one[0])
+    labels = body.get("label_token_ids")
+    if not isinstance(labels, list) or not labels or not all(_is_int(t) for t in labels):
+        raise APIError(400, "label_token_ids must be a non-empty list of token ids", "label_token_ids")
+    bad = [t for t in labels if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"label_token_ids: token id {bad[0]} is outside the vocabulary "
+                            f"[0, {vocab_size})", "label_token_ids")
+    apply_softmax = body.get("apply_softmax", False)
+    item_first = body.get("item_first", False)
+    for name, value in (("apply_softmax", apply_softmax), ("item_first", item_first)):
+        if not isinstance(value, bool):
+            raise APIError(400, f"{name} must be a boolean, got {value!r}", name)
+    return ScoreRequest(query[0], tuple(item_prompts), tuple(labels), apply_softmax, item_first)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_model(body: dict, model_names: tuple[str, ...]) -> None:
+    model = body.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise APIError(400, f"model must be a string, got {model!r}", "model")
+    if model not in model_names:
+        raise APIError(400, f"The model `{model}` does not exist; this server serves "
+                            f"{', '.join(model_names)}", "model")
+
+
+def _prompts(prompt, field: str) -> tuple[Prompt, ...]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists."""
+    if prompt is None:
+        raise APIError(400, f"{field} is required", field)
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (int, float)):
+        prompts = [prompt]      # token ids (each checked below)
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise APIError(400, f"{field} must be a non-empty string, list of strings, list of token "
+                            f"ids or list of token-id lists", field)
+    for i, p in enumerate(prompts):
+        name = field if len(prompts) == 1 and prompts[0] is prompt else f"{field}[{i}]"
+        if isinstance(p, str):
+            if not p:
+                raise APIError(400, f"{name} is empty: at least one token is needed", name)
+        elif isinstance(p, list):
+            if not p:
+                raise APIError(400, f"{name} is empty: at least one token is needed", name)
+            for j, t in enumerate(p):
+                if not _is_int(t):
+                    raise APIError(400, f"{name}: token {j} is {t!r}; token ids must be integers", name)
+        else:
+            raise APIError(400, f"{name} must be a string or a list of token ids, got "
+                                f"{type(p).__name__}", name)
+    return tuple(prompts)
+
+
+def _optional_k(body: dict, name: str, max_top_k: int) -> int | None:
+    k = body.get(name)
+    if k is None:
+        return None
+    if not _is_int(k) or k < 0:
+        raise APIError(400, f"{name} must be a non-negative integer, got {k!r}", name)
+    if k > max_top_k:
+        raise APIError(400, f"{name}={k}: at most {max_top_k} top logprobs", name)
+    return k

@@ -1,0 +1,39 @@
+"""`wavepp serve`'s process: start the pipeline, then serve HTTP until SIGTERM / SIGINT.
+
+On a stop signal uvicorn stops accepting connections and lets the requests in flight finish
+for up to `drain_s`; requests still running then are cancelled, which aborts them in the
+engine. The app's shutdown hook then shuts the engine down (joins every stage process), so
+nothing is left behind whichever way the server stops; SIGTERM ends it with status 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import uvicorn
+
+from wavepp.engine import Engine
+from wavepp.serve.app import ServeConfig, build_app
+
+
+def run_server(engine_kwargs: dict, serve_config: ServeConfig, host: str = "127.0.0.1",
+               port: int = 8000, drain_s: float = 10.0, log_level: str = "warning") -> None:
+    """Start an Engine(**engine_kwargs), serve it on host:port, shut it down on exit."""
+    engine = Engine(**engine_kwargs)
+    try:
+        app = build_app(engine, serve_config, on_shutdown=engine.shutdown)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                timeout_graceful_shutdown=drain_s, lifespan="on")
+        server = uvicorn.Server(config)
+        print(f"wavepp serve: {serve_config.model_name} pp={engine_kwargs.get('pp')} "
+              f"policy={engine.policy} on http://{host}:{port}", file=sys.stderr, flush=True)
+        # uvicorn re-raises the stop signal once it has shut down; by then the engine is down
+        # too, and a SIGTERM that drained cleanly ends the process with status 0
+        previous = signal.signal(signal.SIGTERM, lambda sig, frame: None)
+        try:
+            server.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,137 @@
+"""A real `wavepp serve` in a subprocess on a free loopback port, over a tiny Llama (fp32) with
+a byte-level tokenizer (256 tokens: one per byte), so text prompts work too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from wavepp.make_model import make_model
+from wavepp.runtime.launch import free_port
+
+VOCAB = 256
+MAX_POSITIONS = 512
+
+
+def make_tiny(path: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = make_model(path, arch="llama", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
+                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
+    tok = Tokenizer(models.BPE({ch: b for b, ch in _bytes_to_unicode().items()}, []))   # token id = byte
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    return path
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (what the ByteLevel pre-tokenizer emits)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+class ServerProcess:
+    """`wavepp serve` as a child process; stop() sends SIGTERM and waits for it."""
+
+    def __init__(self, model: Path, *args: str, pp: int = 2, start_timeout_s: float = 90):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = str(model)
+        cmd = [sys.executable, "-m", "wavepp.cli", "serve", "--model", self.model, "--pp", str(pp),
+               "--port", str(self.port), "--dtype", "float32", "--debug", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"wavepp serve exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("wavepp serve did not start in time")
+            time.sleep(0.2)
+        self.stage_pids = stage_pids(self.proc.pid)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        return self.proc.returncode
+
+
+def stage_pids(pid: int) -> list[int]:
+    """The stage processes (multiprocessing spawn children) of process `pid`."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"multiprocessing-fork" in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture(scope="package")
+def tiny_model(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="package")
+def server(tiny_model):
+    srv = ServerProcess(tiny_model)
+    yield srv
+    srv.stop()
+
+
+_HF = {}
+
+
+def hf_logprobs(path, token_ids):
+    """transformers' log-softmax at every position of token_ids: [len, vocab] fp32."""
+    import torch
+    import transformers
+
+    if str(path) not in _HF:
+        transformers.logging.set_verbosity_error()
+        _HF[str(path)] = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = _HF[str(path)](torch.tensor([token_ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
