@@ -104,7 +104,7 @@ def main() -> int:
                   + ", ".join(f"{r:.0f}" for r in rss), flush=True)
         first_rss, last_rss = rows[0][1], rows[-1][1]
         growth = [b - a for a, b in zip(first_rss, last_rss)]
-        print(f"RSS growth after the first window (MiB): " + ", ".join(f"{g:+.1f}" for g in growth))
+        print("RSS growth after the first window (MiB): " + ", ".join(f"{g:+.1f}" for g in growth))
         print(f"latency drift: last window p50 / first window p50 = {rows[-1][0] / rows[0][0]:.2f}")
     finally:
         proc.send_signal(signal.SIGTERM)
