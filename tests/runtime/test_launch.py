@@ -3,7 +3,6 @@ once, with its reason, instead of leaving rank 0 waiting for the rendezvous time
 
 import multiprocessing as mp
 import sys
-import tempfile
 import threading
 import time
 
@@ -12,9 +11,9 @@ import pytest
 from wavepp.runtime.launch import LocalCluster, StageStartError
 
 
-def test_stage_dying_before_rendezvous_fails_the_start_fast():
+def test_stage_dying_before_rendezvous_fails_the_start_fast(tmp_path):
     cluster = object.__new__(LocalCluster)
-    cluster.run_dir = tempfile.mkdtemp(prefix="wavepp-test-")
+    cluster.run_dir = str(tmp_path)
     proc = mp.get_context("spawn").Process(target=sys.exit, args=(3,), daemon=True)
     proc.start()
     cluster.procs = [proc]
@@ -25,9 +24,9 @@ def test_stage_dying_before_rendezvous_fails_the_start_fast():
     assert time.perf_counter() - t0 < 30
 
 
-def test_rendezvous_result_and_errors_pass_through():
+def test_rendezvous_result_and_errors_pass_through(tmp_path):
     cluster = object.__new__(LocalCluster)
-    cluster.run_dir = tempfile.mkdtemp(prefix="wavepp-test-")
+    cluster.run_dir = str(tmp_path)
     cluster.procs = []
     assert cluster._rendezvous(lambda: "channels") == "channels"
     with pytest.raises(ValueError, match="bad init"):
