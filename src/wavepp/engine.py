@@ -75,13 +75,14 @@ class Engine:
                  dtype: str = "bfloat16", block_size: int = 16,
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
                  top_k: int = 5, num_threads: int = 1, backend: str = "gloo",
-                 snapshot_interval_blocks: int | None = None):
+                 snapshot_interval_blocks: int | None = None, profile_waves: bool = True):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
         full-length prompts within 1 GiB and a quarter of the available memory. A hybrid model
         (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks (default:
-        from memory, `models.stage_pool`).
+        from memory, `models.stage_pool`). `profile_waves`: time waves of varied shape on every
+        stage at start-up and start the planner's cost model from their fit (runtime/profile.py).
 
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
@@ -89,7 +90,8 @@ class Engine:
         config = RuntimeConfig(
             model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
             stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
-            num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks)
+            num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
+            profile_waves=profile_waves)
         self.model_path = resolve_model(model)
         stage_specs(load_model_config(self.model_path).num_layers, pp)   # the layers split into pp stages
         self._cluster = LocalCluster(pp, backend)
@@ -205,6 +207,11 @@ class Engine:
     def reset(self, policy: str | None = None) -> None:
         """Wait for idle, empty every stage's cache, and switch policy if one is given."""
         self._core.reset(policy)
+
+    @property
+    def profile(self):
+        """The start-up profiling pass (runtime.profile.WaveProfile), or None if it did not run."""
+        return self._core.profile
 
     def stats(self) -> CoreStats:
         """A consistent snapshot of per-stage time, rounds and waves since the last reset."""

@@ -148,8 +148,10 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
             engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
                                        snapshot_interval_blocks=interval)
         first = workloads[concurrencies[0]]
-        for engine in engines.values():   # warm up: first forwards are slow
+        for name, engine in engines.items():   # warm up: first forwards are slow
             engine.prefill([wl.prompts[0][:256] for wl in first])
+            if engine.profile is not None:
+                progress.console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
         for rep in range(args.repeat):
             for index in range(len(first)):
                 for c in concurrencies:

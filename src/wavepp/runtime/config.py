@@ -20,6 +20,7 @@ class RuntimeConfig:
     backend: str = "gloo"
     run_dir: str = ""                     # where stage processes leave error reports
     snapshot_interval_blocks: int | None = None   # hybrid models: snapshot grid; None: from memory
+    profile_waves: bool = True            # time waves of varied shape at start-up (runtime/profile.py)
 
     def __post_init__(self) -> None:
         from wavepp.sched.policy import get_policy

@@ -25,11 +25,14 @@ import torch
 
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.profile import (
+    MIN_PROFILE_SHAPES, ProfileWaves, WaveProfile, fit_profile, profile_shapes, time_stage_waves)
 from wavepp.runtime.protocol import (
     CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
 from wavepp.runtime.stage import StageRuntime
 from wavepp.runtime.stats import CoreStats
 from wavepp.sched import Leader, LeaderConfig, PlannerConfig, ReleaseMsg, WaveResult, get_policy, make_planner
+from wavepp.sched.cost_model import CostModel
 from wavepp.sched.rounds import run_round
 
 
@@ -61,6 +64,7 @@ class EngineCore:
             blocks.append(msg.num_blocks)
         self.stage_num_blocks = tuple(blocks)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
+        self.profile: WaveProfile | None = self._profile() if config.profile_waves else None
         self.cond = threading.Condition(threading.RLock())
         self.error: str | None = None
         self._stopping = False
@@ -267,6 +271,22 @@ class EngineCore:
     def _recv_reply(self, rank: int):
         return self.channels.recv_obj(rank, "replies")
 
+    def _profile(self) -> WaveProfile | None:
+        """The start-up profiling pass (runtime/profile.py): every stage times the same waves
+        at once; the planner's cost model starts from the fit to the slowest stage. None where
+        it does not apply (hybrid models) or too few waves fit the cache."""
+        if self.stage.layout.is_hybrid:
+            return None
+        shapes = profile_shapes(self.config.block_size, self.max_prompt_tokens, min(self.stage_num_blocks))
+        if len(shapes) < MIN_PROFILE_SHAPES:
+            return None
+        t0 = time.perf_counter()
+        for rank in range(1, self.num_stages):
+            self.channels.send_obj(ProfileWaves(shapes), rank, "rounds")
+        seconds = [time_stage_waves(self.stage, shapes)]
+        seconds += [self._recv_reply(rank).detail.seconds for rank in range(1, self.num_stages)]
+        return fit_profile(shapes, seconds, time.perf_counter() - t0)
+
     def _on_result(self, msg: ResultMsg) -> None:
         with self.cond:
             wave = self.leader.waves_in_flight.get(msg.wave_id)
@@ -303,10 +323,13 @@ class EngineCore:
         # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
                              mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1])
+        # the cost-model planners start from the profiling pass's fit, then refine it online
+        profiled = self.profile is not None and self.policy.planner in ("balanced", "dynamic")
+        kwargs = {"cost_model": CostModel(self.profile.coefficients)} if profiled else {}
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
                                           max_prompt_tokens=self.max_prompt_tokens,
                                           hybrid=self.stage.layout.is_hybrid),
-                             make_planner(self.policy.planner, pcfg))
+                             make_planner(self.policy.planner, pcfg, **kwargs))
         self._stats = CoreStats.empty(self.num_stages)
 
     def _wait_idle(self) -> None:

@@ -77,9 +77,9 @@ class IntegrityReport(NamedTuple):
 
 @dataclass(frozen=True)
 class ControlReply:
-    """The reply to a control message (Reset, CheckIntegrity)."""
+    """The reply to a control message (Reset, CheckIntegrity, runtime.profile.ProfileWaves)."""
     stage_id: int
-    detail: ResetDone | IntegrityReport
+    detail: object      # ResetDone | IntegrityReport | runtime.profile.ProfileTimes
 
 
 # What LOOP takes from its inbox, in order

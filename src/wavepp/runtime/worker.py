@@ -22,6 +22,7 @@ from wavepp.runtime.channels import Channels, Shutdown
 from wavepp.runtime.protocol import (
     CheckIntegrity, ControlReply, LoadFailed, Reset, ResetDone, ResultMsg, RoundWork, Setup, StageReady,
     StageTiming, WaveHeader, WaveWork)
+from wavepp.runtime.profile import ProfileTimes, ProfileWaves, time_stage_waves
 from wavepp.runtime.stage import StageRuntime
 
 
@@ -51,6 +52,9 @@ def run_worker(channels: Channels) -> None:
                 channels.send_obj(ControlReply(rank, ResetDone(rank)), 0, "replies")
             elif isinstance(msg, CheckIntegrity):
                 channels.send_obj(ControlReply(rank, stage.check_integrity()), 0, "replies")
+            elif isinstance(msg, ProfileWaves):   # once, at start-up, before any request
+                times = ProfileTimes(rank, time_stage_waves(stage, msg.shapes))
+                channels.send_obj(ControlReply(rank, times), 0, "replies")
             elif stage.policy.inline_admission:
                 inbox.put(RoundWork(msg))
             else:

@@ -17,9 +17,6 @@ rules; as measurements accumulate the fit converges to the true coefficients. Th
 fitted online (the model is not linear in it): `fit_coefficients` picks it from a profiling
 pass over waves of varied shape (`profile_wave_shapes`), since uniform chunks cannot separate
 per-wave, per-chunk and per-token costs.
-
-Fitting is least squares with the prior as pseudo-observations: before any data the prior
-rules; as measurements accumulate the fit converges to the true coefficients.
 """
 
 from __future__ import annotations
