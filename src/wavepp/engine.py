@@ -75,13 +75,14 @@ class Engine:
                  dtype: str = "bfloat16", block_size: int = 16,
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
                  top_k: int = 5, num_threads: int = 1, backend: str = "gloo",
-                 snapshot_interval_blocks: int | None = None):
+                 snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
         full-length prompts within 1 GiB and a quarter of the available memory. A hybrid model
         (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks (default:
-        from memory, `models.stage_pool`).
+        from memory, `models.stage_pool`), and its planner moves chunk ends onto that grid when
+        one is within `snapshot_align_frac` of the chunk (0: never; `PlannerConfig`).
 
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
@@ -89,7 +90,8 @@ class Engine:
         config = RuntimeConfig(
             model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
             stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
-            num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks)
+            num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
+            snapshot_align_frac=snapshot_align_frac)
         self.model_path = resolve_model(model)
         stage_specs(load_model_config(self.model_path).num_layers, pp)   # the layers split into pp stages
         self._cluster = LocalCluster(pp, backend)
@@ -202,9 +204,13 @@ class Engine:
         except ValueError:
             return None
 
-    def reset(self, policy: str | None = None) -> None:
-        """Wait for idle, empty every stage's cache, and switch policy if one is given."""
-        self._core.reset(policy)
+    def reset(self, policy: str | None = None, *, snapshot_interval_blocks: int | None = None,
+              snapshot_align_frac: float | None = None) -> None:
+        """Wait for idle, empty every stage's cache, and switch policy if one is given. A hybrid
+        model takes snapshots every `snapshot_interval_blocks` blocks from now on, on every
+        stage, and its planner aligns chunk ends to that grid within `snapshot_align_frac`
+        (None: keep either)."""
+        self._core.reset(policy, snapshot_interval_blocks, snapshot_align_frac)
 
     def stats(self) -> CoreStats:
         """A consistent snapshot of per-stage time, rounds and waves since the last reset."""
