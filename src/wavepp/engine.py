@@ -75,14 +75,17 @@ class Engine:
                  dtype: str = "bfloat16", block_size: int = 16,
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
                  top_k: int = 5, num_threads: int = 1, backend: str = "gloo",
-                 snapshot_interval_blocks: int | None = None, profile_waves: bool = True):
+                 snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
+                 profile_waves: bool = True):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
         full-length prompts within 1 GiB and a quarter of the available memory. A hybrid model
         (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks (default:
-        from memory, `models.stage_pool`). `profile_waves`: time waves of varied shape on every
-        stage at start-up and start the planner's cost model from their fit (runtime/profile.py).
+        from memory, `models.stage_pool`), and its planner moves chunk ends onto that grid when
+        one is within `snapshot_align_frac` of the chunk (0: never; `PlannerConfig`).
+        `profile_waves`: time waves of varied shape on every stage at start-up and start the
+        planner's cost model from their fit (runtime/profile.py).
 
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
@@ -91,7 +94,7 @@ class Engine:
             model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
             stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
             num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
-            profile_waves=profile_waves)
+            snapshot_align_frac=snapshot_align_frac, profile_waves=profile_waves)
         self.model_path = resolve_model(model)
         stage_specs(load_model_config(self.model_path).num_layers, pp)   # the layers split into pp stages
         self._cluster = LocalCluster(pp, backend)
@@ -204,9 +207,13 @@ class Engine:
         except ValueError:
             return None
 
-    def reset(self, policy: str | None = None) -> None:
-        """Wait for idle, empty every stage's cache, and switch policy if one is given."""
-        self._core.reset(policy)
+    def reset(self, policy: str | None = None, *, snapshot_interval_blocks: int | None = None,
+              snapshot_align_frac: float | None = None) -> None:
+        """Wait for idle, empty every stage's cache, and switch policy if one is given. A hybrid
+        model takes snapshots every `snapshot_interval_blocks` blocks from now on, on every
+        stage, and its planner aligns chunk ends to that grid within `snapshot_align_frac`
+        (None: keep either)."""
+        self._core.reset(policy, snapshot_interval_blocks, snapshot_align_frac)
 
     @property
     def profile(self):

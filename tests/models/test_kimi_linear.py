@@ -168,3 +168,55 @@ def test_simulator_charges_snapshots_from_the_runtime_layout(kimi, dtype):
     want = 4 * layout.bytes_per_snapshot(0, 4, size) / hw.hbm_bytes_s
     assert cost.breakdown([(100, 100)])["snapshots"] == pytest.approx(want)
     assert "snapshots" not in StageCostModel(shape, hw, 0, 4).breakdown([(100, 100)])
+
+
+def test_engine_aligns_chunks_and_resets_to_another_snapshot_grid(kimi):
+    """Alignment on (the default): first tokens equal transformers', and every cut chunk long
+    enough to move (>= 32 tokens: its tolerance is a block) ends on a snapshot boundary. Engine.reset to
+    another interval moves every stage to the new grid: a prompt sharing a prefix with an
+    earlier one reuses exactly the new grid's ideal, and the caches check clean."""
+    import random
+
+    import transformers
+
+    from wavepp.engine import Engine
+    from wavepp.workloads.workload import snapshot_reusable_tokens
+
+    rng = random.Random(5)
+    long_prompts = [[rng.randrange(256) for _ in range(rng.randrange(100, 200) | 1)] for _ in range(6)]
+    prefix = [rng.randrange(256) for _ in range(30)]
+    shared = [prefix + [i] + [rng.randrange(256) for _ in range(rng.randrange(3, 15))] for i in range(4)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = {tuple(p): model(torch.tensor([p])).logits[0, -1].log_softmax(-1)
+                     for p in long_prompts + shared}
+
+    def check(results, prompts):
+        for r, p in zip(results, prompts):
+            assert r.ok, r.error
+            lp = reference[tuple(p)]
+            assert r.first_token_id == int(lp.argmax())
+            assert abs(r.first_token_logprob - float(lp.max())) < ATOL
+
+    lengths = {len(p) for p in long_prompts}
+    with Engine(str(kimi), pp=2, dtype="float32", block_size=4, stage_num_blocks=[160, 120],
+                snapshot_interval_blocks=2) as engine:
+        assert engine._core.leader.planner.config.snapshot_interval_blocks == 2
+        check(engine.prefill(long_prompts), long_prompts)
+        cuts = [(L, x) for stage, shapes, _ in engine.stats().stage_samples if stage == 0
+                for L, x in shapes if L + x not in lengths]
+        # a snapshot boundary: a grid point, or a prompt's last reusable boundary
+        boundaries = {(n - 1) // 4 * 4 for n in lengths}
+        assert all((L + x) % 8 == 0 or L + x in boundaries for L, x in cuts if x >= 32), cuts
+        for interval in (4, 2):
+            engine.reset(snapshot_interval_blocks=interval)
+            assert engine._core.leader.planner.config.snapshot_interval_blocks == interval
+            results = [engine.prefill([p])[0] for p in shared]   # one at a time: reuse in this order
+            check(results, shared)
+            want = snapshot_reusable_tokens(shared, 4, interval)
+            assert [r.num_cached_tokens for r in results] == list(want)
+            for report in engine.check_integrity():
+                assert report.capacity.num_blocks > 0
+    # 31 shared tokens: 7 common blocks; grid 4 resumes at 16 tokens, grid 2 at 24
+    assert list(snapshot_reusable_tokens(shared, 4, 4))[1:] == [16] * 3
+    assert list(snapshot_reusable_tokens(shared, 4, 2))[1:] == [24] * 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from wavepp.cli import comma_list
@@ -104,10 +105,9 @@ def run(args) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("warm-up", total=total)
-        # one pipeline per process (torch.distributed): snapshot intervals run one after the other
-        for interval in intervals:
-            rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, interval,
-                                  ideal_on_grid, progress, task, trace_events)
+        # snapshot intervals interleave like policies: Engine.reset switches every stage's grid
+        rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals,
+                              ideal_on_grid, progress, task, trace_events)
     med = median_rows(rows)
     print_table(med, console, f"medians of {args.repeat} interleaved run(s); ratios vs lockstep")
     console.print(f"total {time.perf_counter() - t_start:.0f} s")
@@ -132,9 +132,10 @@ def _argv(args) -> list[str]:
     return sys.argv[2:]
 
 
-def _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, interval, ideal_on_grid,
+def _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals, ideal_on_grid,
                   progress, task, trace_events) -> list:
-    """Every (workload, concurrency, policy) on engines with one snapshot interval (None: the default)."""
+    """Every (workload, concurrency, snapshot interval, policy), interleaved run by run on the
+    same engines (intervals [None]: the default grid)."""
     from wavepp.bench.measure import run_closed_loop
     from wavepp.bench.report import chrome_trace
     from wavepp.engine import Engine
@@ -143,10 +144,10 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
     try:
         if pipeline_policies:
             engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
-                                   snapshot_interval_blocks=interval)
+                                   snapshot_interval_blocks=intervals[0])
         if SINGLE_STAGE in policies:
             engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
-                                       snapshot_interval_blocks=interval)
+                                       snapshot_interval_blocks=intervals[0])
         first = workloads[concurrencies[0]]
         for name, engine in engines.items():   # warm up: first forwards are slow
             engine.prefill([wl.prompts[0][:256] for wl in first])
@@ -154,12 +155,12 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
                 progress.console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
         for rep in range(args.repeat):
             for index in range(len(first)):
-                for c in concurrencies:
+                for c, interval in itertools.product(concurrencies, intervals):
                     wl = workloads[c][index]
                     order = policies if rep % 2 == 0 else list(reversed(policies))
                     for pol in order:
                         engine = engines["single" if pol == SINGLE_STAGE else "pp"]
-                        engine.reset("wavepp" if pol == SINGLE_STAGE else pol)
+                        engine.reset("wavepp" if pol == SINGLE_STAGE else pol, snapshot_interval_blocks=interval)
                         label = pol if interval is None else f"{pol} snap={interval}"
                         progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
                         m = run_closed_loop(engine, wl, c, policy_label=label, repeat=rep,

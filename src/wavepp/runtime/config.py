@@ -20,6 +20,7 @@ class RuntimeConfig:
     backend: str = "gloo"
     run_dir: str = ""                     # where stage processes leave error reports
     snapshot_interval_blocks: int | None = None   # hybrid models: snapshot grid; None: from memory
+    snapshot_align_frac: float = 0.125    # hybrid models: PlannerConfig.snapshot_align_frac
     profile_waves: bool = True            # time waves of varied shape at start-up (runtime/profile.py)
 
     def __post_init__(self) -> None:
@@ -46,5 +47,7 @@ class RuntimeConfig:
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.snapshot_interval_blocks is not None and self.snapshot_interval_blocks < 1:
             raise ValueError(f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}")
+        if not 0 <= self.snapshot_align_frac < 1:
+            raise ValueError(f"snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")

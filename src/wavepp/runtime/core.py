@@ -75,6 +75,7 @@ class EngineCore:
         self._internal_ids = itertools.count()
         self._auto_ids = itertools.count()
         self._on_done: Callable = lambda request_id, req: (request_id, req)
+        self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
         self._threads = [threading.Thread(target=self._guard(fn), name=name, daemon=True)
                          for name, fn in (("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
@@ -121,16 +122,25 @@ class EngineCore:
             self._deliver()
             self.cond.notify_all()
 
-    def reset(self, policy: str | None = None) -> None:
-        """Empty every stage's cache and (optionally) switch policy. Waits for idle."""
+    def reset(self, policy: str | None = None, snapshot_interval_blocks: int | None = None,
+              snapshot_align_frac: float | None = None) -> None:
+        """Empty every stage's cache and (optionally) switch policy and, for a hybrid model, the
+        snapshot grid: every stage takes the same one, so the leader's agreed boundaries stay
+        ones every stage can hold. Waits for idle."""
         policy = policy or self.policy.name
         get_policy(policy, runtime=True)
+        if snapshot_interval_blocks is not None and snapshot_interval_blocks < 1:
+            raise ValueError(f"snapshot_interval_blocks must be >= 1, got {snapshot_interval_blocks}")
+        if snapshot_align_frac is not None and not 0 <= snapshot_align_frac < 1:
+            raise ValueError(f"snapshot_align_frac must be in [0, 1), got {snapshot_align_frac}")
         with self.cond:
             self._wait_idle()
-            self.stage.reset(policy)
+            self.stage.reset(policy, snapshot_interval_blocks)
+            if snapshot_align_frac is not None:
+                self.snapshot_align_frac = snapshot_align_frac
             self._build_leader(policy)
             for rank in range(1, self.num_stages):
-                self.channels.send_obj(Reset(policy), rank, "rounds")
+                self.channels.send_obj(Reset(policy, snapshot_interval_blocks), rank, "rounds")
             for rank in range(1, self.num_stages):
                 self._recv_reply(rank)
 
@@ -322,7 +332,9 @@ class EngineCore:
         cfg = self.config
         # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
-                             mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1])
+                             mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1],
+                             snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
+                             snapshot_align_frac=self.snapshot_align_frac)
         # the cost-model planners start from the profiling pass's fit, then refine it online
         profiled = self.profile is not None and self.policy.planner in ("balanced", "dynamic")
         kwargs = {"cost_model": CostModel(self.profile.coefficients)} if profiled else {}

@@ -55,8 +55,10 @@ class LoadFailed:
 
 @dataclass(frozen=True)
 class Reset:
-    """Empty the stage cache and switch policy (sent only while the pipeline is idle)."""
+    """Empty the stage cache, switch policy and, for a hybrid model, the snapshot grid (None:
+    keep it). Sent only while the pipeline is idle, to every stage with the same values."""
     policy: str
+    snapshot_interval_blocks: int | None = None
 
 
 @dataclass(frozen=True)

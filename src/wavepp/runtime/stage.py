@@ -97,19 +97,36 @@ class StageRuntime:
         self.layout = page_layout(self.model_config)
         self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
                           config.block_size, _DTYPES[config.dtype].itemsize, config.snapshot_interval_blocks)
-        slots = getattr(stage_pool(*self.pool_args), "num_slots", None)   # hybrid models: snapshot slots
-        self.kv = self.model.new_kv_cache(self.num_blocks, config.block_size,
-                                          **({"num_state_slots": slots} if slots else {}))
+        self.kv = None
         self.lock = threading.Lock()
         self.reset(config.policy)
 
-    def reset(self, policy: str) -> None:
-        """Empty the cache (KV tensors need no clearing: nothing reads an unwritten block)."""
+    def reset(self, policy: str, snapshot_interval_blocks: int | None = None) -> None:
+        """Empty the cache (KV tensors need no clearing: nothing reads an unwritten block) and,
+        for a hybrid model, take snapshots every `snapshot_interval_blocks` blocks from now on
+        (None: keep the grid). The state tensors are reallocated when the new grid needs
+        another number of slots."""
+        if snapshot_interval_blocks is not None and snapshot_interval_blocks < 1:
+            raise ValueError(f"snapshot_interval_blocks must be >= 1, got {snapshot_interval_blocks}")
         with self.lock:
             self.policy = get_policy(policy, runtime=True)
-            self.server = StageServer(self.stage_id, stage_pool(*self.pool_args))
+            if snapshot_interval_blocks is not None:
+                self.pool_args = (*self.pool_args[:-1], snapshot_interval_blocks)
+            pool = stage_pool(*self.pool_args)
+            slots = getattr(pool, "num_slots", None)   # hybrid models: snapshot slots
+            if self.kv is None or slots != self._num_state_slots:
+                self.kv = None   # the old tensors go before the new ones are allocated
+                self.kv = self.model.new_kv_cache(self.num_blocks, self.config.block_size,
+                                                  **({"num_state_slots": slots} if slots else {}))
+                self._num_state_slots = slots
+            self.server = StageServer(self.stage_id, pool)
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
+
+    @property
+    def snapshot_interval_blocks(self) -> int:
+        """The snapshot grid of this stage's pool, in blocks (0: a model without snapshots)."""
+        return getattr(self.server.pool, "interval_blocks", 0)
 
     def check_integrity(self) -> IntegrityReport:
         """The pool's check_integrity() (raises on a broken invariant), then what it holds."""

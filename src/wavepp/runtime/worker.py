@@ -48,7 +48,7 @@ def run_worker(channels: Channels) -> None:
             if isinstance(msg, Shutdown):
                 return
             if isinstance(msg, Reset):
-                stage.reset(msg.policy)
+                stage.reset(msg.policy, msg.snapshot_interval_blocks)
                 channels.send_obj(ControlReply(rank, ResetDone(rank)), 0, "replies")
             elif isinstance(msg, CheckIntegrity):
                 channels.send_obj(ControlReply(rank, stage.check_integrity()), 0, "replies")

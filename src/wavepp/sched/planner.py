@@ -16,6 +16,9 @@ Planners differ in the size of a wave:
             the pipeline is full
   dynamic   SGLang's dynamic chunking (dynamic_chunk.py): the chunked request's next chunk
             costs what the initial chunk did, by a fitted quadratic
+
+Hybrid models: every planner's wave then goes through `align_chunk_ends` (snapshot_align.py),
+which moves chunk ends onto nearby snapshot boundaries (PlannerConfig.snapshot_align_frac).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from wavepp.sched.cost_model import CostModel
 from wavepp.sched.dynamic_chunk import DynamicChunkPlanner
 from wavepp.sched.messages import Chunk
 from wavepp.sched.request import Request
+from wavepp.sched.snapshot_align import align_chunk_ends
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ class PlannerConfig:
     # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait
     # (8-12 give the same simulator grids; 3 and 6 fewer best settings); 0: never
     deep_queue_waves: int = 8
+    # hybrid models (sched/snapshot_align.py): a chunk end moves onto a snapshot boundary (a
+    # multiple of snapshot_interval_blocks blocks, or the request's last reusable boundary) at
+    # most this fraction of the chunk away: down, or up where the wave's budget has room.
+    # 1/8 keeps every wave within 1/8 of its planned tokens; 0: never move. The interval is the
+    # stages' snapshot grid; 0 (models without linear-attention layers): no alignment
+    snapshot_interval_blocks: int = 0
+    snapshot_align_frac: float = 0.125
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
@@ -66,6 +77,10 @@ class PlannerConfig:
                              f"max_wave_tokens={self.max_wave_tokens}")
         if self.deep_queue_waves < 0:
             raise ValueError(f"PlannerConfig.deep_queue_waves must be >= 0, got {self.deep_queue_waves}")
+        if self.snapshot_interval_blocks < 0:
+            raise ValueError(f"PlannerConfig.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}")
+        if not 0 <= self.snapshot_align_frac < 1:
+            raise ValueError(f"PlannerConfig.snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}")
         if not 0 <= self.hold_frac < 1:
             raise ValueError(f"PlannerConfig.hold_frac must be in [0, 1), got {self.hold_frac}")
         for name in ("mpu_microbatch_tokens", "mpu_min_tokens"):
@@ -130,7 +145,7 @@ def pack_tokens(requests: Sequence[Request], budget: int, config: PlannerConfig,
         if chunk is not None:
             chunks.append(chunk)
             left -= chunk.num_tokens
-    return chunks
+    return align_chunk_ends(chunks, requests, config, max(0, left))
 
 
 class StaticPlanner:
@@ -318,6 +333,7 @@ class BalancedPlanner:
         if not chunks and requests:   # never stall: at least one block of the first request
             chunk = chunk_of(requests[0], cfg.block_size, cfg.block_size)
             chunks = [chunk] if chunk else []
+        chunks = align_chunk_ends(chunks, requests, cfg, max(0, token_cap))
         if chunks:
             by_id = {r.request_id: r for r in requests}
             self._in_flight.append((sum(cost.chunk_time(c.start, c.num_tokens) for c in chunks),

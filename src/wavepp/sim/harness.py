@@ -6,7 +6,7 @@ caches (each its own BlockPool), the real Leader and planner, virtual time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from wavepp.cache import BlockPool, HybridPool
@@ -70,6 +70,8 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
                             interval_blocks=snapshot_interval_blocks) for n in stage_num_blocks]
     servers = [StageServer(s, pool, track_snapshots=hybrid) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
+    if hybrid and snapshot_interval_blocks:   # chunk ends move onto the stages' snapshot grid
+        pcfg = replace(pcfg, snapshot_interval_blocks=snapshot_interval_blocks)
     kwargs = {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
     planner = make_planner(pol.planner, pcfg, **kwargs)
     leader = Leader(LeaderConfig(len(servers), block_size,

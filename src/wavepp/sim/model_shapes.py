@@ -103,11 +103,15 @@ class ModelShape:
         return q + kv + o + index
 
     def norm_params(self, layer: int) -> int:
-        """RMSNorm (and indexer LayerNorm) weights of one layer, and its router's score bias."""
+        """RMSNorm (and indexer LayerNorm) weights of one layer, and its router's score bias; a
+        linear-attention (KDA) layer's small non-GEMM weights instead of the attention norms."""
         n = 2 * self.hidden_size
         if self.is_linear(layer):
-            return n
-        if self.attention == "gqa":
+            inner = self.linear_num_heads * self.linear_head_dim
+            # depthwise short convolutions over q, k, v (kernel taps per channel); the decay's
+            # dt_bias (per channel) and A_log (per head); the gated output norm (per head dim)
+            n += 3 * inner * self.linear_conv_kernel + inner + self.linear_num_heads + self.linear_head_dim
+        elif self.attention == "gqa":
             n += (self.num_heads + self.num_kv_heads) * self.head_dim if self.qk_norm else 0
         else:
             n += self.q_lora_rank + self.kv_lora_rank
