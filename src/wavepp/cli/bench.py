@@ -92,7 +92,7 @@ def run(args) -> int:
     if args.url:
         from wavepp.bench.http import server_info
 
-        args.url = args.url.rstrip("/")
+        args.url = args.url.rstrip("/").removesuffix("/v1")   # the server, or OpenAI's base URL
         info = server_info(args.url)
         policies = _check_http_args(args, info)
         model, vocab_size, block_size = info.model, info.vocab_size, info.block_size
