@@ -49,14 +49,15 @@ def _bytes_to_unicode() -> dict[int, str]:
 class ServerProcess:
     """`wavepp serve` as a child process; stop() sends SIGTERM and waits for it."""
 
-    def __init__(self, model: Path, *args: str, pp: int = 2, start_timeout_s: float = 90):
+    def __init__(self, model: Path, *args: str, pp: int = 2, start_timeout_s: float = 90, debug: bool = True,
+                 env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(model)
         cmd = [sys.executable, "-m", "wavepp.cli", "serve", "--model", self.model, "--pp", str(pp),
-               "--port", str(self.port), "--dtype", "float32", "--debug", *args]
+               "--port", str(self.port), "--dtype", "float32", *(["--debug"] if debug else []), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         deadline = time.monotonic() + start_timeout_s
         while True:
             if self.proc.poll() is not None:

@@ -37,9 +37,9 @@ class Measurement:
     stage_utilization: list[float]
     stage_idle_input_frac: list[float]
     stage_idle_admission_frac: list[float]
-    admission_p50_ms: float
-    admission_p99_ms: float
-    num_waves: int
+    admission_p50_ms: float | None      # None (and empty per-stage lists): not available (over
+    admission_p99_ms: float | None      # HTTP, when the server's /metrics does not give it)
+    num_waves: int | None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +118,9 @@ def summarize(engine, workload: Workload, results, seconds: float, policy: str, 
 
 
 def median_rows(rows: list[Measurement]) -> list[dict]:
-    """One row per (workload, policy, concurrency): medians over repeats."""
+    """One row per (workload, policy, concurrency): medians over repeats. A figure that is
+    not available (None, or an empty per-stage list: over HTTP, from a server whose /metrics
+    lacks it) stays so."""
     groups: dict[tuple, list[Measurement]] = {}
     for m in rows:
         groups.setdefault((m.workload, m.policy, m.concurrency), []).append(m)
@@ -127,9 +129,11 @@ def median_rows(rows: list[Measurement]) -> list[dict]:
         row = ms[0].to_dict()
         for key in ("seconds", "input_tok_s", "computed_tok_s", "hit_rate", "ttft_p50_ms", "ttft_p95_ms",
                     "admission_p50_ms", "admission_p99_ms"):
-            row[key] = statistics.median(getattr(m, key) for m in ms)
+            values = [getattr(m, key) for m in ms]
+            row[key] = None if None in values else statistics.median(values)
         for key in ("stage_utilization", "stage_idle_input_frac", "stage_idle_admission_frac"):
-            row[key] = [statistics.median(v) for v in zip(*(getattr(m, key) for m in ms))]
+            per_stage = [getattr(m, key) for m in ms]
+            row[key] = [] if not all(per_stage) else [statistics.median(v) for v in zip(*per_stage)]
         row["repeats"] = len(ms)
         out.append(row)
     return out

@@ -27,14 +27,15 @@ def print_table(rows: list[dict], console, title: str) -> None:
     for r in sorted(rows, key=lambda r: (r["workload"], r["concurrency"], r["policy"])):
         ref = base.get((r["workload"], r["concurrency"]))
         ratio = f"{r['input_tok_s'] / ref:.2f}x" if ref else "-"
-        util = "/".join(f"{u:.0%}" for u in r["stage_utilization"])
+        util = "/".join(f"{u:.0%}" for u in r["stage_utilization"]) or "n/a"
         idle = "/".join(f"{a:.0%}:{b:.0%}" for a, b in zip(r["stage_idle_input_frac"],
-                                                         r["stage_idle_admission_frac"]))
+                                                         r["stage_idle_admission_frac"])) or "n/a"
+        adm = "n/a" if r["admission_p50_ms"] is None else \
+            f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}"
         table.add_row(r["workload"], str(r["concurrency"]), r["policy"], f"{r['input_tok_s']:,.0f}",
                       f"{r['computed_tok_s']:,.0f}", ratio,
                       f"{r['hit_rate']:.1%} / {r['ideal_hit_rate']:.1%}",
-                      f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle,
-                      f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}")
+                      f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle, adm)
     console.print(table)
 
 

@@ -28,7 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--stage-num-blocks", default=None,
                    help="cache blocks per stage, comma separated (default: sized from the model)")
     p.add_argument("--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)")
-    p.add_argument("--debug", action="store_true", help="enable GET /debug/integrity")
+    p.add_argument("--debug", action="store_true",
+                   help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
+                        "`wavepp bench --url` uses between runs)")
     p.set_defaults(func=run)
 
 

@@ -2,7 +2,8 @@
 
     POST /v1/completions   max_tokens 0 or 1: the prompt's KV cache and its first token
     POST /v1/score         one query, many items: each item's probabilities over label tokens
-    GET  /v1/models, /health, /metrics, /debug/integrity (with debug=True)
+    GET  /v1/models, /health, /metrics
+    GET  /debug/integrity, POST /debug/reset (with debug=True: both wait for the pipeline to be idle)
 
 A request's life here: parse (400 naming the field) -> tokenize and check against the model
 (400) -> the pipeline is alive (else 503 naming the dead stage) -> room in the queue (else
@@ -36,7 +37,7 @@ class ServeConfig:
     model_name: str
     max_waiting: int = 256        # prompts queued (not yet admitted) beyond which new ones get 429
     retry_after_s: int = 1
-    debug: bool = False           # /debug/integrity (waits for the pipeline to be idle)
+    debug: bool = False           # /debug/integrity and /debug/reset (wait for the pipeline to be idle)
 
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
@@ -74,7 +75,7 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{
             "id": config.model_name, "object": "model", "created": api.created, "owned_by": "wavepp",
-            "max_model_len": engine.max_prompt_tokens}]}
+            "max_model_len": engine.max_prompt_tokens, "wavepp": api.engine_info()}]}
 
     @app.get("/health")
     async def health():
@@ -98,6 +99,17 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
             return {"stages": [{"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports],
                     "leader_state_size": leader.state_size()}
 
+        @app.post("/debug/reset")
+        async def reset():
+            """Engine.reset: wait for idle, empty every stage's cache, restart the engine's own
+            measurements (what a benchmark does between runs). The policy stays."""
+            try:
+                await asyncio.to_thread(engine.reset)
+            except EngineError as exc:
+                raise APIError(503, str(exc), type_="service_unavailable") from None
+            api.metrics.restart_engine_figures()
+            return {"status": "reset", "stage_num_blocks": list(engine.stage_num_blocks)}
+
     return app
 
 
@@ -113,6 +125,13 @@ class _API:
         self.model_names = tuple(names)
         self.has_tokenizer = engine.decode([0]) is not None
         self.top_k = engine.config.top_k
+
+    def engine_info(self) -> dict:
+        """What a client needs to reproduce a workload here: the pipeline's shape and policy."""
+        c = self.engine.config
+        return {"pp": c.num_stages, "policy": self.engine.policy, "dtype": c.dtype, "block_size": c.block_size,
+                "vocab_size": self.engine.vocab_size, "stage_num_blocks": list(self.engine.stage_num_blocks),
+                "debug": self.config.debug}
 
     # ---- endpoints ---------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 `run_load(url, prompts, concurrency, disconnect_fraction)`: `concurrency` clients take the
 prompts in order, each sends /v1/completions and waits; a chosen fraction of the requests
 disconnect at a random moment (the client cancels: its connection closes mid-request). It
-stops by itself once every prompt was sent, and returns what happened (a LoadReport).
+stops by itself once every prompt was sent (or, with `stop_on_error`, after the first error:
+the clients take no new prompt), and returns what happened (a LoadReport). `wavepp bench --url`
+drives its closed loop with it.
 """
 
 from __future__ import annotations
@@ -30,42 +32,52 @@ class LoadReport:
 
 
 async def _load(url: str, prompts, concurrency: int, disconnect_fraction: float, seed: int,
-                max_disconnect_s: float, timeout_s: float) -> LoadReport:
+                max_disconnect_s: float, timeout_s: float, model: str | None, stop_on_error: bool,
+                on_done) -> LoadReport:
     rng = random.Random(seed)
     plan = [(p, rng.random() < disconnect_fraction, rng.uniform(0.0, max_disconnect_s)) for p in prompts]
     report = LoadReport()
     next_index = iter(range(len(plan)))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
+    async def send(client: httpx.AsyncClient, i: int) -> None:
+        prompt, disconnect, after_s = plan[i]
+        body = {"prompt": prompt, "max_tokens": 1}
+        if model is not None:
+            body["model"] = model
+        t0 = time.perf_counter()
+        try:
+            if disconnect:
+                await asyncio.wait_for(client.post("/v1/completions", json=body), after_s)
+                report.num_ok += 1     # it finished before the client gave up
+                return
+            r = await client.post("/v1/completions", json=body)
+        except asyncio.TimeoutError:
+            report.num_disconnected += 1
+            return
+        except httpx.HTTPError as exc:
+            report.num_errors += 1
+            report.errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        if r.status_code == 200:
+            report.num_ok += 1
+            report.latencies_s.append(time.perf_counter() - t0)
+            usage = r.json()["usage"]
+            report.prompt_tokens += usage["prompt_tokens"]
+            report.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
+        elif r.status_code == 429:
+            report.num_rejected += 1
+        else:
+            report.num_errors += 1
+            report.errors.append(f"{r.status_code}: {r.text[:200]}")
+
     async def client_loop(client: httpx.AsyncClient) -> None:
         for i in next_index:
-            prompt, disconnect, after_s = plan[i]
-            body = {"prompt": prompt, "max_tokens": 1}
-            t0 = time.perf_counter()
-            try:
-                if disconnect:
-                    await asyncio.wait_for(client.post("/v1/completions", json=body), after_s)
-                    report.num_ok += 1     # it finished before the client gave up
-                    continue
-                r = await client.post("/v1/completions", json=body)
-            except asyncio.TimeoutError:
-                report.num_disconnected += 1
-                continue
-            except httpx.HTTPError as exc:
-                report.num_errors += 1
-                report.errors.append(f"{type(exc).__name__}: {exc}")
-                continue
-            if r.status_code == 200:
-                report.num_ok += 1
-                report.latencies_s.append(time.perf_counter() - t0)
-                usage = r.json()["usage"]
-                report.prompt_tokens += usage["prompt_tokens"]
-                report.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
-            elif r.status_code == 429:
-                report.num_rejected += 1
-            else:
-                report.num_errors += 1
-                report.errors.append(f"{r.status_code}: {r.text[:200]}")
+            if stop_on_error and (report.num_errors or report.num_rejected):
+                return
+            await send(client, i)
+            if on_done is not None:
+                on_done(1)
 
     t0 = time.perf_counter()
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
@@ -75,10 +87,13 @@ async def _load(url: str, prompts, concurrency: int, disconnect_fraction: float,
 
 
 def run_load(url: str, prompts, *, concurrency: int = 64, disconnect_fraction: float = 0.0, seed: int = 0,
-             max_disconnect_s: float = 0.05, timeout_s: float = 120.0) -> LoadReport:
-    """Send every prompt once from `concurrency` clients; see the module docstring."""
+             max_disconnect_s: float = 0.05, timeout_s: float = 120.0, model: str | None = None,
+             stop_on_error: bool = False, on_done=None) -> LoadReport:
+    """Send every prompt once from `concurrency` clients; see the module docstring.
+    `model`: the request's "model" field (None: left out); `on_done(1)` is called after each
+    request ends, whatever its outcome."""
     return asyncio.run(_load(url, list(prompts), concurrency, disconnect_fraction, seed,
-                             max_disconnect_s, timeout_s))
+                             max_disconnect_s, timeout_s, model, stop_on_error, on_done))
 
 
 def group_prompts(num: int, *, vocab_size: int, num_groups: int = 8, prefix_len: int = 48,

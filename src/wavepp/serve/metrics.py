@@ -11,8 +11,16 @@ Read from the engine at each scrape:
     wavepp_requests_waiting, wavepp_requests_running
     wavepp_prefix_hit_rate                     cached / prompt tokens since start
     wavepp_stage_busy_seconds_total{stage}, wavepp_stage_busy_fraction{stage} (since start)
+    wavepp_stage_idle_input_seconds_total{stage}      idle, nothing to run
+    wavepp_stage_idle_admission_seconds_total{stage}  idle or blocked waiting for admission
+    wavepp_stage_round_seconds_total{stage}    answering admission rounds on the compute loop
+    wavepp_waves_total, wavepp_admission_rounds_total
     wavepp_admission_round_seconds             histogram: one admission round's latency
     wavepp_stage_blocks{stage,state}           used | free | leased | escrowed (a stage's last report)
+
+"Since start" is since the server started or since the last POST /debug/reset, which empties
+the caches and restarts the engine's own measurements: the per-stage counters and the totals
+then start again from 0 (a counter reset, as Prometheus' rate() expects one).
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+# admission rounds on loopback take well under a millisecond to a few: finer buckets below 5 ms
+_ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OUTCOMES = ("ok", "aborted", "rejected", "failed", "unavailable", "bad_request")
 
@@ -45,7 +55,7 @@ class ServeMetrics:
         self.queue = Histogram("wavepp_queue_seconds", "arrival to admitted on every stage",
                                buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.rounds = Histogram("wavepp_admission_round_seconds", "admission round latency",
-                                buckets=_LATENCY_BUCKETS, registry=self.registry)
+                                buckets=_ROUND_BUCKETS + _LATENCY_BUCKETS, registry=self.registry)
         self._rounds_seen = 0
         self.registry.register(_EngineCollector(self))
 
@@ -64,6 +74,12 @@ class ServeMetrics:
             self.requests.labels("aborted").inc()
         else:
             self.requests.labels("failed").inc()
+
+    def restart_engine_figures(self) -> None:
+        """The engine's measurements were reset (Engine.reset): count time and rounds from now."""
+        self.t0 = time.monotonic()
+        self._rounds_seen = 0
+        self._last_stats = None
 
     def count(self, outcome: str, n: int = 1) -> None:
         self.requests.labels(outcome).inc(n)
@@ -109,11 +125,23 @@ class _EngineCollector:
                                        labels=["stage"])
             frac = GaugeMetricFamily("wavepp_stage_busy_fraction", "busy seconds / seconds since start",
                                      labels=["stage"])
+            idle_input = CounterMetricFamily("wavepp_stage_idle_input_seconds",
+                                             "seconds a stage was idle with nothing to run", labels=["stage"])
+            idle_admission = CounterMetricFamily("wavepp_stage_idle_admission_seconds",
+                                                 "seconds a stage was idle or blocked waiting for admission",
+                                                 labels=["stage"])
+            round_s = CounterMetricFamily("wavepp_stage_round_seconds",
+                                          "seconds a stage's compute loop spent answering admission rounds",
+                                          labels=["stage"])
             for i, st in enumerate(stats.stages):
                 busy.add_metric([str(i)], st.busy_s)
                 frac.add_metric([str(i)], min(1.0, st.busy_s / elapsed))
-            yield busy
-            yield frac
+                idle_input.add_metric([str(i)], st.idle_input_s)
+                idle_admission.add_metric([str(i)], st.idle_admission_s)
+                round_s.add_metric([str(i)], st.round_s)
+            yield from (busy, frac, idle_input, idle_admission, round_s)
+            yield CounterMetricFamily("wavepp_waves", "waves run", value=stats.num_waves)
+            yield CounterMetricFamily("wavepp_admission_rounds", "admission rounds run", value=stats.num_rounds)
         blocks = GaugeMetricFamily("wavepp_stage_blocks", "a stage's cache blocks by state (its last report)",
                                    labels=["stage", "state"])
         for stage, cap in enumerate(engine.stage_capacity()):
