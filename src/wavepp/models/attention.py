@@ -15,7 +15,6 @@ AMX SDPA measured the faster.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -143,13 +142,13 @@ def attention_kernel() -> str:
 @dataclass(frozen=True)
 class AttentionChoice:
     name: str                        # the kernel now in use
-    seconds: dict[str, float]        # each kernel's median seconds on the timing wave
+    seconds: dict[str, float]        # each kernel's fastest seconds on the timing wave
     gflops: dict[str, float]         # the same as GFLOP/s (q.k and p.v over visible keys)
 
 
 def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
                      margin: float = 1.05) -> AttentionChoice:
-    """Time every attention kernel, interleaved trial by trial, on a wave like those of
+    """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on a wave like those of
     prefix-reuse workloads (4 chunks of 64 new tokens after a shared 1,024-token prefix) with
     this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
     it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
@@ -170,7 +169,9 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
             paged_attention(query, key_cache, value_cache, batch, head_dim ** -0.5, kernel=kernel)
             if trial:
                 times[kernel].append(time.perf_counter() - start)
-    seconds = {kernel: statistics.median(t) for kernel, t in times.items()}
+    # the fastest of the trials: a neighbour taking the core only adds time, and a choice
+    # flipped by noise would change the numerics of every later wave in this process
+    seconds = {kernel: min(t) for kernel, t in times.items()}
     flops = attention_flops(kv_heads * group, head_dim, [(c.num_cached_tokens, c.num_tokens) for c in chunks])
     best = min(seconds, key=seconds.get)
     if seconds["chunked"] < margin * seconds[best]:
