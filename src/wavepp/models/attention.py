@@ -148,9 +148,9 @@ class AttentionChoice:
 
 def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
                      margin: float = 1.05) -> AttentionChoice:
-    """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on a wave like those of
-    prefix-reuse workloads (4 chunks of 64 new tokens after a shared 1,024-token prefix) with
-    this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
+    """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on
+    a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
+    1,024-token prefix) with this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
     it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
     Takes about a tenth of a second for SmolLM2's heads."""
     block_size, prefix, new = 16, 1024, 64
