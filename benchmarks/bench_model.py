@@ -4,10 +4,18 @@
     .venv/bin/python benchmarks/bench_model.py --families [--dtype bfloat16]
 
 Runs the whole model as one stage in bf16 over chunks of 128/256/512 tokens after cached
-prefixes of 0/1k/4k tokens, and over batches of several chunks (waves batch requests). The
-cached prefix is filled with random K/V: attention cost does not depend on the values. Each
-case is warmed up, then timed `--runs` times; the table shows medians. Model: the built-in
-SmolLM2-135M when available, else a random model of the same shape.
+prefixes of 0/1k/4k tokens, and over batches of several chunks (waves batch requests),
+including the short-suffix waves of prefix reuse (4 chunks of 64, or one of 256, after 1,536
+cached tokens). The cached prefix is filled with random K/V: attention cost does not depend
+on the values. Each case is warmed up, then timed `--runs` times; the table shows medians.
+Model: the built-in SmolLM2-135M when available, else a random model of the same shape.
+
+Columns: the whole forward's GFLOP/s (projections and attention counted: q.k and p.v over
+the visible keys) and its share of the roofline, the best bf16 matmul rate measured on this
+core (a 1024^3 matmul or the projection kernels on the model's shapes, whichever is higher);
+then one layer's attention alone on the same chunks (the chosen kernel, timed by itself),
+its GFLOP/s and share of the roofline. The last line is the check: the whole forward after a
+1.5k prefix at >= 60% of the roofline.
 
 `--families` instead times each MoE / latent-attention family's tiny config (`wavepp
 make-model --arch minimax_m2 | deepseek_v3 | glm_moe_dsa`, 4 layers, hidden 64, 8 experts
@@ -25,12 +33,13 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model
-from wavepp.models.attention import choose_cascade
+from wavepp.models.attention import attention_flops, choose_attention, paged_attention
 from wavepp.models.kernels import choose_linear, linear_shapes
 
 CHUNKS = (128, 256, 512)
 PREFIXES = (0, 1024, 4096)
 BATCHES = ((4, 128, 0), (4, 128, 1024), (8, 64, 1024), (2, 256, 1024))  # (chunks, tokens, prefix)
+CHECKED = ((4, 64, 1536), (1, 256, 1536))   # short-suffix waves after a 1.5k prefix: the check
 BLOCK_SIZE = 16
 
 
@@ -60,25 +69,31 @@ def main() -> None:
     cache.key.normal_()
     cache.value.normal_()
     flops_per_token = _matmul_flops_per_token(config)
-    peak = _matmul_gflops()
+    matmul = _matmul_gflops()
     choice = choose_linear(linear_shapes(model), torch.bfloat16)
     rates = ", ".join(f"{name} {rate:.0f}" for name, rate in choice.gflops.items())
     print(f"projection kernel: {choice.name} (measured on this model's shapes, GFLOP/s: {rates}; "
           f"{choice.seconds:.2f} s)")
-    attn = choose_cascade(config.num_kv_heads, config.num_heads // config.num_kv_heads, config.head_dim,
-                          torch.bfloat16)
-    print(f"shared-prefix attention: {'cascade' if attn['chunk_by_chunk'] >= 1.05 * attn['cascade'] else 'chunk by chunk'}"
-          f" (4 chunks of 64 after a shared 1,024: cascade {attn['cascade'] * 1e3:.1f} ms, chunk by chunk "
-          f"{attn['chunk_by_chunk'] * 1e3:.1f} ms)")
-    print(f"bf16 matmul on this core: {peak:.0f} GFLOP/s (1024^3); the layer stack's "
-          f"{flops_per_token / 1e6:.0f} MFLOP/token caps prefill at {peak * 1e9 / flops_per_token:.0f} "
-          f"tokens/s before any attention")
-    print(f"\n{'case':>22} {'ms':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'cpu/wall':>8}")
+    attn = choose_attention(config.num_kv_heads, config.num_heads // config.num_kv_heads, config.head_dim,
+                            torch.bfloat16)
+    rates = ", ".join(f"{name} {rate:.0f}" for name, rate in attn.gflops.items())
+    print(f"attention kernel: {attn.name} (4 chunks of 64 after a shared 1,024, GFLOP/s: {rates})")
+    roofline = max(matmul, max(choice.gflops.values()))
+    print(f"roofline: {roofline:.0f} GFLOP/s, the best bf16 matmul measured on this core (1024^3: "
+          f"{matmul:.0f}); the layer stack's {flops_per_token / 1e6:.0f} MFLOP/token caps prefill at "
+          f"{roofline * 1e9 / flops_per_token:.0f} tokens/s before any attention")
+    print(f"\n{'case':>22} {'ms':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'roof':>5} {'cpu/wall':>8}"
+          f" {'attn GF/s':>9} {'roof':>5}")
     for prefix in PREFIXES:
         for chunk in CHUNKS:
-            _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs)
+            _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs, roofline)
     for num_chunks, chunk, prefix in BATCHES:
-        _case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs)
+        _case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs, roofline)
+    checked = [_case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs, roofline)
+               for num_chunks, chunk, prefix in CHECKED]
+    worst = min(checked)
+    print(f"\nafter a 1.5k prefix the whole forward runs at {worst / roofline:.0%} of the roofline "
+          f"(lowest of {len(CHECKED)} waves; {'meets' if worst >= 0.6 * roofline else 'below'} the 60% check)")
 
 
 FAMILY_CASES = ((0, 128), (0, 512), (1024, 128), (1024, 512), (4096, 256))   # (prefix, chunk)
@@ -119,32 +134,40 @@ def _time(fn, runs: int) -> tuple[float, float]:
     return seconds, statistics.median(cpu_times) / seconds / torch.get_num_threads()
 
 
-def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: float, runs: int) -> None:
+def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: float, runs: int,
+          roofline: float) -> float:
+    """Print one row; returns the whole forward's GFLOP/s."""
     specs, next_block = [], 0
-    for index, (prefix, num_tokens) in enumerate(chunks):
-        num_blocks = -(-(prefix + num_tokens) // BLOCK_SIZE)
-        specs.append(ChunkSpec(prefix, num_tokens, tuple(range(next_block, next_block + num_blocks)), index))
-        next_block += num_blocks
+    if len({prefix for prefix, _ in chunks}) == 1 and len(chunks) > 1:
+        # chunks of one wave after the same prefix share its blocks, as prefix reuse has them
+        shared = chunks[0][0] // BLOCK_SIZE
+        next_block = shared
+        for index, (prefix, num_tokens) in enumerate(chunks):
+            own = -(-(prefix + num_tokens) // BLOCK_SIZE) - shared
+            specs.append(ChunkSpec(prefix, num_tokens, tuple(range(shared)) + tuple(range(next_block, next_block + own)), index))
+            next_block += own
+    else:
+        for index, (prefix, num_tokens) in enumerate(chunks):
+            num_blocks = -(-(prefix + num_tokens) // BLOCK_SIZE)
+            specs.append(ChunkSpec(prefix, num_tokens, tuple(range(next_block, next_block + num_blocks)), index))
+            next_block += num_blocks
     batch = StageBatch.build(specs, BLOCK_SIZE)
     input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
-    model(batch, cache, input_ids=input_ids)   # warm up
-    times, cpu_times = [], []
-    for _ in range(runs):
-        start, cpu_start = time.perf_counter(), time.process_time()
-        model(batch, cache, input_ids=input_ids)
-        times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
-    seconds = statistics.median(times)
+    seconds, busy = _time(lambda: model(batch, cache, input_ids=input_ids), runs)
     # cpu/wall well below threads x 100% means another process took the core meanwhile
-    busy = statistics.median(cpu_times) / seconds / torch.get_num_threads()
-    # attention: q.k and p.v over the visible context, 2 * 2 * heads * head_dim per (query, key)
-    visible = sum(n * p + n * (n + 1) / 2 for p, n in chunks)
-    flops = (batch.num_tokens * flops_per_token
-             + 4 * config.num_layers * config.num_heads * config.head_dim * visible)
+    layer_flops = attention_flops(config.num_heads, config.head_dim, chunks)
+    flops = batch.num_tokens * flops_per_token + config.num_layers * layer_flops
+    # one layer's attention alone, on the same chunks over layer 0's cache
+    key_cache, value_cache = cache.layer(0)
+    query = torch.randn(batch.num_tokens, config.num_heads, config.head_dim, dtype=torch.bfloat16)
+    attn_seconds, _ = _time(lambda: paged_attention(query, key_cache, value_cache, batch, config.head_dim ** -0.5),
+                            3 * runs)
     name = (f"{len(chunks)}x{chunks[0][1]} after {chunks[0][0]}" if len(chunks) > 1
             else f"{chunks[0][1]} after {chunks[0][0]}")
-    print(f"{name:>22} {seconds * 1e3:9.1f} {batch.num_tokens / seconds:9.0f} "
-          f"{flops / seconds / 1e9:8.1f} {busy:8.0%}", flush=True)
+    gflops, attn_gflops = flops / seconds / 1e9, layer_flops / attn_seconds / 1e9
+    print(f"{name:>22} {seconds * 1e3:9.1f} {batch.num_tokens / seconds:9.0f} {gflops:8.1f} "
+          f"{gflops / roofline:5.0%} {busy:8.0%} {attn_gflops:9.1f} {attn_gflops / roofline:5.0%}", flush=True)
+    return gflops
 
 
 def _matmul_flops_per_token(config) -> float:

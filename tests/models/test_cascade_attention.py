@@ -54,8 +54,8 @@ def test_cascade_equals_chunk_by_chunk(seed):
     key_cache = torch.randn(num_blocks * BS, KV_HEADS, HEAD_DIM)
     value_cache = torch.randn(num_blocks * BS, KV_HEADS, HEAD_DIM)
     query = torch.randn(batch.num_tokens, KV_HEADS * GROUP, HEAD_DIM)
-    cascade = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM ** -0.5, cascade=True)
-    plain = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM ** -0.5, cascade=False)
+    cascade = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM ** -0.5, kernel="cascade")
+    plain = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM ** -0.5, kernel="chunked")
     torch.testing.assert_close(cascade, plain, rtol=0, atol=2e-6)
     # and both equal a dense reference per chunk (float64)
     for i, chunk in enumerate(batch.chunks):
@@ -82,13 +82,18 @@ def test_short_or_partly_cached_prefixes_are_not_grouped():
     assert StageBatch.build([c, d], BS).shared_prefixes(16) == []
 
 
-def test_the_choice_is_measured_and_used(monkeypatch):
+def test_the_choice_is_measured_and_used():
     from wavepp.models import attention
 
-    before = attention._cascade_enabled
+    before = attention.attention_kernel()
     try:
-        times = attention.choose_cascade(KV_HEADS, GROUP, HEAD_DIM, torch.float32, trials=1)
-        assert set(times) == {"cascade", "chunk_by_chunk"} and all(t > 0 for t in times.values())
-        assert attention._cascade_enabled == (times["chunk_by_chunk"] >= 1.05 * times["cascade"])
+        choice = attention.choose_attention(KV_HEADS, GROUP, HEAD_DIM, torch.float32, trials=1)
+        assert set(choice.seconds) == set(attention.ATTENTION_KERNELS)
+        assert all(t > 0 for t in choice.seconds.values()) and all(g > 0 for g in choice.gflops.values())
+        assert attention.attention_kernel() == choice.name
+        fastest = min(choice.seconds, key=choice.seconds.get)
+        # another kernel replaces the default only when it is 5% faster
+        expected = fastest if choice.seconds["chunked"] >= 1.05 * choice.seconds[fastest] else "chunked"
+        assert choice.name == expected
     finally:
-        attention.use_cascade(before)
+        attention.use_attention(before)

@@ -6,11 +6,20 @@ the cache at the batch's slot mapping, then each chunk attends over its whole co
 
 Grouped-query attention without repeating K/V: the G = num_heads / num_kv_heads query heads
 of one KV head are stacked as rows of one matmul, so each KV head's keys are read once.
+
+Which attention kernel runs (chunked, cascade or PyTorch's SDPA) is measured at stage start-up
+(`choose_attention`), as the projections' path is: on an AMD EPYC without AMX the chunked
+kernel ran 1.7-2x faster than SDPA's flash-attention CPU kernel in bf16, while on a Xeon with
+AMX SDPA measured the faster.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.batch import ChunkSpec, StageBatch
@@ -66,20 +75,29 @@ class Attention(nn.Module):
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    batch: StageBatch, scale: float, *, cascade: bool | None = None) -> torch.Tensor:
+                    batch: StageBatch, scale: float, *, kernel: str | None = None) -> torch.Tensor:
     """Each chunk's queries attend causally over its context [0, end) read from the cache.
 
     query: [num_tokens, num_heads, head_dim]; key_cache, value_cache: [num_slots, num_kv_heads,
     head_dim] already holding the batch's new K/V. Returns [num_tokens, num_heads * head_dim].
 
-    With `cascade`, chunks that read the same cached prefix blocks (requests sharing a system
-    prompt or a document) attend to that prefix together: their queries stacked into one
-    matmul against the prefix's keys and values, gathered once, then merged with each chunk's
-    own part by log-sum-exp. Otherwise (and for chunks sharing nothing) chunk by chunk.
-    None: this process's measured choice (`choose_cascade`).
+    `kernel` (one of ATTENTION_KERNELS; None: this process's measured choice, see
+    `choose_attention`):
+
+        chunked  chunk by chunk, rows in tiles whose scores stay in cache; grouped-query heads
+                 stacked as rows of one matmul per KV head
+        cascade  chunks that read the same cached prefix blocks (requests sharing a system
+                 prompt or a document) attend to that prefix together: their queries stacked
+                 into one matmul against the prefix's keys and values, gathered once, then
+                 merged with each chunk's own part by log-sum-exp; other chunks as `chunked`
+        sdpa     chunk by chunk with F.scaled_dot_product_attention (PyTorch's fused
+                 flash-attention CPU kernel: bf16 in, fp32 accumulation), a visibility mask
     """
-    if cascade is None:
-        cascade = _cascade_enabled
+    kernel = _attention_kernel if kernel is None else kernel
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+    if kernel == "sdpa":
+        return _sdpa_attention(query, key_cache, value_cache, batch, scale)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = key_cache.shape[1]
     group = num_heads // kv_heads
@@ -88,7 +106,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     # out: [num_tokens, kv_heads, group, head_dim]; head h uses KV head h // group
     out = query.new_empty(num_tokens, kv_heads, group, head_dim)
     bias = batch.causal_bias(query.dtype)
-    shared = batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS) if cascade else []
+    shared = batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS) if kernel == "cascade" else []
     for members, prefix in shared:
         _attend_shared_prefix(query, key_cache, value_cache, batch, members, prefix, bias, out)
     grouped = {i for members, _ in shared for i in members}
@@ -106,22 +124,35 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 # Chunks share a prefix for cascade attention from this many cached tokens on (a block or two
 # of shared keys is not worth a second pass and a merge).
 MIN_SHARED_PREFIX_TOKENS = 64
-_cascade_enabled = False
+ATTENTION_KERNELS = ("chunked", "cascade", "sdpa")
+_attention_kernel = "chunked"
 
 
-def use_cascade(enabled: bool) -> None:
-    global _cascade_enabled
-    _cascade_enabled = bool(enabled)
+def use_attention(kernel: str) -> None:
+    global _attention_kernel
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+    _attention_kernel = kernel
 
 
-def choose_cascade(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
-                   margin: float = 1.05) -> dict[str, float]:
-    """Time cascade and chunk-by-chunk attention, interleaved, on a wave of 4 chunks of 64
-    tokens after a shared 1,024-token prefix with this model's heads; use cascade only if it
-    is at least `margin` times faster. Returns the median seconds of each."""
-    import statistics
-    import time
+def attention_kernel() -> str:
+    return _attention_kernel
 
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    name: str                        # the kernel now in use
+    seconds: dict[str, float]        # each kernel's fastest seconds on the timing wave
+    gflops: dict[str, float]         # the same as GFLOP/s (q.k and p.v over visible keys)
+
+
+def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
+                     margin: float = 1.05) -> AttentionChoice:
+    """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on
+    a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
+    1,024-token prefix) with this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
+    it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
+    Takes about a tenth of a second for SmolLM2's heads."""
     block_size, prefix, new = 16, 1024, 64
     shared = tuple(range(prefix // block_size))
     chunks = [ChunkSpec(prefix, new, shared + tuple(range(100 + 4 * i, 104 + 4 * i)), i) for i in range(4)]
@@ -131,15 +162,51 @@ def choose_cascade(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype,
     key_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     value_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     query = torch.randn(batch.num_tokens, kv_heads * group, head_dim, generator=gen).to(dtype)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(trials + 1):
-        for mode in (True, False):
+    times: dict[str, list[float]] = {kernel: [] for kernel in ATTENTION_KERNELS}
+    for trial in range(trials + 1):              # the first round warms up
+        for kernel in ATTENTION_KERNELS:
             start = time.perf_counter()
-            paged_attention(query, key_cache, value_cache, batch, 1.0, cascade=mode)
-            times[mode].append(time.perf_counter() - start)
-    cascade_s, plain_s = (statistics.median(times[m][1:]) for m in (True, False))
-    use_cascade(plain_s >= margin * cascade_s)
-    return {"cascade": cascade_s, "chunk_by_chunk": plain_s}
+            paged_attention(query, key_cache, value_cache, batch, head_dim ** -0.5, kernel=kernel)
+            if trial:
+                times[kernel].append(time.perf_counter() - start)
+    # the fastest of the trials: a neighbour taking the core only adds time, and a choice
+    # flipped by noise would change the numerics of every later wave in this process
+    seconds = {kernel: min(t) for kernel, t in times.items()}
+    flops = attention_flops(kv_heads * group, head_dim, [(c.num_cached_tokens, c.num_tokens) for c in chunks])
+    best = min(seconds, key=seconds.get)
+    if seconds["chunked"] < margin * seconds[best]:
+        best = "chunked"
+    use_attention(best)
+    return AttentionChoice(best, seconds, {kernel: flops / s / 1e9 for kernel, s in seconds.items()})
+
+
+def attention_flops(num_heads: int, head_dim: int, chunks: list[tuple[int, int]]) -> float:
+    """FLOPs of one layer's attention over chunks of (num_cached, num_new) tokens: q.k and p.v,
+    2 * head_dim each, per head and per visible (query, key) pair."""
+    visible = sum(new * cached + new * (new + 1) / 2 for cached, new in chunks)
+    return 4.0 * num_heads * head_dim * visible
+
+
+def _sdpa_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    batch: StageBatch, scale: float) -> torch.Tensor:
+    """Chunk by chunk through F.scaled_dot_product_attention: grouped-query heads by
+    `enable_gqa` (K/V not repeated), K/V read as strided views of the gathered rows (the
+    kernel takes strides, so no transposing copy)."""
+    num_tokens, num_heads, head_dim = query.shape
+    out = query.new_empty(num_tokens, num_heads, head_dim)
+    for index, chunk in enumerate(batch.chunks):
+        t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
+        c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
+        slots = batch.context_slots[c0:c1]
+        # keys, values: [context, kv_heads, head_dim] -> [1, kv_heads, context, head_dim] views
+        keys = key_cache.index_select(0, slots).permute(1, 0, 2).unsqueeze(0)
+        values = value_cache.index_select(0, slots).permute(1, 0, 2).unsqueeze(0)
+        # q: [num_new, heads, head_dim] -> [1, heads, num_new, head_dim]; one token sees all
+        q = query[t0:t1].permute(1, 0, 2).unsqueeze(0)
+        mask = batch.visible_mask(index) if chunk.num_tokens > 1 else None
+        result = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[t0:t1] = result[0].transpose(0, 1)
+    return out.view(num_tokens, num_heads * head_dim)
 
 
 def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

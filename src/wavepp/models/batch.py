@@ -78,7 +78,7 @@ class StageBatch:
     causal_mask: torch.Tensor        # [n, n] bool, n = longest chunk: True where key j > query i
     max_block_id: int
     max_position: int
-    _biases: dict = field(default_factory=dict, repr=False, compare=False)
+    _biases: dict = field(default_factory=dict, repr=False, compare=False)   # per dtype / chunk, made once
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +95,18 @@ class StageBatch:
             zeros = torch.zeros(self.causal_mask.shape, dtype=dtype)
             self._biases[dtype] = zeros.masked_fill_(self.causal_mask, float("-inf"))
         return self._biases[dtype]
+
+    def visible_mask(self, index: int) -> torch.Tensor:
+        """Which context positions each new token of chunk `index` sees: [num_tokens, end]
+        bool, True where visible, made once per chunk (every layer reads it):
+
+            new token i (position num_cached + i):  [0, num_cached + i]  visible  |  rest hidden
+        """
+        key = ("visible", index)
+        if key not in self._biases:
+            chunk = self.chunks[index]
+            self._biases[key] = torch.ones(chunk.num_tokens, chunk.end, dtype=torch.bool).tril_(chunk.num_cached_tokens)
+        return self._biases[key]
 
     def shared_prefixes(self, min_tokens: int) -> list[tuple[tuple[int, ...], int]]:
         """Chunks that read the same cached blocks first: (chunk indices, shared prefix tokens)

@@ -26,10 +26,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim] -> [..., dim], same dtype
-        x32 = x.float()
-        scale = torch.rsqrt(x32.square().mean(-1, keepdim=True).add_(self.eps))
-        # not in place: for fp32 input, x32 is x itself (the residual stream)
-        return (x32 * scale).to(x.dtype).mul_(self.weight)
+        # squares in place only on a copy: for fp32 input, x.float() is x itself (the residual
+        # stream); x * scale promotes to fp32, so no fp32 copy of x is kept
+        squares = x.float().square() if x.dtype == torch.float32 else x.float().square_()
+        scale = torch.rsqrt(squares.mean(-1, keepdim=True).add_(self.eps))
+        return (x * scale).to(x.dtype).mul_(self.weight)
 
 
 class RotaryEmbedding(nn.Module):

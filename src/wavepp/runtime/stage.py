@@ -17,7 +17,7 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
-from wavepp.models.attention import choose_cascade
+from wavepp.models.attention import choose_attention
 from wavepp.models.kernels import choose_linear, linear_shapes
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
@@ -91,8 +91,8 @@ class StageRuntime:
         self.linear_kernel = choose_linear(linear_shapes(self.model), _DTYPES[config.dtype])
         mc = self.model_config
         if getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None):   # GQA attention
-            self.attention_times = choose_cascade(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
-                                                  mc.head_dim, _DTYPES[config.dtype])
+            self.attention_kernel = choose_attention(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
+                                                     mc.head_dim, _DTYPES[config.dtype])
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
         self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
