@@ -82,9 +82,10 @@ def test_short_or_partly_cached_prefixes_are_not_grouped():
     assert StageBatch.build([c, d], BS).shared_prefixes(16) == []
 
 
-def test_the_choice_is_measured_and_used():
+def test_the_choice_is_measured_and_used(monkeypatch):
     from wavepp.models import attention
 
+    monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)   # the suite pins it (conftest)
     before = attention.attention_kernel()
     try:
         choice = attention.choose_attention(KV_HEADS, GROUP, HEAD_DIM, torch.float32, trials=1)

@@ -15,6 +15,7 @@ AMX SDPA measured the faster.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -152,7 +153,12 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
     a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
     1,024-token prefix) with this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
     it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
-    Takes about a tenth of a second for SmolLM2's heads."""
+    Takes about a tenth of a second for SmolLM2's heads. `WAVEPP_ATTENTION_KERNEL` (one of
+    ATTENTION_KERNELS) skips the timing and uses that kernel."""
+    pinned = os.environ.get("WAVEPP_ATTENTION_KERNEL")
+    if pinned:
+        use_attention(pinned)
+        return AttentionChoice(pinned, {}, {})
     block_size, prefix, new = 16, 1024, 64
     shared = tuple(range(prefix // block_size))
     chunks = [ChunkSpec(prefix, new, shared + tuple(range(100 + 4 * i, 104 + 4 * i)), i) for i in range(4)]
