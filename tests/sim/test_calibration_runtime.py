@@ -1,6 +1,7 @@
 """Calibration: a CPU "hardware" fitted from the real PP = 2 runtime's stage times predicts the
 runtime's throughput on a workload it was not fitted on, within 15%."""
 
+import os
 import statistics
 
 import pytest
@@ -45,7 +46,12 @@ def model(tmp_path_factory):
 
 def test_fitted_simulator_predicts_runtime_throughput(model):
     """Timings here vary 30-50% from run to run, so both sides are medians of three: fit on
-    three runs of one workload, predict the median of three runs of another."""
+    three runs of one workload, predict the median of three runs of another. On a machine
+    busy with other work the fit and the check see different slowdowns (ratios of 0.5-1.8
+    measured with load averages of 10-25 on 2 cores): the test then skips, saying so."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock throughput is not this machine's")
     fit_on = make_workload("reuse", num_requests=48, num_groups=6, prompt_len=384, vocab_size=2048, seed=1)
     check_on = make_workload("mixed", num_requests=48, num_groups=4, prompt_len=320, vocab_size=2048, seed=2)
     samples, spans, real = [], [], []
