@@ -48,9 +48,10 @@ def test_fitted_simulator_predicts_runtime_throughput(model):
     """Timings here vary 30-50% from run to run, so both sides are medians of three: fit on
     three runs of one workload, predict the median of three runs of another. On a machine
     busy with other work the fit and the check see different slowdowns (ratios of 0.5-1.8
-    measured with load averages of 10-25 on 2 cores): the test then skips, saying so."""
+    measured with load averages of 10-25 on 2 cores): the test then skips, saying so (above twice as many runnable
+    processes as cores; the suite alone keeps the load near the cores)."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > cores:
+    if load > 2 * cores:
         pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock throughput is not this machine's")
     fit_on = make_workload("reuse", num_requests=48, num_groups=6, prompt_len=384, vocab_size=2048, seed=1)
     check_on = make_workload("mixed", num_requests=48, num_groups=4, prompt_len=320, vocab_size=2048, seed=2)
