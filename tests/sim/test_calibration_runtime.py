@@ -48,8 +48,9 @@ def test_fitted_simulator_predicts_runtime_throughput(model):
     """Timings here vary 30-50% from run to run, so both sides are medians of three: fit on
     three runs of one workload, predict the median of three runs of another. On a machine
     busy with other work the fit and the check see different slowdowns (ratios of 0.5-1.8
-    measured with load averages of 10-25 on 2 cores): the test then skips, saying so (above twice as many runnable
-    processes as cores; the suite alone keeps the load near the cores)."""
+    measured with load averages of 10-25 on 2 cores), so above twice as many runnable
+    processes as cores the test skips, saying so (the suite alone keeps the load near the
+    cores)."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > 2 * cores:
         pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock throughput is not this machine's")
