@@ -1,5 +1,5 @@
-"""Kernel paths: timed at start-up unless pinned by the environment (the timed attention
-choice: test_cascade_attention.py)."""
+"""Kernel paths: timed at start-up unless pinned by the environment (the timed choices:
+test_kernels.py, test_cascade_attention.py)."""
 
 import pytest
 import torch
@@ -12,14 +12,6 @@ def restore():
     yield
     kernels.use_linear("linear")
     attention.use_attention("chunked")
-
-
-def test_linear_choice_is_timed_without_a_pin(monkeypatch, restore):
-    monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)
-    choice = kernels.choose_linear([(64, 128, 256), (256, 128, 128)], torch.bfloat16, trials=3)
-    assert set(choice.gflops) == set(kernels.LINEAR_KERNELS)
-    assert all(rate > 0 for rate in choice.gflops.values())
-    assert choice.name == max(choice.gflops, key=choice.gflops.get) == kernels.linear_kernel()
 
 
 def test_pinned_linear_and_attention_skip_the_timing(monkeypatch, restore):
