@@ -240,14 +240,22 @@ def _varlen_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
         raise ValueError("the varlen attention kernel runs on CUDA only (torch.nn.attention.varlen); "
                          f"these tensors are on {query.device}")
     num_tokens, num_heads, head_dim = query.shape
+    args, kwargs = varlen_operands(query, key_cache, value_cache, batch, scale)
+    return _varlen_attn(*args, **kwargs).reshape(num_tokens, num_heads * head_dim)
+
+
+def varlen_operands(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    batch: StageBatch, scale: float) -> tuple[tuple, dict]:
+    """The arguments of the varlen call (`varlen_attn(*args, **kwargs)`), apart so that the
+    packing is checked on any device: (query, keys, values, cu_seq_q, cu_seq_k, max_q, max_k),
+    then scale, a causal window and grouped-query heads."""
     # keys, values: [sum of chunk ends, kv_heads, head_dim], gathered in context order
     keys = key_cache.index_select(0, batch.context_slots)
     values = value_cache.index_select(0, batch.context_slots)
     # window (-1, 0): causal; max_k is the longest context (max_position + 1)
-    out = _varlen_attn(query.contiguous(), keys, values, batch.cu_tokens, batch.cu_context,
-                       batch.max_chunk_tokens, batch.max_position + 1, scale=scale,
-                       window_size=(-1, 0), enable_gqa=True)
-    return out.reshape(num_tokens, num_heads * head_dim)
+    args = (query.contiguous(), keys, values, batch.cu_tokens, batch.cu_context,
+            batch.max_chunk_tokens, batch.max_position + 1)
+    return args, {"scale": scale, "window_size": (-1, 0), "enable_gqa": True}
 
 
 def _sdpa_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
