@@ -16,8 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
-from wavepp.models import load_model_config, stage_specs
+from wavepp.models import ModelConfig, load_model_config, stage_specs
 from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.launch import LocalCluster
 from wavepp.runtime.protocol import IntegrityReport
@@ -74,9 +75,9 @@ class Engine:
     def __init__(self, model: str = DEFAULT_MODEL, *, pp: int = 2, policy: str = "wavepp",
                  dtype: str = "bfloat16", block_size: int = 16,
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
-                 top_k: int = 5, num_threads: int = 1, backend: str = "gloo",
+                 top_k: int = 5, num_threads: int = 1, backend: str | None = None,
                  snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
-                 profile_waves: bool = True):
+                 profile_waves: bool = True, device: str = "cpu"):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
@@ -87,17 +88,28 @@ class Engine:
         `profile_waves`: time waves of varied shape on every stage at start-up and start the
         planner's cost model from their fit (runtime/profile.py).
 
+        `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or
+        "auto" (cuda when there is one). `backend`: the data plane's, for activations between
+        stages (None: nccl when every stage has a GPU of its own, else gloo; runtime/device.py).
+
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
         self._closed = True
+        device = resolve_device(device)
+        backend = default_backend(device, pp) if backend is None else backend
+        check_backend(device, backend, pp)
         config = RuntimeConfig(
             model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
             stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
             num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
-            snapshot_align_frac=snapshot_align_frac, profile_waves=profile_waves)
+            snapshot_align_frac=snapshot_align_frac, profile_waves=profile_waves, device=device)
         self.model_path = resolve_model(model)
-        stage_specs(load_model_config(self.model_path).num_layers, pp)   # the layers split into pp stages
-        self._cluster = LocalCluster(pp, backend)
+        model_config = load_model_config(self.model_path)
+        stage_specs(model_config.num_layers, pp)   # the layers split into pp stages
+        if device == "cuda" and not isinstance(model_config, ModelConfig):
+            raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
+                             f"{model_config.model_type} runs on device='cpu'")
+        self._cluster = LocalCluster(pp, backend, device)
         try:
             self.config = dataclasses.replace(config, model_path=str(self.model_path),
                                               run_dir=self._cluster.run_dir)

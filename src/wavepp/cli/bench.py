@@ -48,6 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="default bfloat16; with --url: the server's")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"],
+                   help="where stages compute (default cpu; not with --url: the server's)")
     p.add_argument("--snapshot-interval", default=None, metavar="BLOCKS",
                    help="hybrid models (kimi_linear): comma list of snapshot intervals in blocks, each "
                         "run side by side (default: the interval chosen from memory)")
@@ -174,7 +176,7 @@ def _check_http_args(args, info) -> list[str]:
     for name, ours, theirs in (("pp", args.pp, info.pp), ("dtype", args.dtype, info.dtype)):
         if ours is not None and ours != theirs:
             raise ValueError(f"the server at {args.url} runs --{name} {theirs}, not {ours}; leave out --{name}")
-    for name in ("snapshot_interval", "trace"):
+    for name in ("snapshot_interval", "trace", "device"):
         if getattr(args, name):
             raise ValueError(f"--{name.replace('_', '-')} is not available with --url (the bench cannot "
                              f"configure or trace the server's engine)")
@@ -232,10 +234,10 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
     try:
         if pipeline_policies:
             engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
-                                   snapshot_interval_blocks=intervals[0])
+                                   snapshot_interval_blocks=intervals[0], device=args.device or "cpu")
         if SINGLE_STAGE in policies:
             engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
-                                       snapshot_interval_blocks=intervals[0])
+                                       snapshot_interval_blocks=intervals[0], device=args.device or "cpu")
         first = workloads[concurrencies[0]]
         for name, engine in engines.items():   # warm up: first forwards are slow
             engine.prefill([wl.prompts[0][:256] for wl in first])

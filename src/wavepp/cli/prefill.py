@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
                    help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
+                        "auto (cuda when there is one); default cpu")
     p.add_argument("--stage-num-blocks", default=None,
                    help="cache blocks per stage, comma separated (default: sized from the model)")
     p.add_argument("--top-k", type=int, default=5)
@@ -36,7 +39,7 @@ def run(args) -> int:
 
     ranks = torchrun_rank()
     if ranks is not None and ranks[0] != 0:
-        return serve_stage(ranks)
+        return serve_stage(ranks, args.device)
     prompts = list(args.prompts)
     if args.token_ids:
         with open(args.token_ids) as f:
@@ -51,7 +54,8 @@ def run(args) -> int:
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
     t0 = time.perf_counter()
     with Engine(args.model or DEFAULT_MODEL, pp=args.pp, policy=args.policy, dtype=args.dtype,
-                block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k) as engine:
+                block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
+                device=args.device) as engine:
         prompts = [engine.tokenize(p) for p in prompts]   # the tokenizer loads outside the timing
         t1 = time.perf_counter()
         results = engine.prefill(prompts)
@@ -74,12 +78,18 @@ def run(args) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def serve_stage(ranks) -> int:
-    """A non-zero torchrun rank: serve this stage until rank 0 shuts the pipeline down."""
+def serve_stage(ranks, device: str = "cpu") -> int:
+    """A non-zero torchrun rank: serve this stage until rank 0 shuts the pipeline down. Every
+    rank runs the same command, so `device` (the --device argument) and the data plane's
+    backend derived from it are rank 0's as well; the stage checks them against rank 0's."""
     from wavepp.runtime import Channels, run_worker
+    from wavepp.runtime.device import default_backend, resolve_device, stage_device
+    from wavepp.runtime.launch import torchrun_local_rank
 
     rank, world = ranks
-    channels = Channels(rank, world, init_method="env://")
+    device = resolve_device(device)
+    channels = Channels(rank, world, default_backend(device, world), init_method="env://",
+                        device=stage_device(device, torchrun_local_rank()))
     run_worker(channels)
     channels.close()
     return 0

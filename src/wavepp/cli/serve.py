@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
                    help="on SIGTERM, seconds to let requests in flight finish before aborting them")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
+                        "auto (cuda when there is one); default cpu")
     p.add_argument("--stage-num-blocks", default=None,
                    help="cache blocks per stage, comma separated (default: sized from the model)")
     p.add_argument("--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)")
@@ -42,12 +45,13 @@ def run(args) -> int:
 
     ranks = torchrun_rank()
     if ranks is not None and ranks[0] != 0:
-        return serve_stage(ranks)
+        return serve_stage(ranks, args.device)
 
     model = args.model or DEFAULT_MODEL
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
     engine_kwargs = dict(model=model, pp=args.pp, policy=args.policy, dtype=args.dtype,
-                         block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k)
+                         block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
+                         device=args.device)
     config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug)
     run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

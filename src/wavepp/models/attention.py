@@ -10,7 +10,9 @@ of one KV head are stacked as rows of one matmul, so each KV head's keys are rea
 Which attention kernel runs (chunked, cascade or PyTorch's SDPA) is measured at stage start-up
 (`choose_attention`), as the projections' path is: on an AMD EPYC without AMX the chunked
 kernel ran 1.7-2x faster than SDPA's flash-attention CPU kernel in bf16, while on a Xeon with
-AMX SDPA measured the faster.
+AMX SDPA measured the faster. On CUDA nothing is timed: `varlen` (every chunk in one call of
+torch's variable-length FlashAttention) where it applies, else `sdpa`. Every kernel runs on the
+device of its inputs; every tensor it makes follows them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.config import ModelConfig
 from wavepp.models.kernels import linear
 from wavepp.models.layers import RMSNorm, apply_rotary
+
+try:   # variable-length FlashAttention (torch >= 2.10); CUDA kernels only
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:   # pragma: no cover - the pinned torch has it
+    _varlen_attn = None
 
 # Score tiles of at most about this many bytes stay in a core's L2 cache while softmax reads
 # them (measured on one core: 1-2 MiB tiles run 1.3-1.6x faster than one untiled pass).
@@ -92,13 +99,18 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                  into one matmul against the prefix's keys and values, gathered once, then
                  merged with each chunk's own part by log-sum-exp; other chunks as `chunked`
         sdpa     chunk by chunk with F.scaled_dot_product_attention (PyTorch's fused
-                 flash-attention CPU kernel: bf16 in, fp32 accumulation), a visibility mask
+                 flash-attention CPU kernel: bf16 in, fp32 accumulation; on CUDA its
+                 memory-efficient kernel), a visibility mask
+        varlen   CUDA only: every chunk in one call of torch.nn.attention.varlen (FlashAttention
+                 over the packed contexts, bf16 / fp16)
     """
     kernel = _attention_kernel if kernel is None else kernel
-    if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+    if kernel not in _ALL_KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(_ALL_KERNELS)}")
     if kernel == "sdpa":
         return _sdpa_attention(query, key_cache, value_cache, batch, scale)
+    if kernel == "varlen":
+        return _varlen_attention(query, key_cache, value_cache, batch, scale)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = key_cache.shape[1]
     group = num_heads // kv_heads
@@ -125,14 +137,16 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 # Chunks share a prefix for cascade attention from this many cached tokens on (a block or two
 # of shared keys is not worth a second pass and a merge).
 MIN_SHARED_PREFIX_TOKENS = 64
-ATTENTION_KERNELS = ("chunked", "cascade", "sdpa")
+ATTENTION_KERNELS = ("chunked", "cascade", "sdpa")     # the kernels timed on a CPU
+CUDA_ATTENTION_KERNELS = ("varlen",)                 # kernels with no CPU implementation
+_ALL_KERNELS = ATTENTION_KERNELS + CUDA_ATTENTION_KERNELS
 _attention_kernel = "chunked"
 
 
 def use_attention(kernel: str) -> None:
     global _attention_kernel
-    if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+    if kernel not in _ALL_KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(_ALL_KERNELS)}")
     _attention_kernel = kernel
 
 
@@ -148,17 +162,27 @@ class AttentionChoice:
 
 
 def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
-                     margin: float = 1.05) -> AttentionChoice:
+                     margin: float = 1.05, device: torch.device | str = "cpu") -> AttentionChoice:
     """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on
     a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
     1,024-token prefix) with this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
     it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
     Takes about a tenth of a second for SmolLM2's heads. `WAVEPP_ATTENTION_KERNEL` (one of
-    ATTENTION_KERNELS) skips the timing and uses that kernel."""
+    ATTENTION_KERNELS, or varlen on CUDA) skips the timing and uses that kernel.
+
+    On a CUDA `device` nothing is timed (the candidates above are CPU kernels): `varlen` where
+    `varlen_applies`, else `sdpa`."""
+    device = torch.device(device)
     pinned = os.environ.get("WAVEPP_ATTENTION_KERNEL")
     if pinned:
+        if pinned in CUDA_ATTENTION_KERNELS and device.type != "cuda":
+            raise ValueError(f"WAVEPP_ATTENTION_KERNEL={pinned} runs on CUDA only; this stage runs on {device}")
         use_attention(pinned)
         return AttentionChoice(pinned, {}, {})
+    if device.type == "cuda":
+        name = "varlen" if varlen_applies(head_dim, dtype, device) else "sdpa"
+        use_attention(name)
+        return AttentionChoice(name, {}, {})
     block_size, prefix, new = 16, 1024, 64
     shared = tuple(range(prefix // block_size))
     chunks = [ChunkSpec(prefix, new, shared + tuple(range(100 + 4 * i, 104 + 4 * i)), i) for i in range(4)]
@@ -191,6 +215,47 @@ def attention_flops(num_heads: int, head_dim: int, chunks: list[tuple[int, int]]
     2 * head_dim each, per head and per visible (query, key) pair."""
     visible = sum(new * cached + new * (new + 1) / 2 for cached, new in chunks)
     return 4.0 * num_heads * head_dim * visible
+
+
+def varlen_applies(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether torch's varlen FlashAttention runs these heads on `device`: this torch has it,
+    a CUDA device of compute capability 8.0 or later (FlashAttention-2), bf16 or fp16, and a
+    head_dim that is a multiple of 8 up to 256."""
+    return (_varlen_attn is not None and device.type == "cuda"
+            and dtype in (torch.bfloat16, torch.float16) and head_dim % 8 == 0 and head_dim <= 256
+            and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def _varlen_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      batch: StageBatch, scale: float) -> torch.Tensor:
+    """Every chunk in one varlen FlashAttention call over the chunks' contexts, packed:
+
+        queries  [num_tokens, heads, head_dim]    chunk i at rows cu_tokens[i]:cu_tokens[i+1]
+        keys     [sum of ends, kv_heads, hd]      chunk i at rows cu_context[i]:cu_context[i+1]
+
+    Its causal mask is aligned to the bottom right of each chunk's (new x end) score block: new
+    token r of a chunk with C cached tokens (position C + r) sees keys [0, C + r], as in every
+    other kernel here. Grouped-query heads by `enable_gqa` (K/V not repeated)."""
+    if _varlen_attn is None or query.device.type == "cpu":
+        raise ValueError("the varlen attention kernel runs on CUDA only (torch.nn.attention.varlen); "
+                         f"these tensors are on {query.device}")
+    num_tokens, num_heads, head_dim = query.shape
+    args, kwargs = varlen_operands(query, key_cache, value_cache, batch, scale)
+    return _varlen_attn(*args, **kwargs).reshape(num_tokens, num_heads * head_dim)
+
+
+def varlen_operands(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    batch: StageBatch, scale: float) -> tuple[tuple, dict]:
+    """The arguments of the varlen call (`varlen_attn(*args, **kwargs)`), apart so that the
+    packing is checked on any device: (query, keys, values, cu_seq_q, cu_seq_k, max_q, max_k),
+    then scale, a causal window and grouped-query heads."""
+    # keys, values: [sum of chunk ends, kv_heads, head_dim], gathered in context order
+    keys = key_cache.index_select(0, batch.context_slots)
+    values = value_cache.index_select(0, batch.context_slots)
+    # window (-1, 0): causal; max_k is the longest context (max_position + 1)
+    args = (query.contiguous(), keys, values, batch.cu_tokens, batch.cu_context,
+            batch.max_chunk_tokens, batch.max_position + 1)
+    return args, {"scale": scale, "window_size": (-1, 0), "enable_gqa": True}
 
 
 def _sdpa_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -229,7 +294,7 @@ def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     c0 = batch.context_starts[members[0]]
     keys, values = _gather(key_cache, value_cache, batch.context_slots[c0:c0 + prefix])
     spans = [(batch.token_starts[i], batch.token_starts[i + 1]) for i in members]
-    rows = torch.cat([torch.arange(t0, t1) for t0, t1 in spans])
+    rows = torch.cat([torch.arange(t0, t1, device=query.device) for t0, t1 in spans])
     # queries: [kv_heads, group, n, head_dim], n = the members' tokens side by side
     queries = _heads_major(query.index_select(0, rows), kv_heads)
     n = rows.numel()
@@ -265,9 +330,9 @@ def _partial_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.
     [kv_heads, r], [kv_heads, r]. Rows in tiles, so each tile's scores stay in cache."""
     kv_heads, r, head_dim = queries.shape
     length = keys.shape[1]
-    out = torch.empty(kv_heads, r, head_dim, dtype=torch.float32)
-    row_max = torch.empty(kv_heads, r, dtype=torch.float32)
-    row_sum = torch.empty(kv_heads, r, dtype=torch.float32)
+    out = torch.empty(kv_heads, r, head_dim, dtype=torch.float32, device=queries.device)
+    row_max = torch.empty(kv_heads, r, dtype=torch.float32, device=queries.device)
+    row_sum = torch.empty(kv_heads, r, dtype=torch.float32, device=queries.device)
     tile = r if bias is not None else _tile_rows(r, kv_heads * length * 4)
     for a in range(0, r, tile):
         b = min(r, a + tile)

@@ -18,6 +18,7 @@ and save the state after [0, p) into slot s for each (p, s) of `state_saves`:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
@@ -64,7 +65,9 @@ class StageBatch:
     """One wave's chunks on one stage, with the index tensors every layer shares.
 
     Build it with `StageBatch.build(chunks, block_size)`; it validates that each block table
-    covers its chunk and that no two tokens of the batch write the same cache slot.
+    covers its chunk and that no two tokens of the batch write the same cache slot. Its tensors
+    are built on the host; `to(device)` gives the batch a model on a GPU reads (and every mask
+    it makes later is made on that device).
     """
 
     chunks: tuple[ChunkSpec, ...]
@@ -76,6 +79,8 @@ class StageBatch:
     context_slots: torch.Tensor      # [sum of chunk ends] int64, slots of [0, end) per chunk
     last_token_indices: torch.Tensor  # [num_chunks] int64, flat index of each chunk's last token
     causal_mask: torch.Tensor        # [n, n] bool, n = longest chunk: True where key j > query i
+    cu_tokens: torch.Tensor          # [num_chunks + 1] int32, token_starts (varlen kernels)
+    cu_context: torch.Tensor         # [num_chunks + 1] int32, context_starts (varlen kernels)
     max_block_id: int
     max_position: int
     _biases: dict = field(default_factory=dict, repr=False, compare=False)   # per dtype / chunk, made once
@@ -88,11 +93,35 @@ class StageBatch:
     def num_chunks(self) -> int:
         return len(self.chunks)
 
+    @property
+    def device(self) -> torch.device:
+        return self.positions.device
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        return self.causal_mask.shape[0]
+
+    def to(self, device: torch.device | str) -> StageBatch:
+        """This batch with its tensors on `device` (itself when they are there already): one
+        non-blocking copy per index tensor, once per wave, shared by every layer."""
+        device = torch.device(device)
+        if self.device == device:
+            return self
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return dataclasses.replace(
+            self, positions=move(self.positions), slot_mapping=move(self.slot_mapping),
+            context_slots=move(self.context_slots), last_token_indices=move(self.last_token_indices),
+            causal_mask=move(self.causal_mask), cu_tokens=move(self.cu_tokens),
+            cu_context=move(self.cu_context), _biases={})
+
     def causal_bias(self, dtype: torch.dtype) -> torch.Tensor:
         """causal_mask as an additive bias (0 or -inf) in `dtype`, made once per dtype: every
         layer adds it to its scores, which is cheaper than a masked fill."""
         if dtype not in self._biases:
-            zeros = torch.zeros(self.causal_mask.shape, dtype=dtype)
+            zeros = torch.zeros(self.causal_mask.shape, dtype=dtype, device=self.device)
             self._biases[dtype] = zeros.masked_fill_(self.causal_mask, float("-inf"))
         return self._biases[dtype]
 
@@ -105,7 +134,8 @@ class StageBatch:
         key = ("visible", index)
         if key not in self._biases:
             chunk = self.chunks[index]
-            self._biases[key] = torch.ones(chunk.num_tokens, chunk.end, dtype=torch.bool).tril_(chunk.num_cached_tokens)
+            self._biases[key] = torch.ones(chunk.num_tokens, chunk.end, dtype=torch.bool,
+                                           device=self.device).tril_(chunk.num_cached_tokens)
         return self._biases[key]
 
     def shared_prefixes(self, min_tokens: int) -> list[tuple[tuple[int, ...], int]]:
@@ -175,6 +205,8 @@ class StageBatch:
             context_slots=torch.cat(contexts),
             last_token_indices=torch.tensor(token_starts[1:], dtype=torch.int64) - 1,
             causal_mask=torch.ones(longest, longest, dtype=torch.bool).triu_(1),
+            cu_tokens=torch.tensor(token_starts, dtype=torch.int32),
+            cu_context=torch.tensor(context_starts, dtype=torch.int32),
             max_block_id=max_block_id,
             max_position=max(chunk.end for chunk in chunks) - 1,
         )

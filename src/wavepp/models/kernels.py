@@ -63,16 +63,23 @@ class KernelChoice:
 
 
 def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *, trials: int = 5,
-                  seed: int = 0) -> KernelChoice:
+                  seed: int = 0, device: torch.device | str = "cpu") -> KernelChoice:
     """Time every linear path on `shapes` ((rows, in, out) each) with random operands of `dtype`,
     the candidates interleaved trial by trial (so that a noisy neighbour hurts them alike), and
     use the one with the highest median rate. Takes well under a second for a model's shapes.
     `WAVEPP_LINEAR_KERNEL` (a name of LINEAR_KERNELS) skips the timing and uses that path: the
-    same numerics in every process, run after run."""
+    same numerics in every process, run after run.
+
+    On a CUDA `device` nothing is timed and F.linear is used: both paths are the same cuBLAS
+    GEMM there (a transposed operand is a flag of the call, not a copy), so a timing would only
+    measure noise, and a host clock around asynchronous kernels measures their launch."""
     pinned = os.environ.get("WAVEPP_LINEAR_KERNEL")
     if pinned:
         use_linear(pinned)
         return KernelChoice(pinned, {}, 0.0)
+    if torch.device(device).type == "cuda":
+        use_linear("linear")
+        return KernelChoice("linear", {}, 0.0)
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     operands = [(torch.randn(r, i, generator=gen).to(dtype), torch.randn(o, i, generator=gen).to(dtype))

@@ -50,6 +50,10 @@ class PagedKVCache:
         return self.key.dtype
 
     @property
+    def device(self) -> torch.device:
+        return self.key.device
+
+    @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
 

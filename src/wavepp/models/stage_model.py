@@ -53,9 +53,14 @@ class StageModel(nn.Module):
         self.lm_head = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False) if stage.is_last else None
         self.rotary = RotaryEmbedding(config, dtype)
 
+    @property
+    def device(self) -> torch.device:
+        """Where this stage's weights are (`.to(device)` moves them, its rotary tables too)."""
+        return self.rotary.cos.device
+
     def new_kv_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A zeroed cache shaped for this stage's layers, in the model dtype."""
-        return PagedKVCache.for_stage(self.config, self.stage, num_blocks, block_size, self.dtype)
+        """A zeroed cache shaped for this stage's layers, in the model dtype, on its device."""
+        return PagedKVCache.for_stage(self.config, self.stage, num_blocks, block_size, self.dtype, self.device)
 
     @property
     def input_width(self) -> int:
@@ -106,6 +111,12 @@ class StageModel(nn.Module):
         if got != expected:
             raise ValueError(f"kv cache (layers, kv heads, head_dim, dtype) = {got}; "
                              f"this stage needs {expected}")
+        inputs = input_ids if input_ids is not None else hidden_states
+        for name, device in (("kv cache", kv_cache.device), ("batch", batch.device),
+                             ("inputs", None if inputs is None else inputs.device)):
+            if device is not None and device != self.device:
+                raise ValueError(f"the {name} is on {device}, this stage's weights on {self.device}: "
+                                 f"move it there (StageBatch.to, tensor.to)")
         check_stage_inputs(batch, self.stage, kv_cache.block_size, kv_cache.num_blocks, self.rotary.max_positions,
                            config.vocab_size, config.hidden_size, self.dtype, input_ids, hidden_states)
 

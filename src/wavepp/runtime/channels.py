@@ -7,7 +7,12 @@ so that each group has one sending thread and one receiving thread on any pair o
     data     stage s -> stage s+1           activations               (gloo on CPU, NCCL on GPU)
     results  last stage -> leader           first tokens, timings     (gloo)
 
-Objects travel pickled as uint8 tensors (length first). Nothing home-made for rendezvous:
+Objects travel pickled as uint8 tensors (length first), always over gloo on the host: they are
+made and read by Python on the host, and a pickle sent over NCCL would cost a copy to the GPU
+and back plus a stream synchronization for a few hundred bytes. Only the data plane takes the
+`backend` argument: with NCCL its tensors stay on the stage's GPU (`device`), with gloo they
+cross through host memory (the CPU, or GPUs shared by several stages, which NCCL refuses).
+The default process group is gloo and carries nothing; every plane is a group of its own. Nothing home-made for rendezvous:
 init_process_group with the env:// method (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), as
 torchrun sets them.
 """
@@ -33,13 +38,23 @@ class Shutdown:
 
 class Channels:
     def __init__(self, rank: int, world_size: int, backend: str = "gloo", *,
-                 init_method: str = "env://", timeout_s: float = 1800):
-        self.rank, self.world_size = rank, world_size
+                 init_method: str = "env://", timeout_s: float = 1800,
+                 device: torch.device | str = "cpu"):
+        """`device`: this rank's compute device. With backend "nccl" it must be a CUDA device;
+        it becomes the process's current device (NCCL binds a rank to it)."""
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.device = device = torch.device(device)
+        if backend == "nccl" and device.type != "cuda":
+            raise ValueError(f"the nccl data plane moves CUDA tensors; rank {rank} computes on {device}")
+        # where the data plane's tensors live: the GPU under NCCL, host memory under gloo
+        self.data_device = device if backend == "nccl" else torch.device("cpu")
         if world_size == 1:
             self.groups = {}
             return
+        if backend == "nccl":
+            torch.cuda.set_device(device)
         if not dist.is_initialized():
-            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
         # every rank creates the groups in the same order
         self.groups = {name: dist.new_group(backend="gloo") for name in
@@ -60,16 +75,18 @@ class Channels:
         return pickle.loads(payload.numpy().tobytes())
 
     def send_tensor(self, tensor: torch.Tensor, dst: int) -> None:
-        # bf16 travels as its bit pattern (int16): every backend moves those
-        if tensor.dtype == torch.bfloat16:
-            tensor = tensor.view(torch.int16)
-        self._send(tensor.contiguous(), dst, "data")
+        """Send `tensor` (on any device) to rank `dst`; it is copied to the data plane's device
+        first where it lives elsewhere (a GPU's activations under gloo)."""
+        tensor = tensor.to(self.data_device).contiguous()
+        self._send(tensor.view(_wire_dtype(tensor.dtype, self.backend)), dst, "data")
 
     def recv_tensor(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
-        wire = torch.int16 if dtype == torch.bfloat16 else dtype
-        out = torch.empty(shape, dtype=wire)
+        """A tensor from rank `src`, on `data_device` (the caller moves it to its own device).
+        Under NCCL the receive is ordered before later work on this device's current stream,
+        not finished on return (ProcessGroupNCCL's wait)."""
+        out = torch.empty(shape, dtype=_wire_dtype(dtype, self.backend), device=self.data_device)
         self._recv(out, src, "data")
-        return out.view(dtype) if dtype == torch.bfloat16 else out
+        return out.view(dtype)
 
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():
@@ -88,3 +105,9 @@ class Channels:
         except RuntimeError as exc:
             raise PeerLostError(f"rank {self.rank}: receiving from rank {src} on the {plane} plane "
                                 f"failed: {exc}") from exc
+
+
+def _wire_dtype(dtype: torch.dtype, backend: str) -> torch.dtype:
+    # gloo: bf16 travels as its bit pattern (int16), which every gloo build moves; NCCL moves
+    # bf16 itself and has no 16-bit integer type
+    return torch.int16 if dtype == torch.bfloat16 and backend == "gloo" else dtype

@@ -17,7 +17,8 @@ class RuntimeConfig:
                                           # sized from the model and the machine (stage.py)
     top_k: int = 5                        # logprobs returned per first token
     num_threads: int = 1                  # compute threads per stage process
-    backend: str = "gloo"
+    backend: str = "gloo"                 # the data plane's (activations); objects go over gloo
+    device: str = "cpu"                   # "cpu" | "cuda", resolved (runtime/device.py)
     run_dir: str = ""                     # where stage processes leave error reports
     snapshot_interval_blocks: int | None = None   # hybrid models: snapshot grid; None: from memory
     snapshot_align_frac: float = 0.125    # hybrid models: PlannerConfig.snapshot_align_frac
@@ -45,6 +46,8 @@ class RuntimeConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda' here (resolved), got {self.device!r}")
         if self.snapshot_interval_blocks is not None and self.snapshot_interval_blocks < 1:
             raise ValueError(f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}")
         if not 0 <= self.snapshot_align_frac < 1:

@@ -55,7 +55,7 @@ class EngineCore:
         for rank in range(1, self.num_stages):
             channels.send_obj(Setup(config), rank, "rounds")
         torch.set_num_threads(config.num_threads)
-        self.stage = StageRuntime(config, 0)
+        self.stage = StageRuntime(config, 0, channels.device)
         blocks = [self.stage.num_blocks]
         for rank in range(1, self.num_stages):
             msg = channels.recv_obj(rank, "replies")

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from wavepp.runtime.channels import Channels
+from wavepp.runtime.device import stage_device
 
 
 def free_port() -> int:
@@ -45,29 +46,36 @@ class StageStartError(RuntimeError):
     """A stage process exited before the pipeline was up."""
 
 
-class LocalCluster:
-    """Ranks 1..S-1 as child processes of this one; rank 0's Channels."""
+def torchrun_local_rank() -> int:
+    """This process's rank on its node under torchrun (LOCAL_RANK)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
-    def __init__(self, num_stages: int, backend: str = "gloo"):
+
+class LocalCluster:
+    """Ranks 1..S-1 as child processes of this one; rank 0's Channels. `device`: "cpu" or
+    "cuda" (resolved, runtime/device.py); each rank's Channels.device is its own."""
+
+    def __init__(self, num_stages: int, backend: str = "gloo", device: str = "cpu"):
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, got {num_stages!r}")
         self.run_dir = tempfile.mkdtemp(prefix="wavepp-")
         self.procs: list[mp.Process] = []
         try:
-            self._start(num_stages, backend)
+            self._start(num_stages, backend, device)
         except BaseException:
             self.close(timeout_s=2)
             raise
 
-    def _start(self, num_stages: int, backend: str) -> None:
+    def _start(self, num_stages: int, backend: str, device: str) -> None:
         if torchrun_rank() is not None:
             rank, world = torchrun_rank()
             if world != num_stages:
                 raise ValueError(f"torchrun started {world} ranks but pp={num_stages}")
-            self.channels = Channels(rank, world, backend, init_method="env://")
+            self.channels = Channels(rank, world, backend, init_method="env://",
+                                     device=stage_device(device, torchrun_local_rank()))
             return
         if num_stages == 1:
-            self.channels = Channels(0, 1)
+            self.channels = Channels(0, 1, device=stage_device(device, 0))
             return
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError("another pipeline (an Engine with pp > 1) is running in this process: "
@@ -75,12 +83,13 @@ class LocalCluster:
         init = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         for rank in range(1, num_stages):
-            proc = ctx.Process(target=_worker_main, args=(rank, num_stages, backend, init, self.run_dir),
+            proc = ctx.Process(target=_worker_main, args=(rank, num_stages, backend, device, init, self.run_dir),
                                name=f"wavepp-stage{rank}", daemon=True)
             proc.start()
             self.procs.append(proc)
         self._joining = True     # from here on, a failure may leave a half-made process group
-        self.channels = self._rendezvous(lambda: Channels(0, num_stages, backend, init_method=init))
+        self.channels = self._rendezvous(lambda: Channels(0, num_stages, backend, init_method=init,
+                                                          device=stage_device(device, 0)))
 
     def _rendezvous(self, connect, poll_s: float = 0.2) -> Channels:
         """Join the process group while watching the children: a stage that dies before it
@@ -176,11 +185,11 @@ class LocalCluster:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-def _worker_main(rank: int, world: int, backend: str, init: str, run_dir: str) -> None:
+def _worker_main(rank: int, world: int, backend: str, device: str, init: str, run_dir: str) -> None:
     _die_with_parent()
     from wavepp.runtime.worker import run_worker
     try:
-        channels = Channels(rank, world, backend, init_method=init)
+        channels = Channels(rank, world, backend, init_method=init, device=stage_device(device, rank))
         run_worker(channels)
         channels.close()
     except BaseException as exc:   # noqa: BLE001

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch
+from wavepp.runtime.device import synchronize
 from wavepp.sched.cost_model import CostCoefficients, fit_coefficients
 
 Shape = tuple[tuple[int, int], ...]    # a wave: (num_cached, num_new) per chunk
@@ -119,17 +120,20 @@ def time_stage_waves(stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: i
             n = -(-(L + x) // bs)
             specs.append(ChunkSpec(L, x, tuple(range(next_block, next_block + n)), request_id=f"profile-{i}"))
             next_block += n
-        batch = StageBatch.build(specs, bs)
+        device = stage.device
+        batch = StageBatch.build(specs, bs).to(device)
         num_tokens = sum(x for _, x in chunks)
         if stage.spec.is_first:
-            inputs = {"input_ids": torch.randint(0, mc.vocab_size, (num_tokens,), generator=gen)}
+            inputs = {"input_ids": torch.randint(0, mc.vocab_size, (num_tokens,), generator=gen).to(device)}
         else:
             h = torch.zeros(num_tokens, model.input_width, dtype=model.dtype)
             # the residual stream; columns past it (DSA's top-k positions) stay 0: position 0
             h[:, :hidden] = torch.randn(num_tokens, hidden, generator=gen).to(model.dtype)
-            inputs = {"hidden_states": h}
+            inputs = {"hidden_states": h.to(device)}
+        synchronize(device)   # a GPU's queue holds only this wave's work when the clock starts
         t0 = time.perf_counter()
         model(batch, stage.kv, **inputs)
+        synchronize(device)
         return time.perf_counter() - t0
 
     with stage.lock:

@@ -21,6 +21,7 @@ from wavepp.models.attention import choose_attention
 from wavepp.models.kernels import choose_linear, linear_shapes
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.device import synchronize
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
@@ -81,18 +82,22 @@ def available_memory_bytes() -> int:
 
 
 class StageRuntime:
-    def __init__(self, config: RuntimeConfig, stage_id: int):
+    def __init__(self, config: RuntimeConfig, stage_id: int, device: torch.device = torch.device("cpu")):
+        """Load this stage's slice onto `device` (its weights, KV cache and every index tensor
+        of its waves live there; inputs arrive on the host or the data plane's device and are
+        moved there)."""
         self.config = config
         self.stage_id = stage_id
+        self.device = torch.device(device)
         self.model_config = load_model_config(config.model_path)
         self.spec = stage_specs(self.model_config.num_layers, config.num_stages)[stage_id]
-        self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype])
+        self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(self.device)
         # the projections' kernel path, measured here on this model's shapes (CPUs differ)
-        self.linear_kernel = choose_linear(linear_shapes(self.model), _DTYPES[config.dtype])
+        self.linear_kernel = choose_linear(linear_shapes(self.model), _DTYPES[config.dtype], device=self.device)
         mc = self.model_config
         if getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None):   # GQA attention
             self.attention_kernel = choose_attention(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
-                                                     mc.head_dim, _DTYPES[config.dtype])
+                                                     mc.head_dim, _DTYPES[config.dtype], device=self.device)
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
         self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
@@ -149,14 +154,20 @@ class StageRuntime:
         if prepared:
             chunks = [ChunkSpec(p.chunk.start, p.chunk.num_tokens, p.block_table, p.chunk.request_id,
                                 p.state_in, p.state_saves) for p in prepared]
-            batch = StageBatch.build(chunks, self.config.block_size)
+            # index tensors built on the host, then one copy each to the device (none on the CPU)
+            batch = StageBatch.build(chunks, self.config.block_size).to(self.device)
             rows = _output_rows(wave) if self.spec.is_last else None
+            if rows is not None:
+                rows = (rows[0].to(self.device, non_blocking=True), rows[1])
+            if inputs is not None:
+                inputs = inputs.to(self.device, non_blocking=True)
             if self.spec.is_first:
                 output = self.model(batch, self.kv, input_ids=inputs, **rows_kwarg(rows))
             else:
                 output = self.model(batch, self.kv, hidden_states=inputs, **rows_kwarg(rows))
             if self.spec.is_last:
                 output = self._first_tokens(wave, output, rows)
+        synchronize(self.device)   # on a GPU the forward runs behind the host: count all of it
         seconds = time.perf_counter() - t0
         with self.lock:
             self.server.complete(wave)
@@ -191,7 +202,7 @@ class StageRuntime:
                 # rows of positions [logprob_start, logprob_start + n) of this chunk
                 first = last[i] - (c.end - 1 - c.logprob_start)
                 n = len(c.logprob_token_ids)
-                targets = torch.tensor(c.logprob_token_ids, dtype=torch.int64)
+                targets = torch.tensor(c.logprob_token_ids, dtype=torch.int64, device=logprobs.device)
                 lps = logprobs[first:first + n].gather(1, targets[:, None])[:, 0]
                 results.append(PromptLogprobs(
                     c.request_id, c.logprob_start, tuple(lps.tolist()),

@@ -32,7 +32,11 @@ def run_worker(channels: Channels) -> None:
     config = setup.config
     torch.set_num_threads(config.num_threads)
     try:
-        stage = StageRuntime(config, rank)
+        if (config.device, config.backend) != (channels.device.type, channels.backend):
+            raise ValueError(f"rank 0 runs device={config.device!r} with a {config.backend} data plane, "
+                             f"this rank device={channels.device.type!r} with {channels.backend}: "
+                             f"start every rank with the same --device")
+        stage = StageRuntime(config, rank, channels.device)
     except Exception as exc:
         channels.send_obj(LoadFailed(rank, f"stage {rank} failed to load: {exc}"), 0, "replies")
         raise
