@@ -2,7 +2,9 @@
 
     WAVE     admission rounds with every stage, beside execution (asynchronous policies)
     LOOP     plans the next wave and runs stage 0 on it; under lockstep it first runs a
-             whole admission round whenever requests wait (the mechanism lockstep tests)
+             whole admission round whenever requests wait (the mechanism lockstep tests);
+             under trtllm-pp and sglang-pp it runs those frameworks' iterations instead
+             (outside_loop.py)
     RESULTS  receives first tokens from the last stage and completes requests
 
 Leader state is shared under one lock (`cond`); the stage's pool has its own lock
@@ -25,6 +27,7 @@ import torch
 
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.outside_loop import OutsideLoop, loop_leader_args, loop_planner_args
 from wavepp.runtime.protocol import (
     CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
 from wavepp.runtime.stage import StageRuntime
@@ -193,7 +196,11 @@ class EngineCore:
             with self.cond:
                 if self._stopping:
                     return
+                outside = self._outside
                 inline = self.policy.inline_admission and self.leader.has_waiting and self.leader.round is None
+            if outside is not None:
+                outside.iterate()
+                continue
             if inline:
                 t0 = time.perf_counter()
                 self._round()
@@ -231,7 +238,10 @@ class EngineCore:
             msg = self.channels.recv_obj(self.num_stages - 1, "results")
             if isinstance(msg, Shutdown):
                 return
-            self._on_result(msg)
+            if self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
+                self._outside.hold(msg)
+            else:
+                self._on_result(msg)
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -301,12 +311,15 @@ class EngineCore:
         self.policy = get_policy(policy, runtime=True)
         cfg = self.config
         # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
+        loop = self.policy.loop
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
-                             mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1])
+                             mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1],
+                             **loop_planner_args(loop))
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
                                           max_prompt_tokens=self.max_prompt_tokens,
-                                          hybrid=self.stage.layout.is_hybrid),
+                                          hybrid=self.stage.layout.is_hybrid, **loop_leader_args(loop, self.num_stages)),
                              make_planner(self.policy.planner, pcfg))
+        self._outside = OutsideLoop(self) if loop is not None else None
         self._stats = CoreStats.empty(self.num_stages)
 
     def _wait_idle(self) -> None:
