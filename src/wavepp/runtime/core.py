@@ -27,12 +27,13 @@ import torch
 
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
-from wavepp.runtime.outside_loop import OutsideLoop, loop_leader_args, loop_planner_args
+from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.protocol import (
     CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
 from wavepp.runtime.stage import StageRuntime
 from wavepp.runtime.stats import CoreStats
 from wavepp.sched import Leader, LeaderConfig, PlannerConfig, ReleaseMsg, WaveResult, get_policy, make_planner
+from wavepp.sched.policy import loop_leader_args, loop_planner_args
 from wavepp.sched.rounds import run_round
 
 

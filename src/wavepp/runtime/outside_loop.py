@@ -21,12 +21,13 @@ same loops step by step, on every rank):
                 wait for its result, then the
                 leader finishes its requests
 
-Where the runtime's structure differs, in the baselines' favour or neutrally: the stages answer
-the exchange on their WAVE thread beside their compute (the frameworks' ranks do this host
-work between their forwards); the per-stage caches need the leader to hear every stage's
-answer (the frameworks' ranks decide alike without answering), so one round trip per phase is
-on rank 0's path; the last stage's result comes straight back to rank 0 instead of round the
-ring. Nothing waits on a timer: every pause is a message or a result not yet there.
+Where the runtime's structure differs from the frameworks': the stages answer the exchange on
+their WAVE thread beside their compute (the frameworks' ranks do this host work between their
+forwards: in the baselines' favour); the leader needs every stage's answer, since the stages'
+caches differ (the frameworks' ranks reach the same decision without answering), so a round
+trip per phase is on rank 0's path (against them; the price of per-stage caches under an inline
+loop); the last stage's result comes straight back to rank 0 instead of round the ring (in their
+favour). Nothing waits on a timer: every pause is a message or a result not yet there.
 """
 
 from __future__ import annotations
@@ -40,24 +41,6 @@ import torch
 from wavepp.runtime.protocol import ResultMsg, StageTiming, WaveHeader
 from wavepp.runtime.stats import MAX_RECORDS
 from wavepp.sched import ProbeMsg
-
-# TensorRT-LLM's max_num_tokens of 8,192 per microbatch, in the ratio of this runtime's 512-token
-# waves to the paper's 16,384 (as RUNTIME_MPU_TOKENS in core.py); SGLang's base chunk of 16,384
-# is the planner's default 512 (PlannerConfig.static_wave_tokens)
-RUNTIME_TRTLLM_TOKENS = 256
-
-
-def loop_planner_args(loop: str | None) -> dict:
-    """PlannerConfig fields of an outside loop's planner on this runtime."""
-    return {"static_wave_tokens": RUNTIME_TRTLLM_TOKENS} if loop == "trtllm" else {}
-
-
-def loop_leader_args(loop: str | None, num_stages: int) -> dict:
-    """LeaderConfig fields of an outside loop: P microbatch slots; serial chunks under trtllm."""
-    if loop is None:
-        return {}
-    return {"max_waves_in_flight": num_stages, "serial_chunks": loop == "trtllm"}
-
 
 @dataclass
 class LoopWave:

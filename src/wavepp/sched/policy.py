@@ -59,6 +59,24 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("fixed-lease", False, "static", "ablation: + lease and escrow", in_runtime=False),
 )}
 
+# TensorRT-LLM's max_num_tokens of 8,192 per microbatch, in the ratio of the runtime's 512-token
+# waves to the paper's 16,384 (as RUNTIME_MPU_TOKENS in runtime/core.py); SGLang's base chunk of
+# 16,384 is the planner's default 512 there (PlannerConfig.static_wave_tokens)
+RUNTIME_TRTLLM_TOKENS = 256
+
+
+def loop_planner_args(loop: str | None) -> dict:
+    """PlannerConfig fields of an outside loop's planner on the CPU runtime."""
+    return {"static_wave_tokens": RUNTIME_TRTLLM_TOKENS} if loop == "trtllm" else {}
+
+
+def loop_leader_args(loop: str | None, num_stages: int) -> dict:
+    """LeaderConfig fields of an outside loop: P microbatch slots; serial chunks under trtllm."""
+    if loop is None:
+        return {}
+    return {"max_waves_in_flight": num_stages, "serial_chunks": loop == "trtllm"}
+
+
 SINGLE_STAGE = "single-stage"     # the bench's pipelining reference: the runtime at pp = 1
 
 
