@@ -311,14 +311,15 @@ class EngineCore:
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)
         cfg = self.config
+        loop = self.policy.loop       # an outside loop's budget, slots and serial chunks
         # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
-        loop = self.policy.loop
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
                              mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1],
                              **loop_planner_args(loop))
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
                                           max_prompt_tokens=self.max_prompt_tokens,
-                                          hybrid=self.stage.layout.is_hybrid, **loop_leader_args(loop, self.num_stages)),
+                                          hybrid=self.stage.layout.is_hybrid,
+                                          **loop_leader_args(loop, self.num_stages)),
                              make_planner(self.policy.planner, pcfg))
         self._outside = OutsideLoop(self) if loop is not None else None
         self._stats = CoreStats.empty(self.num_stages)
