@@ -11,7 +11,9 @@ Each workload runs `--repeat` times on the real runtime (medians reported); the 
 wave of the fitting workload's runs (`--fit-on reuse` holds the other workloads out). The
 outside loops (trtllm-pp, sglang-pp) are simulated with their host cost per iteration as
 measured in their own runs of that workload (`loop_costs_from_rounds`: the runtime's
-per-iteration exchanges); their compute comes from wavepp's fit like every other policy's.
+per-iteration exchanges); their compute comes from wavepp's fit like every other policy's,
+or, with `--fit-policies all`, from a fit over every policy's waves (the loops' waves hold
+more, shorter chunks than wavepp's, which a fit on wavepp's alone extrapolates to).
 """
 
 from __future__ import annotations
@@ -49,13 +51,18 @@ def main() -> None:
     ap.add_argument("--fit-on", default="all", help="a workload name, or all (default)")
     ap.add_argument("--workloads", default="reuse,short-suffix,mixed,cold", help="comma list")
     ap.add_argument("--policies", default="wavepp",
-                    help="comma list; the fit uses wavepp's samples only, the other policies are predicted")
+                    help="comma list; the fit uses wavepp's samples only (see --fit-policies), the "
+                         "other policies are predicted")
+    ap.add_argument("--fit-policies", default="wavepp",
+                    help="comma list of the policies whose stage samples the compute fit uses "
+                         "(default wavepp; all: every policy run, so the fit sees every wave shape)")
     args = ap.parse_args()
     vocab = load_model_config(resolve_model(args.model)).vocab_size
     wanted = comma_list(args.workloads)
     policies = comma_list(args.policies)
-    if "wavepp" not in policies:
-        raise SystemExit("--policies must include wavepp (the fit uses its stage samples)")
+    fit_policies = policies if args.fit_policies == "all" else comma_list(args.fit_policies)
+    if not set(fit_policies) <= set(policies):
+        raise SystemExit("--fit-policies must be among --policies (the fit uses their stage samples)")
     wls = {k: v for k, v in workloads(vocab, args.num_requests).items() if k in wanted}
     if args.fit_on != "all" and args.fit_on not in wls:
         raise SystemExit(f"--fit-on {args.fit_on}: not among --workloads")
@@ -70,10 +77,11 @@ def main() -> None:
                     m = run_real(engine, wl, args.concurrency, policy_label=policy, repeat=rep)
                     measured.setdefault((name, policy), []).append(m.input_tok_s)
                     spans.setdefault((name, policy), []).extend(engine.stats().round_spans)
-                    if policy == "wavepp" and args.fit_on in (name, "all"):
+                    if policy in fit_policies and args.fit_on in (name, "all"):
                         samples += [StageSample(s, shapes, sec) for s, shapes, sec in engine.stats().stage_samples]
     hardware = CpuHardware.fit(samples, num_stages=2)
-    print(f"fitted on {args.fit_on} ({len(samples)} stage samples): {hardware.stage_costs}")
+    print(f"fitted on {args.fit_on} under {','.join(fit_policies)} ({len(samples)} stage samples): "
+          f"{hardware.stage_costs}")
     print(f"{'workload':14} {'policy':10} {'runtime tok/s':>14} {'simulator':>10} {'ratio':>6}  loop host costs")
     for name, wl in wls.items():
         for policy in policies:
