@@ -42,6 +42,7 @@ from wavepp.runtime.protocol import ResultMsg, StageTiming, WaveHeader
 from wavepp.runtime.stats import MAX_RECORDS
 from wavepp.sched import ProbeMsg
 
+
 @dataclass
 class LoopWave:
     """One launched microbatch: its chunks as (request id, start, num_tokens, is_last), the
