@@ -2,7 +2,9 @@
 
     WAVE     admission rounds with every stage, beside execution (asynchronous policies)
     LOOP     plans the next wave and runs stage 0 on it; under lockstep it first runs a
-             whole admission round whenever requests wait (the mechanism lockstep tests)
+             whole admission round whenever requests wait (the mechanism lockstep tests);
+             under trtllm-pp and sglang-pp it runs those frameworks' iterations instead
+             (outside_loop.py)
     RESULTS  receives first tokens from the last stage and completes requests
 
 Leader state is shared under one lock (`cond`); the stage's pool has its own lock
@@ -27,12 +29,14 @@ from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.profile import (
     MIN_PROFILE_SHAPES, ProfileWaves, WaveProfile, fit_profile, profile_shapes, time_stage_waves)
+from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.protocol import (
     CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
 from wavepp.runtime.stage import StageRuntime
 from wavepp.runtime.stats import CoreStats
 from wavepp.sched import Leader, LeaderConfig, PlannerConfig, ReleaseMsg, WaveResult, get_policy, make_planner
 from wavepp.sched.cost_model import CostModel
+from wavepp.sched.policy import loop_leader_args, loop_planner_args
 from wavepp.sched.rounds import run_round
 
 
@@ -207,7 +211,11 @@ class EngineCore:
             with self.cond:
                 if self._stopping:
                     return
+                outside = self._outside
                 inline = self.policy.inline_admission and self.leader.has_waiting and self.leader.round is None
+            if outside is not None:
+                outside.iterate()
+                continue
             if inline:
                 t0 = time.perf_counter()
                 self._round()
@@ -245,7 +253,10 @@ class EngineCore:
             msg = self.channels.recv_obj(self.num_stages - 1, "results")
             if isinstance(msg, Shutdown):
                 return
-            self._on_result(msg)
+            if self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
+                self._outside.hold(msg)
+            else:
+                self._on_result(msg)
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -330,18 +341,21 @@ class EngineCore:
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)
         cfg = self.config
+        loop = self.policy.loop       # an outside loop's budget, slots and serial chunks
         # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
         pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
                              mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1],
                              snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
-                             snapshot_align_frac=self.snapshot_align_frac)
+                             snapshot_align_frac=self.snapshot_align_frac, **loop_planner_args(loop))
         # the cost-model planners start from the profiling pass's fit, then refine it online
         profiled = self.profile is not None and self.policy.planner in ("balanced", "dynamic")
         kwargs = {"cost_model": CostModel(self.profile.coefficients)} if profiled else {}
         self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
                                           max_prompt_tokens=self.max_prompt_tokens,
-                                          hybrid=self.stage.layout.is_hybrid),
+                                          hybrid=self.stage.layout.is_hybrid,
+                                          **loop_leader_args(loop, self.num_stages)),
                              make_planner(self.policy.planner, pcfg, **kwargs))
+        self._outside = OutsideLoop(self) if loop is not None else None
         self._stats = CoreStats.empty(self.num_stages)
 
     def _wait_idle(self) -> None:

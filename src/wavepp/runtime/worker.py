@@ -1,7 +1,9 @@
 """A stage rank other than 0: three threads.
 
     WAVE       receives rounds-plane messages from the leader; answers them at once
-               (asynchronous policies) or hands them to LOOP (lockstep)
+               (asynchronous policies, and the outside loops trtllm-pp and sglang-pp, whose
+               rank 0 waits for the answer before each microbatch) or hands them to LOOP
+               (lockstep)
     RECV       receives wave headers and activations from the previous stage
     LOOP       runs waves in order (and, under lockstep, rounds between them), sends
                activations on, or results back to rank 0 from the last stage
@@ -59,7 +61,7 @@ def run_worker(channels: Channels) -> None:
             elif isinstance(msg, ProfileWaves):   # once, at start-up, before any request
                 times = ProfileTimes(rank, time_stage_waves(stage, msg.shapes))
                 channels.send_obj(ControlReply(rank, times), 0, "replies")
-            elif stage.policy.inline_admission:
+            elif stage.policy.inline_admission and stage.policy.loop is None:
                 inbox.put(RoundWork(msg))
             else:
                 reply = stage.handle_round(msg)

@@ -1,20 +1,27 @@
 """Policies: when admission runs, which planner sizes the waves, and where each one runs.
 
-Each baseline differs from `wavepp` in exactly one mechanism:
+Each in-house baseline differs from `wavepp` in exactly one mechanism; the outside loops
+(`sglang-pp`, `trtllm-pp`) follow another framework's executor loop as a whole:
 
     policy       admission                          planner                        runs in
     wavepp       asynchronous (WAVE, beside LOOP)   balanced (fitted cost model)   runtime, simulator
     wavepp-mpu   asynchronous                       mpu (the paper's budgets)      runtime, simulator
     lockstep     inline: between waves, on LOOP     balanced                       runtime, simulator
     static       asynchronous                       static (fixed token budget)    runtime, simulator
-    sglang-pp    inline                             dynamic (SGLang's chunking)    runtime, simulator
-                 (simulator: SGLang's event_loop_pp step by step, sim/loops.py)
-    trtllm-pp    TensorRT-LLM's _executor_loop_pp   static (max_num_tokens 8192)   simulator
-                 step by step (sim/loops.py)
+    sglang-pp    SGLang's event_loop_pp: a round    dynamic (SGLang's chunking;    runtime, simulator
+                 with every stage before each       base 16,384; 512 on the
+                 microbatch, P slots, outputs       runtime)
+                 retired a slot later
+    trtllm-pp    TensorRT-LLM's _executor_loop_pp:  static (max_num_tokens 8,192;  runtime, simulator
+                 as sglang-pp, and a request has    256 on the runtime)
+                 one chunk in flight
     vllm-pp      one central scheduler and pool     static                         simulator
     tp-ep        one scheduler, every device on     static                         simulator
                  every layer
     fixed-*      the paper's ablation steps         static                         simulator
+
+The outside loops (`loop`) run step by step on every rank in the simulator (sim/loops.py) and as
+rank 0's iteration on the runtime (runtime/outside_loop.py).
 
 The bench adds `single-stage` (the runtime with one stage: the pipelining reference). The CLI's
 choices, the bench's list and the simulator's systems (sim/systems.py) all come from here.
@@ -32,6 +39,7 @@ class Policy:
     planner: str
     description: str
     in_runtime: bool = True       # False: a topology only the simulator models
+    loop: str | None = None       # an outside framework's executor loop: trtllm | sglang
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
@@ -39,9 +47,9 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("wavepp-mpu", False, "mpu", "asynchronous admission, the paper's MPU budgets"),
     Policy("lockstep", True, "balanced", "admission inline between waves (TensorRT-LLM PP style)"),
     Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
-    Policy("sglang-pp", True, "dynamic", "inline admission, SGLang's dynamic chunk sizes"),
-    Policy("trtllm-pp", True, "static", "TensorRT-LLM's PP executor loop, 8192-token microbatches",
-           in_runtime=False),
+    Policy("sglang-pp", True, "dynamic", "SGLang's PP event loop, dynamic chunk sizes", loop="sglang"),
+    Policy("trtllm-pp", True, "static", "TensorRT-LLM's PP executor loop, fixed-budget microbatches",
+           loop="trtllm"),
     Policy("vllm-pp", True, "static", "central scheduler and pool, fixed budget", in_runtime=False),
     Policy("tp-ep", True, "static", "one scheduler, fixed budget, TP/EP over all devices", in_runtime=False),
     # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)
@@ -50,6 +58,24 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            in_runtime=False),
     Policy("fixed-lease", False, "static", "ablation: + lease and escrow", in_runtime=False),
 )}
+
+# TensorRT-LLM's max_num_tokens of 8,192 per microbatch, in the ratio of the runtime's 512-token
+# waves to the paper's 16,384 (as RUNTIME_MPU_TOKENS in runtime/core.py); SGLang's base chunk of
+# 16,384 is the planner's default 512 there (PlannerConfig.static_wave_tokens)
+RUNTIME_TRTLLM_TOKENS = 256
+
+
+def loop_planner_args(loop: str | None) -> dict:
+    """PlannerConfig fields of an outside loop's planner on the CPU runtime."""
+    return {"static_wave_tokens": RUNTIME_TRTLLM_TOKENS} if loop == "trtllm" else {}
+
+
+def loop_leader_args(loop: str | None, num_stages: int) -> dict:
+    """LeaderConfig fields of an outside loop: P microbatch slots; serial chunks under trtllm."""
+    if loop is None:
+        return {}
+    return {"max_waves_in_flight": num_stages, "serial_chunks": loop == "trtllm"}
+
 
 SINGLE_STAGE = "single-stage"     # the bench's pipelining reference: the runtime at pp = 1
 

@@ -1,7 +1,7 @@
 """Discrete-event simulation of the pipeline, driving the real sched and cache code, with cost
 models of real hardware and model shapes (and of this machine, fitted from measurements)."""
 
-from wavepp.sim.calibrate import CPU_ADMISSION, CpuHardware, StageSample, fit_stage_costs
+from wavepp.sim.calibrate import CPU_ADMISSION, CpuHardware, StageSample, fit_stage_costs, loop_costs_from_rounds
 from wavepp.sim.cost import ExecOverheads, StageCostModel, sparse_pairs, transfer_seconds
 from wavepp.sim.events import EventLoop
 from wavepp.sim.grid import GRIDS, GridSetting, WorkloadShape, get_grid, kimi_grid, paper_grid, run_grid
@@ -17,7 +17,7 @@ from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, s
 from wavepp.sim.systems import SYSTEMS, SystemSpec, get_system
 
 __all__ = [
-    "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "ExecOverheads",
+    "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "loop_costs_from_rounds", "ExecOverheads",
     "StageCostModel", "sparse_pairs", "transfer_seconds", "EventLoop", "GRIDS", "GridSetting",
     "WorkloadShape", "get_grid", "kimi_grid", "paper_grid", "run_grid", "HARDWARE", "HardwareSpec",
     "get_hardware", "SimReport", "build_sim", "run_closed_loop", "LoopCosts", "LoopSim", "MODELS", "ModelShape", "get_model",

@@ -9,6 +9,10 @@ runtime's throughput on workloads it has not run:
     cpu = CpuHardware.fit(samples, admission=CPU_ADMISSION)
     sim = cpu.build("wavepp", stage_num_blocks=1024, block_size=16)
     result = run_closed_loop(sim, prompts, concurrency)
+
+The outside loops (trtllm-pp, sglang-pp) also need their host cost per iteration on this
+machine: `loop_costs_from_rounds` takes it from the runtime's own per-iteration exchanges
+under that policy (its round spans), and `cpu.build("trtllm-pp", loop_costs=...)` uses it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from typing import Iterable, Sequence
 
 from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.planner import PlannerConfig
+from wavepp.sched.policy import loop_planner_args
 from wavepp.sim.harness import build_sim
+from wavepp.sim.loops import LoopCosts
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.scenario import AdmissionCosts
 from wavepp.sim.systems import get_system
@@ -102,16 +108,41 @@ class CpuHardware:
                         round_new_block_s=adm.new_block_s * blocks, leader_item_s=adm.leader_item_s)
 
     def build(self, policy: str, *, stage_num_blocks: Sequence[int] | int = 1024, block_size: int = 16,
-              planner_config: PlannerConfig | None = None, check_integrity: bool = False) -> PipelineSim:
+              planner_config: PlannerConfig | None = None, check_integrity: bool = False,
+              loop_costs: LoopCosts | None = None) -> PipelineSim:
         """The runtime's pipeline on this machine under `policy` (wavepp, lockstep, static, ...).
-        The planners start from the slowest stage's fitted costs, as the runtime's would after
-        its first waves."""
+        The balanced planner starts from the slowest stage's fitted costs, as the runtime's
+        would after its first waves. The outside loops (trtllm-pp, sglang-pp) run their
+        framework's loop (sim/loops.py) with the runtime's budgets and `loop_costs` (this
+        machine's host costs per iteration, `loop_costs_from_rounds`); sglang-pp's dynamic
+        chunking keeps the runtime planner's default cost model, as the runtime does."""
         spec = get_system(policy)
         if spec.topology == "tp":
             raise ValueError("tp-ep needs a device cost model, not a fitted CPU pipeline")
         slowest = max(self.stage_costs, key=lambda c: CostModel(c).wave_time([(1024, 256)]))
-        pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=self.num_stages)
+        pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=self.num_stages,
+                                               **loop_planner_args(spec.loop))
+        cost_model = None if spec.loop == "sglang" else CostModel(slowest)
         return build_sim(spec.policy, self.num_stages, self.sim_costs(block_size),
                          stage_num_blocks=stage_num_blocks, block_size=block_size, planner_config=pcfg,
-                         cost_model=CostModel(slowest), max_waves_in_flight=spec.ring_per_stage * self.num_stages,
-                         check_integrity=check_integrity, central_pool=spec.topology == "central")
+                         cost_model=cost_model, max_waves_in_flight=spec.ring_per_stage * self.num_stages,
+                         check_integrity=check_integrity, central_pool=spec.topology == "central",
+                         loop=spec.loop, loop_costs=loop_costs or LoopCosts(block_tokens=block_size))
+
+
+def loop_costs_from_rounds(round_spans: Iterable[tuple[int, float, float]]) -> LoopCosts:
+    """An outside loop's host costs on this machine, from the runtime's round spans under that
+    policy: (round id, start, end) per iteration's exchange, round id -1 where nothing was
+    admitted (the empty request list). Rank 0's exchange, the loop's fetch + schedule +
+    every rank's match and allocation, costs `schedule_s` (the mean over every iteration:
+    with and without admission, in the proportion the run had them); a message between
+    ranks costs `hop_s`, half the median empty exchange (one message out, one back). The
+    per-request and per-block costs are inside the measured exchange, so they are zero here."""
+    spans = list(round_spans)
+    if not spans:
+        raise ValueError("no round spans: run the policy on the runtime first")
+    empty = sorted(end - start for rid, start, end in spans if rid == -1)
+    hop_s = empty[len(empty) // 2] / 2 if empty else 0.0
+    schedule_s = sum(end - start for _, start, end in spans) / len(spans)
+    return LoopCosts(fetch_s=0.0, schedule_s=schedule_s, schedule_item_s=0.0, match_block_s=0.0,
+                     alloc_block_s=0.0, relay_s=0.0, hop_s=hop_s, finalize_s=0.0)
