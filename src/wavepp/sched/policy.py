@@ -45,7 +45,7 @@ class Policy:
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("wavepp", False, "balanced", "asynchronous admission, cost-balanced waves"),
     Policy("wavepp-mpu", False, "mpu", "asynchronous admission, the paper's MPU budgets"),
-    Policy("lockstep", True, "balanced", "admission inline between waves (TensorRT-LLM PP style)"),
+    Policy("lockstep", True, "balanced", "admission inline between waves, only when requests wait"),
     Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
     Policy("sglang-pp", True, "dynamic", "SGLang's PP event loop, dynamic chunk sizes", loop="sglang"),
     Policy("trtllm-pp", True, "static", "TensorRT-LLM's PP executor loop, fixed-budget microbatches",
