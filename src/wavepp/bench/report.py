@@ -17,14 +17,23 @@ def machine() -> str:
 
 
 def print_table(rows: list[dict], console, title: str) -> None:
+    """One row per (workload, concurrency, policy); within a setting the fastest first (in
+    bold), and each policy's input tok/s as a ratio to wavepp's (to the first policy's when
+    wavepp did not run)."""
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("workload", "c", "policy", "input tok/s", "computed tok/s", "vs lockstep",
+    policies = [r["policy"] for r in rows]
+    ref_policy = "wavepp" if "wavepp" in policies else (policies[0] if policies else "wavepp")
+    for col in ("workload", "c", "policy", "input tok/s", "computed tok/s", f"vs {ref_policy}",
                 "hit / ideal", "TTFT p50/p95 ms", "stage util", "idle in/adm", "adm p50/p99 ms"):
         table.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
-    base = {(r["workload"], r["concurrency"]): r["input_tok_s"] for r in rows if r["policy"] == "lockstep"}
-    for r in sorted(rows, key=lambda r: (r["workload"], r["concurrency"], r["policy"])):
+    base = {(r["workload"], r["concurrency"]): r["input_tok_s"] for r in rows if r["policy"] == ref_policy}
+    best = {}
+    for r in rows:
+        key = (r["workload"], r["concurrency"])
+        best[key] = max(best.get(key, 0.0), r["input_tok_s"])
+    for r in sorted(rows, key=lambda r: (r["workload"], r["concurrency"], -r["input_tok_s"])):
         ref = base.get((r["workload"], r["concurrency"]))
         ratio = f"{r['input_tok_s'] / ref:.2f}x" if ref else "-"
         util = "/".join(f"{u:.0%}" for u in r["stage_utilization"]) or "n/a"
@@ -32,10 +41,12 @@ def print_table(rows: list[dict], console, title: str) -> None:
                                                          r["stage_idle_admission_frac"])) or "n/a"
         adm = "n/a" if r["admission_p50_ms"] is None else \
             f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}"
+        fastest = r["input_tok_s"] == best[(r["workload"], r["concurrency"])]
         table.add_row(r["workload"], str(r["concurrency"]), r["policy"], f"{r['input_tok_s']:,.0f}",
                       f"{r['computed_tok_s']:,.0f}", ratio,
                       f"{r['hit_rate']:.1%} / {r['ideal_hit_rate']:.1%}",
-                      f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle, adm)
+                      f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle, adm,
+                      style="bold" if fastest and len(rows) > 1 else None)
     console.print(table)
 
 

@@ -11,7 +11,7 @@ from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
 
 
-DEFAULT_POLICIES = "wavepp,wavepp-mpu,lockstep,static,single-stage"
+DEFAULT_POLICIES = "wavepp,wavepp-mpu,static,trtllm-pp,sglang-pp,lockstep,single-stage"
 
 
 def add_parser(sub) -> None:
@@ -141,7 +141,7 @@ def run(args) -> int:
             rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals,
                                   ideal_on_grid, progress, task, trace_events)
     med = median_rows(rows)
-    title = f"medians of {args.repeat} interleaved run(s); ratios vs lockstep"
+    title = f"medians of {args.repeat} interleaved run(s); fastest first, in bold"
     http_meta = {}
     if args.url:
         http_meta = {"url": args.url, "caches_reset": caches_reset,
