@@ -24,9 +24,8 @@ import subprocess
 import sys
 import time
 
-import httpx
 
-from wavepp.bench.http import reset_caches, run_http_closed_loop, server_info
+from wavepp.bench.http import reset_caches, run_http_closed_loop, server_info, wait_until_healthy
 from wavepp.bench.measure import run_closed_loop
 from wavepp.bench.report import machine
 from wavepp.cli.bench import build_workloads
@@ -83,7 +82,7 @@ def _over_http(args, workloads, rep: int) -> list:
                                "--pp", str(args.pp), "--policy", args.policy, "--dtype", args.dtype,
                                "--port", str(port), "--debug"], stderr=subprocess.DEVNULL)
     try:
-        _wait_healthy(url, server)
+        wait_until_healthy(url, server)
         info = server_info(url)
         warm = run_load(url, [wl.prompts[0][:256] for wl in workloads], concurrency=len(workloads))
         assert warm.num_ok == len(workloads), warm.errors
@@ -111,20 +110,6 @@ def _in_process(args, workloads, rep: int) -> list:
             engine.reset()
             out.append(run_closed_loop(engine, wl, args.concurrency, policy_label=args.policy, repeat=rep))
         return out
-
-
-def _wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"wavepp serve exited with {server.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"wavepp serve did not answer /health within {timeout_s} s")
 
 
 def _print_table(rows: list[dict], args) -> None:

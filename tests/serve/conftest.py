@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from wavepp.bench.http import wait_until_healthy
 from wavepp.make_model import make_model
 from wavepp.runtime.launch import free_port
 
@@ -58,19 +57,12 @@ class ServerProcess:
                "--port", str(self.port), "--dtype", "float32", *(["--debug"] if debug else []), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"wavepp serve exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
+        try:
+            wait_until_healthy(self.url, self.proc, timeout_s=start_timeout_s)
+        except RuntimeError as exc:
+            if self.proc.poll() is None:
                 self.proc.kill()
-                raise RuntimeError("wavepp serve did not start in time")
-            time.sleep(0.2)
+            raise RuntimeError(f"{exc}: {self.proc.stdout.read()}") from None
         self.stage_pids = stage_pids(self.proc.pid)
 
     def stop(self, timeout_s: float = 30) -> int:

@@ -20,6 +20,7 @@ and the report says so. A figure the server's /metrics does not give is None ("n
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -43,6 +44,23 @@ class ServerInfo:
     block_size: int
     vocab_size: int
     can_reset: bool           # started with --debug: POST /debug/reset exists
+
+
+def wait_until_healthy(url: str, process=None, timeout_s: float = 300.0, poll_s: float = 0.2) -> None:
+    """Poll `url`/health until it answers 200. RuntimeError if `process` (a Popen running the
+    server) exits first, or after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"wavepp serve exited with code {process.returncode} before it was healthy")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"wavepp serve did not answer {url}/health within {timeout_s:.0f} s")
+        time.sleep(poll_s)
 
 
 def server_info(url: str, timeout_s: float = 10.0) -> ServerInfo:
