@@ -2,6 +2,7 @@
 once, with its reason, instead of leaving rank 0 waiting for the rendezvous timeout."""
 
 import multiprocessing as mp
+import os
 import sys
 import threading
 import time
@@ -31,3 +32,21 @@ def test_rendezvous_result_and_errors_pass_through(tmp_path):
     assert cluster._rendezvous(lambda: "channels") == "channels"
     with pytest.raises(ValueError, match="bad init"):
         cluster._rendezvous(lambda: (_ for _ in ()).throw(ValueError("bad init")))
+
+
+def test_stale_run_dirs_of_dead_owners_are_removed(tmp_path):
+    import subprocess
+
+    from wavepp.runtime.launch import RUN_DIR_PREFIX, remove_stale_run_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{RUN_DIR_PREFIX}{dead.pid}-abc"
+    stale.mkdir()
+    (stale / "stage1.error").write_text("x")
+    live = tmp_path / f"{RUN_DIR_PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    other = tmp_path / f"{RUN_DIR_PREFIX}notapid-ghi"
+    other.mkdir()
+    assert remove_stale_run_dirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and other.exists()

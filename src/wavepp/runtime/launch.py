@@ -51,6 +51,33 @@ def torchrun_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+RUN_DIR_PREFIX = "wavepp-"     # run directories: wavepp-<owner pid>-<random>, in the temp dir
+
+
+def remove_stale_run_dirs(tmp_dir: str | None = None) -> list[str]:
+    """Remove the run directories whose owner process is gone (it was killed, so it could not
+    clean up after itself); return their paths. Directories of live owners, and directories
+    not named by this module, are left alone."""
+    removed = []
+    for path in Path(tmp_dir or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
+        owner = path.name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
+        if not owner.isdigit() or not path.is_dir() or _alive(int(owner)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # another user's live process
+        return True
+    return True
+
+
 class LocalCluster:
     """Ranks 1..S-1 as child processes of this one; rank 0's Channels. `device`: "cpu" or
     "cuda" (resolved, runtime/device.py); each rank's Channels.device is its own."""
@@ -58,7 +85,8 @@ class LocalCluster:
     def __init__(self, num_stages: int, backend: str = "gloo", device: str = "cpu"):
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, got {num_stages!r}")
-        self.run_dir = tempfile.mkdtemp(prefix="wavepp-")
+        remove_stale_run_dirs()
+        self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         self.procs: list[mp.Process] = []
         try:
             self._start(num_stages, backend, device)
