@@ -25,6 +25,7 @@ def test_abort_storm_leaves_every_stage_clean(server, tiny_model):
     report = run_load(server.url, prompts, concurrency=64, disconnect_fraction=1 / 3, seed=6,
                       max_disconnect_s=1.0)
     assert report.num_errors == 0, report.errors[:5]
+    assert report.num_resent <= 10                # a connection closed under a request is rare
     assert report.num_rejected == 0
     assert report.num_ok + report.num_disconnected == 1000
     assert report.num_disconnected > 150          # of the ~333 that give up, most give up in time

@@ -24,6 +24,7 @@ class LoadReport:
     num_disconnected: int = 0
     num_rejected: int = 0           # 429
     num_errors: int = 0             # any other status, or a transport error
+    num_resent: int = 0             # sent again once after the connection closed under it
     errors: list[str] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)     # of the ok ones, in send order
     cached_tokens: int = 0
@@ -46,12 +47,23 @@ async def _load(url: str, prompts, concurrency: int, disconnect_fraction: float,
         if model is not None:
             body["model"] = model
         t0 = time.perf_counter()
+
+        async def post():
+            # a pooled keep-alive connection the server closed as the request went out fails
+            # with no response: send it once more on a fresh connection (a prefill is
+            # idempotent), and count it
+            try:
+                return await client.post("/v1/completions", json=body)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                report.num_resent += 1
+                return await client.post("/v1/completions", json=body)
+
         try:
             if disconnect:
-                await asyncio.wait_for(client.post("/v1/completions", json=body), after_s)
+                await asyncio.wait_for(post(), after_s)
                 report.num_ok += 1     # it finished before the client gave up
                 return
-            r = await client.post("/v1/completions", json=body)
+            r = await post()
         except asyncio.TimeoutError:
             report.num_disconnected += 1
             return
