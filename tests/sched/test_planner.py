@@ -190,3 +190,33 @@ def test_filled_waves_double_behind_a_deep_queue():
     assert sum(c.num_tokens for c in planner.plan([req(0, 4096)])) == 512
     with pytest.raises(ValueError, match="hold_frac"):
         PlannerConfig(hold_frac=1.0)
+
+
+def test_balanced_counts_the_requests_in_admission():
+    # linear cost: 1 ms per wave, 10 us per token; S = 4
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=4, max_wave_tokens=4096, min_wave_tokens=16)
+    alone = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
+    # the first of a burst, alone: its 4096 tokens spread over S = 4 waves
+    assert spans(alone.plan([req(0, 4096)])) == [(0, 0, 1024, False)]
+    # the rest of the burst in the round: 3 x 4096 more to share, so the first wave takes the
+    # whole first request (the share, 4096, is what it holds)
+    beside = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
+    assert spans(beside.plan([req(0, 4096)], admitting=[(0, 4096)] * 3)) == [(0, 0, 4096, True)]
+    # a request whose round agreed a long cached prefix counts only its rest
+    few = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
+    assert spans(few.plan([req(0, 4096)], admitting=[(3584, 512)] * 3)) == [(0, 0, 1408, False)]
+
+
+def test_filled_waves_fill_to_the_token_cap_across_chunks():
+    # per chunk 1 ms plus re-reading its prefix (1 us per cached token): two chunks after a
+    # 4096-token prefix cost more than one chunk of the same tokens
+    coef = CostCoefficients(c_wave=1e-3, c0=1e-3, g=1e-6, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=512, min_wave_tokens=16,
+                        fill_waves=True, deep_queue_waves=0)
+    planner = BalancedPlanner(cfg, CostModel(coef))
+    a, b = req(0, 4096 + 256, scheduled=4096), req(1, 4096 + 512, scheduled=4096)
+    many = [a, b] + [req(i, 4096 + 512, scheduled=4096) for i in range(2, 8)]
+    # a time cap of one 512-token chunk after 4096 would cut b's chunk to 240 tokens and leave
+    # every later wave out of step with request ends; the wave fills to M = 512 tokens instead
+    assert spans(planner.plan(many)) == [(0, 4096, 4352, True), (1, 4096, 4352, False)]

@@ -76,11 +76,19 @@ def test_topologies_and_rings_of_the_baselines():
     assert build_system("sglang-pp", setup).leader.config.waves_in_flight_cap == 4
 
 
-def test_hybrid_model_runs_with_snapshot_boundaries():
-    setup = small_setup("kimi-linear", max_pool_blocks=512)   # integrity checks walk every block
+@pytest.mark.parametrize("interval", [0, 4])
+def test_hybrid_model_runs_with_snapshot_boundaries(interval):
+    # integrity checks walk every block
+    setup = small_setup("kimi-linear", max_pool_blocks=512, snapshot_interval_blocks=interval)
     work = make_workload("reuse", num_requests=8, num_groups=2, prompt_len=160, block_size=8, seed=2)
     result, sim = run_setting("wavepp", setup, work, 4, check_integrity=True)
-    assert sim.leader.config.hybrid and result.num_failed == 0 and result.hit_rate > 0
+    assert sim.leader.config.hybrid and result.num_failed == 0
+    assert result.hit_rate <= work.ideal_hit_rate + 1e-9
+    if interval:
+        # real snapshots every 4 blocks: requests 4-7 resume from their group's prefix, each
+        # at the last grid point inside it, whatever chunks computed it
+        assert hasattr(sim.servers[0].pool, "match_snapshots")
+        assert result.hit_rate > 0
 
 
 def test_wavepp_beats_lockstep_on_short_suffixes_at_high_concurrency():

@@ -279,7 +279,7 @@ class Leader:
         ready = [r for r in self.plannable if r.num_unscheduled_tokens > 0 and self._deps_dispatched(r)]
         if self.config.serial_chunks:
             ready = [r for r in ready if r.num_computed_tokens == r.num_scheduled_tokens]
-        chunks = self.planner.plan(ready) if ready else []
+        chunks = self.planner.plan(ready, self._admitting()) if ready else []
         if not chunks and not self._pending_releases:
             return None
         bs = self.config.block_size
@@ -296,6 +296,14 @@ class Leader:
         self._pending_releases.clear()
         self.waves_in_flight[wave.wave_id] = wave
         return wave
+
+    def _admitting(self) -> list[tuple[int, int]]:
+        """(cached, new) tokens of the requests in the round and waiting for one; cached is 0
+        until the round agrees the prefix (an upper bound on their work)."""
+        pending = list(self.round.requests) if self.round is not None else []
+        pending.extend(self.waiting)
+        return [(r.num_cached_tokens, r.num_tokens - r.num_cached_tokens) if r.state == RequestState.LEASED
+                else (0, r.num_tokens) for r in pending]
 
     def on_wave_result(self, result: WaveResult, now: float) -> list[Request]:
         """A wave came back from the last stage; returns the requests it finished (they are

@@ -23,6 +23,7 @@ which moves chunk ends onto nearby snapshot boundaries (PlannerConfig.snapshot_a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -56,9 +57,10 @@ class PlannerConfig:
     count_in_flight: bool = True
     # balanced: with the pipeline full, hold back waves under this fraction of a fair share
     hold_frac: float = 0.5
-    # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait
-    # (8-12 give the same simulator grids; 3 and 6 fewer best settings); 0: never
-    deep_queue_waves: int = 8
+    # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait; 0:
+    # never. Chosen on the simulator's grids (settings where wavepp is best, paper of 40 / kimi
+    # of 18 at c >= 8): 2: 36/12, 3: 36/10, 4: 40/14, 5: 38/14, 6: 39/13, 8: 38/14
+    deep_queue_waves: int = 4
     # hybrid models (sched/snapshot_align.py): a chunk end moves onto a snapshot boundary (a
     # multiple of snapshot_interval_blocks blocks, or the request's last reusable boundary) at
     # most this fraction of the chunk away: down, or up where the wave's budget has room.
@@ -104,8 +106,12 @@ MPU_PAPER_TOKENS = (16384, 8192)
 class Planner(Protocol):
     name: str
 
-    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
-        """Chunks of the next wave from `requests` (plannable, FCFS order). Mutates nothing."""
+    def plan(self, requests: Sequence[Request], admitting: Sequence[tuple[int, int]] = ()) -> list[Chunk]:
+        """Chunks of the next wave from `requests` (plannable, FCFS order). Mutates nothing.
+
+        `admitting`: (cached, new) tokens of each request that waits for or is in an admission
+        round: work that becomes plannable within a round's time (cached is 0 until the round
+        agrees the prefix, an upper bound on the work). Only `balanced` weighs it."""
 
     def observe(self, chunks: Sequence[tuple[int, int]], seconds: float) -> None:
         """A wave of (num_cached, num_new) chunks took `seconds` on its slowest stage."""
@@ -154,7 +160,7 @@ class StaticPlanner:
     def __init__(self, config: PlannerConfig):
         self.config = config
 
-    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting=()) -> list[Chunk]:
         return pack_tokens(requests, self.config.static_wave_tokens, self.config,
                            self.config.block_size)
 
@@ -205,7 +211,7 @@ class MpuPlanner:
             self._streak_up = self._streak_down = 0
         return self.budget
 
-    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting=()) -> list[Chunk]:
         b = self.decide(self.propose(requests))
         return pack_tokens(requests, b, self.config, max(self.budgets[-1], b // 2))
 
@@ -218,8 +224,9 @@ class BalancedPlanner:
 
     The pipeline wants `target_waves` waves in flight (default: one per stage), each carrying
     an equal share of all the work in the system: the work waiting (W, predicted chunk time of
-    every plannable request's rest) and the work in flight (F, the chunks of the waves this
-    planner sent that have not come back). The wave time target is
+    every plannable request's rest, and of every request waiting for or in an admission round,
+    at its agreed prefix or, before the round agrees one, at none) and the work in flight (F,
+    the chunks of the waves this planner sent that have not come back). The wave time target is
 
         T = c_wave + (W + F) / target_waves
 
@@ -239,7 +246,8 @@ class BalancedPlanner:
                              `overhead_frac` of it: chunks after long prefixes get fewer tokens,
                              and every wave costs about the same (the CPU runtime, M = 512)
       fill waves             an M-token wave after the longest prefix at hand: waves fill to M
-                             tokens, M the efficient size from the profiling pass
+                             tokens (at the cap the token count binds, not the time, however
+                             many chunks share the wave), M the efficient size from the profiling pass
                              (`efficient_wave_tokens`), 2M behind a deep queue (`wave_tokens`). On a GPU a chunk cut short after a long
                              prefix pays its per-chunk costs (MLA re-expansion of the prefix)
                              and the per-wave weight reads again for fewer tokens.
@@ -281,16 +289,25 @@ class BalancedPlanner:
         self._retire()
         return sum(t for t, _ in self._in_flight)
 
-    def target_time(self, requests: Sequence[Request]) -> float:
+    def target_time(self, requests: Sequence[Request], admitting: Sequence[tuple[int, int]] = ()) -> float:
+        """The next wave's predicted time (inf: as many tokens as the token cap allows)."""
         cost, cfg = self.cost, self.config
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
+        # requests in admission are work of the next round: without them, the first request
+        # admitted would spread over S thin waves while the rest of its burst is being admitted
+        work += sum(cost.chunk_time(cached, new) for cached, new in admitting)
         flight = self.in_flight_work() if cfg.count_in_flight else 0.0
         spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, cfg.min_wave_tokens)])
         if cfg.fill_waves:
             longest = max((r.num_scheduled_tokens for r in requests), default=0)
-            return max(min(spread, cost.wave_time([(longest, self.wave_tokens(requests))])), lo)
+            if spread >= cost.wave_time([(longest, self.wave_tokens(requests))]):
+                # The wave fills to its token cap. A time cap would cut it short whenever it
+                # holds more than one chunk (each pays its per-chunk costs), and every later
+                # wave would then split a request out of step with its end.
+                return math.inf
+            return max(spread, lo)
         # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
         # and a cap taken at an empty prefix would cut waves below M tokens
         hi = cost.wave_time([(round(mean_prefix), cfg.max_wave_tokens)])
@@ -308,11 +325,11 @@ class BalancedPlanner:
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
         return work < self.config.hold_frac * (work + self.in_flight_work()) / self.target_waves
 
-    def plan(self, requests: Sequence[Request]) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting: Sequence[tuple[int, int]] = ()) -> list[Chunk]:
         cfg, cost = self.config, self.cost
         if self.holds(requests):    # waves are in flight: one comes back and plans again
             return []
-        left = self.target_time(requests) - cost.coef.c_wave
+        left = self.target_time(requests, admitting) - cost.coef.c_wave
         token_cap = self.wave_tokens(requests)
         chunks: list[Chunk] = []
         for req in requests:

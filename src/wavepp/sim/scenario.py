@@ -71,10 +71,15 @@ class SimSetup:
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
+    # hybrid models: stages keep real state snapshots every this many blocks (slots, leases,
+    # escrow, as the runtime does); 0: a memoryless stand-in that resumes only where a chunk ended
+    snapshot_interval_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.max_wave_tokens < 0:
             raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
+        if self.snapshot_interval_blocks < 0:
+            raise ValueError(f"SimSetup.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}")
         for name in ("num_devices", "token_scale", "block_size",
                      "min_wave_tokens", "max_round_requests", "max_pool_blocks"):
             if getattr(self, name) <= 0:
@@ -147,6 +152,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
                      hybrid=m.hybrid, central_pool=spec.topology == "central",
+                     snapshot_interval_blocks=setup.snapshot_interval_blocks or None,
                      loop=spec.loop, loop_costs=setup.loop_costs.scaled(s))
 
 
