@@ -171,3 +171,26 @@ def test_closed_loop_drains_with_clean_caches():
             assert cap.num_leased == cap.num_escrowed == cap.num_pending == cap.num_in_use == 0, policy
             assert not server.requests
         assert sim.leader.idle
+
+
+def test_planner_sees_the_requests_waiting_for_admission():
+    from wavepp.sched import BalancedPlanner, CostCoefficients, CostModel
+
+    def first_wave(num_waiting):
+        servers = [StageServer(s, BlockPool(256, BS)) for s in range(4)]
+        cfg = PlannerConfig(block_size=BS, num_stages=4, max_wave_tokens=64, min_wave_tokens=BS)
+        coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+        leader = Leader(LeaderConfig(4, BS, stage_num_blocks=(256,) * 4, max_round_requests=1),
+                        BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9))
+        first = leader.add_request(0, seq(0, 64))
+        run_round(leader, servers)        # the round takes one request: the first is plannable
+        assert first.state == RequestState.ADMITTED
+        for i in range(1, 1 + num_waiting):
+            leader.add_request(i, seq(100 * i, 64))
+        assert leader._admitting() == [(0, 64)] * num_waiting
+        return [(c.request_id, c.start, c.end) for c in leader.plan_wave(0.0).chunks]
+
+    # alone, the first request spreads over S = 4 waves of 16 tokens
+    assert first_wave(0) == [(0, 0, 16)]
+    # with three more 64-token prompts waiting for a round the share is 64 tokens: all of it
+    assert first_wave(3) == [(0, 0, 64)]

@@ -18,6 +18,7 @@ handed to the driver once by `take_finished()`.
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass
 
 from wavepp.cache import CapacityView
@@ -27,6 +28,10 @@ from wavepp.sched.messages import (
     CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import Planner
 from wavepp.sched.request import Request, RequestState
+
+
+# waiting requests the planner is told of (Leader._admitting)
+_ADMITTING_SCAN = 256
 
 
 @dataclass(frozen=True)
@@ -298,10 +303,12 @@ class Leader:
         return wave
 
     def _admitting(self) -> list[tuple[int, int]]:
-        """(cached, new) tokens of the requests in the round and waiting for one; cached is 0
-        until the round agrees the prefix (an upper bound on their work)."""
+        """(cached, new) tokens of the requests in the round and the first `_ADMITTING_SCAN`
+        waiting for one; cached is 0 until the round agrees the prefix (an upper bound on their
+        work). The planner's share saturates at its cap long before a deep queue ends, so a
+        long queue is not walked on every wave."""
         pending = list(self.round.requests) if self.round is not None else []
-        pending.extend(self.waiting)
+        pending.extend(itertools.islice(self.waiting, _ADMITTING_SCAN))
         return [(r.num_cached_tokens, r.num_tokens - r.num_cached_tokens) if r.state == RequestState.LEASED
                 else (0, r.num_tokens) for r in pending]
 
