@@ -103,9 +103,9 @@ void softmax_row(T* row, int64_t length, int64_t visible, bool normalize, float*
 
 // The same row with AVX-512: 16 scores a step, the tail under a mask. exp as above, with
 // round(t) by vrndscaleps and 2^n applied by vscalefps, which also takes the result through
-// fp32's subnormals to 0 (t clamped to -150, where 2^t is under half of 2^-149).
+// fp32's subnormals to 0 (t clamped to -151: 2^-151 rounds to 0, as exp(-inf) is).
 inline __m512 exp16_nonpositive(__m512 x) {
-  const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(-150.0f));
+  const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(-151.0f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_set1_ps(kExp2[5]);
