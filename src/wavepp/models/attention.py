@@ -170,13 +170,15 @@ class AttentionChoice:
     gflops: dict[str, float]         # the same as GFLOP/s (q.k and p.v over visible keys)
 
 
-def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
+def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 5,
                      margin: float = 1.05, device: torch.device | str = "cpu") -> AttentionChoice:
     """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on
     a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
     1,024-token prefix) with this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
     it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
-    Takes about a tenth of a second for SmolLM2's heads. `WAVEPP_ATTENTION_KERNEL` (one of
+    Takes about 0.3 s for SmolLM2's heads (`cpu_attention_kernels`, five trials; the first
+    round in a process ran up to 10% off, hence more than three), and the first time on a
+    machine the C++ softmax's build (about 30 s). `WAVEPP_ATTENTION_KERNEL` (one of
     ATTENTION_KERNELS, or varlen on CUDA) skips the timing and uses that kernel.
 
     On a CUDA `device` nothing is timed (the candidates above are CPU kernels): `varlen` where
