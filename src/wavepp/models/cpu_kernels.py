@@ -69,11 +69,11 @@ def _build():
         return None
     start = time.perf_counter()
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load_inline
+        from torch.utils.cpp_extension import load_inline
 
         source = resources.files("wavepp.models").joinpath("cpu_softmax.cpp").read_text()
         name = "wavepp_cpu_softmax_" + _fingerprint(source)
-        built = os.path.exists(os.path.join(_get_build_directory(name, False), f"{name}.so"))
+        built = _is_built(name)
         module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)
     except Exception as err:   # noqa: BLE001 - no compiler, a failed build: keep torch's path
         lines = str(err).strip().splitlines() or [""]
@@ -85,6 +85,15 @@ def _build():
     else:   # the first use on this machine: say what it cost (visible without logging set up)
         log.warning("C++ softmax built in %.1f s (g++ %s; once per machine)", seconds, " ".join(_FLAGS))
     return module
+
+
+def _is_built(name: str) -> bool:
+    """Whether torch's extensions directory holds `name` already (only for the log line)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        return os.path.exists(os.path.join(_get_build_directory(name, False), f"{name}.so"))
+    except Exception:   # noqa: BLE001 - a private helper of torch's; say "built" then
+        return False
 
 
 def _fingerprint(source: str) -> str:
