@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_model.py [--threads 1] [--runs 5] [--model smollm2]
     .venv/bin/python benchmarks/bench_model.py --families [--dtype bfloat16]
+    .venv/bin/python benchmarks/bench_model.py --softmax-ab [--runs 7]
 
 Runs the whole model as one stage in bf16 over chunks of 128/256/512 tokens after cached
 prefixes of 0/1k/4k tokens, and over batches of several chunks (waves batch requests),
@@ -16,6 +17,11 @@ core (a 1024^3 matmul or the projection kernels on the model's shapes, whichever
 then one layer's attention alone on the same chunks (the chosen kernel, timed by itself),
 its GFLOP/s and share of the roofline. The last line is the check: the whole forward after a
 1.5k prefix at >= 60% of the roofline.
+
+`--softmax-ab` instead runs the checked waves with torch's softmax and with the C++ one
+(`chunked` against `chunked_cpp`, `cascade` against `cascade_cpp`), alternating run by run,
+and prints the ratios of the medians: the whole forward, one layer's attention, and the
+softmax alone on that wave's score tiles.
 
 `--families` instead times each MoE / latent-attention family's tiny config (`wavepp
 make-model --arch minimax_m2 | deepseek_v3 | glm_moe_dsa`, 4 layers, hidden 64, 8 experts
@@ -33,7 +39,8 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model
-from wavepp.models.attention import attention_flops, choose_attention, paged_attention
+from wavepp.models import cpu_kernels
+from wavepp.models.attention import attention_flops, choose_attention, paged_attention, use_attention
 from wavepp.models.kernels import choose_linear, linear_shapes
 
 CHUNKS = (128, 256, 512)
@@ -52,6 +59,8 @@ def main() -> None:
                         help="time the tiny MiniMax-M2, DeepSeek-V3 and GLM-5 configs instead")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                         help="with --families")
+    parser.add_argument("--softmax-ab", action="store_true",
+                        help="torch's softmax against the C++ one on the checked waves, interleaved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.families:
@@ -78,6 +87,12 @@ def main() -> None:
                             torch.bfloat16)
     rates = ", ".join(f"{name} {rate:.0f}" for name, rate in attn.gflops.items())
     print(f"attention kernel: {attn.name} (4 chunks of 64 after a shared 1,024, GFLOP/s: {rates})")
+    built = cpu_kernels.softmax_kernels() is not None
+    print(f"C++ softmax: {'in use' if attn.name.endswith('_cpp') else 'built, not chosen' if built else 'unavailable'}"
+          f" ({'chunked_cpp, cascade_cpp' if built else 'torch.softmax only'})")
+    if args.softmax_ab:
+        _softmax_ab(model, cache, config, args.runs)
+        return
     roofline = max(matmul, max(choice.gflops.values()))
     print(f"roofline: {roofline:.0f} GFLOP/s, the best bf16 matmul measured on this core (1024^3: "
           f"{matmul:.0f}); the layer stack's {flops_per_token / 1e6:.0f} MFLOP/token caps prefill at "
@@ -134,24 +149,62 @@ def _time(fn, runs: int) -> tuple[float, float]:
     return seconds, statistics.median(cpu_times) / seconds / torch.get_num_threads()
 
 
+def _softmax_ab(model, cache, config, runs: int) -> None:
+    """Torch's softmax (A) against the C++ one (B), alternating run by run on the checked waves:
+    the ratio of medians A / B (above 1: B faster)."""
+    if cpu_kernels.softmax_kernels() is None:
+        print("C++ softmax unavailable: nothing to compare")
+        return
+    print(f"\n{'case':>22} {'kernels':>24} {'forward':>8} {'attention':>9} {'softmax':>8}   (A / B, medians of {runs})")
+    key_cache, value_cache = cache.layer(0)
+    for num_chunks, chunk, prefix in CHECKED:
+        batch = _wave([(prefix, chunk)] * num_chunks)
+        input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
+        query = torch.randn(batch.num_tokens, config.num_heads, config.head_dim, dtype=torch.bfloat16)
+        tiles = _score_tiles(config, [(prefix, chunk)] * num_chunks)
+        for plain in ("chunked", "cascade"):
+            kernels = (plain, plain + "_cpp")
+            forward = _interleaved([lambda k=k: (use_attention(k), model(batch, cache, input_ids=input_ids))
+                                    for k in kernels], runs)
+            attn = _interleaved([lambda k=k: paged_attention(query, key_cache, value_cache, batch,
+                                                             config.head_dim ** -0.5, kernel=k)
+                                 for k in kernels], 3 * runs)
+            soft = _interleaved([lambda: [torch.softmax(t, -1) for t in tiles],
+                                 lambda: [cpu_kernels.softmax_(t.clone(), 0) for t in tiles]], 3 * runs)
+            print(f"{f'{num_chunks}x{chunk} after {prefix}':>22} {' / '.join(kernels):>24} "
+                  f"{forward[0] / forward[1]:8.2f} {attn[0] / attn[1]:9.2f} {soft[0] / soft[1]:8.2f}", flush=True)
+    use_attention("chunked")
+
+
+def _interleaved(fns, runs: int) -> list[float]:
+    """Median seconds of each of `fns`, called in turn `runs` times after one warm-up round."""
+    times = [[] for _ in fns]
+    for trial in range(runs + 1):
+        for fn, spent in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            if trial:
+                spent.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def _score_tiles(config, chunks: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """One layer's score tiles of `chunks` as `chunked` makes them ([kv_heads, group * rows,
+    seen], bf16, rows of at most 128 per tile); the C++ side is timed with a copy (clone)
+    against torch's softmax, which allocates its output."""
+    kv_heads, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
+    tiles = []
+    for prefix, num_new in chunks:
+        for a in range(0, num_new, 128):
+            b = min(num_new, a + 128)
+            tiles.append(torch.randn(kv_heads, group * (b - a), prefix + b).bfloat16())
+    return tiles
+
+
 def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: float, runs: int,
           roofline: float) -> float:
     """Print one row; returns the whole forward's GFLOP/s."""
-    specs, next_block = [], 0
-    if len({prefix for prefix, _ in chunks}) == 1 and len(chunks) > 1:
-        # chunks of one wave after the same prefix share its blocks, as prefix reuse has them
-        shared = chunks[0][0] // BLOCK_SIZE
-        next_block = shared
-        for index, (prefix, num_tokens) in enumerate(chunks):
-            own = -(-(prefix + num_tokens) // BLOCK_SIZE) - shared
-            specs.append(ChunkSpec(prefix, num_tokens, tuple(range(shared)) + tuple(range(next_block, next_block + own)), index))
-            next_block += own
-    else:
-        for index, (prefix, num_tokens) in enumerate(chunks):
-            num_blocks = -(-(prefix + num_tokens) // BLOCK_SIZE)
-            specs.append(ChunkSpec(prefix, num_tokens, tuple(range(next_block, next_block + num_blocks)), index))
-            next_block += num_blocks
-    batch = StageBatch.build(specs, BLOCK_SIZE)
+    batch = _wave(chunks)
     input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
     seconds, busy = _time(lambda: model(batch, cache, input_ids=input_ids), runs)
     # cpu/wall well below threads x 100% means another process took the core meanwhile
@@ -168,6 +221,25 @@ def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: 
     print(f"{name:>22} {seconds * 1e3:9.1f} {batch.num_tokens / seconds:9.0f} {gflops:8.1f} "
           f"{gflops / roofline:5.0%} {busy:8.0%} {attn_gflops:9.1f} {attn_gflops / roofline:5.0%}", flush=True)
     return gflops
+
+
+def _wave(chunks: list[tuple[int, int]]) -> StageBatch:
+    """A wave of (prefix, num_tokens) chunks over the bench's cache blocks."""
+    specs, next_block = [], 0
+    if len({prefix for prefix, _ in chunks}) == 1 and len(chunks) > 1:
+        # chunks of one wave after the same prefix share its blocks, as prefix reuse has them
+        shared = chunks[0][0] // BLOCK_SIZE
+        next_block = shared
+        for index, (prefix, num_tokens) in enumerate(chunks):
+            own = -(-(prefix + num_tokens) // BLOCK_SIZE) - shared
+            specs.append(ChunkSpec(prefix, num_tokens, tuple(range(shared)) + tuple(range(next_block, next_block + own)), index))
+            next_block += own
+    else:
+        for index, (prefix, num_tokens) in enumerate(chunks):
+            num_blocks = -(-(prefix + num_tokens) // BLOCK_SIZE)
+            specs.append(ChunkSpec(prefix, num_tokens, tuple(range(next_block, next_block + num_blocks)), index))
+            next_block += num_blocks
+    return StageBatch.build(specs, BLOCK_SIZE)
 
 
 def _matmul_flops_per_token(config) -> float:

@@ -7,10 +7,10 @@ the cache at the batch's slot mapping, then each chunk attends over its whole co
 Grouped-query attention without repeating K/V: the G = num_heads / num_kv_heads query heads
 of one KV head are stacked as rows of one matmul, so each KV head's keys are read once.
 
-Which attention kernel runs (chunked, cascade or PyTorch's SDPA) is measured at stage start-up
-(`choose_attention`), as the projections' path is: on an AMD EPYC without AMX the chunked
-kernel ran 1.7-2x faster than SDPA's flash-attention CPU kernel in bf16, while on a Xeon with
-AMX SDPA measured the faster. On CUDA nothing is timed: `varlen` (every chunk in one call of
+Which attention kernel runs (chunked, cascade or PyTorch's SDPA; the first two also with the
+softmax in a C++ kernel, `cpu_kernels`) is measured at stage start-up (`choose_attention`), as
+the projections' path is: on an AMD EPYC without AMX the chunked kernel ran 1.7-2x faster than
+SDPA's flash-attention CPU kernel in bf16, while on a Xeon with AMX SDPA measured the faster. On CUDA nothing is timed: `varlen` (every chunk in one call of
 torch's variable-length FlashAttention) where it applies, else `sdpa`. Every kernel runs on the
 device of its inputs; every tensor it makes follows them.
 """
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wavepp.models import cpu_kernels
 from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.config import ModelConfig
 from wavepp.models.kernels import linear
@@ -98,6 +99,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                  prompt or a document) attend to that prefix together: their queries stacked
                  into one matmul against the prefix's keys and values, gathered once, then
                  merged with each chunk's own part by log-sum-exp; other chunks as `chunked`
+        chunked_cpp, cascade_cpp
+                 the same with the softmax (and its causal mask) in the C++ CPU kernel of
+                 `cpu_kernels` where it runs (CPU, fp32 or bf16, the extension built), else
+                 with torch's: exp by a vectorized polynomial instead of torch's exp
         sdpa     chunk by chunk with F.scaled_dot_product_attention (PyTorch's fused
                  flash-attention CPU kernel: bf16 in, fp32 accumulation; on CUDA its
                  memory-efficient kernel), a visibility mask
@@ -107,6 +112,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     kernel = _attention_kernel if kernel is None else kernel
     if kernel not in _ALL_KERNELS:
         raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(_ALL_KERNELS)}")
+    # chunked_cpp / cascade_cpp: chunked / cascade with the C++ softmax where it runs (a CPU
+    # tensor in fp32 or bf16, the extension built), else with torch's
+    fast = kernel.endswith("_cpp") and _fast_softmax_applies(query)
+    kernel = kernel.removesuffix("_cpp")
     if kernel == "sdpa":
         return _sdpa_attention(query, key_cache, value_cache, batch, scale)
     if kernel == "varlen":
@@ -118,10 +127,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     query = query * scale
     # out: [num_tokens, kv_heads, group, head_dim]; head h uses KV head h // group
     out = query.new_empty(num_tokens, kv_heads, group, head_dim)
-    bias = batch.causal_bias(query.dtype)
+    bias = None if fast else batch.causal_bias(query.dtype)
     shared = batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS) if kernel == "cascade" else []
     for members, prefix in shared:
-        _attend_shared_prefix(query, key_cache, value_cache, batch, members, prefix, bias, out)
+        _attend_shared_prefix(query, key_cache, value_cache, batch, members, prefix, bias, out, fast)
     grouped = {i for members, _ in shared for i in members}
     for index, chunk in enumerate(batch.chunks):
         if index in grouped:
@@ -130,14 +139,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
         keys, values = _gather(key_cache, value_cache, batch.context_slots[c0:c1])
         _attend_chunk(_heads_major(query[t0:t1], kv_heads), keys, values, chunk.num_cached_tokens,
-                      bias, out[t0:t1])
+                      bias, out[t0:t1], fast)
     return out.view(num_tokens, num_heads * head_dim)
 
 
 # Chunks share a prefix for cascade attention from this many cached tokens on (a block or two
 # of shared keys is not worth a second pass and a merge).
 MIN_SHARED_PREFIX_TOKENS = 64
-ATTENTION_KERNELS = ("chunked", "cascade", "sdpa")     # the kernels timed on a CPU
+ATTENTION_KERNELS = ("chunked", "cascade", "sdpa", "chunked_cpp", "cascade_cpp")   # timed on a CPU
 CUDA_ATTENTION_KERNELS = ("varlen",)                 # kernels with no CPU implementation
 _ALL_KERNELS = ATTENTION_KERNELS + CUDA_ATTENTION_KERNELS
 _attention_kernel = "chunked"
@@ -161,13 +170,15 @@ class AttentionChoice:
     gflops: dict[str, float]         # the same as GFLOP/s (q.k and p.v over visible keys)
 
 
-def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 3,
+def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 5,
                      margin: float = 1.05, device: torch.device | str = "cpu") -> AttentionChoice:
     """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on
     a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
     1,024-token prefix) with this model's heads, and use the fastest. `chunked` is the default: another kernel replaces
     it only if at least `margin` times faster (a noisy neighbour should not flip the choice).
-    Takes about a tenth of a second for SmolLM2's heads. `WAVEPP_ATTENTION_KERNEL` (one of
+    Takes about 0.3 s for SmolLM2's heads (`cpu_attention_kernels`, five trials; the first
+    round in a process ran up to 10% off, hence more than three), and the first time on a
+    machine the C++ softmax's build (about 30 s). `WAVEPP_ATTENTION_KERNEL` (one of
     ATTENTION_KERNELS, or varlen on CUDA) skips the timing and uses that kernel.
 
     On a CUDA `device` nothing is timed (the candidates above are CPU kernels): `varlen` where
@@ -192,9 +203,9 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
     key_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     value_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     query = torch.randn(batch.num_tokens, kv_heads * group, head_dim, generator=gen).to(dtype)
-    times: dict[str, list[float]] = {kernel: [] for kernel in ATTENTION_KERNELS}
+    times: dict[str, list[float]] = {kernel: [] for kernel in cpu_attention_kernels(dtype)}
     for trial in range(trials + 1):              # the first round warms up
-        for kernel in ATTENTION_KERNELS:
+        for kernel in times:
             start = time.perf_counter()
             paged_attention(query, key_cache, value_cache, batch, head_dim ** -0.5, kernel=kernel)
             if trial:
@@ -208,6 +219,14 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
         best = "chunked"
     use_attention(best)
     return AttentionChoice(best, seconds, {kernel: flops / s / 1e9 for kernel, s in seconds.items()})
+
+
+def cpu_attention_kernels(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels `choose_attention` times on a CPU: ATTENTION_KERNELS, less those with the
+    C++ softmax where it does not run (another dtype than fp32 / bf16, or the extension could
+    not be built on this machine; building it the first time takes about half a minute)."""
+    fast = dtype in (torch.float32, torch.bfloat16) and cpu_kernels.softmax_kernels() is not None
+    return tuple(k for k in ATTENTION_KERNELS if fast or not k.endswith("_cpp"))
 
 
 def attention_flops(num_heads: int, head_dim: int, chunks: list[tuple[int, int]]) -> float:
@@ -282,7 +301,7 @@ def _sdpa_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                           batch: StageBatch, members: tuple[int, ...], prefix: int,
-                          causal_bias: torch.Tensor, out: torch.Tensor) -> None:
+                          causal_bias: torch.Tensor | None, out: torch.Tensor, fast: bool) -> None:
     """Cascade attention of the chunks `members`, which all hold [0, prefix) cached in the same
     blocks:
 
@@ -299,7 +318,7 @@ def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     queries = _heads_major(query.index_select(0, rows), kv_heads)
     n = rows.numel()
     shared_out, shared_max, shared_sum = _partial_attention(queries.reshape(kv_heads, group * n, head_dim),
-                                                            keys, values)
+                                                            keys, values, fast=fast)
     shared_out = shared_out.view(kv_heads, group, n, head_dim)
     shared_max, shared_sum = shared_max.view(kv_heads, group, n), shared_sum.view(kv_heads, group, n)
     offset = 0
@@ -307,13 +326,10 @@ def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_ca
         chunk, num_new = batch.chunks[index], t1 - t0
         c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
         own_keys, own_values = _gather(key_cache, value_cache, batch.context_slots[c0 + prefix:c1])
-        # bias over [prefix, end): [prefix, num_cached) visible | [num_cached, end) causal
-        own_cached = chunk.num_cached_tokens - prefix
-        bias = causal_bias.new_zeros(num_new, own_cached + num_new)
-        bias[:, own_cached:] = causal_bias[:num_new, :num_new]
+        # keys [prefix, end): [prefix, num_cached) visible | [num_cached, end) causal
         own_out, own_max, own_sum = _partial_attention(
             queries[:, :, offset:offset + num_new].reshape(kv_heads, group * num_new, head_dim),
-            own_keys, own_values, bias)
+            own_keys, own_values, num_new, causal_bias, fast)
         rows_of = slice(offset, offset + num_new)
         merged = _merge(shared_out[:, :, rows_of], shared_max[:, :, rows_of], shared_sum[:, :, rows_of],
                         own_out.view(kv_heads, group, num_new, head_dim),
@@ -323,27 +339,39 @@ def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_ca
 
 
 def _partial_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       causal_rows: int = 0, causal_bias: torch.Tensor | None = None,
+                       fast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention left unnormalized, for merging: queries [kv_heads, r, head_dim] over
-    keys/values [kv_heads, L, head_dim]; `bias` [rows, L] repeats over r = group * rows.
-    Returns (sum_j exp(s_j - m) v_j, m, sum_j exp(s_j - m)) in fp32: [kv_heads, r, head_dim],
-    [kv_heads, r], [kv_heads, r]. Rows in tiles, so each tile's scores stay in cache."""
+    keys/values [kv_heads, L, head_dim]. causal_rows = n > 0: r = group * n rows, row i of each
+    group (position L - n + i) sees keys [0, L - n + i] (`causal_bias`, the batch's, masks them
+    on torch's path); n = 0: every row sees every key. Returns (sum_j exp(s_j - m) v_j, m,
+    sum_j exp(s_j - m)) in fp32: [kv_heads, r, head_dim], [kv_heads, r], [kv_heads, r]. Rows
+    in tiles, so each tile's scores stay in cache. fast: the C++ softmax."""
     kv_heads, r, head_dim = queries.shape
     length = keys.shape[1]
     out = torch.empty(kv_heads, r, head_dim, dtype=torch.float32, device=queries.device)
     row_max = torch.empty(kv_heads, r, dtype=torch.float32, device=queries.device)
     row_sum = torch.empty(kv_heads, r, dtype=torch.float32, device=queries.device)
-    tile = r if bias is not None else _tile_rows(r, kv_heads * length * 4)
+    bias = None
+    if causal_rows and not fast:
+        # bias: [n, L]: [0, L - n) visible | [L - n, L) causal
+        bias = causal_bias.new_zeros(causal_rows, length)
+        bias[:, length - causal_rows:] = causal_bias[:causal_rows, :causal_rows]
+    tile = r if causal_rows else _tile_rows(r, kv_heads * length * 4)
     for a in range(0, r, tile):
         b = min(r, a + tile)
         # scores: [kv_heads, b - a, L], in the model's dtype like the chunk-by-chunk softmax
         scores = torch.bmm(queries[:, a:b], keys.transpose(1, 2))
-        if bias is not None:
-            scores.view(kv_heads, -1, bias.shape[0], length).add_(bias)
-        m = scores.amax(-1, keepdim=True)
-        probs = scores.sub_(m).exp_()
-        row_max[:, a:b] = m.squeeze(-1)
-        row_sum[:, a:b] = probs.sum(-1, dtype=torch.float32)
+        if fast:
+            cpu_kernels.softmax_unnormalized_(scores, causal_rows, row_max[:, a:b], row_sum[:, a:b])
+            probs = scores
+        else:
+            if bias is not None:
+                scores.view(kv_heads, -1, causal_rows, length).add_(bias)
+            m = scores.amax(-1, keepdim=True)
+            probs = scores.sub_(m).exp_()
+            row_max[:, a:b] = m.squeeze(-1)
+            row_sum[:, a:b] = probs.sum(-1, dtype=torch.float32)
         out[:, a:b] = torch.bmm(probs, values)
     return out, row_max, row_sum
 
@@ -369,8 +397,10 @@ def _heads_major(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _attend_chunk(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  num_cached: int, causal_bias: torch.Tensor, out: torch.Tensor) -> None:
-    """Tiles of query rows, so that each tile's scores stay in cache through the softmax."""
+                  num_cached: int, causal_bias: torch.Tensor | None, out: torch.Tensor,
+                  fast: bool = False) -> None:
+    """Tiles of query rows, so that each tile's scores stay in cache through the softmax.
+    fast: the C++ softmax masks each tile itself (causal_bias unused)."""
     kv_heads, group, num_new, head_dim = queries.shape
     context_len = keys.shape[1]
     rows = _tile_rows(num_new, kv_heads * group * context_len * queries.element_size())
@@ -383,12 +413,21 @@ def _attend_chunk(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         # scores: [kv_heads, group * (b - a), seen]
         scores = q_tile.new_empty(kv_heads, group * (b - a), seen)
         _matmul_heads(q_tile, keys[:, :seen].transpose(1, 2), scores)
-        scores.view(kv_heads, group, b - a, seen)[..., num_cached:].add_(causal_bias[a:b, :b])
-        probs = torch.softmax(scores, dim=-1)
+        if fast:   # row i of each head's b - a rows sees [0, seen - (b - a) + i]
+            cpu_kernels.softmax_(scores, b - a)
+            probs = scores
+        else:
+            scores.view(kv_heads, group, b - a, seen)[..., num_cached:].add_(causal_bias[a:b, :b])
+            probs = torch.softmax(scores, dim=-1)
         # tile_out: [kv_heads, group * (b - a), head_dim] -> out rows [a, b)
         tile_out = q_tile.new_empty(kv_heads, group * (b - a), head_dim)
         _matmul_heads(probs, values[:, :seen], tile_out)
         out[a:b] = tile_out.view(kv_heads, group, b - a, head_dim).permute(2, 0, 1, 3)
+
+
+def _fast_softmax_applies(query: torch.Tensor) -> bool:
+    return (query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+            and cpu_kernels.softmax_kernels() is not None)
 
 
 def _matmul_heads(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:

@@ -1,0 +1,108 @@
+"""C++ CPU kernels, compiled on first use (`cpu_softmax.cpp`: the attention softmax).
+
+torch's softmax on a CPU is bound by its `exp` (0.46-0.6 ns per score on a Zen 4 core); the
+kernel here computes exp with a short polynomial the compiler vectorizes, and applies the
+causal mask inside instead of adding a bias tile first.
+
+The extension is built once per machine with `torch.utils.cpp_extension.load_inline` (g++ and
+ninja) into torch's extensions directory (`TORCH_EXTENSIONS_DIR`, default
+~/.cache/torch_extensions), under a name that hashes the source, the flags and this CPU, so a
+copy of that directory on another CPU builds its own. Later processes load the built module
+in well under a second. Without a compiler, or when the build fails, `softmax_kernels()` is
+None and the callers keep torch's softmax; one log line says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import threading
+import time
+from importlib import resources
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_FLAGS = ("-O3", "-march=native", "-fopenmp-simd")
+_lock = threading.Lock()
+_module = None
+_tried = False
+
+
+def softmax_kernels():
+    """The compiled module (functions `softmax_` and `softmax_unnormalized_`), or None where it
+    cannot be built. Builds it on the first call in this process (once per machine; the build
+    time is logged); later calls return the same module."""
+    global _module, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            _module = _build()
+        return _module
+
+
+def softmax_(scores: torch.Tensor, causal_rows: int = 0, *, vectorized: bool = True) -> None:
+    """Row softmax of `scores` ([..., L], contiguous, fp32 or bf16, on the CPU) in place.
+
+    causal_rows = n > 0: the rows come in blocks of n query rows, the last of which sees every
+    key; row i of a block (i = row index % n) sees keys [0, L - n + i], the rest of its row
+    becomes 0 (the additive causal bias of a chunk's tile, without the bias tensor). n = 0:
+    every key is seen. vectorized=False runs the portable loops where the AVX-512 ones are
+    built (for tests). Requires `softmax_kernels()` to be a module."""
+    _module.softmax_(scores, causal_rows, vectorized)
+
+
+def softmax_unnormalized_(scores: torch.Tensor, causal_rows: int, row_max: torch.Tensor,
+                          row_sum: torch.Tensor, *, vectorized: bool = True) -> None:
+    """exp(s - m) in place of `scores`, m each row's max over the keys it sees (causal_rows as
+    in `softmax_`); writes m and the row's sum of the stored exps (fp32) into row_max, row_sum:
+    [H, R] fp32 views (any strides) with H * R = the number of score rows."""
+    _module.softmax_unnormalized_(scores, causal_rows, row_max, row_sum, vectorized)
+
+
+def _build():
+    if os.environ.get("WAVEPP_NO_CPP_KERNELS"):
+        log.info("C++ CPU kernels off (WAVEPP_NO_CPP_KERNELS); torch's softmax is used")
+        return None
+    start = time.perf_counter()
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        source = resources.files("wavepp.models").joinpath("cpu_softmax.cpp").read_text()
+        name = "wavepp_cpu_softmax_" + _fingerprint(source)
+        built = _is_built(name)
+        module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)
+    except Exception as err:   # noqa: BLE001 - no compiler, a failed build: keep torch's path
+        lines = str(err).strip().splitlines() or [""]
+        log.warning("C++ softmax unavailable (%s: %s); torch's softmax is used", type(err).__name__, lines[-1][:200])
+        return None
+    seconds = time.perf_counter() - start
+    if built:
+        log.info("C++ softmax loaded in %.2f s", seconds)
+    else:   # the first use on this machine: say what it cost (visible without logging set up)
+        log.warning("C++ softmax built in %.1f s (g++ %s; once per machine)", seconds, " ".join(_FLAGS))
+    return module
+
+
+def _is_built(name: str) -> bool:
+    """Whether torch's extensions directory holds `name` already (only for the log line)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        return os.path.exists(os.path.join(_get_build_directory(name, False), f"{name}.so"))
+    except Exception:   # noqa: BLE001 - a private helper of torch's; say "built" then
+        return False
+
+
+def _fingerprint(source: str) -> str:
+    """Source, flags, torch and this CPU: -march=native code runs only where it was built."""
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu += "".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
+    except OSError:
+        pass
+    text = "\n".join((source, " ".join(_FLAGS), torch.__version__, cpu))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
