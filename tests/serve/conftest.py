@@ -3,10 +3,12 @@ a byte-level tokenizer (256 tokens: one per byte), so text prompts work too."""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,13 +59,27 @@ class ServerProcess:
                "--port", str(self.port), "--dtype", "float32", *(["--debug"] if debug else []), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        # The server's output is read as it comes: a pipe nobody reads fills (64 KiB) over a
+        # package's worth of tests, and the server then blocks on its next log line.
+        self.output: collections.deque[str] = collections.deque(maxlen=200)
+        self.output_chars = 0
+        self.tracebacks = 0       # "Traceback" lines the server printed, all of its life
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
         try:
             wait_until_healthy(self.url, self.proc, timeout_s=start_timeout_s)
         except RuntimeError as exc:
             if self.proc.poll() is None:
                 self.proc.kill()
-            raise RuntimeError(f"{exc}: {self.proc.stdout.read()}") from None
+            self._reader.join(5)
+            raise RuntimeError(f"{exc}: {''.join(self.output)}") from None
         self.stage_pids = stage_pids(self.proc.pid)
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.output_chars += len(line)
+            self.tracebacks += line.startswith("Traceback")
 
     def stop(self, timeout_s: float = 30) -> int:
         if self.proc.poll() is None:

@@ -9,7 +9,9 @@ A request's life here: parse (400 naming the field) -> tokenize and check agains
 (400) -> the pipeline is alive (else 503 naming the dead stage) -> room in the queue (else
 429 with Retry-After) -> submit every prompt -> wait for the results or the client's
 disconnect, whichever comes first; a disconnect (or a cancelled handler at shutdown) aborts
-every prompt of the request still in the engine, so its leases and escrow go back.
+every prompt of the request still in the engine, so its leases and escrow go back. A client
+that leaves before its body arrived has submitted nothing: it is counted as aborted, with no
+traceback in the log (a storm of them would otherwise flood it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
 from wavepp.engine import Engine, EngineError
 from wavepp.serve.metrics import ServeMetrics
@@ -136,7 +139,7 @@ class _API:
     # ---- endpoints ---------------------------------------------------------------------------
 
     async def completions(self, request: Request):
-        body = self._counted(_parse_json, await request.body())
+        body = self._counted(_parse_json, await self._body(request))
         req = self._counted(parse_completion, body, self.model_names, self.top_k)
         token_lists = self._tokenize(req.prompts, "prompt")
         # the prompt's own logprobs (vLLM's prompt_logprobs, or OpenAI's echo with logprobs):
@@ -146,7 +149,7 @@ class _API:
         return self._completion_response(req, token_lists, results)
 
     async def score(self, request: Request):
-        body = self._counted(_parse_json, await request.body())
+        body = self._counted(_parse_json, await self._body(request))
         req = self._counted(parse_score, body, self.model_names, self.engine.vocab_size)
         query = self._tokenize((req.query,), "query")[0]
         items = self._tokenize(req.items, "items")
@@ -157,6 +160,15 @@ class _API:
         return score_response(req, prompts, results, self.config.model_name)
 
     # ---- the steps of a request --------------------------------------------------------------
+
+    async def _body(self, request: Request) -> bytes:
+        try:
+            return await request.body()
+        except ClientDisconnect:
+            # nothing was submitted; the answer goes nowhere, but the handler must end quietly
+            self.metrics.count("aborted")
+            raise APIError(499, "the client closed the connection before its request arrived",
+                           type_="client_closed_request") from None
 
     def _counted(self, parse, *args):
         try:
