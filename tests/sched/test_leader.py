@@ -187,10 +187,31 @@ def test_planner_sees_the_requests_waiting_for_admission():
         assert first.state == RequestState.ADMITTED
         for i in range(1, 1 + num_waiting):
             leader.add_request(i, seq(100 * i, 64))
-        assert leader._admitting() == [(0, 64)] * num_waiting
+        assert leader._admitting(0.0).items == [(0, 64)] * num_waiting
         return [(c.request_id, c.start, c.end) for c in leader.plan_wave(0.0).chunks]
 
     # alone, the first request spreads over S = 4 waves of 16 tokens
     assert first_wave(0) == [(0, 0, 16)]
     # with three more 64-token prompts waiting for a round the share is 64 tokens: all of it
     assert first_wave(3) == [(0, 0, 64)]
+
+
+def test_leader_predicts_the_running_rounds_end():
+    import math
+
+    servers = [StageServer(s, BlockPool(256, BS)) for s in range(2)]
+    leader = Leader(LeaderConfig(2, BS, stage_num_blocks=(256, 256), max_round_requests=1),
+                    make_planner("balanced", PlannerConfig(block_size=BS, num_stages=2)))
+    clock = iter([0.0, 0.001, 0.002])          # a round from 0 to 4 ms: start, phases, end
+    leader.add_request(0, seq(0, 16))
+    rounds.run_round(leader, lambda msg: [s.handle(msg) for s in servers], lambda: next(clock, 0.004))
+    leader.add_request(1, seq(100, 16))
+    leader.add_request(2, seq(200, 16))
+    assert leader._admitting(0.0).round_left_s == math.inf     # no round running
+    step = leader.start_round(0.010)
+    assert step is not None and leader.round is not None
+    admitting = leader._admitting(0.011)
+    # request 1 in the round, request 2 waiting; the round ends ~4 ms after it started
+    assert admitting.items == [(0, 16), (0, 16)] and admitting.in_round == 1
+    assert admitting.round_left_s == pytest.approx(0.003)
+    assert leader._admitting(0.020).round_left_s == 0.0         # overdue: any moment now

@@ -1,8 +1,10 @@
 """Planners on hand-computed cases."""
 
+import math
+
 import pytest
 
-from wavepp.sched import (BalancedPlanner, CostCoefficients, CostModel, MpuPlanner, PlannerConfig, RequestState,
+from wavepp.sched import (Admitting, BalancedPlanner, CostCoefficients, CostModel, MpuPlanner, PlannerConfig, RequestState,
                           Request, StaticPlanner, budget_ladder, make_planner)
 
 
@@ -202,10 +204,10 @@ def test_balanced_counts_the_requests_in_admission():
     # the rest of the burst in the round: 3 x 4096 more to share, so the first wave takes the
     # whole first request (the share, 4096, is what it holds)
     beside = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
-    assert spans(beside.plan([req(0, 4096)], admitting=[(0, 4096)] * 3)) == [(0, 0, 4096, True)]
+    assert spans(beside.plan([req(0, 4096)], Admitting([(0, 4096)] * 3))) == [(0, 0, 4096, True)]
     # a request whose round agreed a long cached prefix counts only its rest
     few = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
-    assert spans(few.plan([req(0, 4096)], admitting=[(3584, 512)] * 3)) == [(0, 0, 1408, False)]
+    assert spans(few.plan([req(0, 4096)], Admitting([(3584, 512)] * 3))) == [(0, 0, 1408, False)]
 
 
 def test_filled_waves_fill_to_the_token_cap_across_chunks():
@@ -220,3 +222,58 @@ def test_filled_waves_fill_to_the_token_cap_across_chunks():
     # a time cap of one 512-token chunk after 4096 would cut b's chunk to 240 tokens and leave
     # every later wave out of step with request ends; the wave fills to M = 512 tokens instead
     assert spans(planner.plan(many)) == [(0, 4096, 4352, True), (1, 4096, 4352, False)]
+
+
+def test_balanced_holds_a_thin_wave_for_a_round_about_to_end():
+    # 1 ms per wave, 10 us per token; S = 4, one wave of 2,048 tokens in flight. A 256-token
+    # request is ready (under half a share of all the work), another is in the running round:
+    # sent apart, each pays the 1 ms wave cost
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=4, max_wave_tokens=4096, min_wave_tokens=16)
+
+    def planner_with_a_wave_in_flight():
+        planner = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
+        first = req(9, 8192)
+        assert spans(planner.plan([first])) == [(9, 0, 2048, False)]
+        first.num_scheduled_tokens, first.state = 2048, RequestState.RUNNING
+        assert planner.num_in_flight == 1
+        return planner
+
+    ready = req(0, 256)
+    # the round ends in 0.2 ms, under the 1 ms a wave of its own would cost: hold
+    soon = Admitting([(0, 256), (0, 4096)], in_round=1, round_left_s=2e-4)
+    assert planner_with_a_wave_in_flight().plan([ready], soon) == []
+    # it ends in 2 ms, or its end is unknown (no round finished yet): send the thin wave
+    for left in (2e-3, math.inf):
+        late = Admitting([(0, 256)], in_round=1, round_left_s=left)
+        assert spans(planner_with_a_wave_in_flight().plan([ready], late)) == [(0, 0, 256, True)]
+    # waiting requests not yet in a round do not hold it (their round has not started)
+    waiting = Admitting([(0, 256)], in_round=0, round_left_s=0.0)
+    assert spans(planner_with_a_wave_in_flight().plan([ready], waiting)) == [(0, 0, 256, True)]
+    # nothing in flight: never hold (no wave will come back to plan again)
+    idle = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
+    assert spans(idle.plan([ready], soon)) == [(0, 0, 256, True)]
+    with pytest.raises(ValueError, match="in_round"):
+        Admitting([(0, 1)], in_round=2)
+
+
+def test_balanced_takes_a_short_rest_whole():
+    # S = 2, 10 us per token: a ready request beside 900 tokens waiting for a round. 1,100 +
+    # 900 share out to 1,000 per wave: the cut at 992 would leave 108 tokens (1/10 of it, under
+    # tail_frac = 1/8) for a chunk of their own in a later wave, so the request goes whole
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=8192, min_wave_tokens=16)
+    waiting = Admitting([(0, 900)])
+
+    def first(num_tokens, **kwargs):
+        planner = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9, **kwargs)
+        return spans(planner.plan([req(0, num_tokens)], waiting))
+
+    assert first(1100) == [(0, 0, 1100, True)]
+    assert first(1100, tail_frac=0.0) == [(0, 0, 992, False)]
+    # 1,300 + 900: the share is 1,100, the cut at 1,088 leaves 212 (over 1/8 of 1,300): cut
+    assert first(1300) == [(0, 0, 1088, False)]
+    # never past the token cap
+    small = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=1024, min_wave_tokens=16)
+    planner = BalancedPlanner(small, CostModel(coef), overhead_frac=1e-9)
+    assert spans(planner.plan([req(0, 1100)], waiting))[0][2] <= 1024

@@ -96,3 +96,18 @@ def test_baselines_keep_their_first_planner_setup():
     assert not lock.count_in_flight and lock.hold_frac == 0.0 and not lock.fill_waves
     assert lock.max_wave_tokens == 65536 // 16
     assert ours.count_in_flight and ours.fill_waves and ours.max_wave_tokens == 8192 // 16
+
+
+def test_closed_loop_at_low_concurrency_keeps_waves_full():
+    # GLM-5 short-suffix at c = 8 (4K suffixes, 8 x 4K = one wave per stage in flight): each
+    # finished request's successor is in an admission round (~ms) when a wave comes back
+    # (~0.1 s). Sending the ready suffix alone split every later wave in two; holding it for
+    # the round keeps the waves of two suffixes that trtllm-pp's in-line admission runs
+    setup = setup_for("glm-5")
+    s = setup.sim_tokens
+    w = make_workload("short_suffix", num_requests=64, num_groups=8, prefix_len=s(28672),
+                      suffix_len=s(4096), block_size=setup.block_size, seed=0)
+    ours, _ = run_setting("wavepp", setup, w, 8)
+    trt, _ = run_setting("trtllm-pp", setup, w, 8)
+    assert ours.num_waves <= trt.num_waves, (ours.num_waves, trt.num_waves)
+    assert ours.input_tok_s >= 0.995 * trt.input_tok_s, (ours.input_tok_s, trt.input_tok_s)

@@ -8,7 +8,7 @@ from wavepp.sched.messages import (
     Chunk, CommitMsg, CommitReply, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem,
     ProbeMsg, ProbeReply, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import (
-    PLANNERS, BalancedPlanner, MpuPlanner, PlannerConfig, StaticPlanner, budget_ladder, make_planner)
+    PLANNERS, Admitting, BalancedPlanner, MpuPlanner, PlannerConfig, StaticPlanner, budget_ladder, make_planner)
 from wavepp.sched.policy import POLICIES, Policy, get_policy
 from wavepp.sched.request import Dependency, Request, RequestState
 from wavepp.sched.stage_server import PlanMismatchError, PreparedChunk, StageServer
@@ -17,7 +17,7 @@ __all__ = [
     "AdmissionRound", "RoundOutcome", "agree_prefix", "CostCoefficients", "CostModel", "Leader",
     "LeaderConfig", "DynamicChunkPlanner", "Chunk", "CommitMsg", "CommitReply", "Hint", "ItemResult", "LeaseItem",
     "LeaseMsg", "LeaseReply", "ProbeItem", "ProbeMsg", "ProbeReply", "PromptLogprobs", "ReleaseMsg", "TokenResult",
-    "Wave", "WaveResult", "PLANNERS", "BalancedPlanner", "MpuPlanner", "PlannerConfig",
+    "Wave", "WaveResult", "PLANNERS", "Admitting", "BalancedPlanner", "MpuPlanner", "PlannerConfig",
     "StaticPlanner", "budget_ladder", "make_planner", "POLICIES", "Policy", "get_policy",
     "Dependency", "Request", "RequestState", "PlanMismatchError", "PreparedChunk", "StageServer",
 ]

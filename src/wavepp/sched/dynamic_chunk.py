@@ -57,7 +57,7 @@ class DynamicChunkPlanner:
         bs = self.config.block_size
         return max(bs, int(x) // bs * bs)
 
-    def plan(self, requests: Sequence[Request], admitting=()) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting=None) -> list[Chunk]:
         from wavepp.sched.planner import pack_tokens
         if not requests:
             return []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 from dataclasses import dataclass
 
 from wavepp.cache import CapacityView
@@ -26,7 +27,7 @@ from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agre
 from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.messages import (
     CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
-from wavepp.sched.planner import Planner
+from wavepp.sched.planner import Admitting, Planner
 from wavepp.sched.request import Request, RequestState
 
 
@@ -75,6 +76,7 @@ class Leader:
         self.waiting: collections.deque[Request] = collections.deque()
         self.plannable: list[Request] = []          # admitted or running, in admission order
         self.round: AdmissionRound | None = None
+        self._round_latency_s: float | None = None
         self.waves_in_flight: dict[int, Wave] = {}
         self.inflight = InflightBlocks(config.block_size)
         self._finished: list[Request] = []          # ended, not yet taken by the driver
@@ -272,7 +274,11 @@ class Leader:
         retried = tuple(r for r in rnd.leased if r.state == RequestState.WAITING)
         failed_reqs = tuple(r for r in rnd.leased if r.state == RequestState.FAILED)
         self.round = None
-        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed_reqs, retried, now - rnd.start_time)
+        latency = now - rnd.start_time
+        # the planner's prediction of a running round's end: a moving average of the last rounds
+        self._round_latency_s = latency if self._round_latency_s is None \
+            else 0.5 * (self._round_latency_s + latency)
+        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed_reqs, retried, latency)
         return RoundStep(release=_release(release), outcome=outcome)
 
     # ---- execution ---------------------------------------------------------------------------
@@ -284,7 +290,7 @@ class Leader:
         ready = [r for r in self.plannable if r.num_unscheduled_tokens > 0 and self._deps_dispatched(r)]
         if self.config.serial_chunks:
             ready = [r for r in ready if r.num_computed_tokens == r.num_scheduled_tokens]
-        chunks = self.planner.plan(ready, self._admitting()) if ready else []
+        chunks = self.planner.plan(ready, self._admitting(now)) if ready else []
         if not chunks and not self._pending_releases:
             return None
         bs = self.config.block_size
@@ -302,15 +308,22 @@ class Leader:
         self.waves_in_flight[wave.wave_id] = wave
         return wave
 
-    def _admitting(self) -> list[tuple[int, int]]:
+    def _admitting(self, now: float) -> Admitting:
         """(cached, new) tokens of the requests in the round and the first `_ADMITTING_SCAN`
         waiting for one; cached is 0 until the round agrees the prefix (an upper bound on their
         work). The planner's share saturates at its cap long before a deep queue ends, so a
-        long queue is not walked on every wave."""
-        pending = list(self.round.requests) if self.round is not None else []
+        long queue is not walked on every wave. The round's end is predicted from the last
+        rounds' latency (none yet: never soon)."""
+        rnd = self.round
+        pending = list(rnd.requests) if rnd is not None else []
+        in_round = len(pending)
         pending.extend(itertools.islice(self.waiting, _ADMITTING_SCAN))
-        return [(r.num_cached_tokens, r.num_tokens - r.num_cached_tokens) if r.state == RequestState.LEASED
-                else (0, r.num_tokens) for r in pending]
+        items = [(r.num_cached_tokens, r.num_tokens - r.num_cached_tokens) if r.state == RequestState.LEASED
+                 else (0, r.num_tokens) for r in pending]
+        left = math.inf
+        if rnd is not None and self._round_latency_s is not None:
+            left = max(0.0, self._round_latency_s - (now - rnd.start_time))
+        return Admitting(items, in_round, left)
 
     def on_wave_result(self, result: WaveResult, now: float) -> list[Request]:
         """A wave came back from the last stage; returns the requests it finished (they are

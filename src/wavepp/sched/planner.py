@@ -99,6 +99,29 @@ class PlannerConfig:
                 self.mpu_min_tokens or self.min_wave_tokens)
 
 
+@dataclass(frozen=True)
+class Admitting:
+    """Work on its way to the planner: the requests in the admission round now running, then
+    those waiting for one, as (cached, new) tokens each (cached is 0 until a round agrees the
+    prefix: an upper bound on the work)."""
+    items: Sequence[tuple[int, int]] = ()
+    in_round: int = 0                    # the first `in_round` items are in the running round
+    round_left_s: float = math.inf       # predicted seconds until that round ends
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.in_round <= len(self.items):
+            raise ValueError(f"Admitting.in_round={self.in_round} outside 0..{len(self.items)}")
+        if self.round_left_s < 0:
+            raise ValueError(f"Admitting.round_left_s must be >= 0, got {self.round_left_s}")
+
+    @property
+    def round_items(self) -> Sequence[tuple[int, int]]:
+        return self.items[:self.in_round]
+
+
+NOTHING_ADMITTING = Admitting()
+
+
 # The paper's MPU settings: microbatch M = 16,384 tokens, b_min = 8,192.
 MPU_PAPER_TOKENS = (16384, 8192)
 
@@ -106,12 +129,11 @@ MPU_PAPER_TOKENS = (16384, 8192)
 class Planner(Protocol):
     name: str
 
-    def plan(self, requests: Sequence[Request], admitting: Sequence[tuple[int, int]] = ()) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
         """Chunks of the next wave from `requests` (plannable, FCFS order). Mutates nothing.
 
-        `admitting`: (cached, new) tokens of each request that waits for or is in an admission
-        round: work that becomes plannable within a round's time (cached is 0 until the round
-        agrees the prefix, an upper bound on the work). Only `balanced` weighs it."""
+        `admitting`: the requests in or waiting for an admission round, work that becomes
+        plannable within a round's time. Only `balanced` weighs it."""
 
     def observe(self, chunks: Sequence[tuple[int, int]], seconds: float) -> None:
         """A wave of (num_cached, num_new) chunks took `seconds` on its slowest stage."""
@@ -160,7 +182,7 @@ class StaticPlanner:
     def __init__(self, config: PlannerConfig):
         self.config = config
 
-    def plan(self, requests: Sequence[Request], admitting=()) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
         return pack_tokens(requests, self.config.static_wave_tokens, self.config,
                            self.config.block_size)
 
@@ -211,7 +233,7 @@ class MpuPlanner:
             self._streak_up = self._streak_down = 0
         return self.budget
 
-    def plan(self, requests: Sequence[Request], admitting=()) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
         b = self.decide(self.propose(requests))
         return pack_tokens(requests, b, self.config, max(self.budgets[-1], b // 2))
 
@@ -236,7 +258,10 @@ class BalancedPlanner:
     cost, and on a GPU reading every weight for few rows), and a burst of arrivals does not go
     out as one lump that comes back as one lump. With `target_waves` in flight already and
     less than `hold_frac` of a share waiting, the planner sends nothing: the next wave to come
-    back brings more work, and one fuller wave costs less than two thin ones.
+    back brings more work, and one fuller wave costs less than two thin ones. The same holds
+    with fewer waves in flight while an admission round runs (its requests count in the share):
+    the round's end plans again within a round's time, while a thin wave sent now leaves the
+    round's requests a wave of their own (in a closed loop at low concurrency, every wave).
 
     T is clamped between the cost of a b_min-token wave and a cap; a wave never holds more
     than M tokens. Two caps (`PlannerConfig.fill_waves`):
@@ -252,7 +277,9 @@ class BalancedPlanner:
                              prefix pays its per-chunk costs (MLA re-expansion of the prefix)
                              and the per-wave weight reads again for fewer tokens.
     Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
-    largest aligned chunk that does; a chunk shorter than a block never forms.
+    largest aligned chunk that does; a chunk shorter than a block never forms. A request whose
+    rest would be at most `tail_frac` of it goes whole when the token cap allows: the rest
+    would pay a chunk's fixed costs again in a later wave, and split that wave out of step.
 
     Waves in flight are the ones this planner planned whose chunks have not all completed
     (the leader advances `num_computed_tokens` and finishes requests as waves come back).
@@ -260,8 +287,10 @@ class BalancedPlanner:
     name = "balanced"
 
     def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
-                 target_waves: int | None = None, overhead_frac: float = 0.03):
+                 target_waves: int | None = None, overhead_frac: float = 0.03,
+                 tail_frac: float = 0.125):
         self.config = config
+        self.tail_frac = tail_frac
         self.cost = cost_model or CostModel()
         self.target_waves = target_waves or config.num_stages
         self.overhead_frac = overhead_frac
@@ -289,13 +318,13 @@ class BalancedPlanner:
         self._retire()
         return sum(t for t, _ in self._in_flight)
 
-    def target_time(self, requests: Sequence[Request], admitting: Sequence[tuple[int, int]] = ()) -> float:
+    def target_time(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> float:
         """The next wave's predicted time (inf: as many tokens as the token cap allows)."""
         cost, cfg = self.cost, self.config
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
         # requests in admission are work of the next round: without them, the first request
         # admitted would spread over S thin waves while the rest of its burst is being admitted
-        work += sum(cost.chunk_time(cached, new) for cached, new in admitting)
+        work += sum(cost.chunk_time(cached, new) for cached, new in admitting.items)
         flight = self.in_flight_work() if cfg.count_in_flight else 0.0
         spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
@@ -317,17 +346,34 @@ class BalancedPlanner:
         efficient = fixed / self.overhead_frac
         return max(min(spread, hi, efficient), lo)
 
-    def holds(self, requests: Sequence[Request]) -> bool:
-        """True when the pipeline is full and what waits is under `hold_frac` of a share."""
-        if self.config.hold_frac <= 0 or self.num_in_flight < self.target_waves:
+    def holds(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> bool:
+        """True when what waits is under `hold_frac` of a share and more comes soon enough:
+        the pipeline is full (a wave comes back), or waves are in flight and the running
+        admission round ends before sending its requests in a wave of their own would cost
+        more than one wave with them (the cost model's per-wave and small-wave costs). In a
+        closed loop at low concurrency a thin wave sent beside every round splits every wave."""
+        if self.config.hold_frac <= 0:
+            return False
+        in_flight = self.num_in_flight
+        if in_flight == 0:
             return False
         cost = self.cost
-        work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
-        return work < self.config.hold_frac * (work + self.in_flight_work()) / self.target_waves
+        rests = [(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests]
+        pending = 0.0
+        if in_flight < self.target_waves:
+            coming = list(admitting.round_items)
+            if not coming:
+                return False
+            saving = cost.wave_time(rests) + cost.wave_time(coming) - cost.wave_time(rests + coming)
+            if admitting.round_left_s >= saving:
+                return False
+            pending = sum(cost.chunk_time(cached, new) for cached, new in coming)
+        work = sum(cost.chunk_time(L, x) for L, x in rests)
+        return work < self.config.hold_frac * (work + pending + self.in_flight_work()) / self.target_waves
 
-    def plan(self, requests: Sequence[Request], admitting: Sequence[tuple[int, int]] = ()) -> list[Chunk]:
+    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
         cfg, cost = self.config, self.cost
-        if self.holds(requests):    # waves are in flight: one comes back and plans again
+        if self.holds(requests, admitting):   # a wave or the round brings more
             return []
         left = self.target_time(requests, admitting) - cost.coef.c_wave
         token_cap = self.wave_tokens(requests)
@@ -339,6 +385,8 @@ class BalancedPlanner:
             x = min(need, token_cap)
             if cost.chunk_time(L, x) > left * (1 + 1e-9):
                 x = cost.max_chunk_tokens(L, left)
+                if need <= token_cap and need - x <= self.tail_frac * need:
+                    x = need    # a short rest would pay a chunk's fixed costs in a later wave
                 if x < need and x < cfg.block_size:
                     continue
             chunk = chunk_of(req, x, cfg.block_size)
