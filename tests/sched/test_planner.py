@@ -96,9 +96,11 @@ def test_balanced_equal_predicted_wave_times():
     planner = BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9)
     cost = planner.cost
     reqs = [req(0, 40000, scheduled=12000), req(1, 40000, scheduled=4000)]
-    target = planner.target_time(reqs)
-    # plenty of work: clamped at M tokens after the requests' mean prefix (8000)
-    assert target == pytest.approx(cost.wave_time([(8000, 1024)]))
+    # plenty of work: clamped at the first M tokens at hand, FCFS (what an M-token budget sends)
+    assert planner.target_time(reqs) == pytest.approx(cost.wave_time([(12000, 1024)]))
+    # short requests first: the cap is their chunks' time, each paying its fixed costs
+    short = [req(i, 256 + 128, scheduled=256) for i in range(4)] + reqs
+    assert planner.target_time(short) == pytest.approx(cost.wave_time([(256, 128)] * 4 + [(12000, 512)]))
     times, sizes, targets = [], [], []
     for _ in range(6):
         targets.append(planner.target_time(reqs))
@@ -113,10 +115,8 @@ def test_balanced_equal_predicted_wave_times():
     full = [sum(x for _, x in shape) == 1024 for shape in sizes]
     assert all(f or T - block_cost <= t for t, T, f in zip(times, targets, full)), (times, targets)
     assert all(t <= T + 1e-12 for t, T in zip(times, targets)), (times, targets)
-    # the first request, past the mean prefix, comes first and takes the budget: x solves
-    # t(L, x) = T - c_wave, shorter than M
-    L, x = sizes[0][0]
-    assert L == 12000 and x == cost.max_chunk_tokens(L, target - coef.c_wave) // 16 * 16 < 1024
+    # the first request comes first and fills the wave: M tokens, not fewer after its prefix
+    assert sizes[0] == [(12000, 1024)]
 
 
 def test_balanced_shrinks_chunks_after_long_prefixes():

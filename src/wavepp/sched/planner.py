@@ -157,6 +157,20 @@ def chunk_of(req: Request, num_new: int, block_size: int) -> Chunk | None:
     return Chunk(req.request_id, start, end, end == req.num_tokens, logprob_start, logprob_token_ids)
 
 
+def first_tokens(requests: Sequence[Request], num_tokens: int) -> list[tuple[int, int]]:
+    """(num_cached, num_new) of the first `num_tokens` unscheduled tokens, FCFS, a chunk per
+    request (block alignment left out: a cost estimate)."""
+    shapes, left = [], num_tokens
+    for req in requests:
+        if left <= 0:
+            break
+        x = min(left, req.num_unscheduled_tokens)
+        if x > 0:
+            shapes.append((req.num_scheduled_tokens, x))
+            left -= x
+    return shapes
+
+
 def pack_tokens(requests: Sequence[Request], budget: int, config: PlannerConfig,
                 min_fragment: int) -> list[Chunk]:
     """FCFS packing of up to `budget` tokens. A request that does not fit whole is split only
@@ -337,9 +351,10 @@ class BalancedPlanner:
                 # wave would then split a request out of step with its end.
                 return math.inf
             return max(spread, lo)
-        # M tokens after the prefixes at hand: after long prefixes a token costs more (attention),
-        # and a cap taken at an empty prefix would cut waves below M tokens
-        hi = cost.wave_time([(round(mean_prefix), cfg.max_wave_tokens)])
+        # the M tokens at hand, packed first come first served (the wave a fixed M-token budget
+        # sends): after long prefixes a token costs more (attention), and each chunk pays its
+        # fixed costs, so a cap of one M-token chunk cut waves of many short chunks below M
+        hi = cost.wave_time(first_tokens(requests, cfg.max_wave_tokens))
         # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
         # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
         fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
