@@ -189,9 +189,42 @@ def test_filled_waves_double_behind_a_deep_queue():
     # 2 waves of 2M = 512 per stage, 2 stages: 2048 tokens waiting double the wave
     assert planner.wave_tokens([req(0, 2048)]) == 512
     assert planner.wave_tokens([req(0, 2032)]) == 256
-    assert sum(c.num_tokens for c in planner.plan([req(0, 4096)])) == 512
     with pytest.raises(ValueError, match="hold_frac"):
         PlannerConfig(hold_frac=1.0)
+
+
+def test_a_doubled_wave_never_outlasts_the_longest_so_far():
+    # 1 ms per wave, 10 us per token, attention 1 ns per (2Lx + x^2); M = 256, S = 2
+    coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=1e-9)
+    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
+                        fill_waves=True, deep_queue_waves=2)
+    model = CostModel(coef)
+    # an empty pipeline: 2M = 512 tokens from no prefix (6.4 ms) would outlast every wave so
+    # far (none) and an M-token wave now (3.6 ms): through S stages the longest wave is paid
+    # S - 1 more times, so the deep queue's wave holds M
+    fresh = BalancedPlanner(cfg, model)
+    assert fresh.wave_tokens([req(0, 4096)]) == 512
+    assert spans(fresh.plan([req(0, 4096)])) == [(0, 0, 256, False)]
+    # after a 256-token wave behind an 8,192-token prefix (1 + 2.56 + 4.26 = 7.8 ms) went out,
+    # 512 tokens from no prefix (1 + 5.12 + 0.26 = 6.4 ms) fit under it
+    seen = BalancedPlanner(cfg, CostModel(coef))
+    long = req(1, 8192 + 256, scheduled=8192)
+    # (requests in admission make its share the whole rest)
+    assert spans(seen.plan([long], Admitting([(0, 4096)] * 4))) == [(1, 8192, 8448, True)]
+    assert model.wave_time([(0, 512)]) < model.wave_time([(8192, 256)])
+    short = req(0, 4096)
+    assert spans(seen.plan([short])) == [(0, 0, 512, False)]
+    # ... but not 512 tokens after a 4,096-token prefix (1 + 5.12 + 4.45 = 10.6 ms): the wave
+    # is cut to the longest so far
+    cut = req(2, 8192, scheduled=4096)
+    chunk, = seen.plan([cut])
+    assert 256 <= chunk.num_tokens < 512
+    assert model.wave_time([(4096, chunk.num_tokens)]) <= model.wave_time([(8192, 256)]) + 1e-12
+    # once the pipeline drains, the longest wave is forgotten: a new busy period
+    for r in (long, short, cut):
+        r.state = RequestState.DONE
+    assert seen.num_in_flight == 0
+    assert spans(seen.plan([req(3, 4096)])) == [(3, 0, 256, False)]
 
 
 def test_balanced_counts_the_requests_in_admission():

@@ -4,7 +4,8 @@ paper's MPU parameters."""
 import pytest
 
 from wavepp.sched import PlannerConfig
-from wavepp.sched.cost_model import CostCoefficients, efficient_wave_tokens, fit_coefficients, profile_wave_shapes
+from wavepp.sched.cost_model import (CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients,
+                                     peak_wave_tokens, profile_wave_shapes)
 from wavepp.sched.planner import MPU_PAPER_TOKENS, MpuPlanner
 from wavepp.sim import SimSetup, get_hardware, get_model, run_setting
 from wavepp.sim.scenario import build_system
@@ -73,6 +74,23 @@ def test_efficient_wave_is_the_smallest_spending_most_time_on_tokens():
     assert efficient_wave_tokens(coef, 2048, 16) == 2048      # none fits: the largest
 
 
+def test_efficient_wave_is_no_larger_than_the_peak_of_throughput():
+    # one chunk from an empty cache: t(T)/T = (c_wave + c0)/T + b + a*T, least at
+    # T* = sqrt(10 ms / a). a = 1e-8: T* = 1000, and of the ladder 1024 is the fastest per token
+    coef = CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=1e-8)
+    per_token = {t: CostModel(coef).wave_time([(0, t)]) / t for t in (512, 1024, 2048)}
+    assert per_token[1024] < min(per_token[512], per_token[2048])
+    assert peak_wave_tokens(coef, 65536, 16) == 1024
+    # the linear test alone (b*T >= 0.75 * (10 ms + b*T)) would take 4096, past the peak
+    assert efficient_wave_tokens(coef, 65536, 16) == 1024
+    # a = 1e-10: T* = 10,000, between 8192 and 16384; the efficient 4096 is smaller and stays
+    gentle = CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=1e-10)
+    assert peak_wave_tokens(gentle, 65536, 16) in (8192, 16384)
+    assert efficient_wave_tokens(gentle, 65536, 16) == 4096
+    # no attention: throughput only grows, the peak is the largest
+    assert peak_wave_tokens(CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0), 65536, 16) == 65536
+
+
 def test_ablation_steps_differ_in_one_mechanism():
     from wavepp.sim.grid import ablation_grid
     from wavepp.sim.systems import ABLATION, get_system
@@ -111,3 +129,19 @@ def test_closed_loop_at_low_concurrency_keeps_waves_full():
     trt, _ = run_setting("trtllm-pp", setup, w, 8)
     assert ours.num_waves <= trt.num_waves, (ours.num_waves, trt.num_waves)
     assert ours.input_tok_s >= 0.995 * trt.input_tok_s, (ours.input_tok_s, trt.input_tok_s)
+
+
+@pytest.mark.parametrize("label,c", [("reuse-64k", 8), ("reuse-64k", 16), ("reuse-128k", 8)])
+def test_kimi_reuse_not_below_static(label, c):
+    """Kimi-K2 PP8: the settings that a 16,384-token M (the linear efficiency test alone) and
+    unbounded doubled waves lost to fixed 8,192-token waves by 3.8-11%: through 8 stages every
+    wave longer than the rest costs 7 times its excess."""
+    from wavepp.sim.grid import kimi_grid
+    setting, = [s for s in kimi_grid() if s.workload.label == label and s.concurrency == c]
+    setup = setting.setup()
+    w = setting.workload.build(setting.requests, setup)
+    assert build_system("wavepp", setup).leader.planner.config.max_wave_tokens * setup.token_scale == 8192
+    ours, _ = run_setting("wavepp", setup, w, c)
+    static, _ = run_setting("static", setup, w, c)
+    assert ours.num_failed == static.num_failed == 0
+    assert ours.input_tok_s >= 0.98 * static.input_tok_s, (ours.input_tok_s, static.input_tok_s)

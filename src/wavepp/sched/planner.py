@@ -57,9 +57,10 @@ class PlannerConfig:
     count_in_flight: bool = True
     # balanced: with the pipeline full, hold back waves under this fraction of a fair share
     hold_frac: float = 0.5
-    # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait; 0:
-    # never. Chosen on the simulator's grids (settings where wavepp is best, paper of 40 / kimi
-    # of 18 at c >= 8): 2: 36/12, 3: 36/10, 4: 40/14, 5: 38/14, 6: 39/13, 8: 38/14
+    # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait (and
+    # no longer than the longest wave so far, `BalancedPlanner.plan`); 0: never. Chosen on the
+    # simulator's grids (settings where wavepp is best, paper of 40 / kimi of 18 at c >= 8):
+    # 0: 36/11, 2: 40/18, 3: 40/18, 4: 40/18, 5: 39/18, 6: 39/17, 8: 38/16
     deep_queue_waves: int = 4
     # hybrid models (sched/snapshot_align.py): a chunk end moves onto a snapshot boundary (a
     # multiple of snapshot_interval_blocks blocks, or the request's last reusable boundary) at
@@ -286,10 +287,19 @@ class BalancedPlanner:
                              and every wave costs about the same (the CPU runtime, M = 512)
       fill waves             an M-token wave after the longest prefix at hand: waves fill to M
                              tokens (at the cap the token count binds, not the time, however
-                             many chunks share the wave), M the efficient size from the profiling pass
-                             (`efficient_wave_tokens`), 2M behind a deep queue (`wave_tokens`). On a GPU a chunk cut short after a long
-                             prefix pays its per-chunk costs (MLA re-expansion of the prefix)
-                             and the per-wave weight reads again for fewer tokens.
+                             many chunks share the wave), M the efficient size from the
+                             profiling pass (`efficient_wave_tokens`), 2M behind a deep queue
+                             (`wave_tokens`) if no longer than the longest wave so far. On a
+                             GPU a chunk cut short after a long prefix pays its per-chunk
+                             costs (MLA re-expansion of the prefix) and the per-wave weight
+                             reads again for fewer tokens.
+    Through S stages every wave pays its time once per stage, and the longest wave S - 1 more
+    times: waves each taking t_i on every stage, in any order, finish after sum(t_i) + (S - 1)
+    max(t_i) (a proportionate flow shop). So a wave that outlasts every other one of its busy
+    period costs S - 1 times its excess in fill and drain: one 16k-token wave among 8k ones
+    through 8 stages ends a run later by 7 times the difference. A 2M wave therefore takes no
+    longer than the longest wave sent since the pipeline last drained, or than an M-token wave
+    of the requests at hand; after long prefixes that cap binds, after short ones 2M fit.
     Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
     largest aligned chunk that does; a chunk shorter than a block never forms. A request whose
     rest would be at most `tail_frac` of it goes whole when the token cap allows: the rest
@@ -310,6 +320,8 @@ class BalancedPlanner:
         self.overhead_frac = overhead_frac
         # planned waves not yet back: (predicted chunk seconds, ((request, chunk end), ...))
         self._in_flight: list[tuple[float, tuple[tuple[Request, int], ...]]] = []
+        # the longest predicted wave sent since the pipeline last drained
+        self._longest_s = 0.0
 
     @property
     def num_in_flight(self) -> int:
@@ -319,7 +331,8 @@ class BalancedPlanner:
     def wave_tokens(self, requests: Sequence[Request]) -> int:
         """The most tokens a wave may hold: M, or 2M when filling waves and the work waiting
         would fill `deep_queue_waves` waves of 2M per stage (a queue that deep amortizes the
-        longer fill and drain of larger waves, and the per-wave costs halve)."""
+        longer fill and drain of larger waves, and the per-wave costs halve). `plan` caps a 2M
+        wave's time at the longest wave of the busy period."""
         cfg = self.config
         if not cfg.fill_waves or cfg.deep_queue_waves <= 0:
             return cfg.max_wave_tokens
@@ -388,10 +401,18 @@ class BalancedPlanner:
 
     def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
         cfg, cost = self.config, self.cost
+        if self.num_in_flight == 0:
+            self._longest_s = 0.0    # the pipeline drained: a new busy period
         if self.holds(requests, admitting):   # a wave or the round brings more
             return []
         left = self.target_time(requests, admitting) - cost.coef.c_wave
         token_cap = self.wave_tokens(requests)
+        if token_cap > cfg.max_wave_tokens:
+            # a 2M wave may not outlast the longest wave of this busy period (or an M-token
+            # wave now): S stages run in the sum of the wave times plus (S - 1) times the
+            # longest, so a wave longer than all the others costs S - 1 times its excess
+            m_wave = cost.wave_time(first_tokens(requests, cfg.max_wave_tokens))
+            left = min(left, max(self._longest_s, m_wave) - cost.coef.c_wave)
         chunks: list[Chunk] = []
         for req in requests:
             if left <= 0 or token_cap <= 0 or len(chunks) >= cfg.max_chunks_per_wave:
@@ -415,6 +436,7 @@ class BalancedPlanner:
             chunks = [chunk] if chunk else []
         chunks = align_chunk_ends(chunks, requests, cfg, max(0, token_cap))
         if chunks:
+            self._longest_s = max(self._longest_s, cost.wave_time([(c.start, c.num_tokens) for c in chunks]))
             by_id = {r.request_id: r for r in requests}
             self._in_flight.append((sum(cost.chunk_time(c.start, c.num_tokens) for c in chunks),
                                     tuple((by_id[c.request_id], c.end) for c in chunks)))
