@@ -74,21 +74,32 @@ def test_efficient_wave_is_the_smallest_spending_most_time_on_tokens():
     assert efficient_wave_tokens(coef, 2048, 16) == 2048      # none fits: the largest
 
 
-def test_efficient_wave_is_no_larger_than_the_peak_of_throughput():
+def test_peak_wave_is_the_fastest_measured_one_chunk_wave_from_an_empty_cache():
     # one chunk from an empty cache: t(T)/T = (c_wave + c0)/T + b + a*T, least at
     # T* = sqrt(10 ms / a). a = 1e-8: T* = 1000, and of the ladder 1024 is the fastest per token
     coef = CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=1e-8)
-    per_token = {t: CostModel(coef).wave_time([(0, t)]) / t for t in (512, 1024, 2048)}
+    exact = CostModel(coef)
+    samples = [(shape, exact.wave_time(shape)) for shape in profile_wave_shapes(65536, 16)]
+    per_token = {t: exact.wave_time([(0, t)]) / t for t in (512, 1024, 2048)}
     assert per_token[1024] < min(per_token[512], per_token[2048])
-    assert peak_wave_tokens(coef, 65536, 16) == 1024
-    # the linear test alone (b*T >= 0.75 * (10 ms + b*T)) would take 4096, past the peak
-    assert efficient_wave_tokens(coef, 65536, 16) == 1024
-    # a = 1e-10: T* = 10,000, between 8192 and 16384; the efficient 4096 is smaller and stays
-    gentle = CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=1e-10)
-    assert peak_wave_tokens(gentle, 65536, 16) in (8192, 16384)
-    assert efficient_wave_tokens(gentle, 65536, 16) == 4096
-    # no attention: throughput only grows, the peak is the largest
-    assert peak_wave_tokens(CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0), 65536, 16) == 65536
+    assert peak_wave_tokens(samples) == 1024
+    # the linear test alone (b*T >= 0.75 * (10 ms + b*T)) takes 4096, past the peak
+    assert efficient_wave_tokens(coef, 65536, 16) == 4096
+    # no attention: throughput only grows, the peak is the largest wave timed
+    linear = CostModel(CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0))
+    assert peak_wave_tokens([(s, linear.wave_time(s)) for s in profile_wave_shapes(65536, 16)]) == 65536
+    # only one-chunk waves after no prefix count; none is an error
+    with pytest.raises(ValueError, match="empty cache"):
+        peak_wave_tokens([([(4096, 512)], 1.0), ([(0, 256)] * 4, 1.0)])
+
+
+def test_kimi_largest_wave_is_its_measured_peak_at_every_scale():
+    """The fit places Kimi-K2's flat peak (8,192 and 16,384 tokens) within its error at some
+    token scales; the measured one-chunk waves do not."""
+    for scale in (16, 64, 256):
+        setup = SimSetup(get_model("kimi-k2"), get_hardware("B300"), 8, token_scale=scale)
+        config = build_system("wavepp", setup).leader.planner.config
+        assert config.max_wave_tokens * scale == 8192, scale
 
 
 def test_ablation_steps_differ_in_one_mechanism():

@@ -166,35 +166,41 @@ def efficient_wave_tokens(coef: CostCoefficients, max_tokens: int, block_size: i
                           efficiency: float = 0.75) -> int:
     """The smallest wave, halving from `max_tokens` (block aligned), that spends at least
     `efficiency` of its time on its tokens' linear work rather than on per-wave costs:
-    b*T >= efficiency * (c_wave + c0 + b*max(T, knee)), and no larger than the wave of peak
-    throughput from an empty cache (`peak_wave_tokens`): past it a wave is slower per token
-    before any pipeline effect, and through S stages every larger wave costs (S - 1) times
-    its extra time in fill and drain. Larger waves buy little, and in a closed loop they
-    finish requests in lumps. A deployment sets its largest wave (the planners' M) from this
-    after its profiling pass."""
+    b*T >= efficiency * (c_wave + c0 + b*max(T, knee)). Larger waves buy little, and in a
+    closed loop they finish requests in lumps. A deployment sets its largest wave (the
+    planners' M) from this and `peak_wave_tokens` after its profiling pass."""
     if not 0 < efficiency < 1:
         raise ValueError(f"efficiency must be in (0, 1), got {efficiency}")
-    sizes = _ladder(max_tokens, block_size)
-    c = coef
-    fits = [t for t in sizes if c.b * t >= efficiency * (c.c_wave + c.c0 + c.b * max(t, c.knee_tokens))]
-    return min(min(fits) if fits else sizes[0], peak_wave_tokens(coef, max_tokens, block_size))
-
-
-def peak_wave_tokens(coef: CostCoefficients, max_tokens: int, block_size: int = 16) -> int:
-    """The wave of one chunk from an empty cache, halving from `max_tokens` (block aligned),
-    with the most tokens per second: t(T)/T = (c_wave + c0)/T + b + a*T (above the knee) is
-    least near T = sqrt((c_wave + c0) / a), where the per-wave costs amortized equal the
-    attention a chunk's own tokens add."""
-    model = CostModel(coef)
-    return max(_ladder(max_tokens, block_size), key=lambda t: (t / model.wave_time([(0, t)]), -t))
-
-
-def _ladder(max_tokens: int, block_size: int) -> list[int]:
     sizes, t = [], max(block_size, max_tokens // block_size * block_size)
     while t >= block_size:
         sizes.append(t)
         t = t // 2 // block_size * block_size
-    return sizes
+    c = coef
+    fits = [t for t in sizes if c.b * t >= efficiency * (c.c_wave + c.c0 + c.b * max(t, c.knee_tokens))]
+    return min(fits) if fits else sizes[0]
+
+
+def peak_wave_tokens(samples) -> int:
+    """The size of the profiling pass's one-chunk wave from an empty cache with the most tokens
+    per second, as measured (samples of (chunks, seconds); the smaller of two equal). A
+    chunk's own attention grows with its length, so past t(T)/T's minimum (for
+    t = c + b*T + a*T^2, at T = sqrt(c / a)) a larger wave is slower per token before any
+    pipeline effect, and through S stages a longer wave costs S - 1 more times its extra time.
+    Measured, not fitted: five coefficients fitted over every shape place a flat peak within
+    their error (Kimi-K2 on B300: 8,192 and 16,384 tokens 194K tok/s apart by the fit, 216K and
+    192K as timed)."""
+    best = None
+    for chunks, seconds in samples:
+        chunks = list(chunks)
+        if len(chunks) != 1 or chunks[0][0] != 0 or seconds <= 0:
+            continue
+        x = chunks[0][1]
+        rate = x / seconds
+        if best is None or rate > best[0] or (rate == best[0] and x < best[1]):
+            best = (rate, x)
+    if best is None:
+        raise ValueError("peak_wave_tokens needs one-chunk waves from an empty cache")
+    return best[1]
 
 
 def fit_coefficients(samples, knees=None) -> CostCoefficients:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from wavepp.sched.cost_model import (
-    CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, profile_wave_shapes)
+    CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
+    profile_wave_shapes)
 from wavepp.sched.planner import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
@@ -135,9 +136,11 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         prior = fit_prior_uniform(stages, setup)
         largest = _aligned(setup.max_wave_tokens or FIRST_MAX_WAVE_TOKENS, setup)
     else:
-        prior = fit_prior(stages, setup)
+        samples = profile_samples(stages, setup)
+        prior = fit_coefficients(samples)
         largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
-                   else efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs))
+                   else min(efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs),
+                            peak_wave_tokens(samples)))
     chunk = _aligned(spec.chunk_tokens, setup) if spec.chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
     pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
@@ -183,11 +186,15 @@ def fit_prior(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients
     runs before serving (`profile_wave_shapes`: waves of one and four chunks, a block to the
     largest wave, after short and long prefixes), timed on the slowest stage and fitted with its
     knee (`fit_coefficients`). The planner keeps refining it online."""
+    return fit_coefficients(profile_samples(stages, setup))
+
+
+def profile_samples(stages: list[StageCostModel], setup: SimSetup) -> list:
+    """The profiling pass: (chunks, seconds on the slowest stage) per shape, simulated tokens."""
     s = setup.token_scale
     shapes = profile_wave_shapes(PROFILE_MAX_TOKENS // s, setup.block_size)
-    samples = [(chunks, max(st.wave_seconds([(L * s, x * s) for L, x in chunks]) for st in stages))
-               for chunks in shapes]
-    return fit_coefficients(samples)
+    return [(chunks, max(st.wave_seconds([(L * s, x * s) for L, x in chunks]) for st in stages))
+            for chunks in shapes]
 
 
 def fit_prior_uniform(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
