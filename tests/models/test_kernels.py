@@ -38,10 +38,18 @@ def test_choice_is_the_fastest_measured_and_is_used(monkeypatch):
             out = slow(x, w, b)
         return out
 
+    def slowed_packed(x, w, b=None):
+        for _ in range(20):
+            out = kernels._packed(x, w, b)
+        return out
+
     monkeypatch.setitem(kernels.LINEAR_KERNELS, "linear", slowed)
+    monkeypatch.setitem(kernels.LINEAR_KERNELS, "packed", slowed_packed)
     choice = choose_linear([(64, 32, 48), (8, 48, 32)], torch.float32, trials=3)
     assert choice.name == "matmul" == linear_kernel()
     assert choice.gflops["matmul"] > choice.gflops["linear"] > 0 and calls
+    if kernels.packed_available():
+        assert choice.gflops["matmul"] > choice.gflops["packed"] > 0
     with pytest.raises(ValueError, match="unknown linear kernel 'amx'"):
         use_linear("amx")
 
@@ -56,3 +64,22 @@ def test_linear_shapes_are_a_stage_models_projections(tiny_models):
     h, kv, inter = config.hidden_size, config.num_kv_heads * config.head_dim, config.intermediate_size
     assert sorted(shapes) == sorted({(8, h, config.num_heads * config.head_dim + 2 * kv),
                                      (8, config.num_heads * config.head_dim, h), (8, h, 2 * inter), (8, inter, h)})
+
+
+@pytest.mark.skipif(not kernels.packed_available(), reason="this torch build has no oneDNN")
+def test_packed_weight_follows_in_place_updates_and_falls_back_where_unsupported():
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(16, 32, generator=gen), torch.randn(24, 32, generator=gen)
+    use_linear("packed")
+    first = linear(x, w)
+    torch.testing.assert_close(first, x @ w.t(), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        w.mul_(2.0)                       # loading new weights in place
+    torch.testing.assert_close(linear(x, w), 2 * first, rtol=1e-5, atol=1e-5)
+    # a dtype oneDNN's packed path does not take (float64) runs F.linear instead
+    xd, wd = x.double(), w.double()
+    torch.testing.assert_close(linear(xd, wd), xd @ wd.t())
+    # bf16, the runtime's dtype: the packed path and F.linear agree within bf16 rounding
+    xb, wb = x.bfloat16(), w.bfloat16()
+    torch.testing.assert_close(linear(xb, wb).float(), torch.nn.functional.linear(xb, wb).float(),
+                               rtol=2e-2, atol=2e-2)
