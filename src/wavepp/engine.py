@@ -184,6 +184,12 @@ class Engine:
         return self._core.stage_num_blocks
 
     @property
+    def stage_kernels(self) -> tuple[str, ...]:
+        """Each stage's kernel paths, e.g. ("linear=packed attention=chunked_cpp", ...): measured
+        at start-up on this machine (`WAVEPP_LINEAR_KERNEL` / `WAVEPP_ATTENTION_KERNEL` pin them)."""
+        return self._core.stage_kernels()
+
+    @property
     def max_prompt_tokens(self) -> int:
         """The longest prompt every stage can hold and the model's positions allow."""
         return min(self._core.max_prompt_tokens, min(self.stage_num_blocks) * self.config.block_size)

@@ -10,7 +10,13 @@ KEYS = {"workload", "policy", "pp", "concurrency", "num_requests", "input_tokens
         "ttft_p95_ms", "stage_utilization"}
 
 
-def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys):
+def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys, monkeypatch):
+    from wavepp.models import kernels
+
+    # a pinned projection path: every stage (rank 1 in its own process) must report it
+    monkeypatch.setenv("WAVEPP_LINEAR_KERNEL", "matmul")
+    monkeypatch.setattr(kernels, "_chosen", kernels._chosen)   # restored for later tests
+    monkeypatch.setattr(kernels, "_chosen_name", kernels._chosen_name)
     model = make_model(tmp_path / "m", num_layers=4, hidden_size=64, vocab_size=512)
     out = tmp_path / "b.json"
     plot = tmp_path / "b.png"
@@ -24,6 +30,12 @@ def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "short_suffix" in printed and "lockstep" in printed
     data = json.loads(out.read_text())
+    stage_kernels = data["meta"]["kernels"]
+    assert sorted(stage_kernels) == ["pp", "single"]
+    assert len(stage_kernels["pp"]) == 2 and len(stage_kernels["single"]) == 1
+    for k in stage_kernels["pp"] + stage_kernels["single"]:
+        assert k.startswith("linear=matmul attention="), k
+    assert "kernels (pp): stage 0 linear=matmul" in printed
     rows = data["rows"]
     assert len(rows) == 2 * 2 * 4                          # workloads x concurrencies x policies
     for row in rows:

@@ -127,7 +127,7 @@ def run(args) -> int:
                           f"ideal hit rate {wl.ideal_hit_rate:.1%}{grid}")
     t_start = time.perf_counter()
     pipeline_policies = [p for p in policies if p != SINGLE_STAGE]
-    rows, trace_events = [], []
+    rows, trace_events, kernels = [], [], {}
     total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat \
         * len(intervals)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -139,7 +139,7 @@ def run(args) -> int:
         else:
             # snapshot intervals interleave like policies: Engine.reset switches every stage's grid
             rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals,
-                                  ideal_on_grid, progress, task, trace_events)
+                                  ideal_on_grid, progress, task, trace_events, kernels)
     med = median_rows(rows)
     title = f"medians of {args.repeat} interleaved run(s); fastest first, in bold"
     http_meta = {}
@@ -153,6 +153,7 @@ def run(args) -> int:
     print_table(med, console, title)
     console.print(f"total {time.perf_counter() - t_start:.0f} s")
     meta = {"model": model, "pp": args.pp, "dtype": args.dtype, "machine": machine(), **http_meta,
+            **({"kernels": kernels} if kernels else {}),
             "ideal_on_snapshot_grid": [{"workload": w, "num_requests": n, "interval_blocks": i, "ideal_hit_rate": r}
                                        for (w, n, i), r in ideal_on_grid.items()],
             "repeat": args.repeat, "command": "wavepp bench " + " ".join(_argv(args))}
@@ -223,9 +224,10 @@ def _argv(args) -> list[str]:
 
 
 def _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals, ideal_on_grid,
-                  progress, task, trace_events) -> list:
+                  progress, task, trace_events, kernels: dict) -> list:
     """Every (workload, concurrency, snapshot interval, policy), interleaved run by run on the
-    same engines (intervals [None]: the default grid)."""
+    same engines (intervals [None]: the default grid). Fills `kernels`: engine name ("pp",
+    "single") -> each stage's kernel paths."""
     from wavepp.bench.measure import run_closed_loop
     from wavepp.bench.report import chrome_trace
     from wavepp.engine import Engine
@@ -243,6 +245,10 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
             engine.prefill([wl.prompts[0][:256] for wl in first])
             if engine.profile is not None:
                 progress.console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
+        for name, engine in engines.items():   # after every start-up: rank 0's choice is per process
+            kernels[name] = list(engine.stage_kernels)
+            progress.console.print(f"  kernels ({name}): " + "; ".join(
+                f"stage {i} {k}" for i, k in enumerate(kernels[name])))
         for rep in range(args.repeat):
             for index in range(len(first)):
                 for c, interval in itertools.product(concurrencies, intervals):

@@ -60,13 +60,15 @@ class EngineCore:
             channels.send_obj(Setup(config), rank, "rounds")
         torch.set_num_threads(config.num_threads)
         self.stage = StageRuntime(config, 0, channels.device)
-        blocks = [self.stage.num_blocks]
+        blocks, kernels = [self.stage.num_blocks], [""]
         for rank in range(1, self.num_stages):
             msg = channels.recv_obj(rank, "replies")
             if isinstance(msg, LoadFailed):
                 raise EngineError(msg.reason)
             blocks.append(msg.num_blocks)
+            kernels.append(msg.kernels)
         self.stage_num_blocks = tuple(blocks)
+        self._worker_kernels = tuple(kernels)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.profile: WaveProfile | None = self._profile() if config.profile_waves else None
         self.cond = threading.Condition(threading.RLock())
@@ -158,6 +160,11 @@ class EngineCore:
             for rank in range(1, self.num_stages):
                 out.append(self._recv_reply(rank).detail)
             return out
+
+    def stage_kernels(self) -> tuple[str, ...]:
+        """Each stage's kernel paths: rank 0's as its process runs them now, the other ranks' as
+        they reported at start-up (each its own process)."""
+        return (self.stage.kernels(),) + self._worker_kernels[1:]
 
     def stats(self) -> CoreStats:
         """A consistent snapshot of the measurements since the last reset."""

@@ -44,6 +44,7 @@ class Setup:
 class StageReady:
     stage_id: int
     num_blocks: int
+    kernels: str = ""        # the kernel paths the stage chose at start-up (StageRuntime.kernels)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
-from wavepp.models.attention import choose_attention
-from wavepp.models.kernels import choose_linear, linear_shapes
+from wavepp.models.attention import attention_kernel, choose_attention
+from wavepp.models.kernels import choose_linear, linear_kernel, linear_shapes
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import synchronize
@@ -98,6 +98,7 @@ class StageRuntime:
         if getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None):   # GQA attention
             self.attention_kernel = choose_attention(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
                                                      mc.head_dim, _DTYPES[config.dtype], device=self.device)
+        self._gqa_attention = hasattr(self, "attention_kernel")
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
         self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
@@ -105,6 +106,15 @@ class StageRuntime:
         self.kv = None
         self.lock = threading.Lock()
         self.reset(config.policy)
+
+    def kernels(self) -> str:
+        """The kernel paths this stage's process runs now, e.g. "linear=packed attention=chunked_cpp".
+        The choice is per process: engines sharing one (rank 0 of several in-process engines)
+        run the path the last one to start chose."""
+        parts = [f"linear={linear_kernel()}"]
+        if self._gqa_attention:
+            parts.append(f"attention={attention_kernel()}")
+        return " ".join(parts)
 
     def reset(self, policy: str, snapshot_interval_blocks: int | None = None) -> None:
         """Empty the cache (KV tensors need no clearing: nothing reads an unwritten block) and,

@@ -42,7 +42,7 @@ def run_worker(channels: Channels) -> None:
     except Exception as exc:
         channels.send_obj(LoadFailed(rank, f"stage {rank} failed to load: {exc}"), 0, "replies")
         raise
-    channels.send_obj(StageReady(rank, stage.num_blocks), 0, "replies")
+    channels.send_obj(StageReady(rank, stage.num_blocks, stage.kernels()), 0, "replies")
     inbox: queue.Queue = queue.Queue()
     is_last = rank == config.num_stages - 1
     input_width = stage.model.input_width    # hidden_size, plus DSA top-k columns where needed
