@@ -129,6 +129,15 @@ def test_grid_takes_policy(capsys, monkeypatch):
     seen.clear()
     assert run_cli("--grid", "paper") == 0
     assert len(seen) == 40 and all(s.policies == PAPER_POLICIES for s in seen)
+    assert {s.token_scale for s in seen} == {16}           # the grid's own scale
+    seen.clear()
+    assert run_cli("--grid", "kimi") == 0
+    assert {s.token_scale for s in seen} == {256}
+    seen.clear()
+    assert run_cli("--grid", "kimi", "--token-scale", "16") == 0   # the same grid, finer
+    assert len(seen) == 36 and {s.token_scale for s in seen} == {16}
+    with pytest.raises(ValueError, match="--token-scale must be positive"):
+        run_cli("--grid", "kimi", "--token-scale", "0")
 
 
 def run_cli(*argv):
