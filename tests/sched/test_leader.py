@@ -202,7 +202,7 @@ def test_leader_predicts_the_running_rounds_end():
     servers = [StageServer(s, BlockPool(256, BS)) for s in range(2)]
     leader = Leader(LeaderConfig(2, BS, stage_num_blocks=(256, 256), max_round_requests=1),
                     make_planner("balanced", PlannerConfig(block_size=BS, num_stages=2)))
-    clock = iter([0.0, 0.001, 0.002])          # a round from 0 to 4 ms: start, phases, end
+    clock = iter([0.0, 0.001])          # a round from 0 to 4 ms: start, probe replies, end (lease replies)
     leader.add_request(0, seq(0, 16))
     rounds.run_round(leader, lambda msg: [s.handle(msg) for s in servers], lambda: next(clock, 0.004))
     leader.add_request(1, seq(100, 16))

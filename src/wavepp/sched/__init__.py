@@ -5,7 +5,7 @@ from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.dynamic_chunk import DynamicChunkPlanner
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.messages import (
-    Chunk, CommitMsg, CommitReply, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem,
+    Chunk, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem,
     ProbeMsg, ProbeReply, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import (
     PLANNERS, Admitting, BalancedPlanner, MpuPlanner, PlannerConfig, StaticPlanner, budget_ladder, make_planner)
@@ -15,7 +15,7 @@ from wavepp.sched.stage_server import PlanMismatchError, PreparedChunk, StageSer
 
 __all__ = [
     "AdmissionRound", "RoundOutcome", "agree_prefix", "CostCoefficients", "CostModel", "Leader",
-    "LeaderConfig", "DynamicChunkPlanner", "Chunk", "CommitMsg", "CommitReply", "Hint", "ItemResult", "LeaseItem",
+    "LeaderConfig", "DynamicChunkPlanner", "Chunk", "Hint", "ItemResult", "LeaseItem",
     "LeaseMsg", "LeaseReply", "ProbeItem", "ProbeMsg", "ProbeReply", "PromptLogprobs", "ReleaseMsg", "TokenResult",
     "Wave", "WaveResult", "PLANNERS", "Admitting", "BalancedPlanner", "MpuPlanner", "PlannerConfig",
     "StaticPlanner", "budget_ladder", "make_planner", "POLICIES", "Policy", "get_policy",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from wavepp.sched.messages import CommitMsg, Hint, LeaseMsg, ProbeMsg, ReleaseMsg
+from wavepp.sched.messages import Hint, LeaseMsg, ProbeMsg, ReleaseMsg
 from wavepp.sched.request import Request
 
 
@@ -32,17 +32,16 @@ def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid
 class AdmissionRound:
     """The leader's state for one round: the requests in it and the answers gathered so far.
 
-    phase: "probe" -> "lease" -> "commit" -> "done"
+    phase: "probe" -> "lease" (lease, escrow and commit in one exchange) -> done
     """
     round_id: int
     requests: list[Request]
     start_time: float
     phase: str = "probe"
     leased: list[Request] = field(default_factory=list)
-    escrowed: list[Request] = field(default_factory=list)
     aborted: set[int] = field(default_factory=set)
     # requests whose agreed prefix holds a block that a withdrawn request was to compute: the
-    # stages may drop it (the release) before this round commits, so they are not admitted
+    # stages may drop it (the release) before this round's lease, so they are not admitted
     tainted: set[int] = field(default_factory=set)
 
 
@@ -60,7 +59,7 @@ class RoundStep:
     """What one phase of a round asks of its driver, in this order: send `release` to every
     stage (no reply), then either send `send` to every stage and hand all their replies to
     `Leader.advance_round`, or, with `outcome`, the round is over."""
-    send: "ProbeMsg | LeaseMsg | CommitMsg | None" = None
+    send: "ProbeMsg | LeaseMsg | None" = None
     release: ReleaseMsg | None = None
     outcome: RoundOutcome | None = None
 

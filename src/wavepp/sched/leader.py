@@ -26,7 +26,7 @@ from wavepp.cache import CapacityView
 from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request
 from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.messages import (
-    CommitMsg, LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
+    LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import Admitting, Planner
 from wavepp.sched.request import Request, RequestState
 
@@ -176,9 +176,7 @@ class Leader:
         phase = self._round_phase()
         if phase == "probe":
             return self._on_probe_replies(replies)
-        if phase == "lease":
-            return self._on_lease_replies(replies, now)
-        return self._on_commit_replies(replies, now)
+        return self._on_lease_replies(replies, now)
 
     def _on_probe_replies(self, replies) -> RoundStep:
         """Agree each request's prefix (min over stages); ask every stage to lease it and escrow
@@ -208,7 +206,7 @@ class Leader:
             req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = k * bs
             req.state = RequestState.LEASED
             rnd.leased.append(req)
-            if self.inflight.dead_until(req, k) > self._num_waves_done:   # released, maybe before the commit
+            if self.inflight.dead_until(req, k) > self._num_waves_done:   # released, maybe before this lease
                 rnd.tainted.add(req.request_id)
             items.append(LeaseItem(req.request_id, k, req.num_blocks(bs) - k))
         for req in reversed(deferred):
@@ -219,26 +217,8 @@ class Leader:
         return RoundStep(send=LeaseMsg(rnd.round_id, tuple(items)))
 
     def _on_lease_replies(self, replies, now: float) -> RoundStep:
-        """Commit the requests every stage leased and escrowed; release the others everywhere."""
-        rnd = self.round
-        failed = failures_by_request(replies, self.config.num_stages)
-        commit, release = [], []
-        for req in rnd.leased:
-            if req.request_id in rnd.aborted:
-                release.append(req.request_id)
-                self._finish(req, RequestState.ABORTED, "aborted", now)
-            elif req.request_id in failed:
-                release.append(req.request_id)
-                self._not_admitted(req, failed[req.request_id], now)
-            else:
-                req.state = RequestState.ESCROWED
-                rnd.escrowed.append(req)
-                commit.append(req.request_id)
-        rnd.phase = "commit"
-        return RoundStep(send=CommitMsg(rnd.round_id, tuple(commit)), release=_release(release))
-
-    def _on_commit_replies(self, replies, now: float) -> RoundStep:
-        """Admit the requests every stage committed; release the others everywhere."""
+        """Admit the requests every stage leased, escrowed and committed; release the others
+        everywhere (the ReleaseMsg goes out before the round ends)."""
         rnd = self.round
         for reply in replies:
             if reply.capacity is not None:
@@ -246,7 +226,7 @@ class Leader:
         failed = failures_by_request(replies, self.config.num_stages)
         bs = self.config.block_size
         admitted, release = [], []
-        for req in rnd.escrowed:
+        for req in rnd.leased:
             if req.request_id in rnd.aborted:
                 release.append(req.request_id)
                 self._finish(req, RequestState.ABORTED, "aborted", now)
@@ -391,7 +371,7 @@ class Leader:
         raced an eviction), then fail."""
         holders = self.round.requests if self.round else ()
         busy = self.plannable or self.waves_in_flight or self._pending_releases or any(
-            r is not req and r.state in (RequestState.LEASED, RequestState.ESCROWED) for r in holders)
+            r is not req and r.state is RequestState.LEASED for r in holders)
         if busy:
             req.num_idle_failures = 0
             self._requeue(req, self._num_waves_done + 1, front=False)

@@ -1,12 +1,19 @@
 """Typed messages between the leader and the stages.
 
-Rounds plane (admission), one round = three exchanges, each sent to every stage:
+Rounds plane (admission), one round = two exchanges, each sent to every stage:
 
     leader                              stage s (StageServer)
     ProbeMsg(items: hashes)     ->      hint: longest prefix present      -> ProbeReply
-    LeaseMsg(items: k, blocks)  ->      lease k blocks, reserve the rest  -> LeaseReply
-    CommitMsg(request ids)      ->      commit escrow, register pending   -> CommitReply
+    LeaseMsg(items: k, blocks)  ->      lease k blocks, escrow room for   -> LeaseReply
+                                        the rest, commit it (its new
+                                        blocks become pending entries)
     ReleaseMsg(request ids)     ->      give back everything (no reply)
+
+A request is admitted when every stage leased, escrowed and committed it; the others go out
+in a ReleaseMsg to every stage before the round ends (before any later round probes), so the
+pending entries a refused request registered on some stages are never seen by another
+request. The stage commits right after its escrow: nothing can claim a victim in between, and
+the exchange a separate commit would take is one round trip less on every admission.
 
 Data plane: a Wave header travels with the activations, stage 0 -> 1 -> ... -> S-1; the last
 stage sends a WaveResult back to the leader.
@@ -98,26 +105,7 @@ class LeaseReply:
     round_id: int
     stage_id: int
     results: tuple[ItemResult, ...]
-
-
-@dataclass(frozen=True)
-class CommitMsg:
-    round_id: int
-    request_ids: tuple[int, ...]
-
-    def __len__(self) -> int:
-        return len(self.request_ids)
-
-    def empty_reply(self, stage_id: int) -> "CommitReply":
-        return CommitReply(self.round_id, stage_id, ())
-
-
-@dataclass(frozen=True)
-class CommitReply:
-    round_id: int
-    stage_id: int
-    results: tuple[ItemResult, ...]
-    capacity: CapacityView | None = None   # the stage's blocks by state after the commit
+    capacity: CapacityView | None = None   # the stage's blocks by state after the commits
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A request as the leader sees it: its tokens, its hash chain, and where it is in its life.
 
-    WAITING -> PROPOSED -> LEASED -> ESCROWED -> ADMITTED -> RUNNING -> DONE
+    WAITING -> PROPOSED -> LEASED -> ADMITTED -> RUNNING -> DONE
                  (any step) -> FAILED (with a reason) | ABORTED
 
 Token ranges of an admitted request (all half-open, in tokens):
@@ -23,8 +23,7 @@ from wavepp.sched.messages import PromptLogprobs, TokenResult
 class RequestState(enum.Enum):
     WAITING = "waiting"
     PROPOSED = "proposed"      # in an admission round, probing
-    LEASED = "leased"          # prefix agreed, lease + reserve asked of every stage
-    ESCROWED = "escrowed"      # every stage leased and reserved; commit asked
+    LEASED = "leased"          # prefix agreed; lease, escrow and commit asked of every stage
     ADMITTED = "admitted"      # committed on every stage; plannable
     RUNNING = "running"        # at least one chunk dispatched
     DONE = "done"

@@ -1,9 +1,8 @@
 """One admission round, written once: the runtime, the simulator and the tests drive it.
 
     msg = next(round)                 ProbeMsg      -> every stage; their replies go back in
-    msg = round.send(replies)         LeaseMsg      -> ...
+    msg = round.send(replies)         LeaseMsg      -> ... (lease, escrow and commit)
     msg = round.send(replies)         ReleaseMsg    -> every stage, no reply (send None back)
-    msg = round.send(replies)         CommitMsg     -> ...
     ...                               StopIteration(RoundOutcome)
 
 `round_messages` is a generator over the messages every stage must get, so the only thing a
@@ -18,9 +17,9 @@ from contextlib import nullcontext
 from typing import Callable, ContextManager, Generator
 
 from wavepp.sched.admission import RoundOutcome
-from wavepp.sched.messages import CommitMsg, LeaseMsg, ProbeMsg, ReleaseMsg
+from wavepp.sched.messages import LeaseMsg, ProbeMsg, ReleaseMsg
 
-RoundMsg = ProbeMsg | LeaseMsg | CommitMsg | ReleaseMsg
+RoundMsg = ProbeMsg | LeaseMsg | ReleaseMsg
 
 
 def round_messages(leader, now: Callable[[], float],

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.sched.messages import (
-    Chunk, CommitMsg, CommitReply, Hint, ItemResult, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg,
-    ProbeReply, ReleaseMsg, Wave)
+    Chunk, Hint, ItemResult, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg, ProbeReply, ReleaseMsg, Wave)
 
 if TYPE_CHECKING:
     from wavepp.cache import BlockPool
@@ -69,8 +68,6 @@ class StageServer:
             return self.probe(msg)
         if isinstance(msg, LeaseMsg):
             return self.lease(msg)
-        if isinstance(msg, CommitMsg):
-            return self.commit(msg)
         if isinstance(msg, ReleaseMsg):
             return self.release(msg)
         raise TypeError(f"stage {self.stage_id}: unknown rounds-plane message {type(msg).__name__}")
@@ -99,7 +96,11 @@ class StageServer:
         return ProbeReply(msg.round_id, self.stage_id, tuple(hints))
 
     def lease(self, msg: LeaseMsg) -> LeaseReply:
-        """Lease the agreed prefix and escrow room for the rest; on failure hold nothing."""
+        """Lease the agreed prefix, escrow room for the rest and commit the escrow: the
+        request's own full blocks become pending entries that later requests can share while
+        they are computed. On failure hold nothing. Items are handled in order, so a later
+        item's lease that takes a victim of an earlier one's (committed) escrow must leave a
+        replacement or is refused: the earlier request keeps its room."""
         results = []
         for item in msg.items:
             probed = self._probed.pop(item.request_id, None)
@@ -123,6 +124,12 @@ class StageServer:
                 results.append(ItemResult(item.request_id, False,
                                           f"stage {self.stage_id}: escrow: {reserve.reason}"))
                 continue
+            commit = self.pool.commit(item.request_id, probed.block_hashes[item.num_leased_blocks:])
+            if not commit.ok:   # (cannot happen: nothing ran since the reserve; kept as a check)
+                self._drop(item.request_id)
+                results.append(ItemResult(item.request_id, False,
+                                          f"stage {self.stage_id}: commit: {commit.reason}"))
+                continue
             num_cached = item.num_leased_blocks * self.block_size
             self.requests[item.request_id] = StageRequest(
                 item.request_id, probed.num_tokens, probed.block_hashes, num_cached, num_cached)
@@ -130,27 +137,7 @@ class StageServer:
         # one round at a time: a request probed but not in this lease (aborted, deferred) is
         # probed again if it comes back
         self._probed.clear()
-        return LeaseReply(msg.round_id, self.stage_id, tuple(results))
-
-    def commit(self, msg: CommitMsg) -> CommitReply:
-        """Commit each escrow; register the request's own full blocks as pending so later
-        requests can share them while they are computed."""
-        results = []
-        for request_id in msg.request_ids:
-            req = self.requests.get(request_id)
-            if req is None:
-                results.append(ItemResult(request_id, False,
-                                          f"stage {self.stage_id}: commit of an unknown request"))
-                continue
-            first_new = req.num_cached_tokens // self.block_size
-            commit = self.pool.commit(request_id, req.block_hashes[first_new:])
-            if not commit.ok:
-                self._drop(request_id)
-                results.append(ItemResult(request_id, False,
-                                          f"stage {self.stage_id}: commit: {commit.reason}"))
-                continue
-            results.append(ItemResult(request_id, True))
-        return CommitReply(msg.round_id, self.stage_id, tuple(results), self.pool.capacity())
+        return LeaseReply(msg.round_id, self.stage_id, tuple(results), self.pool.capacity())
 
     def release(self, msg: ReleaseMsg) -> None:
         """Give back everything the requests hold here. Unknown ids are ignored: a stage that

@@ -47,13 +47,15 @@ class SimCosts:
 
     def message_seconds(self, msg, reply=None) -> float:
         """A stage's work to answer one rounds-plane message. Lease items pay per block only
-        when the stage leased and escrowed them (`reply`); a refusal is a quick check."""
+        when the stage leased, escrowed and committed them (`reply`); a refusal is a quick
+        check. A lease item is two requests' worth of per-item work (the lease with its escrow,
+        then the commit), as when the commit was an exchange of its own."""
         if isinstance(msg, LeaseMsg):
             ok = {r.request_id for r in reply.results if r.ok} if reply is not None else None
             blocks = sum(self.round_leased_block_s * i.num_leased_blocks
                          + self.round_new_block_s * i.num_new_blocks
                          for i in msg.items if ok is None or i.request_id in ok)
-            return self.round_msg_s + self.round_item_s * len(msg.items) + blocks
+            return self.round_msg_s + 2 * self.round_item_s * len(msg.items) + blocks
         return self.round_msg_s + self.round_item_s * len(msg)
 
 
