@@ -7,7 +7,11 @@ so that each group has one sending thread and one receiving thread on any pair o
     data     stage s -> stage s+1           activations               (gloo on CPU, NCCL on GPU)
     results  last stage -> leader           first tokens, timings     (gloo)
 
-Objects travel pickled as uint8 tensors (length first), always over gloo on the host: they are
+Objects travel pickled as uint8 tensors, always over gloo on the host: a fixed-size first
+message (`INLINE_BYTES`: the length, then as much of the pickle as fits) and, for a larger
+object, the rest in a second one. Nearly every object (admission messages, wave headers,
+results) fits the first, so it costs one message, not a length and a payload: on loopback a
+gloo message's latency hardly depends on its size at these sizes. They are
 made and read by Python on the host, and a pickle sent over NCCL would cost a copy to the GPU
 and back plus a stream synchronization for a few hundred bytes. Only the data plane takes the
 `backend` argument: with NCCL its tensors stay on the stage's GPU (`device`), with gloo they
@@ -62,17 +66,18 @@ class Channels:
         self.groups["data"] = dist.new_group(backend=backend)
 
     def send_obj(self, obj, dst: int, plane: str) -> None:
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
-                                   dtype=torch.uint8)
-        self._send(torch.tensor([payload.numel()], dtype=torch.int64), dst, plane)
-        self._send(payload, dst, plane)
+        for part in pack_obj(obj):
+            self._send(part, dst, plane)
 
     def recv_obj(self, src: int, plane: str):
-        size = torch.empty(1, dtype=torch.int64)
-        self._recv(size, src, plane)
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self._recv(payload, src, plane)
-        return pickle.loads(payload.numpy().tobytes())
+        first = torch.empty(INLINE_BYTES, dtype=torch.uint8)
+        self._recv(first, src, plane)
+        rest_bytes = rest_size(first)
+        rest = None
+        if rest_bytes:
+            rest = torch.empty(rest_bytes, dtype=torch.uint8)
+            self._recv(rest, src, plane)
+        return unpack_obj(first, rest)
 
     def send_tensor(self, tensor: torch.Tensor, dst: int) -> None:
         """Send `tensor` (on any device) to rank `dst`; it is copied to the data plane's device
@@ -105,6 +110,40 @@ class Channels:
         except RuntimeError as exc:
             raise PeerLostError(f"rank {self.rank}: receiving from rank {src} on the {plane} plane "
                                 f"failed: {exc}") from exc
+
+
+INLINE_BYTES = 4096   # the first message of an object: 8 bytes of length, then the pickle's start
+_LEN = 8
+
+
+def pack_obj(obj) -> list[torch.Tensor]:
+    """The messages that carry `obj`: INLINE_BYTES (length + the pickle's start), then the rest
+    of the pickle if it did not fit."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    first = bytearray(INLINE_BYTES)
+    first[:_LEN] = len(data).to_bytes(_LEN, "little")
+    inline = min(len(data), INLINE_BYTES - _LEN)
+    first[_LEN:_LEN + inline] = data[:inline]
+    parts = [torch.frombuffer(first, dtype=torch.uint8)]
+    if inline < len(data):
+        parts.append(torch.frombuffer(bytearray(data[inline:]), dtype=torch.uint8))
+    return parts
+
+
+def rest_size(first: torch.Tensor) -> int:
+    """Bytes of the second message that follows `first` (0: the object fit in the first)."""
+    size = int.from_bytes(first[:_LEN].numpy().tobytes(), "little")
+    return max(0, size - (INLINE_BYTES - _LEN))
+
+
+def unpack_obj(first: torch.Tensor, rest: torch.Tensor | None):
+    size = int.from_bytes(first[:_LEN].numpy().tobytes(), "little")
+    data = first[_LEN:_LEN + min(size, INLINE_BYTES - _LEN)].numpy().tobytes()
+    if rest is not None:
+        data += rest.numpy().tobytes()
+    if len(data) != size:
+        raise ValueError(f"object message of {size} bytes arrived with {len(data)}")
+    return pickle.loads(data)
 
 
 def _wire_dtype(dtype: torch.dtype, backend: str) -> torch.dtype:
