@@ -17,8 +17,8 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
-from wavepp.models.attention import attention_kernel, choose_attention
-from wavepp.models.kernels import choose_linear, linear_kernel, linear_shapes
+from wavepp.models.attention import AttentionChoice, attention_kernel, choose_attention, use_attention
+from wavepp.models.kernels import KernelChoice, choose_linear, linear_kernel, linear_shapes, use_linear
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import synchronize
@@ -27,6 +27,45 @@ from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+# The kernel paths are per process (kernels.linear, attention.paged_attention read one choice).
+# The first stage started in a process times them on its own shapes; a stage started later in
+# the same process (rank 0 of a second Engine, as `wavepp bench` runs one for single-stage)
+# reuses that choice instead of timing again and switching the first engine's paths under it:
+# engines compared side by side in one process run the same kernels. A path pinned in the
+# environment (WAVEPP_LINEAR_KERNEL, WAVEPP_ATTENTION_KERNEL) always wins.
+_process_kernels: dict[tuple[str, torch.dtype, str], str] = {}
+
+
+def _pinned(kind: str) -> bool:
+    return bool(os.environ.get(f"WAVEPP_{kind.upper()}_KERNEL"))
+
+
+def choose_stage_kernels(model: torch.nn.Module, model_config, dtype: torch.dtype,
+                         device: torch.device) -> tuple[KernelChoice, AttentionChoice | None]:
+    """This process's (linear, attention) paths for a stage of `model`: timed by the first
+    stage of the process on this device type and dtype, reused by later ones (a reused
+    choice carries no timings); attention None where the model has no GQA attention."""
+    key = (device.type, dtype)
+    name = _process_kernels.get((*key, "linear"))
+    if name is None or _pinned("linear"):
+        linear = choose_linear(linear_shapes(model), dtype, device=device)
+        _process_kernels[(*key, "linear")] = linear.name
+    else:
+        use_linear(name)
+        linear = KernelChoice(name, {}, 0.0)
+    mc = model_config
+    if not (getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None)):
+        return linear, None
+    name = _process_kernels.get((*key, "attention"))
+    if name is None or _pinned("attention"):
+        attention = choose_attention(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads, mc.head_dim, dtype,
+                                     device=device)
+        _process_kernels[(*key, "attention")] = attention.name
+    else:
+        use_attention(name)
+        attention = AttentionChoice(name, {}, {})
+    return linear, attention
 
 
 # The default cache of a stage: room for this many prompts of the model's full length, within
@@ -92,13 +131,12 @@ class StageRuntime:
         self.model_config = load_model_config(config.model_path)
         self.spec = stage_specs(self.model_config.num_layers, config.num_stages)[stage_id]
         self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(self.device)
-        # the projections' kernel path, measured here on this model's shapes (CPUs differ)
-        self.linear_kernel = choose_linear(linear_shapes(self.model), _DTYPES[config.dtype], device=self.device)
-        mc = self.model_config
-        if getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None):   # GQA attention
-            self.attention_kernel = choose_attention(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads,
-                                                     mc.head_dim, _DTYPES[config.dtype], device=self.device)
-        self._gqa_attention = hasattr(self, "attention_kernel")
+        # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first stage
+        self.linear_kernel, attention = choose_stage_kernels(self.model, self.model_config,
+                                                             _DTYPES[config.dtype], self.device)
+        if attention is not None:    # GQA attention (MLA and hybrid layers have their own paths)
+            self.attention_kernel = attention
+        self._gqa_attention = attention is not None
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
         self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
