@@ -312,25 +312,31 @@ def test_balanced_takes_a_short_rest_whole():
     assert spans(planner.plan([req(0, 1100)], waiting))[0][2] <= 1024
 
 
-def test_filling_pipeline_sends_empty_prefix_chunks_first():
+def test_a_pipeline_filling_with_cold_prompts_sends_their_first_chunks_first():
     # filled waves of M = 256 tokens, S = 2, never holding
     coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=1e-9)
     cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
                         fill_waves=True, deep_queue_waves=0, hold_frac=0.0)
     planner = BalancedPlanner(cfg, CostModel(coef))
-    warm, cold = req(0, 1024, scheduled=512), req(1, 1024)
-    # the pipeline is empty: the cold prompt's first chunk (attending over nothing) goes first
-    # although the warm request came first
-    assert spans(planner.plan([warm, cold])) == [(1, 0, 256, False)]
-    cold.num_scheduled_tokens, cold.state = 256, RequestState.RUNNING
-    # one wave in flight, still filling: nothing is left with an empty prefix, so FCFS
-    assert spans(planner.plan([warm, cold])) == [(0, 512, 768, False)]
-    warm.num_scheduled_tokens, warm.state = 768, RequestState.RUNNING
+    started, fresh = req(0, 1024), req(1, 1024)
+    started.num_scheduled_tokens = 512      # two chunks sent, nothing cached
+    # the pipeline is empty and every ready prompt is cold: the one with nothing sent yet
+    # (attending over nothing) goes first, although the other came first
+    assert spans(planner.plan([started, fresh])) == [(1, 0, 256, False)]
+    fresh.num_scheduled_tokens, fresh.state = 256, RequestState.RUNNING
+    # one wave in flight, still filling, nothing fresh left: FCFS
+    assert spans(planner.plan([started, fresh])) == [(0, 512, 768, False)]
+    started.num_scheduled_tokens, started.state = 768, RequestState.RUNNING
     # the pipeline is full (S waves in flight): FCFS again, a new cold prompt waits its turn
     late = req(2, 1024)
     assert planner.num_in_flight == 2
-    assert spans(planner.plan([warm, cold, late])) == [(0, 768, 1024, True)]
-    # equal-time waves (the CPU runtime) keep FCFS while filling too
+    assert spans(planner.plan([started, fresh, late])) == [(0, 768, 1024, True)]
+    # a warm request ready (a cached prefix): FCFS while filling too, the cold prompt waits
+    warm = BalancedPlanner(cfg, CostModel(coef))
+    assert spans(warm.plan([req(0, 1024, scheduled=768), req(1, 1024)]))[0][:3] == (0, 768, 1024)
+    # equal-time waves (the CPU runtime) keep FCFS
     fcfs = BalancedPlanner(PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256,
                                          min_wave_tokens=16, hold_frac=0.0), CostModel(coef))
-    assert spans(fcfs.plan([req(0, 1024, scheduled=512), req(1, 1024)]))[0][0] == 0
+    cold_started = req(0, 1024)
+    cold_started.num_scheduled_tokens = 512
+    assert spans(fcfs.plan([cold_started, req(1, 1024)]))[0][0] == 0

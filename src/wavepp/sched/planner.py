@@ -300,11 +300,13 @@ class BalancedPlanner:
     through 8 stages ends a run later by 7 times the difference. A 2M wave therefore takes no
     longer than the longest wave sent since the pipeline last drained, or than an M-token wave
     of the requests at hand; after long prefixes that cap binds, after short ones 2M fit.
-    While the pipeline fills (filling waves, fewer than `target_waves` in flight), prompts with
-    nothing cached or sent yet go first: a filled wave of chunks from an empty prefix is the
-    cheapest one, so the downstream stages start sooner (on the paper's grid, GLM-5 short-suffix
-    at c = 8-64 the eight cold prompts then go one first chunk each, as TensorRT-LLM's loop
-    sends them, where FCFS sent each one's chunks back to back with rising prefixes).
+    While the pipeline fills (filling waves, fewer than `target_waves` in flight) with cold
+    prompts only (nothing cached in any ready request), those with nothing sent yet go first: a
+    filled wave of chunks from an empty prefix is the cheapest one, so the stages downstream
+    start sooner (the eight cold prompts of GLM-5 short-suffix then go one first chunk each, as
+    TensorRT-LLM's loop sends them, not each one's chunks back to back with rising prefixes).
+    With a warm request ready the order stays FCFS: moving cold prompts ahead of warm ones
+    delays the results that feed a closed loop (GLM-5 mixed at c = 8: 6% slower).
     Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
     largest aligned chunk that does; a chunk shorter than a block never forms. A request whose
     rest would be at most `tail_frac` of it goes whole when the token cap allows: the rest
@@ -408,10 +410,11 @@ class BalancedPlanner:
         cfg, cost = self.config, self.cost
         if self.num_in_flight == 0:
             self._longest_s = 0.0    # the pipeline drained: a new busy period
-        if cfg.fill_waves and self.num_in_flight < self.target_waves:
-            # the pipeline is filling: prompts with nothing cached or sent yet go first (their
-            # chunks attend over nothing, so a filled wave of them is the cheapest one, and
-            # the stages downstream start sooner); the rest keep their order behind them
+        if cfg.fill_waves and self.num_in_flight < self.target_waves and \
+                all(r.num_cached_tokens == 0 for r in requests):
+            # the pipeline is filling with cold prompts only: the ones with nothing sent yet go
+            # first (a filled wave of chunks from an empty prefix is the cheapest one, so the
+            # stages downstream start sooner); the rest keep their order behind them
             requests = sorted(requests, key=lambda r: r.num_scheduled_tokens > 0)
         if self.holds(requests, admitting):   # a wave or the round brings more
             return []
