@@ -62,7 +62,7 @@ def check(results, ref, tol):
 def test_policies_match_transformers_under_eviction_pressure(tiny, pp, blocks):
     prompts = workload(seed=pp)
     ref = reference(tiny, prompts)
-    firsts = {}
+    firsts, held = {}, {}
     with Engine(str(tiny), pp=pp, policy="wavepp", dtype="float32", block_size=16,
                 stage_num_blocks=blocks) as engine:
         for policy in ("wavepp", "lockstep", "static", "wavepp-mpu"):
@@ -76,8 +76,11 @@ def test_policies_match_transformers_under_eviction_pressure(tiny, pp, blocks):
             for cap, live in views:
                 assert live == 0 and cap.num_leased == cap.num_escrowed == cap.num_pending == 0
                 assert cap.num_in_use == 0
-            # the stages hold different amounts: their caches diverged under pressure
-            assert len({cap.num_evictable for cap, _ in views}) > 1
+            held[policy] = tuple(cap.num_evictable for cap, _ in views)
+    # the stages' caches diverged under pressure: they end holding different amounts. Not in
+    # every run: what each stage keeps depends on which requests were in flight at its peak,
+    # and in one full `make test` both stages of one run ended holding 38 blocks
+    assert any(len(set(counts)) > 1 for counts in held.values()), held
     assert len({tuple(v) for v in firsts.values()}) == 1     # the policies agree
 
 
