@@ -90,6 +90,7 @@ def main() -> None:
     built = cpu_kernels.softmax_kernels() is not None
     print(f"C++ softmax: {'in use' if attn.name.endswith('_cpp') else 'built, not chosen' if built else 'unavailable'}"
           f" ({'chunked_cpp, cascade_cpp' if built else 'torch.softmax only'})")
+    print(f"elementwise (RMSNorm, SiLU-and-mul): {cpu_kernels.elementwise_kernel()}")
     if args.softmax_ab:
         _softmax_ab(model, cache, config, args.runs)
         return

@@ -162,8 +162,7 @@ def test_attention_with_the_kernel_equals_attention_without(kernel, dtype, toler
 @pytest.fixture
 def no_kernels(monkeypatch):
     """The extension as on a machine where it could not be built."""
-    monkeypatch.setattr(cpu_kernels, "_module", None)
-    monkeypatch.setattr(cpu_kernels, "_tried", True)
+    monkeypatch.setitem(cpu_kernels._modules, "cpu_softmax.cpp", None)
 
 
 def test_without_the_extension_the_cpp_kernels_run_torch_softmax(no_kernels):
@@ -193,10 +192,10 @@ def test_a_failed_build_logs_one_line_and_returns_none(monkeypatch, caplog):
         raise RuntimeError("Error building extension 'x'\nno compiler")
     monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", fail)
     with caplog.at_level(logging.INFO, logger="wavepp.models.cpu_kernels"):
-        assert cpu_kernels._build() is None
+        assert cpu_kernels._build("cpu_softmax.cpp", "C++ softmax", "torch's softmax") is None
     assert len(caplog.records) == 1 and "no compiler" in caplog.records[0].getMessage()
     monkeypatch.setenv("WAVEPP_NO_CPP_KERNELS", "1")
-    assert cpu_kernels._build() is None
+    assert cpu_kernels._build("cpu_softmax.cpp", "C++ softmax", "torch's softmax") is None
 
 
 def test_other_dtypes_and_devices_keep_torch_softmax():

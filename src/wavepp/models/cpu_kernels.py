@@ -1,15 +1,19 @@
-"""C++ CPU kernels, compiled on first use (`cpu_softmax.cpp`: the attention softmax).
+"""C++ CPU kernels, compiled on first use: the attention softmax (`cpu_softmax.cpp`) and the
+fused elementwise passes of a layer (`cpu_elementwise.cpp`: SiLU-and-mul, RMSNorm).
 
 torch's softmax on a CPU is bound by its `exp` (0.46-0.6 ns per score on a Zen 4 core); the
 kernel here computes exp with a short polynomial the compiler vectorizes, and applies the
-causal mask inside instead of adding a bias tile first.
+causal mask inside instead of adding a bias tile first. The elementwise kernels read and write
+each tensor once where torch's ops make a pass per op, and round where those ops round.
 
-The extension is built once per machine with `torch.utils.cpp_extension.load_inline` (g++ and
+Each extension is built once per machine with `torch.utils.cpp_extension.load_inline` (g++ and
 ninja) into torch's extensions directory (`TORCH_EXTENSIONS_DIR`, default
 ~/.cache/torch_extensions), under a name that hashes the source, the flags and this CPU, so a
 copy of that directory on another CPU builds its own. Later processes load the built module
-in well under a second. Without a compiler, or when the build fails, `softmax_kernels()` is
-None and the callers keep torch's softmax; one log line says why.
+in well under a second. Without a compiler, or when the build fails, `softmax_kernels()` /
+`elementwise_kernels()` is None and the callers keep torch's ops; one log line says why.
+`WAVEPP_NO_CPP_KERNELS=1` turns both off; `WAVEPP_ELEMENTWISE_KERNEL=torch` the elementwise
+ones alone.
 """
 
 from __future__ import annotations
@@ -28,20 +32,44 @@ log = logging.getLogger(__name__)
 
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd")
 _lock = threading.Lock()
-_module = None
-_tried = False
+_modules: dict[str, object] = {}     # source file -> its built module, or None where it failed
+# WAVEPP_ELEMENTWISE_KERNEL=torch keeps torch's ops in every process (e.g. an A/B across runs)
+_elementwise_on = os.environ.get("WAVEPP_ELEMENTWISE_KERNEL", "cpp") != "torch"
 
 
 def softmax_kernels():
-    """The compiled module (functions `softmax_` and `softmax_unnormalized_`), or None where it
-    cannot be built. Builds it on the first call in this process (once per machine; the build
-    time is logged); later calls return the same module."""
-    global _module, _tried
+    """The compiled softmax module (functions `softmax_` and `softmax_unnormalized_`), or None
+    where it cannot be built. Builds it on the first call in this process (once per machine;
+    the build time is logged); later calls return the same module."""
+    return _get("cpu_softmax.cpp", "C++ softmax", "torch's softmax")
+
+
+def elementwise_kernels():
+    """The compiled elementwise module (`silu_mul`, `rms_norm`; bf16), or None where it cannot
+    be built or `use_elementwise(False)` turned it off in this process. Built like
+    `softmax_kernels()`."""
+    if not _elementwise_on:
+        return None
+    return _get("cpu_elementwise.cpp", "C++ elementwise kernels", "torch's ops")
+
+
+def use_elementwise(on: bool) -> None:
+    """Run (True, the default where they build) or skip the C++ elementwise kernels in this
+    process (False: torch's ops, e.g. to compare the two)."""
+    global _elementwise_on
+    _elementwise_on = bool(on)
+
+
+def elementwise_kernel() -> str:
+    """"cpp" where the C++ elementwise kernels run in this process, else "torch"."""
+    return "cpp" if elementwise_kernels() is not None else "torch"
+
+
+def _get(source_name: str, label: str, fallback: str):
     with _lock:
-        if not _tried:
-            _tried = True
-            _module = _build()
-        return _module
+        if source_name not in _modules:
+            _modules[source_name] = _build(source_name, label, fallback)
+        return _modules[source_name]
 
 
 def softmax_(scores: torch.Tensor, causal_rows: int = 0, *, vectorized: bool = True) -> None:
@@ -52,7 +80,7 @@ def softmax_(scores: torch.Tensor, causal_rows: int = 0, *, vectorized: bool = T
     becomes 0 (the additive causal bias of a chunk's tile, without the bias tensor). n = 0:
     every key is seen. vectorized=False runs the portable loops where the AVX-512 ones are
     built (for tests). Requires `softmax_kernels()` to be a module."""
-    _module.softmax_(scores, causal_rows, vectorized)
+    _modules["cpu_softmax.cpp"].softmax_(scores, causal_rows, vectorized)
 
 
 def softmax_unnormalized_(scores: torch.Tensor, causal_rows: int, row_max: torch.Tensor,
@@ -60,30 +88,30 @@ def softmax_unnormalized_(scores: torch.Tensor, causal_rows: int, row_max: torch
     """exp(s - m) in place of `scores`, m each row's max over the keys it sees (causal_rows as
     in `softmax_`); writes m and the row's sum of the stored exps (fp32) into row_max, row_sum:
     [H, R] fp32 views (any strides) with H * R = the number of score rows."""
-    _module.softmax_unnormalized_(scores, causal_rows, row_max, row_sum, vectorized)
+    _modules["cpu_softmax.cpp"].softmax_unnormalized_(scores, causal_rows, row_max, row_sum, vectorized)
 
 
-def _build():
+def _build(source_name: str, label: str, fallback: str):
     if os.environ.get("WAVEPP_NO_CPP_KERNELS"):
-        log.info("C++ CPU kernels off (WAVEPP_NO_CPP_KERNELS); torch's softmax is used")
+        log.info("C++ CPU kernels off (WAVEPP_NO_CPP_KERNELS); %s run", fallback)
         return None
     start = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load_inline
 
-        source = resources.files("wavepp.models").joinpath("cpu_softmax.cpp").read_text()
-        name = "wavepp_cpu_softmax_" + _fingerprint(source)
+        source = resources.files("wavepp.models").joinpath(source_name).read_text()
+        name = f"wavepp_{source_name.removesuffix('.cpp')}_{_fingerprint(source)}"
         built = _is_built(name)
         module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)
     except Exception as err:   # noqa: BLE001 - no compiler, a failed build: keep torch's path
         lines = str(err).strip().splitlines() or [""]
-        log.warning("C++ softmax unavailable (%s: %s); torch's softmax is used", type(err).__name__, lines[-1][:200])
+        log.warning("%s unavailable (%s: %s); %s run", label, type(err).__name__, lines[-1][:200], fallback)
         return None
     seconds = time.perf_counter() - start
     if built:
-        log.info("C++ softmax loaded in %.2f s", seconds)
+        log.info("%s loaded in %.2f s", label, seconds)
     else:   # the first use on this machine: say what it cost (visible without logging set up)
-        log.warning("C++ softmax built in %.1f s (g++ %s; once per machine)", seconds, " ".join(_FLAGS))
+        log.warning("%s built in %.1f s (g++ %s; once per machine)", label, seconds, " ".join(_FLAGS))
     return module
 
 

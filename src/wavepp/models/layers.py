@@ -12,8 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wavepp.models import cpu_kernels
 from wavepp.models.config import Llama3RopeScaling, ModelConfig
 from wavepp.models.kernels import linear
+
+
+def _fused(*tensors: torch.Tensor):
+    """The C++ elementwise module where it runs these tensors (bf16, on the CPU, contiguous),
+    else None: torch's ops. Both round alike (`cpu_elementwise.cpp`)."""
+    if not all(t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    return cpu_kernels.elementwise_kernels()
 
 
 class RMSNorm(nn.Module):
@@ -26,6 +35,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim] -> [..., dim], same dtype
+        fused = _fused(x, self.weight)
+        if fused is not None:
+            return fused.rms_norm(x.view(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
         # squares in place only on a copy: for fp32 input, x.float() is x itself (the residual
         # stream); x * scale promotes to fp32, so no fp32 copy of x is kept
         squares = x.float().square() if x.dtype == torch.float32 else x.float().square_()
@@ -75,6 +87,10 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, hidden] -> gate_up: [num_tokens, 2 * intermediate]
         gate_up = linear(x, self.gate_up_proj)
+        fused = _fused(gate_up) if gate_up.dim() == 2 else None
+        if fused is not None:
+            # act: [num_tokens, intermediate] in one pass over gate_up (rounded as below)
+            return linear(fused.silu_mul(gate_up), self.down_proj)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         # act: [num_tokens, intermediate] -> [num_tokens, hidden]
         return linear(F.silu(gate).mul_(up), self.down_proj)

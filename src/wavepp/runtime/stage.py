@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, page_layout, stage_specs
+from wavepp.models import (ChunkSpec, StageBatch, cpu_kernels, load_model_config, load_stage_model, page_layout,
+                           stage_specs)
 from wavepp.models.attention import AttentionChoice, attention_kernel, choose_attention, use_attention
 from wavepp.models.kernels import KernelChoice, choose_linear, linear_kernel, linear_shapes, use_linear
 from wavepp.models.stage_pool import stage_pool
@@ -47,6 +48,8 @@ def choose_stage_kernels(model: torch.nn.Module, model_config, dtype: torch.dtyp
     stage of the process on this device type and dtype, reused by later ones (a reused
     choice carries no timings); attention None where the model has no GQA attention."""
     key = (device.type, dtype)
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        cpu_kernels.elementwise_kernels()   # built (the first time on a machine) before any wave
     name = _process_kernels.get((*key, "linear"))
     if name is None or _pinned("linear"):
         linear = choose_linear(linear_shapes(model), dtype, device=device)
@@ -152,6 +155,8 @@ class StageRuntime:
         parts = [f"linear={linear_kernel()}"]
         if self._gqa_attention:
             parts.append(f"attention={attention_kernel()}")
+        if self.device.type == "cpu" and _DTYPES[self.config.dtype] == torch.bfloat16:
+            parts.append(f"elementwise={cpu_kernels.elementwise_kernel()}")
         return " ".join(parts)
 
     def reset(self, policy: str, snapshot_interval_blocks: int | None = None) -> None:

@@ -1,0 +1,122 @@
+// Fused elementwise passes of a Llama-family layer, bf16 in and out, on the CPU.
+//
+// silu_mul(gate_up): [T, 2I] -> [T, I], silu(gate) * up with gate = gate_up[:, :I] and
+//   up = gate_up[:, I:]. It rounds where torch's `F.silu(gate).mul_(up)` does: silu(gate) to
+//   bf16, then the product to bf16 (both computed in fp32). torch reads and writes the [T, I]
+//   tensors twice; this reads gate and up once and writes the result once.
+// rms_norm(x, weight, eps): [T, D] -> [T, D], x * rsqrt(mean(x^2) + eps) rounded to bf16, then
+//   times weight rounded to bf16; the statistics in fp32 (wavepp's RMSNorm, as transformers'
+//   Llama rounds). One pass for the statistics and one for the output, where torch's ops take
+//   six.
+//
+// exp is 2^n times a degree-5 polynomial for 2^f (the attention softmax's, cpu_softmax.cpp:
+// 1.5e-7 relative), its argument clamped to fp32's normal range, so silu is within a few fp32
+// ulps of torch's; after the bf16 rounding the two agree but where the fp32 value sits on a
+// rounding boundary. The sum of squares is in another order than torch's reduction, with the
+// same effect. The loops are plain so that the compiler vectorizes them (-O3 -march=native,
+// -fopenmp-simd); rows are split over torch's intra-op threads.
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+inline float bf16_to_float(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
+
+inline uint16_t float_to_bf16(float f) {   // round to nearest even, as torch's conversion
+  uint32_t u = __builtin_bit_cast(uint32_t, f);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+constexpr float kExp2[6] = {1.0000001192092896f, 0.6931469440460205f, 0.24022120237350464f,
+                            0.05550713464617729f, 0.00967553723603487f, 0.001327644451521337f};
+
+inline float exp_clamped(float x) {
+  // t = x / ln2 = n + f, n = round(t) by the 1.5 * 2^23 shifter, 2^n put into the exponent;
+  // t clamped to [-126, 127]: exp of x < -87.3 is 2^-126 (silu's denominator is then 1), of
+  // x > 88 is 2^127, so silu of x < -88 is x / 2^127, under 1e-34 in size for |x| < 1e4,
+  // where torch's is smaller still or 0
+  float t = x * 1.44269504088896341f;
+  t = t < -126.0f ? -126.0f : (t > 127.0f ? 127.0f : t);
+  const float shifter = 12582912.0f;
+  const float ts = t + shifter;
+  const int32_t n = __builtin_bit_cast(int32_t, ts) - __builtin_bit_cast(int32_t, shifter);
+  const float f = t - (ts - shifter);
+  float p = __builtin_fmaf(kExp2[5], f, kExp2[4]);
+  p = __builtin_fmaf(p, f, kExp2[3]);
+  p = __builtin_fmaf(p, f, kExp2[2]);
+  p = __builtin_fmaf(p, f, kExp2[1]);
+  p = __builtin_fmaf(p, f, kExp2[0]);
+  return p * __builtin_bit_cast(float, (n + 127) << 23);
+}
+
+void check_bf16_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D tensor");
+}
+
+}  // namespace
+
+at::Tensor silu_mul(at::Tensor gate_up) {
+  check_bf16_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up's width must be even, got ", gate_up.size(1));
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, width}, gate_up.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(gate_up.data_ptr());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint16_t* gate = src + r * 2 * width;
+      const uint16_t* up = gate + width;
+      uint16_t* o = dst + r * width;
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) {
+        const float x = bf16_to_float(gate[i]);
+        const float act = bf16_to_float(float_to_bf16(x / (1.0f + exp_clamped(-x))));
+        o[i] = float_to_bf16(act * bf16_to_float(up[i]));
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
+  check_bf16_rows(x, "x");
+  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kBFloat16 && weight.dim() == 1 &&
+                  weight.is_contiguous() && weight.size(0) == x.size(1),
+              "weight must be a contiguous bfloat16 vector of x's width ", x.size(1));
+  const int64_t rows = x.size(0), width = x.size(1);
+  at::Tensor out = at::empty_like(x);
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const float epsilon = float(eps);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint16_t* row = src + r * width;
+      uint16_t* o = dst + r * width;
+      float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < width; ++i) {
+        const float v = bf16_to_float(row[i]);
+        squares += v * v;
+      }
+      const float scale = 1.0f / std::sqrt(squares / float(width) + epsilon);
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) {
+        const float normed = bf16_to_float(float_to_bf16(bf16_to_float(row[i]) * scale));
+        o[i] = float_to_bf16(normed * bf16_to_float(w[i]));
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("silu_mul", &silu_mul, "silu(gate) * up from [T, 2I] gate_up, bf16, rounded as torch");
+  m.def("rms_norm", &rms_norm, "RMSNorm of [T, D] bf16 rows, statistics in fp32");
+}
