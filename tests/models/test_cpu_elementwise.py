@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from tests.models.conftest import hf_logits, random_prompt
 from wavepp.models import LocalPipeline, cpu_kernels
-from wavepp.models.layers import RMSNorm, SwiGLUMLP
+from wavepp.models.layers import RMSNorm, SwiGLUMLP, apply_rotary
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.elementwise_kernels() is None,
                                    reason="the C++ elementwise kernels could not be built here")
@@ -77,6 +77,47 @@ def test_rms_norm_rounds_as_the_torch_module(rows, width):
     got = cpu_kernels.elementwise_kernels().rms_norm(x, weight, 1e-5)
     assert_nearly_equal(got, torch_rms_norm(x, weight, 1e-5))
     assert torch.equal(got[0], torch.zeros(width, dtype=torch.bfloat16))
+
+
+def torch_rotary(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rotary_operands(rows, heads, dim, seed):
+    gen = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, 8192, (rows,), generator=gen)
+    freqs = pos[:, None].float() * (1.0 / 10000 ** (torch.arange(0, dim, 2).float() / dim))
+    return freqs.cos().to(torch.bfloat16)[:, None], freqs.sin().to(torch.bfloat16)[:, None], gen
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows,heads,dim", [(1, 1, 2), (5, 12, 64), (256, 12, 64), (9, 3, 40)])
+def test_rotary_is_torchs_bit_for_bit(rows, heads, dim):
+    cos, sin, gen = rotary_operands(rows, heads, dim, rows + heads)
+    # q and k heads as a view into the fused projection's output (rows further apart), and
+    # the same heads contiguous
+    qkv = (torch.randn(rows, heads + 3, dim, generator=gen) * 4).to(torch.bfloat16)
+    for x in (qkv[:, :heads], qkv[:, :heads].contiguous()):
+        got = cpu_kernels.elementwise_kernels().rotary(x, cos, sin)
+        assert got.is_contiguous() and torch.equal(got, torch_rotary(x, cos, sin))
+
+
+@needs_kernels
+def test_rotary_dispatch_and_refusals():
+    cos, sin, gen = rotary_operands(6, 4, 16, 1)
+    x = torch.randn(6, 4, 16, generator=gen).to(torch.bfloat16)
+    assert torch.equal(apply_rotary(x, cos, sin), torch_rotary(x, cos, sin))          # the kernel
+    # heads not contiguous (a transposed view) and fp32: torch's ops
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)
+    assert torch.equal(apply_rotary(xt, cos, sin), torch_rotary(xt, cos, sin))
+    assert torch.equal(apply_rotary(x.float(), cos.float(), sin.float()),
+                       torch_rotary(x.float(), cos.float(), sin.float()))
+    mod = cpu_kernels.elementwise_kernels()
+    with pytest.raises(RuntimeError, match="contiguous"):
+        mod.rotary(xt, cos, sin)
+    with pytest.raises(RuntimeError, match="cos and sin"):
+        mod.rotary(x, cos[:5], sin[:5])
 
 
 @needs_kernels

@@ -4,6 +4,12 @@
 //   up = gate_up[:, I:]. It rounds where torch's `F.silu(gate).mul_(up)` does: silu(gate) to
 //   bf16, then the product to bf16 (both computed in fp32). torch reads and writes the [T, I]
 //   tensors twice; this reads gate and up once and writes the result once.
+// rotary(x, cos, sin): x [T, H, D] (each head's D contiguous, heads D apart; rows may be
+//   further apart, a view into the fused q/k/v projection), cos, sin [T, D/2] -> [T, H, D],
+//   the "rotate half" rotation: out[:D/2] = x1 cos - x2 sin, out[D/2:] = x2 cos + x1 sin. Each
+//   product, the difference and the sum rounded to bf16 as torch's bf16 ops round them one by
+//   one (fp32 arithmetic in the same order, so the output is torch's, bit for bit), in one pass
+//   where torch's take seven (four products, a sum, a difference, the concatenation).
 // rms_norm(x, weight, eps): [T, D] -> [T, D], x * rsqrt(mean(x^2) + eps) rounded to bf16, then
 //   times weight rounded to bf16; the statistics in fp32 (wavepp's RMSNorm, as transformers'
 //   Llama rounds). One pass for the statistics and one for the output, where torch's ops take
@@ -116,7 +122,46 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   return out;
 }
 
+at::Tensor rotary(at::Tensor x, at::Tensor cos, at::Tensor sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 3, "x must be a 3-D bfloat16 CPU tensor");
+  const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  TORCH_CHECK(dim % 2 == 0 && x.stride(2) == 1 && x.stride(1) == dim,
+              "x's heads must be contiguous, each of an even width");
+  for (const at::Tensor* t : {&cos, &sin}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kBFloat16 && t->is_contiguous() &&
+                    t->numel() == rows * half,
+                "cos and sin must be contiguous bfloat16 tensors of ", rows, " x ", half);
+  }
+  at::Tensor out = at::empty({rows, heads, dim}, x.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const uint16_t* cp = reinterpret_cast<const uint16_t*>(cos.data_ptr());
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sin.data_ptr());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t row_stride = x.stride(0);
+  auto r = [](float v) { return bf16_to_float(float_to_bf16(v)); };
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t* c = cp + t * half;
+      const uint16_t* s = sp + t * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        const uint16_t* x1 = src + t * row_stride + h * dim;
+        const uint16_t* x2 = x1 + half;
+        uint16_t* o = dst + (t * heads + h) * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = bf16_to_float(x1[i]), b = bf16_to_float(x2[i]);
+          const float co = bf16_to_float(c[i]), si = bf16_to_float(s[i]);
+          o[i] = float_to_bf16(r(a * co) - r(b * si));
+          o[i + half] = float_to_bf16(r(b * co) + r(a * si));
+        }
+      }
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rotary", &rotary, "rotate-half RoPE of [T, H, D] bf16, rounded as torch's ops");
   m.def("silu_mul", &silu_mul, "silu(gate) * up from [T, 2I] gate_up, bf16, rounded as torch");
   m.def("rms_norm", &rms_norm, "RMSNorm of [T, D] bf16 rows, statistics in fp32");
 }

@@ -67,6 +67,11 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x: [num_tokens, num_heads, head_dim] by cos/sin: [num_tokens, 1, head_dim / 2]."""
+    if x.dim() == 3 and x.stride(-1) == 1 and x.stride(1) == x.shape[-1] and \
+            cos.shape == sin.shape == (x.shape[0], 1, x.shape[-1] // 2):
+        fused = _fused(cos, sin) if x.dtype == torch.bfloat16 and x.device.type == "cpu" else None
+        if fused is not None:   # one pass, rounded as the ops below (bit for bit)
+            return fused.rotary(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)
     # first half: x1*cos - x2*sin  |  second half: x2*cos + x1*sin
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
