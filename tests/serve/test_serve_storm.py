@@ -1,5 +1,6 @@
 """The abort storm, over real HTTP on loopback: 1,000 requests from 64 concurrent clients, a
-third of them disconnecting at a random moment (up to 1 s, about the latency under this load).
+third of them disconnecting at a random moment (up to 0.5 s; the latency under this load is
+0.1-0.6 s here, so most of them leave while their request is queued or running).
 Afterwards every stage's check_integrity() is clean with no lease, escrow or live request
 left, and the server still answers correctly (first-token logprobs against transformers).
 About 20 s here (2 cores); it stops by itself."""
@@ -7,6 +8,7 @@ About 20 s here (2 cores); it stops by itself."""
 from __future__ import annotations
 
 import math
+import random
 
 import httpx
 import pytest
@@ -19,16 +21,29 @@ pytestmark = pytest.mark.slow
 FP32_ATOL = 1e-4
 
 
+def _planned_disconnects(n: int, *, fraction: float, seed: int, max_s: float) -> int:
+    """How many of run_load's n requests are to disconnect: its plan, drawn the same way."""
+    rng = random.Random(seed)
+    count = 0
+    for _ in range(n):
+        count += rng.random() < fraction
+        rng.uniform(0.0, max_s)                   # the moment, drawn for every request
+    return count
+
+
 def test_abort_storm_leaves_every_stage_clean(server, tiny_model):
     aborted_before = metric(server, 'wavepp_requests_total{outcome="aborted"}')
     prompts = group_prompts(1000, vocab_size=VOCAB, seed=5)
     report = run_load(server.url, prompts, concurrency=64, disconnect_fraction=1 / 3, seed=6,
-                      max_disconnect_s=1.0)
+                      max_disconnect_s=0.5)
+    planned = _planned_disconnects(len(prompts), fraction=1 / 3, seed=6, max_s=0.5)
     assert report.num_errors == 0, report.errors[:5]
     assert report.num_resent <= 10                # a connection closed under a request is rare
     assert report.num_rejected == 0
     assert report.num_ok + report.num_disconnected == 1000
-    assert report.num_disconnected > 150          # of the ~333 that give up, most give up in time
+    # of those meant to give up, most give up in time (measured: 148 of 342 with a 1 s window,
+    # about the mean latency; 251 and 257 with this one)
+    assert report.num_disconnected > planned / 2, (report.num_disconnected, planned)
     assert report.cached_tokens > 0               # the groups' prefixes were reused meanwhile
     # some disconnects reached the engine and were aborted there
     assert metric(server, 'wavepp_requests_total{outcome="aborted"}') > aborted_before
