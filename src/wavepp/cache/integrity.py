@@ -5,7 +5,8 @@ Invariants, in the order checked:
   2. escrow victims are distinct, not free, unreferenced cached entries (or entries already
      out of the index, or ownerless blocks); a committed escrow holds all it needs; every
      linked child of a victim is a victim, and each entry lists exactly its victim children
-  3. ref counts equal the number of holders (owner + leasing requests); owners hold their own
+  3. ref counts equal the number of holders (owner + leasing and borrowing requests); owners
+     hold their own
   4. the index and the entries agree: hash, parent links, depth, child counts; PENDING
      entries have a live owner; COMPUTED entries have a block and a COMPUTED parent
   5. every physical block is in exactly one state and the counters match
@@ -98,6 +99,11 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
     for request_id, request in pool._requests.items():
         for depth, entry in enumerate(request.leased):
             _check(entry.depth == depth, f"{request_id!r} leased block {depth} has depth {entry.depth}")
+            holders[entry] = holders.get(entry, 0) + 1
+        for i, entry in enumerate(request.borrowed):
+            depth = len(request.leased) + i
+            _check(entry.depth == depth and entry.computed,
+                   f"{request_id!r} borrowed block {depth} has depth {entry.depth} or is pending")
             holders[entry] = holders.get(entry, 0) + 1
         for i, entry in enumerate(request.own):
             _check(entry.owned and entry.owner_id == request_id,

@@ -141,8 +141,12 @@ class BlockPool(BlockStore):
 
         new_block_hashes: hashes of the request's new full blocks, in order, continuing the
         chain after its leased prefix (at most the reserved count: a partial last block has
-        none). A hash already in the index is not registered twice: that block, and every one
-        after it, stays private to the request.
+        none). A hash already in the index is not registered twice: that block stays private
+        to the request. Where such blocks come first, right after the leased prefix, and are
+        cached here (computed, not an escrow victim), the request pins them (`borrowed`) and
+        registers the hashes after them beneath them: a stage that holds more of a chain than
+        the prefix agreed over all stages keeps the chain whole. Past any other taken hash,
+        every block stays private.
         Victims claimed since reserve are replaced first; if that is impossible the escrow is
         dropped (the lease stays) and the result is not ok. After an ok commit, materialize
         cannot fail for lack of room: leases that would take a victim must leave a replacement.
@@ -177,6 +181,7 @@ class BlockPool(BlockStore):
         """
         request = self._get(request_id, "cancel", _RESERVED + _COMMITTED, "nothing reserved to cancel")
         self._drop_own(request)
+        self._drop_borrowed(request)
         self._return_escrow(request)
 
     # ---- execution: materialize, publish, free ----------------------------------------------
@@ -317,17 +322,27 @@ class BlockPool(BlockStore):
         escrow = request.escrow
         assert escrow is not None
         parent = request.leased[-1] if request.leased else None
-        # Link only onto a parent the request holds and that is still findable; once one hash
-        # is taken already (deduplicated), the rest stay private: a linked entry's parent must
-        # be held by its owner, or eviction could cut the chain under it.
+        # Link only onto a parent the request holds and that is still findable: a linked
+        # entry's parent must be held by its owner, or eviction could cut the chain under it.
+        # Cached entries right after the lease are borrowed (held) and linked under; once any
+        # other hash is taken already (deduplicated), the rest stay private.
         linking = parent is None or parent.linked
         index, request_id = self._index, request.request_id
         depth = len(request.leased)
         own = []
         num_registered = 0
         for block_hash in new_block_hashes:
-            if not linking or block_hash in index:
+            if not linking:
                 break
+            taken = index.get(block_hash)
+            if taken is not None:
+                if num_registered or not self._borrowable(taken, parent):
+                    break
+                self._borrow(request, taken)
+                own.append(BlockEntry(None, None, depth, request_id))   # computed again, privately
+                parent = taken
+                depth += 1
+                continue
             entry = BlockEntry(block_hash, parent, depth, request_id, None, False, True)
             index[block_hash] = entry
             if parent is not None:
@@ -343,6 +358,29 @@ class BlockPool(BlockStore):
         request.new_block_hashes = tuple(new_block_hashes)
         return num_registered
 
+    def _borrowable(self, entry: BlockEntry, parent: BlockEntry | None) -> bool:
+        """A cached entry the committing request may hold beyond its lease: computed, the next
+        block of its chain, no escrow's victim, within the lease cap."""
+        if not entry.computed or entry.parent is not parent or entry.victim_of is not None:
+            return False
+        cap = self.max_leased_blocks
+        return cap is None or entry.ref_count > 0 or self._num_leased < cap
+
+    def _borrow(self, request: PoolRequest, entry: BlockEntry) -> None:
+        if entry.ref_count == 0:
+            self._pin(was_victim=False)
+        entry.ref_count += 1
+        self._touch(entry)
+        request.borrowed.append(entry)
+
+    def _drop_borrowed(self, request: PoolRequest) -> None:
+        """Let go of the borrowed entries, deepest first (after the own entries under them)."""
+        for entry in reversed(request.borrowed):
+            entry.ref_count -= 1
+            if entry.ref_count == 0:
+                self._unpin(entry)
+        request.borrowed = []
+
     def _return_escrow(self, request: PoolRequest) -> None:
         escrow = request.escrow
         assert escrow is not None
@@ -353,6 +391,7 @@ class BlockPool(BlockStore):
         if request.escrow is not None:
             self._return_escrow(request)
         self._drop_own(request)
+        self._drop_borrowed(request)
         for entry in reversed(request.leased):
             was_leased = entry.block_id is not None and not entry.owned
             entry.ref_count -= 1

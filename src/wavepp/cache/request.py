@@ -20,6 +20,11 @@ class PoolRequest:
     leased: pinned entries, one ref each, in prefix order (leased[i].depth == i).
     escrow: victims held for the own blocks until materialize.
     own: entries created at commit, one ref each (the owner's); block ids at materialize.
+    borrowed: cached entries right after the leased prefix that this stage holds though the
+        leader agreed a shorter prefix (another stage lacks them): the request computes those
+        blocks again into private own blocks, and pins these (one ref each) so that its new
+        blocks link under them and the chain stays whole here (borrowed[i].depth ==
+        len(leased) + i). Not in the block table.
     new_block_hashes: the hashes given at commit (own entries may be private despite one).
     """
 
@@ -27,6 +32,7 @@ class PoolRequest:
     leased: list[BlockEntry]
     escrow: Escrow | None = None
     own: list[BlockEntry] = field(default_factory=list)
+    borrowed: list[BlockEntry] = field(default_factory=list)
     new_block_hashes: tuple[int, ...] = ()
     block_table: list[int] | None = None
     num_computed_tokens: int = 0
