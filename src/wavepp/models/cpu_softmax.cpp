@@ -69,10 +69,13 @@ void softmax_row(T* row, int64_t length, int64_t visible, bool normalize, float*
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < visible; ++j) m = std::max(m, load(row + j));
-  float s = 0.0f;
+  // The sum in double: a vector of fp32 partial sums (8 lanes with AVX2) adds 200 terms in a
+  // lane for a 1,600-key row, 2-4e-6 off torch's cascade sum (measured on an AVX2 EPYC); the
+  // double lanes cost a conversion per score, beside the exp.
+  double s = 0.0;
   if (m == -std::numeric_limits<float>::infinity()) {     // no finite score: NaN, as torch
     for (int64_t j = 0; j < visible; ++j) store(row + j, std::numeric_limits<float>::quiet_NaN());
-    s = std::numeric_limits<float>::quiet_NaN();
+    s = std::numeric_limits<double>::quiet_NaN();
   } else if (normalize) {
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < visible; ++j) {
@@ -80,7 +83,7 @@ void softmax_row(T* row, int64_t length, int64_t visible, bool normalize, float*
       buffer[j] = e;
       s += e;
     }
-    const float inv = 1.0f / s;
+    const float inv = float(1.0 / s);
 #pragma omp simd
     for (int64_t j = 0; j < visible; ++j) store(row + j, buffer[j] * inv);
   } else {
@@ -94,7 +97,7 @@ void softmax_row(T* row, int64_t length, int64_t visible, bool normalize, float*
 #pragma omp simd
   for (int64_t j = visible; j < length; ++j) store(row + j, 0.0f);
   if (row_max) *row_max = m;
-  if (row_sum) *row_sum = s;
+  if (row_sum) *row_sum = float(s);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
