@@ -35,7 +35,7 @@ from wavepp.cache.errors import (
 from wavepp.cache.escrow import Escrow, Victim, pick_victims, unmark_victim
 from wavepp.cache.request import PoolRequest
 from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
-from wavepp.cache.store import BlockStore
+from wavepp.cache.chain import RequestChains
 
 _NUM_RETIRED_REMEMBERED = 1 << 16  # released ids kept to tell "released twice" from "unknown"
 _RESERVED = (RequestState.RESERVED,)
@@ -43,11 +43,12 @@ _COMMITTED = (RequestState.COMMITTED,)
 _MATERIALIZED = (RequestState.MATERIALIZED,)
 
 
-class BlockPool(BlockStore):
+class BlockPool(RequestChains):
     """The block pool of one pipeline stage. See the module docstring for the round.
 
     num_blocks blocks of block_size tokens; max_leased_blocks caps the blocks held by leases
-    alone (None: no cap). match, match_linear and capacity come from `BlockStore`.
+    alone (None: no cap). match, match_linear and capacity come from `BlockStore`, the
+    linking of a request's entries into the index from `RequestChains`.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None) -> None:
@@ -317,70 +318,6 @@ class BlockPool(BlockStore):
                 return None
         return done
 
-    def _register(self, request: PoolRequest, new_block_hashes: Sequence[int]) -> int:
-        """Create the request's own entries at commit; link the new hashes while the chain holds."""
-        escrow = request.escrow
-        assert escrow is not None
-        parent = request.leased[-1] if request.leased else None
-        # Link only onto a parent the request holds and that is still findable: a linked
-        # entry's parent must be held by its owner, or eviction could cut the chain under it.
-        # Cached entries right after the lease are borrowed (held) and linked under; once any
-        # other hash is taken already (deduplicated), the rest stay private.
-        linking = parent is None or parent.linked
-        index, request_id = self._index, request.request_id
-        depth = len(request.leased)
-        own = []
-        num_registered = 0
-        for block_hash in new_block_hashes:
-            if not linking:
-                break
-            taken = index.get(block_hash)
-            if taken is not None:
-                if num_registered or not self._borrowable(taken, parent):
-                    break
-                self._borrow(request, taken)
-                own.append(BlockEntry(None, None, depth, request_id))   # computed again, privately
-                parent = taken
-                depth += 1
-                continue
-            entry = BlockEntry(block_hash, parent, depth, request_id, None, False, True)
-            index[block_hash] = entry
-            if parent is not None:
-                parent.num_children += 1
-            parent = entry
-            own.append(entry)
-            depth += 1
-            num_registered += 1
-        for depth in range(depth, len(request.leased) + escrow.num_blocks):
-            own.append(BlockEntry(None, None, depth, request_id))
-        self._pending_registered(num_registered)
-        request.own = own
-        request.new_block_hashes = tuple(new_block_hashes)
-        return num_registered
-
-    def _borrowable(self, entry: BlockEntry, parent: BlockEntry | None) -> bool:
-        """A cached entry the committing request may hold beyond its lease: computed, the next
-        block of its chain, no escrow's victim, within the lease cap."""
-        if not entry.computed or entry.parent is not parent or entry.victim_of is not None:
-            return False
-        cap = self.max_leased_blocks
-        return cap is None or entry.ref_count > 0 or self._num_leased < cap
-
-    def _borrow(self, request: PoolRequest, entry: BlockEntry) -> None:
-        if entry.ref_count == 0:
-            self._pin(was_victim=False)
-        entry.ref_count += 1
-        self._touch(entry)
-        request.borrowed.append(entry)
-
-    def _drop_borrowed(self, request: PoolRequest) -> None:
-        """Let go of the borrowed entries, deepest first (after the own entries under them)."""
-        for entry in reversed(request.borrowed):
-            entry.ref_count -= 1
-            if entry.ref_count == 0:
-                self._unpin(entry)
-        request.borrowed = []
-
     def _return_escrow(self, request: PoolRequest) -> None:
         escrow = request.escrow
         assert escrow is not None
@@ -403,34 +340,3 @@ class BlockPool(BlockStore):
         if len(self._retired) > _NUM_RETIRED_REMEMBERED:
             del self._retired[next(iter(self._retired))]
         self._maybe_compact()
-
-    def _drop_own(self, request: PoolRequest) -> None:
-        """The owner lets go of its own entries, deepest first (children before parents)."""
-        for entry in reversed(request.own):
-            if entry.linked and not entry.computed:
-                if entry.ref_count > 1:  # readers leased it
-                    self._unlink_pending(entry)
-                else:
-                    self._unlink(entry)
-            entry.owned = False
-            entry.ref_count -= 1
-            if entry.block_id is None:
-                continue
-            self._owner_let_go(entry)
-        request.own = []
-        request.new_block_hashes = ()
-
-    def _unlink_pending(self, entry: BlockEntry) -> None:
-        """Take a never-computed entry out of the index, and every PENDING entry built on it:
-        the own entries of requests that leased it (and of requests that leased theirs...)."""
-        doomed, seen = [entry], {entry}
-        for dying in doomed:  # grows while we walk it
-            if dying.ref_count > int(dying.owned):  # someone leased it
-                for reader in self._requests.values():
-                    if len(reader.leased) > dying.depth and reader.leased[dying.depth] is dying:
-                        fresh = [own for own in reader.own if own.linked and own not in seen]
-                        doomed.extend(fresh)
-                        seen.update(fresh)
-        for dying in reversed(doomed):
-            self._unlink(dying)
-

@@ -36,6 +36,7 @@ from wavepp.cache.block import BlockEntry
 from wavepp.cache.errors import InvalidArgumentError
 from wavepp.cache.pool import BlockPool
 from wavepp.cache.results import LeaseResult, ReserveResult
+from wavepp.cache.snapshot_integrity import check_snapshots
 
 
 @dataclass(eq=False)
@@ -208,7 +209,6 @@ class HybridPool(BlockPool):
 
     def check_integrity(self) -> None:
         super().check_integrity()
-        from wavepp.cache.snapshot_integrity import check_snapshots
         check_snapshots(self)
 
     # ---- private helpers --------------------------------------------------------------------
