@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wavepp.cli.args import comma_list
 
-def comma_list(text: str) -> list[str]:
-    """The items of a comma-separated option: "a, b,,c" -> ["a", "b", "c"]."""
-    return [t.strip() for t in text.split(",") if t.strip()]
+__all__ = ["comma_list", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from wavepp.cli import comma_list
+from wavepp.cli.args import comma_list
 from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
 

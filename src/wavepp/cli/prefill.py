@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from wavepp.cli import comma_list
+from wavepp.cli.args import comma_list
 from wavepp.sched.policy import runtime_policies
 
 

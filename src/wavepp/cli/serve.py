@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wavepp.cli import comma_list
+from wavepp.cli.args import comma_list
 from wavepp.sched.policy import runtime_policies
 
 

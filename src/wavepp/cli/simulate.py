@@ -15,7 +15,7 @@ import platform
 import sys
 import time
 
-from wavepp.cli import comma_list
+from wavepp.cli.args import comma_list
 from wavepp.sched.policy import check_policies, simulator_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
 
