@@ -17,6 +17,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepp import env
+
 DEFAULT_MODEL = "smollm2"
 
 
@@ -51,7 +53,7 @@ class ModelEntry:
 
 
 def wavepp_home() -> Path:
-    return Path(os.environ.get("WAVEPP_HOME", Path.home() / ".cache" / "wavepp")).expanduser()
+    return env.home()
 
 
 def resolve_model(model: str | os.PathLike) -> Path:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import os
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from wavepp import env
 from wavepp.workloads.synthetic import cold, gsp, mixed, reuse, short_suffix
 from wavepp.workloads.trace import trace
 from wavepp.workloads.workload import Workload
@@ -35,7 +35,7 @@ class WorkloadSpec:
 
 
 def _mooncake(path: str | None = None, **kwargs) -> Workload:
-    return trace(path or os.environ.get("WAVEPP_MOONCAKE_TRACE", DEFAULT_MOONCAKE_TRACE), **kwargs)
+    return trace(path or env.mooncake_trace(DEFAULT_MOONCAKE_TRACE), **kwargs)
 
 
 _mooncake.__signature__ = inspect.signature(trace)   # so overrides are checked against trace()
