@@ -39,9 +39,8 @@ import time
 import torch
 
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model
-from wavepp.models import cpu_kernels
-from wavepp.models.attention import attention_flops, choose_attention, paged_attention, use_attention
-from wavepp.models.kernels import choose_linear, linear_shapes
+from wavepp.models.kernels import Kernels, attention_flops, choose_attention, choose_linear, linear_shapes, paged_attention
+from wavepp.models.kernels import cpp as cpu_kernels
 
 CHUNKS = (128, 256, 512)
 PREFIXES = (0, 1024, 4096)
@@ -75,8 +74,8 @@ def main() -> None:
     print(f"machine: {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     max_tokens = max(PREFIXES) + max(CHUNKS) + max(n * (t + p) for n, t, p in BATCHES)
     cache = model.new_kv_cache(num_blocks=max_tokens // BLOCK_SIZE + 16, block_size=BLOCK_SIZE)
-    cache.key.normal_()
-    cache.value.normal_()
+    for tensor in cache.tensors.values():
+        tensor.normal_()
     flops_per_token = _matmul_flops_per_token(config)
     matmul = _matmul_gflops()
     choice = choose_linear(linear_shapes(model), torch.bfloat16)
@@ -90,9 +89,10 @@ def main() -> None:
     built = cpu_kernels.softmax_kernels() is not None
     print(f"C++ softmax: {'in use' if attn.name.endswith('_cpp') else 'built, not chosen' if built else 'unavailable'}"
           f" ({'chunked_cpp, cascade_cpp' if built else 'torch.softmax only'})")
-    print(f"elementwise (RMSNorm, SiLU-and-mul): {cpu_kernels.elementwise_kernel()}")
+    kernels = Kernels(choice.name, attn.name)
+    print(f"elementwise (RMSNorm, SiLU-and-mul, RoPE): {kernels.elementwise_in_use()}")
     if args.softmax_ab:
-        _softmax_ab(model, cache, config, args.runs)
+        _softmax_ab(model, cache, config, args.runs, kernels)
         return
     roofline = max(matmul, max(choice.gflops.values()))
     print(f"roofline: {roofline:.0f} GFLOP/s, the best bf16 matmul measured on this core (1024^3: "
@@ -102,11 +102,11 @@ def main() -> None:
           f" {'attn GF/s':>9} {'roof':>5}")
     for prefix in PREFIXES:
         for chunk in CHUNKS:
-            _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs, roofline)
+            _case(model, cache, config, [(prefix, chunk)], flops_per_token, args.runs, roofline, kernels)
     for num_chunks, chunk, prefix in BATCHES:
-        _case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs, roofline)
-    checked = [_case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs, roofline)
-               for num_chunks, chunk, prefix in CHECKED]
+        _case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs, roofline, kernels)
+    checked = [_case(model, cache, config, [(prefix, chunk)] * num_chunks, flops_per_token, args.runs, roofline,
+                     kernels) for num_chunks, chunk, prefix in CHECKED]
     worst = min(checked)
     print(f"\nafter a 1.5k prefix the whole forward runs at {worst / roofline:.0%} of the roofline "
           f"(lowest of {len(CHECKED)} waves; {'meets' if worst >= 0.6 * roofline else 'below'} the 60% check)")
@@ -150,14 +150,20 @@ def _time(fn, runs: int) -> tuple[float, float]:
     return seconds, statistics.median(cpu_times) / seconds / torch.get_num_threads()
 
 
-def _softmax_ab(model, cache, config, runs: int) -> None:
+def _layer0_kv(cache, config):
+    """Layer 0's key and value pools as [num_slots, kv_heads, head_dim] views."""
+    heads = (-1, config.num_kv_heads, config.head_dim)
+    return cache.view("key", 0).view(heads), cache.view("value", 0).view(heads)
+
+
+def _softmax_ab(model, cache, config, runs: int, chosen: Kernels) -> None:
     """Torch's softmax (A) against the C++ one (B), alternating run by run on the checked waves:
     the ratio of medians A / B (above 1: B faster)."""
     if cpu_kernels.softmax_kernels() is None:
         print("C++ softmax unavailable: nothing to compare")
         return
     print(f"\n{'case':>22} {'kernels':>24} {'forward':>8} {'attention':>9} {'softmax':>8}   (A / B, medians of {runs})")
-    key_cache, value_cache = cache.layer(0)
+    key_cache, value_cache = _layer0_kv(cache, config)
     for num_chunks, chunk, prefix in CHECKED:
         batch = _wave([(prefix, chunk)] * num_chunks)
         input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
@@ -165,7 +171,8 @@ def _softmax_ab(model, cache, config, runs: int) -> None:
         tiles = _score_tiles(config, [(prefix, chunk)] * num_chunks)
         for plain in ("chunked", "cascade"):
             kernels = (plain, plain + "_cpp")
-            forward = _interleaved([lambda k=k: (use_attention(k), model(batch, cache, input_ids=input_ids))
+            forward = _interleaved([lambda k=k: model(batch, cache, input_ids=input_ids,
+                                                      kernels=Kernels(chosen.linear, k))
                                     for k in kernels], runs)
             attn = _interleaved([lambda k=k: paged_attention(query, key_cache, value_cache, batch,
                                                              config.head_dim ** -0.5, kernel=k)
@@ -174,7 +181,6 @@ def _softmax_ab(model, cache, config, runs: int) -> None:
                                  lambda: [cpu_kernels.softmax_(t.clone(), 0) for t in tiles]], 3 * runs)
             print(f"{f'{num_chunks}x{chunk} after {prefix}':>22} {' / '.join(kernels):>24} "
                   f"{forward[0] / forward[1]:8.2f} {attn[0] / attn[1]:9.2f} {soft[0] / soft[1]:8.2f}", flush=True)
-    use_attention("chunked")
 
 
 def _interleaved(fns, runs: int) -> list[float]:
@@ -203,18 +209,18 @@ def _score_tiles(config, chunks: list[tuple[int, int]]) -> list[torch.Tensor]:
 
 
 def _case(model, cache, config, chunks: list[tuple[int, int]], flops_per_token: float, runs: int,
-          roofline: float) -> float:
+          roofline: float, kernels: Kernels) -> float:
     """Print one row; returns the whole forward's GFLOP/s."""
     batch = _wave(chunks)
     input_ids = torch.randint(0, config.vocab_size, (batch.num_tokens,))
-    seconds, busy = _time(lambda: model(batch, cache, input_ids=input_ids), runs)
+    seconds, busy = _time(lambda: model(batch, cache, input_ids=input_ids, kernels=kernels), runs)
     # cpu/wall well below threads x 100% means another process took the core meanwhile
     layer_flops = attention_flops(config.num_heads, config.head_dim, chunks)
     flops = batch.num_tokens * flops_per_token + config.num_layers * layer_flops
     # one layer's attention alone, on the same chunks over layer 0's cache
-    key_cache, value_cache = cache.layer(0)
+    key_cache, value_cache = _layer0_kv(cache, config)
     query = torch.randn(batch.num_tokens, config.num_heads, config.head_dim, dtype=torch.bfloat16)
-    attn_seconds, _ = _time(lambda: paged_attention(query, key_cache, value_cache, batch, config.head_dim ** -0.5),
+    attn_seconds, _ = _time(lambda: kernels.attend(query, key_cache, value_cache, batch, config.head_dim ** -0.5),
                             3 * runs)
     name = (f"{len(chunks)}x{chunks[0][1]} after {chunks[0][0]}" if len(chunks) > 1
             else f"{chunks[0][1]} after {chunks[0][0]}")

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wavepp.models import ModelConfig, load_model_config, stage_specs
+from wavepp.models import load_model_config, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
@@ -106,7 +106,7 @@ class Engine:
         self.model_path = resolve_model(model)
         model_config = load_model_config(self.model_path)
         stage_specs(model_config.num_layers, pp)   # the layers split into pp stages
-        if device == "cuda" and not isinstance(model_config, ModelConfig):
+        if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
         self._cluster = LocalCluster(pp, backend, device)

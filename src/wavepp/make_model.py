@@ -11,8 +11,10 @@ import math
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "minimax_m2", "deepseek_v3", "glm_moe_dsa", "kimi_linear")
-MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa")
+from wavepp.models.registry import MODEL_TYPES, family
+
+SUPPORTED_ARCHS = MODEL_TYPES
+MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa")   # MoE families with per-token KV only
 HYBRID_ARCHS = ("kimi_linear",)   # MoE and MLA with linear-attention layers (state snapshots)
 
 
@@ -69,25 +71,8 @@ class TinyModelSpec:
 
 
 def hf_config(spec: TinyModelSpec):
-    """The transformers config object for `spec`."""
-    import transformers
-
-    if spec.arch in MOE_ARCHS + HYBRID_ARCHS:
-        return _moe_hf_config(spec)
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-           "qwen3": transformers.Qwen3Config}[spec.arch]
-    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
-    kwargs = dict(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        head_dim=head_dim, tie_word_embeddings=spec.tie_word_embeddings,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
-    )
-    if spec.arch == "llama":
-        kwargs["attention_bias"] = False
-    return cls(**kwargs)
+    """The transformers config object for `spec` (the family's `tiny_hf_config`)."""
+    return family(spec.arch).tiny_hf_config(spec)
 
 
 def make_model(path: str | Path, spec: TinyModelSpec | None = None, **overrides) -> Path:
@@ -128,45 +113,3 @@ def make_model(path: str | Path, spec: TinyModelSpec | None = None, **overrides)
     model.save_pretrained(path)
     (path / "wavepp_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return path
-
-
-def _moe_hf_config(spec: TinyModelSpec):
-    import transformers
-
-    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
-    common = dict(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads, tie_word_embeddings=spec.tie_word_embeddings,
-        max_position_embeddings=spec.max_position_embeddings,
-        num_experts_per_tok=spec.num_experts_per_tok, bos_token_id=None, eos_token_id=None,
-    )
-    if spec.arch == "minimax_m2":
-        return transformers.MiniMaxM2Config(
-            **common, num_key_value_heads=spec.num_kv_heads, head_dim=head_dim,
-            num_local_experts=spec.num_experts, intermediate_size=spec.moe_intermediate_size,
-            rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta,
-                             "partial_rotary_factor": 0.5})
-    mla = dict(
-        num_key_value_heads=spec.num_heads, intermediate_size=spec.intermediate_size,
-        moe_intermediate_size=spec.moe_intermediate_size, n_routed_experts=spec.num_experts,
-        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=spec.q_lora_rank or None,
-        kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
-        qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim, routed_scaling_factor=2.5,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
-    )
-    if spec.arch == "deepseek_v3":
-        return transformers.DeepseekV3Config(**common, **mla, n_group=2, topk_group=1)
-    if spec.arch == "kimi_linear":
-        layer_types = spec.layer_types or tuple(
-            "full_attention" if i % 3 == 2 else "linear_attention" for i in range(spec.num_layers))
-        kimi = {k: v for k, v in mla.items() if k not in ("rope_parameters", "n_routed_experts")}
-        kimi["q_lora_rank"] = None   # as released: q projected straight from the hidden state
-        return transformers.KimiLinearConfig(
-            **common, **kimi, num_local_experts=spec.num_experts, n_group=2, topk_group=1,
-            linear_num_heads=spec.linear_num_heads, linear_head_dim=spec.linear_head_dim,
-            linear_conv_kernel_dim=4, layer_types=list(layer_types), pad_token_id=None)
-    indexer_types = spec.indexer_types or tuple(
-        "full" if i == 0 or i % 2 else "shared" for i in range(spec.num_layers))
-    return transformers.GlmMoeDsaConfig(
-        **common, **mla, index_topk=spec.index_topk, index_n_heads=spec.index_n_heads,
-        index_head_dim=spec.index_head_dim, indexer_types=list(indexer_types))

@@ -11,12 +11,8 @@ KEYS = {"workload", "policy", "pp", "concurrency", "num_requests", "input_tokens
 
 
 def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys, monkeypatch):
-    from wavepp.models import kernels
-
     # a pinned projection path: every stage (rank 1 in its own process) must report it
     monkeypatch.setenv("WAVEPP_LINEAR_KERNEL", "matmul")
-    monkeypatch.setattr(kernels, "_chosen", kernels._chosen)   # restored for later tests
-    monkeypatch.setattr(kernels, "_chosen_name", kernels._chosen_name)
     model = make_model(tmp_path / "m", num_layers=4, hidden_size=64, vocab_size=512)
     out = tmp_path / "b.json"
     plot = tmp_path / "b.png"

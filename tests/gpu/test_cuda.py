@@ -23,7 +23,7 @@ import torch
 from tests.models.test_attention_kernels import random_wave, reference
 from wavepp.engine import Engine
 from wavepp.make_model import make_model
-from wavepp.models.attention import ATTENTION_KERNELS, paged_attention, varlen_applies
+from wavepp.models.kernels import ATTENTION_KERNELS, paged_attention, varlen_applies
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -111,7 +111,7 @@ def test_engine_fp32_matches_transformers(tiny, pp):
     ref = transformers_logprobs(tiny, prompts)
     with Engine(str(tiny), pp=pp, dtype="float32", device="cuda") as engine:
         assert engine._core.stage.device == CUDA
-        assert engine._core.stage.attention_kernel.name == "sdpa"      # varlen is bf16 / fp16 only
+        assert engine._core.stage.kernel_choice.kernels.attention == "sdpa"      # varlen is bf16 / fp16 only
         assert engine.config.backend == ("nccl" if pp == 2 and NUM_GPUS >= 2 else "gloo")
         results = engine.prefill(prompts)
         again = engine.prefill(prompts)              # now from the cache
@@ -128,7 +128,7 @@ def test_engine_bf16_matches_the_cpu_engine(smol):
         cpu = engine.prefill(prompts)
     with Engine(str(smol), pp=2, dtype="bfloat16", device="cuda") as engine:
         expected = "varlen" if varlen_applies(64, torch.bfloat16, CUDA) else "sdpa"
-        assert engine._core.stage.attention_kernel.name == expected
+        assert engine._core.stage.kernel_choice.kernels.attention == expected
         gpu = engine.prefill(prompts)
     checked = 0
     for c, g in zip(cpu, gpu):

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from wavepp.models.attention import ATTENTION_KERNELS, paged_attention
+from wavepp.models.kernels import ATTENTION_KERNELS, paged_attention
 from wavepp.models.batch import ChunkSpec, StageBatch
 
 BS = 16

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from wavepp.models.attention import MIN_SHARED_PREFIX_TOKENS, paged_attention
+from wavepp.models.kernels import MIN_SHARED_PREFIX_TOKENS, paged_attention
 from wavepp.models.batch import ChunkSpec, StageBatch
 
 BS = 16
@@ -82,19 +82,15 @@ def test_short_or_partly_cached_prefixes_are_not_grouped():
     assert StageBatch.build([c, d], BS).shared_prefixes(16) == []
 
 
-def test_the_choice_is_measured_and_used(monkeypatch):
-    from wavepp.models import attention
+def test_the_choice_is_measured(monkeypatch):
+    """The choice is measured here; that a stage then runs it: tests/runtime/test_stage_kernels.py."""
+    from wavepp.models.kernels import ATTENTION_KERNELS, choose_attention
 
     monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)   # the suite pins it (conftest)
-    before = attention.attention_kernel()
-    try:
-        choice = attention.choose_attention(KV_HEADS, GROUP, HEAD_DIM, torch.float32, trials=1)
-        assert set(choice.seconds) == set(attention.ATTENTION_KERNELS)
-        assert all(t > 0 for t in choice.seconds.values()) and all(g > 0 for g in choice.gflops.values())
-        assert attention.attention_kernel() == choice.name
-        fastest = min(choice.seconds, key=choice.seconds.get)
-        # another kernel replaces the default only when it is 5% faster
-        expected = fastest if choice.seconds["chunked"] >= 1.05 * choice.seconds[fastest] else "chunked"
-        assert choice.name == expected
-    finally:
-        attention.use_attention(before)
+    choice = choose_attention(KV_HEADS, GROUP, HEAD_DIM, torch.float32, trials=1)
+    assert set(choice.seconds) == set(ATTENTION_KERNELS)
+    assert all(t > 0 for t in choice.seconds.values()) and all(g > 0 for g in choice.gflops.values())
+    fastest = min(choice.seconds, key=choice.seconds.get)
+    # another kernel replaces the default only when it is 5% faster
+    expected = fastest if choice.seconds["chunked"] >= 1.05 * choice.seconds[fastest] else "chunked"
+    assert choice.name == expected

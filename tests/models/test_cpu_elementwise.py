@@ -1,4 +1,4 @@
-"""The C++ elementwise kernels (models/cpu_elementwise.cpp) against the torch ops they replace.
+"""The C++ elementwise kernels (models/kernels/csrc/cpu_elementwise.cpp) against the torch ops they replace.
 
 Tolerance: bf16 outputs equal to torch's but where an fp32 intermediate sits on a bf16
 rounding boundary and the kernel's exp (or its sum of squares, in another order) lands on the
@@ -12,8 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from tests.models.conftest import hf_logits, random_prompt
-from wavepp.models import LocalPipeline, cpu_kernels
-from wavepp.models.layers import RMSNorm, SwiGLUMLP, apply_rotary
+from wavepp.models import LocalPipeline
+from wavepp.models.kernels import Kernels
+from wavepp.models.kernels import cpp as cpu_kernels
+from wavepp.models.layers.mlp import SwiGLUMLP
+from wavepp.models.layers.norm import RMSNorm
+from wavepp.models.layers.rope import apply_rotary
+
+CPP, TORCH = Kernels(elementwise="cpp"), Kernels(elementwise="torch")
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.elementwise_kernels() is None,
                                    reason="the C++ elementwise kernels could not be built here")
@@ -107,11 +113,11 @@ def test_rotary_is_torchs_bit_for_bit(rows, heads, dim):
 def test_rotary_dispatch_and_refusals():
     cos, sin, gen = rotary_operands(6, 4, 16, 1)
     x = torch.randn(6, 4, 16, generator=gen).to(torch.bfloat16)
-    assert torch.equal(apply_rotary(x, cos, sin), torch_rotary(x, cos, sin))          # the kernel
+    assert torch.equal(apply_rotary(x, cos, sin, CPP), torch_rotary(x, cos, sin))          # the kernel
     # heads not contiguous (a transposed view) and fp32: torch's ops
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
-    assert torch.equal(apply_rotary(xt, cos, sin), torch_rotary(xt, cos, sin))
-    assert torch.equal(apply_rotary(x.float(), cos.float(), sin.float()),
+    assert torch.equal(apply_rotary(xt, cos, sin, CPP), torch_rotary(xt, cos, sin))
+    assert torch.equal(apply_rotary(x.float(), cos.float(), sin.float(), CPP),
                        torch_rotary(x.float(), cos.float(), sin.float()))
     mod = cpu_kernels.elementwise_kernels()
     with pytest.raises(RuntimeError, match="contiguous"):
@@ -142,21 +148,16 @@ def test_layers_take_the_kernels_for_bf16_and_torch_otherwise():
     mlp.gate_up_proj.copy_((torch.randn(192, 48, generator=gen) * 0.2).to(torch.bfloat16))
     mlp.down_proj.copy_((torch.randn(48, 96, generator=gen) * 0.2).to(torch.bfloat16))
     x = torch.randn(2, 10, 48, generator=gen).to(torch.bfloat16)      # leading dims kept
-    try:
-        cpu_kernels.use_elementwise(False)
-        assert cpu_kernels.elementwise_kernel() == "torch"
-        norm_torch, mlp_torch = norm(x), mlp(x[0])
-        cpu_kernels.use_elementwise(True)
-        assert cpu_kernels.elementwise_kernel() == "cpp"
-        assert_nearly_equal(norm(x), norm_torch)
-        assert_nearly_equal(mlp(x[0]), mlp_torch)
-        # not bf16, or not contiguous: torch's ops, bit for bit
-        assert torch.equal(norm(x.float().to(torch.bfloat16)[:, ::2]), torch_rms_norm(x[:, ::2], norm.weight, 1e-6))
-        fp32 = RMSNorm(48, 1e-6, torch.float32)
-        fp32.weight.copy_(norm.weight.float())
-        assert torch.equal(fp32(x.float()), torch_rms_norm(x.float(), fp32.weight, 1e-6))
-    finally:
-        cpu_kernels.use_elementwise(True)
+    assert TORCH.elementwise_in_use() == "torch"
+    norm_torch, mlp_torch = norm(x, TORCH), mlp(x[0], TORCH)
+    assert CPP.elementwise_in_use() == "cpp"
+    assert_nearly_equal(norm(x, CPP), norm_torch)
+    assert_nearly_equal(mlp(x[0], CPP), mlp_torch)
+    # not bf16, or not contiguous: torch's ops, bit for bit
+    assert torch.equal(norm(x.float().to(torch.bfloat16)[:, ::2], CPP), torch_rms_norm(x[:, ::2], norm.weight, 1e-6))
+    fp32 = RMSNorm(48, 1e-6, torch.float32)
+    fp32.weight.copy_(norm.weight.float())
+    assert torch.equal(fp32(x.float(), CPP), torch_rms_norm(x.float(), fp32.weight, 1e-6))
 
 
 @needs_kernels
@@ -168,13 +169,9 @@ def test_bf16_model_with_the_kernels_keeps_the_fp32_reference(tiny_models):
     model = tiny_models["llama"]
     reference = hf_logits(model, prompt).log_softmax(-1)[-1]
     runs = {}
-    try:
-        for on in (False, True):
-            cpu_kernels.use_elementwise(on)
-            pipe = LocalPipeline(model, dtype=torch.bfloat16, num_stages=2, num_blocks=32, block_size=4)
-            runs[on] = pipe.prefill("r", prompt, chunk_sizes=[25, 35]).log_softmax(-1)
-    finally:
-        cpu_kernels.use_elementwise(True)
+    for on, kernels in ((False, TORCH), (True, CPP)):
+        pipe = LocalPipeline(model, dtype=torch.bfloat16, num_stages=2, num_blocks=32, block_size=4, kernels=kernels)
+        runs[on] = pipe.prefill("r", prompt, chunk_sizes=[25, 35]).log_softmax(-1)
     top = reference.topk(5).indices
     for logprobs in runs.values():
         assert (logprobs[top] - reference[top]).abs().max() < 0.1
@@ -184,8 +181,6 @@ def test_bf16_model_with_the_kernels_keeps_the_fp32_reference(tiny_models):
 def test_off_by_environment_or_switch(monkeypatch):
     monkeypatch.setenv("WAVEPP_NO_CPP_KERNELS", "1")
     assert cpu_kernels._build("cpu_elementwise.cpp", "C++ elementwise kernels", "torch's ops") is None
-    try:
-        cpu_kernels.use_elementwise(False)
-        assert cpu_kernels.elementwise_kernels() is None and cpu_kernels.elementwise_kernel() == "torch"
-    finally:
-        cpu_kernels.use_elementwise(True)
+    assert TORCH.fused(torch.zeros(4, dtype=torch.bfloat16)) is None and TORCH.elementwise_in_use() == "torch"
+    monkeypatch.setenv("WAVEPP_ELEMENTWISE_KERNEL", "torch")
+    assert Kernels().elementwise == "torch"

@@ -1,4 +1,4 @@
-"""The C++ softmax (models/cpu_kernels.py) against torch.softmax, and attention with it
+"""The C++ softmax (models/kernels/cpp.py) against torch.softmax, and attention with it
 against attention without it.
 
 Tolerances: fp32 probabilities within 2e-6 relative of torch.softmax's where they are above
@@ -14,8 +14,9 @@ import random
 import pytest
 import torch
 
-from wavepp.models import attention, cpu_kernels
-from wavepp.models.attention import paged_attention
+from wavepp.models.kernels import choice as attention
+from wavepp.models.kernels import cpp as cpu_kernels
+from wavepp.models.kernels import MIN_SHARED_PREFIX_TOKENS, paged_attention
 from wavepp.models.batch import ChunkSpec, StageBatch
 
 BS = 16
@@ -153,7 +154,7 @@ def test_attention_with_the_kernel_equals_attention_without(kernel, dtype, toler
     rng = random.Random(7)
     for _ in range(3):
         batch, query, key_cache, value_cache = shared_wave(rng, dtype)
-        assert len(batch.shared_prefixes(attention.MIN_SHARED_PREFIX_TOKENS)) == 2
+        assert len(batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS)) == 2
         want = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel=kernel)
         got = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel=kernel + "_cpp")
         torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tolerance)
@@ -176,13 +177,9 @@ def test_without_the_extension_the_cpp_kernels_run_torch_softmax(no_kernels):
 
 def test_without_the_extension_the_choice_times_the_others(no_kernels, monkeypatch):
     monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)   # the suite pins it (conftest)
-    before = attention.attention_kernel()
-    try:
-        assert attention.cpu_attention_kernels(torch.float32) == ("chunked", "cascade", "sdpa")
-        choice = attention.choose_attention(2, 2, 16, torch.float32, trials=1)
-        assert set(choice.seconds) == {"chunked", "cascade", "sdpa"}
-    finally:
-        attention.use_attention(before)
+    assert attention.cpu_attention_kernels(torch.float32) == ("chunked", "cascade", "sdpa")
+    choice = attention.choose_attention(2, 2, 16, torch.float32, trials=1)
+    assert set(choice.seconds) == {"chunked", "cascade", "sdpa"}
 
 
 def test_a_failed_build_logs_one_line_and_returns_none(monkeypatch, caplog):
@@ -191,7 +188,7 @@ def test_a_failed_build_logs_one_line_and_returns_none(monkeypatch, caplog):
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension 'x'\nno compiler")
     monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", fail)
-    with caplog.at_level(logging.INFO, logger="wavepp.models.cpu_kernels"):
+    with caplog.at_level(logging.INFO, logger="wavepp.models.kernels.cpp"):
         assert cpu_kernels._build("cpu_softmax.cpp", "C++ softmax", "torch's softmax") is None
     assert len(caplog.records) == 1 and "no compiler" in caplog.records[0].getMessage()
     monkeypatch.setenv("WAVEPP_NO_CPP_KERNELS", "1")

@@ -21,17 +21,9 @@ from torch.utils._pytree import tree_flatten
 
 from tests.models.test_attention_kernels import WAVES, random_wave, reference
 from wavepp.models import ChunkSpec, StageBatch, StageModel, load_model_config, stage_specs
-from wavepp.models import attention
-from wavepp.models.attention import ATTENTION_KERNELS, CUDA_ATTENTION_KERNELS, varlen_operands
+from wavepp.models.kernels import ATTENTION_KERNELS, CUDA_ATTENTION_KERNELS, Kernels, paged_attention, varlen_operands
 
 META = torch.device("meta")
-
-
-@pytest.fixture
-def restore_kernel():
-    before = attention.attention_kernel()
-    yield
-    attention.use_attention(before)
 
 
 def test_batch_to_a_device_moves_every_tensor_and_later_masks_follow():
@@ -53,7 +45,7 @@ def test_batch_to_a_device_moves_every_tensor_and_later_masks_follow():
 
 @pytest.mark.parametrize("kernel", ATTENTION_KERNELS + CUDA_ATTENTION_KERNELS)
 @pytest.mark.parametrize("stage_id", [1, 2])       # a middle stage, the last (logits)
-def test_stage_forward_on_meta_makes_nothing_on_the_host(tiny_models, kernel, stage_id, restore_kernel):
+def test_stage_forward_on_meta_makes_nothing_on_the_host(tiny_models, kernel, stage_id):
     config = load_model_config(tiny_models["qwen3"])
     spec = stage_specs(config.num_layers, 3)[stage_id]
     model = StageModel(config, spec, torch.bfloat16).to(META)
@@ -64,9 +56,9 @@ def test_stage_forward_on_meta_makes_nothing_on_the_host(tiny_models, kernel, st
     chunks = [ChunkSpec(8, 3, (0, 1, 2)), ChunkSpec(8, 4, (0, 1, 3)), ChunkSpec(0, 6, (4, 5))]
     batch = StageBatch.build(chunks, 4).to(META)
     hidden = torch.empty(batch.num_tokens, config.hidden_size, dtype=torch.bfloat16, device=META)
-    attention.use_attention(kernel)     # varlen: meta passes its CPU guard, the call is torch's fake
+    # varlen: meta passes its CPU guard, the call is torch's fake
     with OffDevice(META) as watch:
-        out = model(batch, kv, hidden_states=hidden)
+        out = model(batch, kv, hidden_states=hidden, kernels=Kernels(attention=kernel))
     assert watch.ops == []
     width = config.vocab_size if spec.is_last else config.hidden_size
     rows = batch.num_chunks if spec.is_last else batch.num_tokens
@@ -102,7 +94,7 @@ def test_varlen_kernel_is_refused_on_the_cpu():
     rng = random.Random(0)
     batch, query, key_cache, value_cache = random_wave(rng, WAVES["mixed lengths"], 2, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="runs on CUDA only"):
-        attention.paged_attention(query, key_cache, value_cache, batch, 0.25, kernel="varlen")
+        paged_attention(query, key_cache, value_cache, batch, 0.25, kernel="varlen")
 
 
 @pytest.mark.parametrize("wave", WAVES)

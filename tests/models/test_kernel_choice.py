@@ -4,28 +4,21 @@ test_kernels.py, test_cascade_attention.py)."""
 import pytest
 import torch
 
-from wavepp.models import attention, kernels
+from wavepp.models.kernels import ATTENTION_KERNELS, LINEAR_KERNELS, choose_attention, choose_linear
 
 
-@pytest.fixture
-def restore():
-    yield
-    kernels.use_linear("linear")
-    attention.use_attention("chunked")
-
-
-def test_pinned_linear_and_attention_skip_the_timing(monkeypatch, restore):
-    for name in kernels.LINEAR_KERNELS:
+def test_pinned_linear_and_attention_skip_the_timing(monkeypatch):
+    for name in LINEAR_KERNELS:
         monkeypatch.setenv("WAVEPP_LINEAR_KERNEL", name)
-        choice = kernels.choose_linear([(64, 128, 256)], torch.bfloat16)
-        assert choice.name == name == kernels.linear_kernel() and choice.gflops == {}
-    for name in attention.ATTENTION_KERNELS:
+        choice = choose_linear([(64, 128, 256)], torch.bfloat16)
+        assert choice.name == name and choice.gflops == {}
+    for name in ATTENTION_KERNELS:
         monkeypatch.setenv("WAVEPP_ATTENTION_KERNEL", name)
-        choice = attention.choose_attention(2, 2, 16, torch.float32)
-        assert choice.name == name == attention.attention_kernel() and choice.seconds == {}
+        choice = choose_attention(2, 2, 16, torch.float32)
+        assert choice.name == name and choice.seconds == {}
     monkeypatch.setenv("WAVEPP_LINEAR_KERNEL", "nonsense")
     with pytest.raises(ValueError, match="unknown linear kernel"):
-        kernels.choose_linear([(64, 128, 256)], torch.bfloat16)
+        choose_linear([(64, 128, 256)], torch.bfloat16)
     monkeypatch.setenv("WAVEPP_ATTENTION_KERNEL", "nonsense")
     with pytest.raises(ValueError, match="unknown attention kernel"):
-        attention.choose_attention(2, 2, 16, torch.float32)
+        choose_attention(2, 2, 16, torch.float32)

@@ -1,17 +1,11 @@
-"""Kernel paths: every candidate computes the same projection; the choice is measured and used."""
+"""Kernel paths: every candidate computes the same projection; the choice is measured (and a
+stage runs it: tests/runtime/test_stage_kernels.py)."""
 
 import pytest
 import torch
 
-from wavepp.models import kernels
-from wavepp.models.kernels import LINEAR_KERNELS, choose_linear, linear, linear_kernel, linear_shapes, use_linear
-
-
-@pytest.fixture(autouse=True)
-def restore_kernel():
-    before = linear_kernel()
-    yield
-    use_linear(before)
+from wavepp.models.kernels import LINEAR_KERNELS, Kernels, choose_linear, linear_shapes
+from wavepp.models.kernels import linear as kernels
 
 
 @pytest.mark.parametrize("name", list(LINEAR_KERNELS))
@@ -20,14 +14,13 @@ def test_every_path_equals_the_reference(name, bias):
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(37, 48, generator=gen), torch.randn(20, 48, generator=gen)
     b = torch.randn(20, generator=gen) if bias else None
-    use_linear(name)
     ref = x.double() @ w.double().t() + (b.double() if bias else 0)
-    out = linear(x, w, b)
+    out = Kernels(linear=name).project(x, w, b)
     assert out.shape == (37, 20) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)    # fp32 summation order
 
 
-def test_choice_is_the_fastest_measured_and_is_used(monkeypatch):
+def test_choice_is_the_fastest_measured(monkeypatch):
     monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)   # the suite pins it (conftest)
     calls = []
     slow = LINEAR_KERNELS["linear"]
@@ -46,12 +39,12 @@ def test_choice_is_the_fastest_measured_and_is_used(monkeypatch):
     monkeypatch.setitem(kernels.LINEAR_KERNELS, "linear", slowed)
     monkeypatch.setitem(kernels.LINEAR_KERNELS, "packed", slowed_packed)
     choice = choose_linear([(64, 32, 48), (8, 48, 32)], torch.float32, trials=3)
-    assert choice.name == "matmul" == linear_kernel()
+    assert choice.name == "matmul"
     assert choice.gflops["matmul"] > choice.gflops["linear"] > 0 and calls
     if kernels.packed_available():
         assert choice.gflops["matmul"] > choice.gflops["packed"] > 0
     with pytest.raises(ValueError, match="unknown linear kernel 'amx'"):
-        use_linear("amx")
+        Kernels(linear="amx")
 
 
 def test_linear_shapes_are_a_stage_models_projections(tiny_models):
@@ -70,7 +63,7 @@ def test_linear_shapes_are_a_stage_models_projections(tiny_models):
 def test_packed_weight_follows_in_place_updates_and_falls_back_where_unsupported():
     gen = torch.Generator().manual_seed(1)
     x, w = torch.randn(16, 32, generator=gen), torch.randn(24, 32, generator=gen)
-    use_linear("packed")
+    linear = Kernels(linear="packed").project
     first = linear(x, w)
     torch.testing.assert_close(first, x @ w.t(), rtol=1e-5, atol=1e-5)
     with torch.no_grad():

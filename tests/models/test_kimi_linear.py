@@ -13,8 +13,8 @@ import torch
 
 from wavepp.make_model import make_model
 from wavepp.models import ChunkSpec, StageBatch, load_stage_model, stage_specs
-from wavepp.models.config import load_model_config
-from wavepp.models.page_layout import page_layout
+from wavepp.models import load_model_config
+from wavepp.models import page_layout
 
 BLOCK = 16
 ATOL = 1e-4

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wavepp.models import (ChunkSpec, LinearBlockAllocator, LocalPipeline, PagedKVCache, StageBatch,
-                           StageSpec, load_stage_model)
+from wavepp.models import (ChunkSpec, LinearBlockAllocator, LocalPipeline, PagedPools, StageBatch, StageSpec,
+                           load_stage_model)
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +26,13 @@ def _batch(num_tokens=5, num_cached=0, table=(0, 1)):
 @pytest.mark.parametrize("bad_id, index", [(256, 2), (-1, 4), (10_000, 0)])
 def test_token_outside_vocabulary(stage_pair, bad_id, index):
     first, _, cache, _ = stage_pair
-    before = cache.key.clone()
+    before = cache.tensors["key"].clone()
     input_ids = torch.tensor([1, 2, 3, 4, 5])
     input_ids[index] = bad_id
     with pytest.raises(ValueError, match=rf"token id {bad_id} at batch position {index} is outside "
                                          r"the vocabulary \[0, 256\)"):
         first(_batch(), cache, input_ids=input_ids)
-    assert torch.equal(cache.key, before)
+    assert torch.equal(cache.tensors["key"], before)
 
 
 def test_input_ids_wrong_count_or_dtype(stage_pair):
@@ -61,7 +61,7 @@ def test_block_outside_cache_and_wrong_cache(stage_pair):
     with pytest.raises(ValueError, match="batch block_size 4 != cache block_size 16"):
         first(_batch(), first.new_kv_cache(2, 16), input_ids=ids)
     with pytest.raises(ValueError, match="this stage needs"):
-        first(_batch(), PagedKVCache(3, 8, 4, 2, 16, torch.float32), input_ids=ids)
+        first(_batch(), PagedPools(first.layout, StageSpec(0, 3, 4), 8, 4, torch.float32), input_ids=ids)
 
 
 def test_position_beyond_model_limit(tiny_models):

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from wavepp.models import (SUPPORTED_ARCHITECTURES, ChunkSpec, Llama3RopeScaling, ModelConfig,
-                           PagedKVCache, StageBatch, StageSpec, load_model_config, split_layers,
-                           stage_specs)
+from wavepp.models import (SUPPORTED_ARCHITECTURES, ChunkSpec, Llama3RopeScaling, PagedPools, StageBatch,
+                           StageSpec, load_model_config, page_layout, split_layers, stage_specs)
+from wavepp.models.families.llama import LlamaConfig as ModelConfig
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
          "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -125,12 +125,14 @@ def test_shared_prefix_blocks_are_read_only():
 
 
 def test_paged_cache_shape_and_views():
-    cache = PagedKVCache(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=16,
-                         dtype=torch.float32)
-    assert tuple(cache.key.shape) == (2, 8, 4, 2, 16) and cache.num_slots == 32
-    key, value = cache.layer(1)
+    # layers [2, 4) of a 4-layer Llama with 2 KV heads of 16: key and value pools of 32 a token
+    layout = page_layout(ModelConfig.from_hf({**LLAMA, "head_dim": 16}))
+    cache = PagedPools(layout, StageSpec(2, 4, 4), num_blocks=8, block_size=4, dtype=torch.float32)
+    assert tuple(cache.tensors["key"].shape) == (2, 8, 4, 2 * 16) and cache.num_slots == 32
+    key = cache.view("key", 3)          # the stage's second layer
     key[4 * 3 + 1] = 1.0   # block 3, offset 1
-    assert cache.read_block(1, 3)[0][1].eq(1.0).all() and cache.key[0].eq(0).all()
+    assert cache.tensors["key"][1, 3, 1].eq(1.0).all() and cache.tensors["key"][0].eq(0).all()
+    assert cache.view("value", 3).eq(0).all()
     assert cache.num_bytes == 2 * 2 * 8 * 4 * 2 * 16 * 4
-    with pytest.raises(ValueError, match="num_blocks must be >= 1"):
-        PagedKVCache(2, 0, 4, 2, 16)
+    with pytest.raises(ValueError, match="num_blocks >= 1"):
+        PagedPools(layout, StageSpec(2, 4, 4), 0, 4)

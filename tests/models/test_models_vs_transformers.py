@@ -135,7 +135,7 @@ def test_bf16_close_to_fp32_reference(tiny_models, arch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_chunks_in_several_score_tiles(tiny_models, monkeypatch, max_tile_rows, dtype):
     """Chunks longer than one score tile: every tile but the last sees a shorter context."""
-    import wavepp.models.attention as attention
+    import wavepp.models.kernels.attention as attention
 
     monkeypatch.setattr(attention, "_MAX_TILE_ROWS", max_tile_rows)
     prompt = random_prompt(400, seed=13)

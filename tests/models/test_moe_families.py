@@ -206,21 +206,20 @@ def test_mla_without_q_lora_matches_transformers(tmp_path):
 def test_moe_runs_one_matmul_pair_per_active_expert(moe_models, monkeypatch):
     """48 tokens, top-2 of 8 experts: one gate/up matmul per expert that got tokens (its down
     matmul is a torch.mm), however many tokens it got; the result is transformers' MoE block's."""
-    import wavepp.models.moe as moe
+    from wavepp.models.kernels import Kernels
 
     stage = load_stage_model(moe_models["minimax_m2"], dtype=torch.float32)
     block = stage.layers[1].mlp
     x = torch.randn(48, 64, generator=torch.Generator().manual_seed(3))
     calls = []
-    projection = moe.linear
 
-    def counting_linear(inputs, weight, bias=None):      # every projection of the MoE block
-        calls.append(inputs.shape[0])
-        return projection(inputs, weight, bias)
+    class Counting(Kernels):
+        def project(self, inputs, weight, bias=None):      # every projection of the MoE block
+            calls.append(inputs.shape[0])
+            return super().project(inputs, weight, bias)
 
-    active = torch.unique(block.router(x)[1]).numel()
-    monkeypatch.setattr(moe, "linear", counting_linear)
-    out = block(x)
+    active = torch.unique(block.router(x, Kernels())[1]).numel()
+    out = block(x, Counting())
     assert len(calls) == 1 + active          # the router's logits, then one per active expert
     assert sum(calls[1:]) == 48 * 2          # every (token, expert) pair exactly once
     reference_logits(moe_models["minimax_m2"], [0])

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from wavepp.make_model import make_model
-from wavepp.models import attention, kernels, load_model_config, load_stage_model
-from wavepp.runtime import stage as stage_mod
+from wavepp.models import load_model_config, load_stage_model
+from wavepp.models.kernels import AttentionChoice, KernelChoice
+from wavepp.models.kernels import choice as choice_mod
 
 
 @pytest.fixture
@@ -15,25 +16,20 @@ def timed(monkeypatch, tmp_path):
     """Unpinned kernels, an empty process choice, and counting stand-ins for the timings."""
     monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)
     monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)
-    monkeypatch.setattr(stage_mod, "_process_kernels", {})
-    for module, names in ((kernels, ("_chosen", "_chosen_name")), (attention, ("_attention_kernel",))):
-        for name in names:
-            monkeypatch.setattr(module, name, getattr(module, name))   # restored afterwards
+    monkeypatch.setattr(choice_mod, "_process_choices", {})
     calls = {"linear": 0, "attention": 0}
     picks = {"linear": "matmul", "attention": "cascade"}
 
     def fake_linear(shapes, dtype, *, device="cpu", **kw):
         calls["linear"] += 1
-        kernels.use_linear(picks["linear"])
-        return kernels.KernelChoice(picks["linear"], {picks["linear"]: 1.0}, 0.1)
+        return KernelChoice(picks["linear"], {picks["linear"]: 1.0}, 0.1)
 
     def fake_attention(kv_heads, group, head_dim, dtype, *, device="cpu", **kw):
         calls["attention"] += 1
-        attention.use_attention(picks["attention"])
-        return attention.AttentionChoice(picks["attention"], {picks["attention"]: 1e-3}, {picks["attention"]: 1.0})
+        return AttentionChoice(picks["attention"], {picks["attention"]: 1e-3}, {picks["attention"]: 1.0})
 
-    monkeypatch.setattr(stage_mod, "choose_linear", fake_linear)
-    monkeypatch.setattr(stage_mod, "choose_attention", fake_attention)
+    monkeypatch.setattr(choice_mod, "choose_linear", fake_linear)
+    monkeypatch.setattr(choice_mod, "choose_attention", fake_attention)
     path = make_model(tmp_path / "m", num_layers=2, hidden_size=64, vocab_size=256)
     return calls, picks, load_model_config(path), load_stage_model(path, dtype=torch.float32)
 
@@ -41,25 +37,24 @@ def timed(monkeypatch, tmp_path):
 def test_a_later_stage_in_the_process_reuses_the_first_ones_choice(timed):
     calls, picks, config, model = timed
     cpu = torch.device("cpu")
-    linear, attn = stage_mod.choose_stage_kernels(model, config, torch.float32, cpu)
-    assert (linear.name, attn.name) == ("matmul", "cascade") and calls == {"linear": 1, "attention": 1}
-    # the process switched to other paths meanwhile (as a stage of another model might)
-    kernels.use_linear("linear")
-    attention.use_attention("chunked")
+    first = choice_mod.choose_kernels(model, config, torch.float32, cpu)
+    assert (first.linear.name, first.attention.name) == ("matmul", "cascade") and calls == {"linear": 1, "attention": 1}
     picks.update(linear="packed", attention="sdpa")      # a second timing would choose these
-    linear, attn = stage_mod.choose_stage_kernels(model, config, torch.float32, cpu)
-    assert (linear.name, attn.name) == ("matmul", "cascade") and calls == {"linear": 1, "attention": 1}
-    assert linear.gflops == {} and attn.seconds == {}      # reused, not timed
-    assert (kernels.linear_kernel(), attention.attention_kernel()) == ("matmul", "cascade")
+    later = choice_mod.choose_kernels(model, config, torch.float32, cpu)
+    assert (later.linear.name, later.attention.name) == ("matmul", "cascade") and calls == {"linear": 1, "attention": 1}
+    assert later.linear.gflops == {} and later.attention.seconds == {}      # reused, not timed
+    # the paths the stage's forwards run
+    assert (later.kernels.linear, later.kernels.attention) == ("matmul", "cascade") == \
+        (first.kernels.linear, first.kernels.attention)
     # another dtype is another choice
-    linear, attn = stage_mod.choose_stage_kernels(model, config, torch.bfloat16, cpu)
-    assert (linear.name, attn.name) == ("packed", "sdpa") and calls == {"linear": 2, "attention": 2}
+    other = choice_mod.choose_kernels(model, config, torch.bfloat16, cpu)
+    assert (other.linear.name, other.attention.name) == ("packed", "sdpa") and calls == {"linear": 2, "attention": 2}
 
 
 def test_a_pinned_path_always_goes_through_the_chooser(timed, monkeypatch):
     calls, picks, config, model = timed
     cpu = torch.device("cpu")
-    stage_mod.choose_stage_kernels(model, config, torch.float32, cpu)
+    choice_mod.choose_kernels(model, config, torch.float32, cpu)
     monkeypatch.setenv("WAVEPP_LINEAR_KERNEL", "linear")
-    stage_mod.choose_stage_kernels(model, config, torch.float32, cpu)
+    choice_mod.choose_kernels(model, config, torch.float32, cpu)
     assert calls == {"linear": 2, "attention": 1}

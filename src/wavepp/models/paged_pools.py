@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from wavepp.models.config import StageSpec
-from wavepp.models.page_layout import PageLayout
+from wavepp.models.spec import PageLayout, StageSpec
 
 
 class PagedPools:
@@ -36,6 +35,7 @@ class PagedPools:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
+        self.device = torch.device(device)
         self.tensors: dict[str, torch.Tensor] = {}
         # (pool name, model layer) -> index into that pool's tensor
         self._index: dict[tuple[str, int], int] = {}

@@ -1,7 +1,7 @@
 """Every stage of a model in one process, chained: the single-process reference path.
 
 `LocalPipeline` builds the stage slices of a model split into `num_stages` and runs a batch
-through them in order, each stage with its own paged KV cache. It keeps a block table per
+through them in order, each stage with its own paged KV cache, all with one `Kernels`. It keeps a block table per
 request with a trivial allocator, so tests can feed prompts chunk by chunk. The real runtime
 puts each stage in its own process, with its own block manager; here one allocator serves all
 stages, so a request uses the same block ids on each. (The bench's `single-stage` baseline is
@@ -18,8 +18,10 @@ from typing import Hashable, Sequence
 import torch
 
 from wavepp.models.batch import ChunkSpec, StageBatch
-from wavepp.models.config import load_model_config, stage_specs
+from wavepp.models.kernels import Kernels
 from wavepp.models.loader import load_stage_model
+from wavepp.models.registry import load_model_config
+from wavepp.models.spec import stage_specs
 
 
 class LinearBlockAllocator:
@@ -61,9 +63,10 @@ class LocalPipeline:
     """The stages of the model at `model_path`, split into `num_stages`, chained in-process."""
 
     def __init__(self, model_path: str | Path, num_stages: int = 1, dtype: torch.dtype = torch.float32,
-                 num_blocks: int = 256, block_size: int = 16) -> None:
+                 num_blocks: int = 256, block_size: int = 16, kernels: Kernels | None = None) -> None:
         self.config = load_model_config(model_path)
         self.block_size = block_size
+        self.kernels = kernels or Kernels()
         self.stages = [load_stage_model(model_path, spec, dtype)
                        for spec in stage_specs(self.config.num_layers, num_stages)]
         self.caches = [stage.new_kv_cache(num_blocks, block_size) for stage in self.stages]
@@ -72,9 +75,9 @@ class LocalPipeline:
 
     def run(self, batch: StageBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [batch.num_tokens] -> logits of each chunk's last token [num_chunks, vocab]."""
-        hidden = self.stages[0](batch, self.caches[0], input_ids=input_ids)
+        hidden = self.stages[0](batch, self.caches[0], input_ids=input_ids, kernels=self.kernels)
         for stage, cache in zip(self.stages[1:], self.caches[1:]):
-            hidden = stage(batch, cache, hidden_states=hidden)
+            hidden = stage(batch, cache, hidden_states=hidden, kernels=self.kernels)
         return hidden
 
     def prefill_chunks(self, chunks: Sequence[tuple[Hashable, Sequence[int]]]) -> torch.Tensor:

@@ -11,8 +11,7 @@ a stage with no linear-attention layers keeps zero-byte snapshots (only their bo
 from __future__ import annotations
 
 from wavepp.cache import BlockPool, HybridPool, default_interval_blocks
-from wavepp.models.config import StageSpec
-from wavepp.models.page_layout import PageLayout
+from wavepp.models.spec import PageLayout, StageSpec
 
 MIN_SNAPSHOT_SLOTS = 64   # working slots of the requests in flight, and end snapshots
 

@@ -132,7 +132,7 @@ def time_stage_waves(stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: i
             inputs = {"hidden_states": h.to(device)}
         synchronize(device)   # a GPU's queue holds only this wave's work when the clock starts
         t0 = time.perf_counter()
-        model(batch, stage.kv, **inputs)
+        model(batch, stage.kv, kernels=stage.kernel_choice.kernels, **inputs)
         synchronize(device)
         return time.perf_counter() - t0
 

@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from wavepp.models import (ChunkSpec, StageBatch, cpu_kernels, load_model_config, load_stage_model, page_layout,
-                           stage_specs)
-from wavepp.models.attention import AttentionChoice, attention_kernel, choose_attention, use_attention
-from wavepp.models.kernels import KernelChoice, choose_linear, linear_kernel, linear_shapes, use_linear
+from wavepp.models import load_model_config, page_layout, stage_specs
+from wavepp.models.batch import ChunkSpec, StageBatch
+from wavepp.models.kernels import StageKernels, choose_kernels
+from wavepp.models.loader import load_stage_model
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import synchronize
@@ -28,47 +28,6 @@ from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-# The kernel paths are per process (kernels.linear, attention.paged_attention read one choice).
-# The first stage started in a process times them on its own shapes; a stage started later in
-# the same process (rank 0 of a second Engine, as `wavepp bench` runs one for single-stage)
-# reuses that choice instead of timing again and switching the first engine's paths under it:
-# engines compared side by side in one process run the same kernels. A path pinned in the
-# environment (WAVEPP_LINEAR_KERNEL, WAVEPP_ATTENTION_KERNEL) always wins.
-_process_kernels: dict[tuple[str, torch.dtype, str], str] = {}
-
-
-def _pinned(kind: str) -> bool:
-    return bool(os.environ.get(f"WAVEPP_{kind.upper()}_KERNEL"))
-
-
-def choose_stage_kernels(model: torch.nn.Module, model_config, dtype: torch.dtype,
-                         device: torch.device) -> tuple[KernelChoice, AttentionChoice | None]:
-    """This process's (linear, attention) paths for a stage of `model`: timed by the first
-    stage of the process on this device type and dtype, reused by later ones (a reused
-    choice carries no timings); attention None where the model has no GQA attention."""
-    key = (device.type, dtype)
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        cpu_kernels.elementwise_kernels()   # built (the first time on a machine) before any wave
-    name = _process_kernels.get((*key, "linear"))
-    if name is None or _pinned("linear"):
-        linear = choose_linear(linear_shapes(model), dtype, device=device)
-        _process_kernels[(*key, "linear")] = linear.name
-    else:
-        use_linear(name)
-        linear = KernelChoice(name, {}, 0.0)
-    mc = model_config
-    if not (getattr(mc, "num_kv_heads", None) and getattr(mc, "head_dim", None)):
-        return linear, None
-    name = _process_kernels.get((*key, "attention"))
-    if name is None or _pinned("attention"):
-        attention = choose_attention(mc.num_kv_heads, mc.num_heads // mc.num_kv_heads, mc.head_dim, dtype,
-                                     device=device)
-        _process_kernels[(*key, "attention")] = attention.name
-    else:
-        use_attention(name)
-        attention = AttentionChoice(name, {}, {})
-    return linear, attention
 
 
 # The default cache of a stage: room for this many prompts of the model's full length, within
@@ -134,12 +93,10 @@ class StageRuntime:
         self.model_config = load_model_config(config.model_path)
         self.spec = stage_specs(self.model_config.num_layers, config.num_stages)[stage_id]
         self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(self.device)
-        # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first stage
-        self.linear_kernel, attention = choose_stage_kernels(self.model, self.model_config,
-                                                             _DTYPES[config.dtype], self.device)
-        if attention is not None:    # GQA attention (MLA and hybrid layers have their own paths)
-            self.attention_kernel = attention
-        self._gqa_attention = attention is not None
+        # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first
+        # stage, passed to every forward of this stage
+        self.kernel_choice: StageKernels = choose_kernels(self.model, self.model_config, _DTYPES[config.dtype],
+                                                          self.device)
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
         self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
@@ -149,14 +106,14 @@ class StageRuntime:
         self.reset(config.policy)
 
     def kernels(self) -> str:
-        """The kernel paths this stage's process runs now, e.g. "linear=packed attention=chunked_cpp".
-        The choice is per process: engines sharing one (rank 0 of several in-process engines)
-        run the path the last one to start chose."""
-        parts = [f"linear={linear_kernel()}"]
-        if self._gqa_attention:
-            parts.append(f"attention={attention_kernel()}")
+        """The kernel paths this stage runs, e.g. "linear=packed attention=chunked_cpp
+        elementwise=cpp" (attention: GQA models only; elementwise: bf16 on the CPU only)."""
+        paths = self.kernel_choice.kernels
+        parts = [f"linear={paths.linear}"]
+        if self.kernel_choice.attention is not None:
+            parts.append(f"attention={paths.attention}")
         if self.device.type == "cpu" and _DTYPES[self.config.dtype] == torch.bfloat16:
-            parts.append(f"elementwise={cpu_kernels.elementwise_kernel()}")
+            parts.append(f"elementwise={paths.elementwise_in_use()}")
         return " ".join(parts)
 
     def reset(self, policy: str, snapshot_interval_blocks: int | None = None) -> None:
@@ -214,10 +171,11 @@ class StageRuntime:
                 rows = (rows[0].to(self.device, non_blocking=True), rows[1])
             if inputs is not None:
                 inputs = inputs.to(self.device, non_blocking=True)
+            kwargs = {"kernels": self.kernel_choice.kernels, **rows_kwarg(rows)}
             if self.spec.is_first:
-                output = self.model(batch, self.kv, input_ids=inputs, **rows_kwarg(rows))
+                output = self.model(batch, self.kv, input_ids=inputs, **kwargs)
             else:
-                output = self.model(batch, self.kv, hidden_states=inputs, **rows_kwarg(rows))
+                output = self.model(batch, self.kv, hidden_states=inputs, **kwargs)
             if self.spec.is_last:
                 output = self._first_tokens(wave, output, rows)
         synchronize(self.device)   # on a GPU the forward runs behind the host: count all of it

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wavepp.models.registry import parse_config
+from wavepp.models.spec import ModelSpec
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -161,47 +164,53 @@ class ModelShape:
     @classmethod
     def from_hf(cls, hf: dict, name: str = "", kv_bytes: float = 2.0, weight_bytes: float = 2.0,
                 gemm_dtype: str = "bf16") -> ModelShape:
-        """The shape of a minimax_m2, deepseek_v3 or glm_moe_dsa HF config.json dict, with the
-        cache (and indexer keys) held at `kv_bytes` per element, as the runtime holds them."""
-        kind = hf["model_type"]
-        common = dict(name=name or kind, hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-                      vocab_size=hf["vocab_size"], num_heads=hf["num_attention_heads"],
-                      num_experts_per_tok=hf.get("num_experts_per_tok") or hf["num_experts_per_token"], weight_bytes=weight_bytes,
-                      gemm_dtype=gemm_dtype, kv_bytes=kv_bytes, source=f"config.json ({kind})")
-        if kind == "minimax_m2":
-            return cls(**common, attention="gqa", num_kv_heads=hf["num_key_value_heads"],
-                       head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                       qk_norm=True, num_experts=hf["num_local_experts"],
-                       moe_intermediate_size=hf["intermediate_size"])
-        if kind == "kimi_linear":
-            return cls._kimi_linear(hf, common)
-        if kind not in ("deepseek_v3", "glm_moe_dsa"):
-            raise ValueError(f"ModelShape.from_hf: model_type {kind!r} is not supported")
-        index = {}
-        if kind == "glm_moe_dsa":
-            types = hf.get("indexer_types") or ["full"] * hf["num_hidden_layers"]
-            index = dict(index_topk=hf["index_topk"], index_n_heads=hf["index_n_heads"],
-                         index_head_dim=hf["index_head_dim"], index_key_bytes=kv_bytes,
-                         index_layers=tuple(i for i, t in enumerate(types) if t == "full"))
-        return cls(**common, **index, attention="mla", q_lora_rank=hf.get("q_lora_rank") or 0,
-                   kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
-                   qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
-                   intermediate_size=hf["intermediate_size"], first_k_dense=hf.get("first_k_dense_replace", 0),
-                   num_experts=hf["n_routed_experts"], num_shared_experts=hf.get("n_shared_experts") or 0,
-                   moe_intermediate_size=hf["moe_intermediate_size"])
+        """The shape of an HF config.json dict, read by the runtime's own parser (the model
+        registry), with the cache (and indexer keys) held at `kv_bytes` per element, as the
+        runtime holds them."""
+        return cls.from_spec(parse_config(hf), name=name, kv_bytes=kv_bytes, weight_bytes=weight_bytes,
+                             gemm_dtype=gemm_dtype)
 
     @classmethod
-    def _kimi_linear(cls, hf: dict, common: dict) -> ModelShape:
-        # the runtime's parse (MoEModelConfig) is the one reading of a Kimi-Linear config.json
-        from wavepp.models.moe_config import MoEModelConfig
-        c = MoEModelConfig.from_hf(hf)
-        return cls(**common, attention="mla", kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
-                   qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
-                   linear_layers=tuple(i for i in range(c.num_layers) if c.is_linear(i)),
-                   linear_num_heads=c.linear_num_heads, linear_head_dim=c.linear_head_dim,
-                   linear_conv_kernel=c.linear_conv_kernel, intermediate_size=c.intermediate_size,
-                   first_k_dense=len(c.dense_layers), num_experts=c.num_experts,
-                   num_shared_experts=c.num_shared_experts, moe_intermediate_size=c.moe_intermediate_size)
+    def from_spec(cls, spec: ModelSpec, name: str = "", kv_bytes: float = 2.0, weight_bytes: float = 2.0,
+                  gemm_dtype: str = "bf16", index_key_bytes: float | None = None) -> ModelShape:
+        """The shape of a model's layer specs (`wavepp.models.spec`): what the cost model
+        needs of each kind. `index_key_bytes`: DSA indexer keys (default: `kv_bytes`, as the
+        runtime holds them; 0: fp8 + an fp32 scale, as served)."""
+        layers = spec.layers
+        full = [layer.attention for layer in layers if layer.attention.kind != "kda"]
+        linear = [i for i, layer in enumerate(layers) if layer.attention.kind == "kda"]
+        moe = [layer.mlp for layer in layers if layer.mlp.kind == "moe"]
+        dense = [i for i, layer in enumerate(layers) if layer.mlp.kind == "dense"]
+        if moe and dense != list(range(len(dense))):
+            raise ValueError(f"ModelShape: dense MLP layers {dense} are not the first layers of {spec.model_type}")
+        fields = dict(name=name or spec.model_type, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+                      vocab_size=spec.vocab_size, num_heads=full[0].num_heads if full else 1,
+                      weight_bytes=weight_bytes, gemm_dtype=gemm_dtype, kv_bytes=kv_bytes,
+                      source=f"config.json ({spec.model_type})")
+        attention = full[0] if full else None
+        if attention is not None and attention.kind == "gqa":
+            fields.update(attention="gqa", num_kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
+                          qk_norm=attention.qk_norm != "none")
+        elif attention is not None:
+            fields.update(attention="mla", q_lora_rank=attention.q_lora_rank, kv_lora_rank=attention.kv_lora_rank,
+                          qk_nope_head_dim=attention.qk_nope_head_dim, qk_rope_head_dim=attention.qk_rope_head_dim,
+                          v_head_dim=attention.v_head_dim)
+            if attention.index is not None:
+                fields.update(index_topk=attention.index.topk, index_n_heads=attention.index.num_heads,
+                              index_head_dim=attention.index.head_dim,
+                              index_key_bytes=kv_bytes if index_key_bytes is None else index_key_bytes,
+                              index_layers=tuple(i for i, layer in enumerate(layers)
+                                                 if layer.attention.kind == "mla" and layer.attention.runs_indexer))
+        if linear:
+            kda = layers[linear[0]].attention
+            fields.update(linear_layers=tuple(linear), linear_num_heads=kda.num_heads, linear_head_dim=kda.head_dim,
+                          linear_conv_kernel=kda.conv_kernel)
+        if dense:
+            fields.update(intermediate_size=layers[dense[0]].mlp.intermediate_size)
+        if moe:
+            fields.update(first_k_dense=len(dense), num_experts=moe[0].num_experts, num_experts_per_tok=moe[0].top_k,
+                          num_shared_experts=moe[0].num_shared_experts, moe_intermediate_size=moe[0].intermediate_size)
+        return cls(**fields)
 
     # ---- whole model -----------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""C++ CPU kernels, compiled on first use: the attention softmax (`cpu_softmax.cpp`) and the
-fused elementwise passes of a layer (`cpu_elementwise.cpp`: SiLU-and-mul, RMSNorm).
+"""C++ CPU kernels, compiled on first use: the attention softmax (`csrc/cpu_softmax.cpp`) and
+the fused elementwise passes of a layer (`csrc/cpu_elementwise.cpp`: SiLU-and-mul, RMSNorm,
+RoPE).
 
 torch's softmax on a CPU is bound by its `exp` (0.46-0.6 ns per score on a Zen 4 core); the
 kernel here computes exp with a short polynomial the compiler vectorizes, and applies the
@@ -12,8 +13,8 @@ ninja) into torch's extensions directory (`TORCH_EXTENSIONS_DIR`, default
 copy of that directory on another CPU builds its own. Later processes load the built module
 in well under a second. Without a compiler, or when the build fails, `softmax_kernels()` /
 `elementwise_kernels()` is None and the callers keep torch's ops; one log line says why.
-`WAVEPP_NO_CPP_KERNELS=1` turns both off; `WAVEPP_ELEMENTWISE_KERNEL=torch` the elementwise
-ones alone.
+`WAVEPP_NO_CPP_KERNELS=1` turns both off (`wavepp/env.py`). Whether a stage runs the
+elementwise ones is its `Kernels.elementwise` (`kernels/choice.py`), not state here.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from importlib import resources
 
 import torch
 
+from wavepp import env
+
 log = logging.getLogger(__name__)
 
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd")
 _lock = threading.Lock()
 _modules: dict[str, object] = {}     # source file -> its built module, or None where it failed
-# WAVEPP_ELEMENTWISE_KERNEL=torch keeps torch's ops in every process (e.g. an A/B across runs)
-_elementwise_on = os.environ.get("WAVEPP_ELEMENTWISE_KERNEL", "cpp") != "torch"
 
 
 def softmax_kernels():
@@ -45,24 +46,9 @@ def softmax_kernels():
 
 
 def elementwise_kernels():
-    """The compiled elementwise module (`silu_mul`, `rms_norm`; bf16), or None where it cannot
-    be built or `use_elementwise(False)` turned it off in this process. Built like
-    `softmax_kernels()`."""
-    if not _elementwise_on:
-        return None
+    """The compiled elementwise module (`silu_mul`, `rms_norm`, `rotary`; bf16), or None where
+    it cannot be built. Built like `softmax_kernels()`."""
     return _get("cpu_elementwise.cpp", "C++ elementwise kernels", "torch's ops")
-
-
-def use_elementwise(on: bool) -> None:
-    """Run (True, the default where they build) or skip the C++ elementwise kernels in this
-    process (False: torch's ops, e.g. to compare the two)."""
-    global _elementwise_on
-    _elementwise_on = bool(on)
-
-
-def elementwise_kernel() -> str:
-    """"cpp" where the C++ elementwise kernels run in this process, else "torch"."""
-    return "cpp" if elementwise_kernels() is not None else "torch"
 
 
 def _get(source_name: str, label: str, fallback: str):
@@ -92,14 +78,14 @@ def softmax_unnormalized_(scores: torch.Tensor, causal_rows: int, row_max: torch
 
 
 def _build(source_name: str, label: str, fallback: str):
-    if os.environ.get("WAVEPP_NO_CPP_KERNELS"):
+    if env.cpp_kernels_disabled():
         log.info("C++ CPU kernels off (WAVEPP_NO_CPP_KERNELS); %s run", fallback)
         return None
     start = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load_inline
 
-        source = resources.files("wavepp.models").joinpath(source_name).read_text()
+        source = resources.files("wavepp.models.kernels").joinpath("csrc", source_name).read_text()
         name = f"wavepp_{source_name.removesuffix('.cpp')}_{_fingerprint(source)}"
         built = _is_built(name)
         module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)

@@ -12,14 +12,13 @@ projections it will run, at the row counts its waves have, and uses the fastest:
              repacking, which on a CPU without AMX makes small waves (tens of rows) 20-45%
              faster; a CPU build with oneDNN, fp32 or bf16 (elsewhere F.linear runs instead)
 
-`linear(x, w, b)` is the one call every projection makes; `choose_linear(shapes, dtype)` sets
-the path for this process and returns what it measured; `linear_shapes(model)` lists a stage
-model's projections.
+Every projection calls `Kernels.project(x, w, b)` (`kernels/choice.py`), which runs the path
+the stage chose; `choose_linear(shapes, dtype)` measures them and returns the fastest;
+`linear_shapes(model)` lists a stage model's projections. Nothing here holds a choice.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from wavepp import env
 
 
 def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,29 +66,17 @@ def packed_available() -> bool:
 
 
 LINEAR_KERNELS: dict[str, Callable] = {"linear": _f_linear, "matmul": _matmul_t, "packed": _packed}
-_chosen: Callable = _f_linear
-_chosen_name = "linear"
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T (+ b) by this process's chosen path. x: [..., in], w: [out, in] -> [..., out]."""
-    return _chosen(x, w, b)
-
-
-def linear_kernel() -> str:
-    return _chosen_name
-
-
-def use_linear(name: str) -> None:
-    global _chosen, _chosen_name
+def check_linear(name: str) -> str:
     if name not in LINEAR_KERNELS:
         raise ValueError(f"unknown linear kernel {name!r}; choose one of {', '.join(LINEAR_KERNELS)}")
-    _chosen, _chosen_name = LINEAR_KERNELS[name], name
+    return name
 
 
 @dataclass(frozen=True)
 class KernelChoice:
-    name: str                           # the path now in use
+    name: str                           # the fastest path (or the pinned one)
     gflops: dict[str, float]            # each candidate's rate over the shapes (median of trials)
     seconds: float                      # the measurement's own time
 
@@ -96,19 +85,17 @@ def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *,
                   seed: int = 0, device: torch.device | str = "cpu") -> KernelChoice:
     """Time every linear path on `shapes` ((rows, in, out) each) with random operands of `dtype`,
     the candidates interleaved trial by trial (so that a noisy neighbour hurts them alike), and
-    use the one with the highest median rate. Takes well under a second for a model's shapes.
-    `WAVEPP_LINEAR_KERNEL` (a name of LINEAR_KERNELS) skips the timing and uses that path: the
-    same numerics in every process, run after run.
+    return the one with the highest median rate. Takes well under a second for a model's shapes.
+    `WAVEPP_LINEAR_KERNEL` (a name of LINEAR_KERNELS) skips the timing and returns that path:
+    the same numerics in every process, run after run.
 
     On a CUDA `device` nothing is timed and F.linear is used: both paths are the same cuBLAS
     GEMM there (a transposed operand is a flag of the call, not a copy), so a timing would only
     measure noise, and a host clock around asynchronous kernels measures their launch."""
-    pinned = os.environ.get("WAVEPP_LINEAR_KERNEL")
+    pinned = env.linear_kernel_pin()
     if pinned:
-        use_linear(pinned)
-        return KernelChoice(pinned, {}, 0.0)
+        return KernelChoice(check_linear(pinned), {}, 0.0)
     if torch.device(device).type == "cuda":
-        use_linear("linear")
         return KernelChoice("linear", {}, 0.0)
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
@@ -128,9 +115,7 @@ def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *,
                 fn(x, w)
             rates[name].append(flops / (time.perf_counter() - start) / 1e9)
     gflops = {name: statistics.median(r) for name, r in rates.items()}
-    best = max(gflops, key=gflops.get)
-    use_linear(best)
-    return KernelChoice(best, gflops, time.perf_counter() - t0)
+    return KernelChoice(max(gflops, key=gflops.get), gflops, time.perf_counter() - t0)
 
 
 def linear_shapes(model: torch.nn.Module, rows: Sequence[int] = (64, 256, 512)) -> list[tuple[int, int, int]]:

@@ -20,36 +20,35 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wavepp.models.batch import StageBatch
-from wavepp.models.kernels import linear
-from wavepp.models.moe_config import MoEModelConfig
-from wavepp.models.rope import apply_rope
+from wavepp.models.layers.context import ForwardContext
+from wavepp.models.layers.rope import apply_rope
+from wavepp.models.spec import MLASpec
 
 
 class Indexer(nn.Module):
-    def __init__(self, config: MoEModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, spec: MLASpec, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
-        if not config.q_lora_rank:
-            raise ValueError("the DSA indexer reads the q LoRA residual: q_lora_rank must be > 0")
-        self.num_heads, self.head_dim = config.index_n_heads, config.index_head_dim
-        self.rope, self.topk = config.qk_rope_head_dim, config.index_topk
-        self.wq_b = _param(dtype, self.num_heads * self.head_dim, config.q_lora_rank)
-        self.wk = _param(dtype, self.head_dim, config.hidden_size)
+        index = spec.index   # MLASpec checks the q LoRA and the widths the indexer needs
+        self.num_heads, self.head_dim = index.num_heads, index.head_dim
+        self.rope, self.topk = spec.qk_rope_head_dim, index.topk
+        self.wq_b = _param(dtype, self.num_heads * self.head_dim, spec.q_lora_rank)
+        self.wk = _param(dtype, self.head_dim, hidden_size)
         self.k_norm_weight = _param(dtype, self.head_dim)
         self.k_norm_bias = _param(dtype, self.head_dim)
         # per-head weights of the scores: fp32 whatever the model dtype, as the reference keeps them
-        self.weights_proj = _param(torch.float32, self.num_heads, config.hidden_size)
+        self.weights_proj = _param(torch.float32, self.num_heads, hidden_size)
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: StageBatch, key_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, ctx: ForwardContext,
+                key_cache: torch.Tensor) -> torch.Tensor:
         """x: [n, hidden], q_resid: [n, q_lora_rank] -> top-k positions [n, index_topk] int64.
         Writes the batch's indexer keys into key_cache ([num_slots, index_head_dim])."""
         n, r = x.shape[0], self.rope
+        batch, cos, sin, linear = ctx.batch, ctx.cos, ctx.sin, ctx.kernels.project
         # q: [n, heads, head_dim]; k: [n, head_dim]
         q = linear(q_resid, self.wq_b).view(n, self.num_heads, self.head_dim)
-        q = torch.cat((apply_rope(q[..., :r], cos, sin, True), q[..., r:]), -1).float()
+        q = torch.cat((apply_rope(q[..., :r], cos, sin, True, ctx.kernels), q[..., r:]), -1).float()
         k = F.layer_norm(linear(x, self.wk), (self.head_dim,), self.k_norm_weight, self.k_norm_bias, 1e-6)
-        k = torch.cat((apply_rope(k[:, None, :r], cos, sin, True)[:, 0], k[:, r:]), -1)
+        k = torch.cat((apply_rope(k[:, None, :r], cos, sin, True, ctx.kernels)[:, 0], k[:, r:]), -1)
         key_cache.index_copy_(0, batch.slot_mapping, k)
         # weights: [n, 1, heads]
         weights = (linear(x.float(), self.weights_proj) * self.num_heads ** -0.5)[:, None, :]

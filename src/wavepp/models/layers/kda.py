@@ -18,22 +18,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wavepp.models.batch import StageBatch
-from wavepp.models.kda import kda_scan, l2_normalize
-from wavepp.models.kernels import linear
-from wavepp.models.moe_config import MoEModelConfig
-from wavepp.models.paged_pools import PagedPools
+from wavepp.models.layers.context import ForwardContext
+from wavepp.models.layers.kda_scan import kda_scan, l2_normalize
+from wavepp.models.spec import KDASpec
 
 
 class KimiDeltaAttention(nn.Module):
-    def __init__(self, config: MoEModelConfig, layer: int, dtype: torch.dtype) -> None:
+    def __init__(self, spec: KDASpec, layer: int, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer = layer
-        self.heads, self.head_dim = config.linear_num_heads, config.linear_head_dim
-        self.qkv = self.heads * self.head_dim
-        self.taps = config.linear_conv_kernel
-        self.eps = config.rms_norm_eps
-        hidden, qkv, d = config.hidden_size, self.qkv, self.head_dim
+        self.heads, self.head_dim = spec.num_heads, spec.head_dim
+        self.qkv = spec.qkv_size
+        self.taps = spec.conv_kernel
+        self.eps = spec.norm_eps
+        hidden, qkv, d = hidden_size, self.qkv, self.head_dim
         self.qkv_proj = _param(dtype, 3 * qkv, hidden)
         self.conv_weight = _param(dtype, 3 * qkv, self.taps)
         self.f_a_proj = _param(dtype, d, hidden)
@@ -46,10 +44,11 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm_weight = _param(dtype, d)
         self.o_proj = _param(dtype, hidden, qkv)
 
-    def forward(self, x: torch.Tensor, batch: StageBatch, pools: PagedPools) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x: [n, hidden] -> [n, hidden]. Reads each chunk's starting state from its `state_in`
-        slot (zeros if None) and writes the states of its `state_saves` into `pools`."""
+        slot (zeros if None) and writes the states of its `state_saves` into the cache."""
         n, heads, d = x.shape[0], self.heads, self.head_dim
+        batch, pools, linear = ctx.batch, ctx.cache, ctx.kernels.project
         mixed = linear(x, self.qkv_proj)                                   # [n, 3 * qkv]
         # g: [n, heads, d] fp32, <= 0
         g = linear(linear(x, self.f_a_proj), self.f_b_proj).float() + self.dt_bias

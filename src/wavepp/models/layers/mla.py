@@ -19,52 +19,48 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from wavepp.models.batch import StageBatch
-from wavepp.models.dsa import Indexer, selection_mask
-from wavepp.models.kernels import linear
-from wavepp.models.layers import RMSNorm
-from wavepp.models.moe_config import MoEModelConfig
-from wavepp.models.paged_pools import PagedPools
-from wavepp.models.rope import apply_rope
+from wavepp.models.layers.context import ForwardContext
+from wavepp.models.layers.dsa import Indexer, selection_mask
+from wavepp.models.layers.norm import RMSNorm
+from wavepp.models.layers.rope import apply_rope
+from wavepp.models.spec import MLASpec
 
 
 class MLAttention(nn.Module):
-    def __init__(self, config: MoEModelConfig, layer: int, dtype: torch.dtype) -> None:
+    def __init__(self, spec: MLASpec, layer: int, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer = layer
-        self.num_heads = config.num_heads
-        self.nope, self.rope, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
-        self.kv_lora_rank = config.kv_lora_rank
-        self.interleave = config.rope_interleave
-        self.rotates = config.uses_rope   # Kimi-Linear: the "rope" dims stay unrotated
-        self.reuses_topk = config.reuses_topk(layer)
-        self.scale = config.qk_head_dim ** -0.5
-        if config.rope_scaling is not None:
-            self.scale *= config.rope_scaling.softmax_factor
-        hidden, heads = config.hidden_size, config.num_heads
-        self.q_lora = bool(config.q_lora_rank)
+        self.num_heads = spec.num_heads
+        self.nope, self.rope, self.v_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
+        self.kv_lora_rank = spec.kv_lora_rank
+        self.interleave = spec.rope_interleave
+        self.rotates = spec.rotates   # Kimi-Linear: the "rope" dims stay unrotated
+        self.reuses_topk = spec.reuses_topk
+        self.scale = spec.softmax_scale
+        hidden, heads = hidden_size, spec.num_heads
+        self.q_lora = bool(spec.q_lora_rank)
         if self.q_lora:
-            self.q_a_proj = _param(dtype, config.q_lora_rank, hidden)
+            self.q_a_proj = _param(dtype, spec.q_lora_rank, hidden)
             # q_a / kv_a norms use their module's default eps (1e-6), as the reference does
-            self.q_a_norm = RMSNorm(config.q_lora_rank, 1e-6, dtype)
-            self.q_b_proj = _param(dtype, heads * config.qk_head_dim, config.q_lora_rank)
+            self.q_a_norm = RMSNorm(spec.q_lora_rank, 1e-6, dtype)
+            self.q_b_proj = _param(dtype, heads * spec.qk_head_dim, spec.q_lora_rank)
         else:
-            self.q_proj = _param(dtype, heads * config.qk_head_dim, hidden)
-        self.kv_a_proj = _param(dtype, config.kv_lora_rank + config.qk_rope_head_dim, hidden)
-        self.kv_a_norm = RMSNorm(config.kv_lora_rank, 1e-6, dtype)
-        self.kv_b_proj = _param(dtype, heads * (config.qk_nope_head_dim + config.v_head_dim), config.kv_lora_rank)
-        self.o_proj = _param(dtype, hidden, heads * config.v_head_dim)
-        self.indexer = Indexer(config, dtype) if config.runs_indexer(layer) else None
+            self.q_proj = _param(dtype, heads * spec.qk_head_dim, hidden)
+        self.kv_a_proj = _param(dtype, spec.kv_lora_rank + spec.qk_rope_head_dim, hidden)
+        self.kv_a_norm = RMSNorm(spec.kv_lora_rank, 1e-6, dtype)
+        self.kv_b_proj = _param(dtype, heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank)
+        self.o_proj = _param(dtype, hidden, heads * spec.v_head_dim)
+        self.indexer = Indexer(spec, hidden, dtype) if spec.runs_indexer else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: StageBatch,
-                pools: PagedPools, topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: [n, hidden] -> ([n, hidden], top-k [n, index_topk] or None). Writes the batch's
-        latent rows (and indexer keys) into `pools`. `topk` is the previous layer's selection,
-        used when this layer shares it."""
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x: [n, hidden] -> [n, hidden]. Writes the batch's latent rows (and indexer keys) into
+        the cache. Sets ctx.topk to this layer's selection ([n, index_topk]; None without DSA);
+        a layer that shares the previous layer's selection reads it from there."""
         n, heads = x.shape[0], self.num_heads
+        batch, pools, kernels, cos, sin, linear = ctx.batch, ctx.cache, ctx.kernels, ctx.cos, ctx.sin, ctx.kernels.project
         q_resid = None
         if self.q_lora:
-            q_resid = self.q_a_norm(linear(x, self.q_a_proj))
+            q_resid = self.q_a_norm(linear(x, self.q_a_proj), kernels)
             q = linear(q_resid, self.q_b_proj)
         else:
             q = linear(x, self.q_proj)
@@ -72,16 +68,17 @@ class MLAttention(nn.Module):
         q = q.view(n, heads, self.nope + self.rope)
         c, k_rope = linear(x, self.kv_a_proj).split([self.kv_lora_rank, self.rope], dim=-1)
         if self.rotates:
-            q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave)), -1)
-            k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave)[:, 0]
+            q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave, kernels)), -1)
+            k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave, kernels)[:, 0]
         latent_cache = pools.view("latent", self.layer)
-        latent_cache.index_copy_(0, batch.slot_mapping, torch.cat((self.kv_a_norm(c), k_rope), -1))
+        latent_cache.index_copy_(0, batch.slot_mapping, torch.cat((self.kv_a_norm(c, kernels), k_rope), -1))
         if self.indexer is not None:
-            topk = self.indexer(x, q_resid, cos, sin, batch, pools.view("index_key", self.layer))
+            ctx.topk = self.indexer(x, q_resid, ctx, pools.view("index_key", self.layer))
         elif not self.reuses_topk:
-            topk = None
-        elif topk is None:
+            ctx.topk = None
+        elif ctx.topk is None:
             raise ValueError(f"layer {self.layer} shares the previous layer's top-k, but none was given")
+        topk = ctx.topk
         out = x.new_empty(n, heads, self.v_dim)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
@@ -101,7 +98,7 @@ class MLAttention(nn.Module):
                                    alpha=self.scale)
             o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope:].transpose(0, 1).float())
             out[t0:t1] = o.transpose(0, 1).to(out.dtype)
-        return linear(out.view(n, heads * self.v_dim), self.o_proj), topk
+        return linear(out.view(n, heads * self.v_dim), self.o_proj)
 
 
 def _causal(num_cached: int, num_tokens: int) -> torch.Tensor:

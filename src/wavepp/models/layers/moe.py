@@ -1,6 +1,7 @@
 """Mixture of experts: a sigmoid top-k router and experts run grouped by expert.
 
-Routing (MiniMax-M2, DeepSeek-V3, GLM-5 all route this way; MiniMax-M2 has one group):
+Routing (MiniMax-M2, DeepSeek-V3, GLM-5, Kimi-Linear all route this way; MiniMax-M2 has one
+group; `spec/mlp.py` MoESpec):
 
     scores  = sigmoid(x @ gate^T)                       [num_tokens, num_experts], fp32
     choice  = scores + e_score_correction_bias          (the bias picks, it never weighs)
@@ -19,25 +20,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wavepp.models.kernels import linear
-from wavepp.models.layers import SwiGLUMLP
+from wavepp.models.kernels import Kernels
+from wavepp.models.layers.mlp import SwiGLUMLP
+from wavepp.models.spec import MoESpec
 
 
 class Router(nn.Module):
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, n_group: int = 1,
-                 topk_group: int = 1, norm_topk_prob: bool = True, scaling_factor: float = 1.0) -> None:
+    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
         super().__init__()
-        self.num_experts, self.top_k = num_experts, top_k
-        self.n_group, self.topk_group = n_group, topk_group
-        self.norm_topk_prob, self.scaling_factor = norm_topk_prob, scaling_factor
+        num_experts = spec.num_experts
+        self.num_experts, self.top_k = num_experts, spec.top_k
+        self.n_group, self.topk_group = spec.n_group, spec.topk_group
+        self.norm_topk_prob, self.scaling_factor = spec.norm_topk_prob, spec.routed_scaling_factor
         # the router decides discrete choices: it stays fp32 whatever the model dtype
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32),
                                    requires_grad=False)
         self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [num_tokens, hidden] -> (weights [num_tokens, top_k] fp32, experts [num_tokens, top_k] int64)."""
-        scores = linear(x.float(), self.weight).sigmoid()
+        scores = kernels.project(x.float(), self.weight).sigmoid()
         choice = scores + self.bias
         if self.n_group > 1:
             # group_scores: [num_tokens, n_group], the sum of each group's two best choices
@@ -64,7 +66,7 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype),
                                       requires_grad=False)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [num_tokens, H]; weights, experts: [num_tokens, top_k] -> [num_tokens, H]."""
         num_tokens, top_k = experts.shape
         flat = experts.flatten()
@@ -80,7 +82,7 @@ class Experts(nn.Module):
             if count == 0:
                 continue
             rows = slice(start, start + count)
-            gate, up = linear(routed[rows], self.gate_up_proj[expert]).split(self.intermediate_size, -1)
+            gate, up = kernels.project(routed[rows], self.gate_up_proj[expert]).split(self.intermediate_size, -1)
             torch.mm(F.silu(gate).mul_(up), self.down_proj[expert].t(), out=out[rows])
             start += count
         out.mul_(weights.flatten()[order, None].to(out.dtype))
@@ -90,17 +92,15 @@ class Experts(nn.Module):
 class MoE(nn.Module):
     """Routed experts plus optional shared experts (one SwiGLU of num_shared * I)."""
 
-    def __init__(self, config, dtype: torch.dtype) -> None:
+    def __init__(self, spec: MoESpec, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.router = Router(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                             config.n_group, config.topk_group, config.norm_topk_prob,
-                             config.routed_scaling_factor)
-        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, dtype)
-        self.shared = (SwiGLUMLP(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts,
-                                 dtype) if config.num_shared_experts else None)
+        self.router = Router(spec, hidden_size)
+        self.experts = Experts(spec.num_experts, hidden_size, spec.intermediate_size, dtype)
+        self.shared = (SwiGLUMLP(hidden_size, spec.intermediate_size * spec.num_shared_experts, dtype)
+                       if spec.num_shared_experts else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        weights, experts = self.router(x)
-        out = self.experts(x, weights, experts)
-        return out if self.shared is None else out.add_(self.shared(x))
+        weights, experts = self.router(x, kernels)
+        out = self.experts(x, weights, experts, kernels)
+        return out if self.shared is None else out.add_(self.shared(x, kernels))
