@@ -14,7 +14,7 @@ from pathlib import Path
 from wavepp.models.registry import MODEL_TYPES, family
 
 SUPPORTED_ARCHS = MODEL_TYPES
-MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa")   # MoE families with per-token KV only
+MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa", "qwen3_moe")   # MoE families with per-token KV only
 HYBRID_ARCHS = ("kimi_linear",)   # MoE and MLA with linear-attention layers (state snapshots)
 
 

@@ -32,6 +32,23 @@ def test_configs_parse_each_family(moe_models):
     assert (glm.index_topk, glm.index_n_heads, glm.index_head_dim) == (4, 2, 16)
     assert [glm.runs_indexer(i) for i in range(4)] == [True, True, False, True]
     assert [glm.reuses_topk(i) for i in range(5)] == [False, False, True, False, False]
+    qm = load_model_config(moe_models["qwen3_moe"])
+    assert (qm.model_type, qm.num_kv_heads, qm.head_dim, qm.dense_layers, qm.num_experts, qm.norm_topk_prob) == \
+        ("qwen3_moe", 2, 16, (0,), 8, True)
+    assert [layer.mlp.kind for layer in qm.layers] == ["dense", "moe", "moe", "moe"]
+    assert {layer.attention.qk_norm for layer in qm.layers} == {"head"}
+
+
+def test_qwen3_moe_dense_layers_follow_mlp_only_layers_and_the_sparse_step():
+    from wavepp.models import parse_config
+    base = {"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    assert parse_config({**base, "mlp_only_layers": [1, 4]}).dense_layers == (1, 4)
+    assert parse_config({**base, "decoder_sparse_step": 2}).dense_layers == (0, 2, 4)
+    assert parse_config(base).dense_layers == ()
+    with pytest.raises(ValueError, match="sliding-window"):
+        parse_config({**base, "use_sliding_window": True})
 
 
 def test_page_layouts_size_pools_from_a_budget(moe_models):
@@ -90,7 +107,7 @@ def test_unsupported_configs_fail_naming_the_file(moe_models, tmp_path, change, 
         load_stage_model(path, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("arch", ["minimax_m2", "deepseek_v3", "glm_moe_dsa"])
+@pytest.mark.parametrize("arch", ["minimax_m2", "deepseek_v3", "glm_moe_dsa", "qwen3_moe"])
 def test_make_model_command_writes_a_loadable_checkpoint(tmp_path, capsys, arch):
     assert main(["make-model", str(tmp_path / arch), "--arch", arch, "--layers", "3"]) == 0
     assert f"wrote {arch} (3 layers" in capsys.readouterr().out

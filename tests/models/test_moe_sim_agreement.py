@@ -13,7 +13,7 @@ from wavepp.models import load_model_config, load_stage_model, page_layout
 from wavepp.sim.model_shapes import ModelShape
 
 
-@pytest.mark.parametrize("arch", ["minimax_m2", "deepseek_v3", "glm_moe_dsa"])
+@pytest.mark.parametrize("arch", ["minimax_m2", "deepseek_v3", "glm_moe_dsa", "qwen3_moe"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_simulator_counts_what_the_runtime_holds(moe_models, arch, dtype):
     path = moe_models[arch]

@@ -23,6 +23,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "deepseek_v3": ("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config"),
     "glm_moe_dsa": ("glm_moe_dsa", "GlmMoeDsaForCausalLM", "GlmMoeDsaConfig"),
     "kimi_linear": ("kimi_linear", "KimiLinearForCausalLM", "KimiLinearConfig"),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig"),
 }
 
 MODEL_TYPES = tuple(FAMILIES)

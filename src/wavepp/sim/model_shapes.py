@@ -34,6 +34,7 @@ class ModelShape:
     index_layers: tuple[int, ...] | None = None  # layers running an indexer (None: all; others share)
     index_key_bytes: float = 0.0        # bytes per cached indexer key element (0: fp8 + fp32 scale)
     qk_norm: bool = False               # gqa: RMSNorm weights over the q and k projections
+    qk_norm_per_head: bool = False      # gqa: those norms are per head (Qwen3), not per projection
     linear_layers: tuple[int, ...] = () # 0-based layers with linear attention (hybrid models)
     linear_num_heads: int = 0
     linear_head_dim: int = 0
@@ -44,6 +45,7 @@ class ModelShape:
     num_experts_per_tok: int = 0
     num_shared_experts: int = 0
     moe_intermediate_size: int = 0
+    router_bias: bool = True            # MoE routers: a score-correction bias per expert (not Qwen3-MoE)
     weight_bytes: float = 1.0           # bytes per parameter as served (FP8 checkpoints: 1)
     gemm_dtype: str = "fp8"             # dtype of the linear layers' tensor-core math
     kv_bytes: float = 2.0               # bytes per cached K/V (or latent) element (bf16)
@@ -115,11 +117,12 @@ class ModelShape:
             # dt_bias (per channel) and A_log (per head); the gated output norm (per head dim)
             n += 3 * inner * self.linear_conv_kernel + inner + self.linear_num_heads + self.linear_head_dim
         elif self.attention == "gqa":
-            n += (self.num_heads + self.num_kv_heads) * self.head_dim if self.qk_norm else 0
+            if self.qk_norm:
+                n += 2 * self.head_dim if self.qk_norm_per_head else (self.num_heads + self.num_kv_heads) * self.head_dim
         else:
             n += self.q_lora_rank + self.kv_lora_rank
             n += 2 * self.index_head_dim if self.runs_indexer(layer) else 0
-        return n + (self.num_experts if self.is_moe(layer) else 0)
+        return n + (self.num_experts if self.is_moe(layer) and self.router_bias else 0)
 
     def expert_params(self) -> int:
         """One routed (or shared) expert: gate, up and down projections."""
@@ -190,7 +193,7 @@ class ModelShape:
         attention = full[0] if full else None
         if attention is not None and attention.kind == "gqa":
             fields.update(attention="gqa", num_kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
-                          qk_norm=attention.qk_norm != "none")
+                          qk_norm=attention.qk_norm != "none", qk_norm_per_head=attention.qk_norm == "head")
         elif attention is not None:
             fields.update(attention="mla", q_lora_rank=attention.q_lora_rank, kv_lora_rank=attention.kv_lora_rank,
                           qk_nope_head_dim=attention.qk_nope_head_dim, qk_rope_head_dim=attention.qk_rope_head_dim,
@@ -209,7 +212,8 @@ class ModelShape:
             fields.update(intermediate_size=layers[dense[0]].mlp.intermediate_size)
         if moe:
             fields.update(first_k_dense=len(dense), num_experts=moe[0].num_experts, num_experts_per_tok=moe[0].top_k,
-                          num_shared_experts=moe[0].num_shared_experts, moe_intermediate_size=moe[0].intermediate_size)
+                          num_shared_experts=moe[0].num_shared_experts, moe_intermediate_size=moe[0].intermediate_size,
+                          router_bias=moe[0].score_bias)
         return cls(**fields)
 
     # ---- whole model -----------------------------------------------------------------------
@@ -259,6 +263,17 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
                num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=1024,
                weight_bytes=2.0, gemm_dtype="bf16",
                source="moonshotai/Kimi-Linear-48B-A3B-Instruct config.json"),
+    # Qwen/Qwen3-235B-A22B config.json (Qwen3MoeForCausalLM, 235B / 22B active), read by the
+    # runtime's own parser: 94 layers, hidden 4096, 64 query heads, 4 KV heads, head_dim 128,
+    # per-head q/k RMSNorm; 128 experts top-8 (softmax router, renormalized), expert FFN 1536,
+    # no shared expert, no dense layer; vocab 151936; served in FP8 (Qwen3-235B-A22B-FP8).
+    ModelShape.from_hf({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 94, "num_attention_heads": 64,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 1536, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+        "tie_word_embeddings": False}, name="qwen3-235b", weight_bytes=1.0, gemm_dtype="fp8"),
     # deepseek-ai/DeepSeek-V3 config.json (671B / 37B active): 61 layers, hidden 7168, 128 heads,
     # q_lora 1536, kv_lora 512, nope 128 + rope 64, v 128; 256 experts top-8 + 1 shared, FFN
     # 2048, first 3 layers dense (18432); vocab 129280; FP8. Used for the published anchor.

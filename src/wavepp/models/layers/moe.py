@@ -1,13 +1,16 @@
-"""Mixture of experts: a sigmoid top-k router and experts run grouped by expert.
+"""Mixture of experts: a top-k router and experts run grouped by expert.
 
-Routing (MiniMax-M2, DeepSeek-V3, GLM-5, Kimi-Linear all route this way; MiniMax-M2 has one
-group; `spec/mlp.py` MoESpec):
+Routing (`spec/mlp.py` MoESpec.scoring), scores in fp32:
 
-    scores  = sigmoid(x @ gate^T)                       [num_tokens, num_experts], fp32
-    choice  = scores + e_score_correction_bias          (the bias picks, it never weighs)
-    groups  : keep the topk_group groups whose two best choices sum highest
-    experts = top-k of choice within the kept groups
-    weights = scores[experts], normalized to sum 1 (norm_topk_prob) * routed_scaling_factor
+    sigmoid  (MiniMax-M2, DeepSeek-V3, GLM-5, Kimi-Linear; MiniMax-M2 has one group)
+      scores  = sigmoid(x @ gate^T)                     [num_tokens, num_experts]
+      choice  = scores + e_score_correction_bias        (the bias picks, it never weighs)
+      groups  : keep the topk_group groups whose two best choices sum highest
+      experts = top-k of choice within the kept groups
+      weights = scores[experts], normalized to sum 1 (norm_topk_prob) * routed_scaling_factor
+    softmax  (Qwen3-MoE)
+      scores  = softmax(x @ gate^T); experts = their top-k; weights = scores[experts],
+      normalized to sum 1 where norm_topk_prob
 
 Execution: the (token, expert) pairs are sorted by expert, so each active expert runs one
 gate/up matmul and one down matmul over all of its tokens; results scatter back with their
@@ -29,18 +32,25 @@ class Router(nn.Module):
     def __init__(self, spec: MoESpec, hidden_size: int) -> None:
         super().__init__()
         num_experts = spec.num_experts
-        self.num_experts, self.top_k = num_experts, spec.top_k
+        self.num_experts, self.top_k, self.scoring = num_experts, spec.top_k, spec.scoring
         self.n_group, self.topk_group = spec.n_group, spec.topk_group
         self.norm_topk_prob, self.scaling_factor = spec.norm_topk_prob, spec.routed_scaling_factor
         # the router decides discrete choices: it stays fp32 whatever the model dtype
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32),
                                    requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False) \
+            if spec.score_bias else None
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [num_tokens, hidden] -> (weights [num_tokens, top_k] fp32, experts [num_tokens, top_k] int64)."""
-        scores = kernels.project(x.float(), self.weight).sigmoid()
-        choice = scores + self.bias
+        logits = kernels.project(x.float(), self.weight)
+        if self.scoring == "softmax":
+            weights, experts = logits.softmax(-1).topk(self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                weights = weights / weights.sum(-1, keepdim=True)
+            return weights * self.scaling_factor, experts
+        scores = logits.sigmoid()
+        choice = scores if self.bias is None else scores + self.bias
         if self.n_group > 1:
             # group_scores: [num_tokens, n_group], the sum of each group's two best choices
             grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)

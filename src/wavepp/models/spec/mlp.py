@@ -1,9 +1,13 @@
 """The MLP kinds a layer can have: a dense SwiGLU, or routed experts (MoE).
 
-Routing: scores = sigmoid(x @ gate^T); the choice adds a score-correction bias (it picks, it
-never weighs); with n_group > 1 only the topk_group groups whose two best choices sum highest
-stay; weights = scores of the top-k, normalized to sum 1 (norm_topk_prob), times
-routed_scaling_factor (MiniMax-M2, DeepSeek-V3, GLM-5, Kimi-Linear).
+Routing (`MoESpec.scoring`):
+
+    sigmoid  scores = sigmoid(x @ gate^T); the choice adds a score-correction bias (it picks,
+             it never weighs); with n_group > 1 only the topk_group groups whose two best
+             choices sum highest stay; weights = scores of the top-k, normalized to sum 1
+             (norm_topk_prob), times routed_scaling_factor     (MiniMax-M2, DeepSeek-V3, GLM-5, Kimi)
+    softmax  scores = softmax(x @ gate^T) in fp32; weights = the top-k scores, normalized to
+             sum 1 where norm_topk_prob                           (Qwen3-MoE)
 
 Pure Python: the modules are `layers/mlp.py` and `layers/moe.py`.
 """
@@ -34,6 +38,8 @@ class MoESpec:
     top_k: int
     intermediate_size: int              # of one expert
     num_shared_experts: int = 0         # run densely, as one SwiGLU of num_shared * intermediate
+    scoring: str = "sigmoid"
+    score_bias: bool = True             # sigmoid routers: a score-correction bias
     n_group: int = 1
     topk_group: int = 1
     norm_topk_prob: bool = True
@@ -44,6 +50,8 @@ class MoESpec:
         for name in ("num_experts", "top_k", "intermediate_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"MoESpec.{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.scoring not in ("sigmoid", "softmax"):
+            raise ValueError(f"MoESpec.scoring {self.scoring!r} is not sigmoid or softmax")
         if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
             raise ValueError(f"num_experts={self.num_experts} must split into n_group={self.n_group} groups, "
                              f"1 <= topk_group <= n_group")
@@ -54,8 +62,9 @@ class MoESpec:
     def params(self, hf_layer: str, ours: str, hidden: int, names: MlpNames) -> list[Param]:
         block, experts, inter = f"{hf_layer}{names.moe_block}.", range(self.num_experts), self.intermediate_size
         gate, up, down = names.expert
-        params = [one(ours + "router.weight", block + "gate.weight", (self.num_experts, hidden), fp32=True),
-                  one(ours + "router.bias", block + names.router_bias, (self.num_experts,), fp32=True)]
+        params = [one(ours + "router.weight", block + "gate.weight", (self.num_experts, hidden), fp32=True)]
+        if self.score_bias:
+            params.append(one(ours + "router.bias", block + names.router_bias, (self.num_experts,), fp32=True))
         # gate_up: [E, 2 * I, H] from (gate_e | up_e); down: [E, H, I]
         pairs = []
         for e in experts:

@@ -47,7 +47,7 @@ class MlpNames:
 
         dense_block.{gate, up, down}_proj            a dense SwiGLU
         moe_block.gate.weight                        the router
-        moe_block.{router_bias}                      its score-correction bias
+        moe_block.{router_bias}                      its score-correction bias (None: no bias)
         moe_block.experts.{e}.{expert[0..2]}         routed experts (gate, up, down)
         moe_block.shared_experts.{gate, up, down}_proj
     """
@@ -55,7 +55,7 @@ class MlpNames:
     dense_block: str = "mlp"
     moe_block: str = "mlp"
     expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-    router_bias: str = "gate.e_score_correction_bias"
+    router_bias: str | None = "gate.e_score_correction_bias"
 
 
 def one(target: str, name: str, shape: tuple[int, ...], *, fp32: bool = False) -> Param:
