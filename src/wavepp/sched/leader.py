@@ -83,15 +83,6 @@ class Leader:
             self.waiting.append(req)
         return req
 
-    def set_logprob_start(self, request_id: int, logprob_start: int) -> None:
-        """Ask prompt logprobs of a request that is still waiting (see add_request)."""
-        req = self.requests[request_id]
-        if req.state != RequestState.WAITING or req.num_rounds:
-            raise ValueError(f"request {request_id} is already {req.state.value}")
-        if not 0 <= logprob_start < req.num_tokens:
-            raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {req.num_tokens})")
-        req.logprob_start = logprob_start
-
     def abort(self, request_id: int, now: float = 0.0) -> None:
         """Abort a request at any step of its life; unknown or ended ids are ignored. A request
         in a round ends at the round's next step; an admitted one ends now, and the stages free
