@@ -16,7 +16,6 @@ from typing import Sequence
 
 import numpy as np
 
-from wavepp.cache import CapacityView
 from wavepp.models import ModelConfig, load_model_config, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
@@ -185,7 +184,7 @@ class Engine:
                 load = dataclasses.replace(load, error=dead)
         return load
 
-    def stage_capacity(self) -> list[CapacityView | None]:
+    def stage_capacity(self) -> list:
         """Each stage's blocks by state (CapacityView): stage 0's now, the others' as their last
         admission commit reported them (None before their first)."""
         return self._core.stage_capacity()
