@@ -22,7 +22,7 @@ from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.launch import LocalCluster
 from wavepp.runtime.protocol import IntegrityReport
-from wavepp.runtime.stats import CoreStats
+from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
 from wavepp.store import DEFAULT_MODEL, resolve_model
 
@@ -57,18 +57,6 @@ class PrefillResult:
             "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
             "admission_s": self.admission_s, "error": self.error,
         }
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """What the engine holds right now (a server's admission control reads it).
-
-    num_waiting: queued or in an admission round, not yet admitted on every stage.
-    num_running: admitted on every stage, computing.
-    error: why the pipeline cannot go on (a dead stage, named), or None."""
-    num_waiting: int
-    num_running: int
-    error: str | None
 
 
 class Engine:
@@ -121,7 +109,7 @@ class Engine:
         self._core.start(self._result)
         self._cluster.watch(self._core.fail)
         self._tokenizer = None
-        self.vocab_size = self._core.stage.model_config.vocab_size
+        self.vocab_size = self._core.vocab_size
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -141,19 +129,11 @@ class Engine:
         token_ids = self.tokenize(prompt)
         if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
-        if logprob_start is None:
-            return self._core.submit(request_id, token_ids)
-        if isinstance(logprob_start, bool) or not isinstance(logprob_start, int) \
-                or not 0 <= logprob_start < len(token_ids):
+        if logprob_start is not None and (isinstance(logprob_start, bool) or not isinstance(logprob_start, int)
+                                          or not 0 <= logprob_start < len(token_ids)):
             raise ValueError(f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
                              f"got {logprob_start!r}")
-        core = self._core
-        with core.cond:   # re-entrant: no round can see the request before logprob_start is set
-            fut = core.submit(request_id, token_ids)
-            internal_id = core._live.get(fut.request_id)
-            if internal_id is not None and internal_id in core.leader.requests:
-                core.leader.set_logprob_start(internal_id, logprob_start)
-        return fut
+        return self._core.submit(request_id, token_ids, logprob_start=logprob_start)
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
         """Prefill every prompt; results in order. Every prompt is checked before any is
@@ -197,11 +177,7 @@ class Engine:
     def load(self) -> EngineLoad:
         """Waiting and running counts, and the pipeline's fatal error (a dead stage) if any.
         Cheap: it reads the leader's queues under its lock."""
-        core = self._core
-        with core.cond:
-            leader = core.leader
-            num_round = len(leader.round.requests) if leader.round is not None else 0
-            load = EngineLoad(len(leader.waiting) + num_round, len(leader.plannable), core.error)
+        load = self._core.load()
         if load.error is None and not self._closed:
             dead = self._cluster.dead_stage()
             if dead:
@@ -211,12 +187,12 @@ class Engine:
     def stage_capacity(self) -> list:
         """Each stage's blocks by state (CapacityView): stage 0's now, the others' as their last
         admission commit reported them (None before their first)."""
-        core = self._core
-        with core.cond:
-            out = list(core.leader.stage_capacity)
-        with core.stage.lock:
-            out[0] = core.stage.server.pool.capacity()
-        return out
+        return self._core.stage_capacity()
+
+    def leader_state_size(self) -> int:
+        """Entries of the leader's per-request structures: bounded by the requests outstanding,
+        0 once every request ended (what a soak or an abort storm checks for leaks)."""
+        return self._core.leader_state_size()
 
     def decode(self, token_ids: Sequence[int]) -> str | None:
         """The text of token ids, or None when the model has no tokenizer."""

@@ -74,3 +74,60 @@ def test_request_reuse_cap_and_chunk_targets():
     assert req.logprob_token_ids(0, 8) == (None, ())
     assert req.logprob_token_ids(8, 12) == (10, (11, 12))
     assert req.logprob_token_ids(12, 40) == (12, tuple(range(13, 40)))
+
+
+def test_logprob_start_is_set_from_the_request_s_first_round_and_wave(tiny):
+    """logprob_start is a submit argument all the way down: the leader creates the request with
+    it, so the request's first round already caps its reuse and the first wave that carries
+    one of its chunks already asks for its prompt logprobs (no window in which a round could
+    see the request without it)."""
+    rng = random.Random(13)
+    ids = [rng.randrange(VOCAB) for _ in range(70)]
+    ref = _ref(tiny, ids)
+    starts = (0, 40, 69, None)
+    with Engine(str(tiny), pp=2, policy="wavepp", dtype="float32", top_k=3) as engine:
+        assert engine.submit(ids).result().ok      # its full blocks are cached on every stage from here
+        leader = engine._core.leader
+        first_round: dict[int, int | None] = {}        # internal id -> logprob_start at its first round
+        waves = []
+        start_round, plan_wave = leader.start_round, leader.plan_wave
+
+        def recording_start_round(now):
+            step = start_round(now)
+            for req in leader.round.requests if step is not None else ():
+                first_round.setdefault(req.request_id, req.logprob_start)
+            return step
+
+        def recording_plan_wave(now):
+            wave = plan_wave(now)
+            if wave is not None:
+                waves.append(wave)
+            return wave
+
+        leader.start_round, leader.plan_wave = recording_start_round, recording_plan_wave
+        futures = [engine.submit(ids, logprob_start=s) for s in starts]
+        results = [f.result() for f in futures]
+        leader.start_round, leader.plan_wave = start_round, plan_wave
+        assert_clean(engine)
+    assert sorted(first_round.values(), key=lambda s: -1 if s is None else s) == [None, 0, 40, 69]
+    for request_id, s in first_round.items():
+        first_chunk = min((c for w in waves for c in w.chunks if c.request_id == request_id),
+                          key=lambda c: c.start)
+        asks = s is not None and s < first_chunk.end
+        assert first_chunk.logprob_start == (max(first_chunk.start, s) if asks else None), (s, first_chunk)
+    for s, r in zip(starts, results):
+        assert r.ok, (s, r.error)
+        if s is None:
+            assert r.prompt_logprobs is None
+            continue
+        assert r.num_cached_tokens <= s // 16 * 16, s      # never reused past logprob_start's block
+        _assert_prompt_logprobs(r, ref, ids, s)
+
+
+def test_a_submit_the_leader_refuses_queues_nothing(tiny):
+    with Engine(str(tiny), pp=2, policy="wavepp", dtype="float32") as engine:
+        with pytest.raises(ValueError, match="logprob_start"):
+            engine._core.submit(7, [1, 2, 3], logprob_start=3)     # past the prompt: the leader refuses
+        assert engine._core.num_live_requests == 0
+        assert engine.submit([1, 2, 3], 7, logprob_start=2).result().prompt_logprobs == ()   # id 7 is free
+        assert_clean(engine)

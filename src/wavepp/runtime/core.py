@@ -10,14 +10,12 @@
 Leader state is shared under one lock (`cond`); the stage's pool has its own lock
 (StageRuntime). Every change a waiting thread may care about notifies `cond`.
 
-Request ids: callers name requests (any int, or an automatic one); the leader and the stages
-see an internal id that is never reused, so an id is free again as soon as its request ended,
-whatever of it is still being released on the stages.
+Callers (the Engine, the server through it) use the public methods below; an outside loop
+uses the LoopHost part (loop_host.py). The caller's request ids: live_requests.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from concurrent.futures import Future
@@ -25,22 +23,21 @@ from typing import Callable
 
 import torch
 
+from wavepp.cache import CapacityView
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
-from wavepp.runtime.profile import (
-    MIN_PROFILE_SHAPES, ProfileWaves, WaveProfile, fit_profile, profile_shapes, time_stage_waves)
+from wavepp.runtime.live_requests import LiveRequests
+from wavepp.runtime.loop_host import PlannedWave
 from wavepp.runtime.outside_loop import OutsideLoop
+from wavepp.runtime.profile import WaveProfile, profile_pipeline
 from wavepp.runtime.protocol import (
     CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
+from wavepp.runtime.rounds_plane import RoundsPlane
+from wavepp.runtime.runtime_leader import build_runtime_leader
 from wavepp.runtime.stage import StageRuntime
-from wavepp.runtime.stats import CoreStats
-from wavepp.sched import Leader, LeaderConfig, PlannerConfig, ReleaseMsg, WaveResult, get_policy, make_planner
-from wavepp.sched.cost_model import CostModel
-from wavepp.sched.policy import loop_leader_args, loop_planner_args
+from wavepp.runtime.stats import CoreStats, EngineLoad
+from wavepp.sched import WaveResult, get_policy
 from wavepp.sched.rounds import run_round
-
-
-RUNTIME_MPU_TOKENS = (512, 256)    # (microbatch M, b_min) of wavepp-mpu on the CPU runtime
 
 
 class EngineError(RuntimeError):
@@ -69,17 +66,17 @@ class EngineCore:
             kernels.append(msg.kernels)
         self.stage_num_blocks = tuple(blocks)
         self._worker_kernels = tuple(kernels)
+        self._plane = RoundsPlane(channels, self.stage, self.num_stages)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
-        self.profile: WaveProfile | None = self._profile() if config.profile_waves else None
+        self.vocab_size = self.stage.model_config.vocab_size
+        self.profile: WaveProfile | None = None
+        if config.profile_waves:
+            self.profile = profile_pipeline(self.stage, channels, self.stage_num_blocks, self.max_prompt_tokens)
         self.cond = threading.Condition(threading.RLock())
         self.error: str | None = None
         self._stopping = False
         self._t0 = time.perf_counter()
-        # caller's id -> internal id, and internal id -> (caller's id, future): live requests only
-        self._live: dict[int, int] = {}
-        self._futures: dict[int, tuple[int, Future]] = {}
-        self._internal_ids = itertools.count()
-        self._auto_ids = itertools.count()
+        self._requests = LiveRequests()
         self._on_done: Callable = lambda request_id, req: (request_id, req)
         self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
@@ -98,22 +95,19 @@ class EngineCore:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def submit(self, request_id: int | None, token_ids) -> Future:
-        """Queue a request under the caller's id (None: the next free automatic id). An id in
-        use by an unfinished request is refused with ValueError, and nothing is queued."""
+    def submit(self, request_id: int | None, token_ids, *, logprob_start: int | None = None) -> Future:
+        """Queue a request under the caller's id (None: the next free automatic id), with its
+        options: the request is created with them, so no round sees it without them.
+        `logprob_start`: see Leader.add_request. An id in use by an unfinished request, or an
+        option the prompt cannot take, is refused with ValueError, and nothing is queued."""
         with self.cond:
             self._raise_if_closed()
-            if request_id is None:
-                request_id = next(i for i in self._auto_ids if i not in self._live)
-            elif request_id in self._live:
-                raise ValueError(f"request id {request_id} is already in use by a request that "
-                                 f"has not finished")
-            internal_id = next(self._internal_ids)
-            self.leader.add_request(internal_id, token_ids, self.now())
-            fut: Future = Future()
-            fut.request_id = request_id      # for abort(), whichever id it got
-            self._live[request_id] = internal_id
-            self._futures[internal_id] = (request_id, fut)
+            internal_id, fut = self._requests.add(request_id)
+            try:
+                self.leader.add_request(internal_id, token_ids, self.now(), logprob_start=logprob_start)
+            except ValueError:
+                self._requests.remove(internal_id)
+                raise
             self._deliver()
             self.cond.notify_all()
         return fut
@@ -121,12 +115,34 @@ class EngineCore:
     def abort(self, request_id: int) -> None:
         """Abort the caller's request at any step; an unknown or finished id is ignored."""
         with self.cond:
-            internal_id = self._live.get(request_id)
+            internal_id = self._requests.internal_id(request_id)
             if internal_id is None:
                 return
             self.leader.abort(internal_id, self.now())
             self._deliver()
             self.cond.notify_all()
+
+    def load(self) -> EngineLoad:
+        """Waiting and running counts, and the engine's fatal error if any, read under cond."""
+        with self.cond:
+            leader = self.leader
+            num_round = len(leader.round.requests) if leader.round is not None else 0
+            return EngineLoad(len(leader.waiting) + num_round, len(leader.plannable), self.error)
+
+    def stage_capacity(self) -> list[CapacityView | None]:
+        """Each stage's blocks by state: stage 0's now, the others' as their last admission
+        commit reported them (None before their first)."""
+        with self.cond:
+            out = list(self.leader.stage_capacity)
+        with self.stage.lock:
+            out[0] = self.stage.server.pool.capacity()
+        return out
+
+    def leader_state_size(self) -> int:
+        """Entries of the leader's per-request structures (Leader.state_size): bounded by the
+        requests outstanding, 0 once the pipeline drained."""
+        with self.cond:
+            return self.leader.state_size()
 
     def reset(self, policy: str | None = None, snapshot_interval_blocks: int | None = None,
               snapshot_align_frac: float | None = None) -> None:
@@ -145,21 +161,14 @@ class EngineCore:
             if snapshot_align_frac is not None:
                 self.snapshot_align_frac = snapshot_align_frac
             self._build_leader(policy)
-            for rank in range(1, self.num_stages):
-                self.channels.send_obj(Reset(policy, snapshot_interval_blocks), rank, "rounds")
-            for rank in range(1, self.num_stages):
-                self._recv_reply(rank)
+            self._plane.ask_workers(Reset(policy, snapshot_interval_blocks))
 
     def check_integrity(self) -> list[IntegrityReport]:
         """Every stage's check_integrity() and capacity, once the pipeline is idle."""
         with self.cond:
             self._wait_idle()
             out = [self.stage.check_integrity()]
-            for rank in range(1, self.num_stages):
-                self.channels.send_obj(CheckIntegrity(), rank, "rounds")
-            for rank in range(1, self.num_stages):
-                out.append(self._recv_reply(rank).detail)
-            return out
+            return out + [reply.detail for reply in self._plane.ask_workers(CheckIntegrity())]
 
     def stage_kernels(self) -> tuple[str, ...]:
         """Each stage's kernel paths: rank 0's as its process runs them now, the other ranks' as
@@ -174,7 +183,7 @@ class EngineCore:
     @property
     def num_live_requests(self) -> int:
         with self.cond:
-            return len(self._live)
+            return len(self._requests)
 
     def shutdown(self) -> None:
         """Stop every thread and stage; requests not finished by then fail with EngineError."""
@@ -189,8 +198,7 @@ class EngineCore:
             t.join(timeout=10)
         if self.num_stages > 1 and not self.error:
             try:
-                for rank in range(1, self.num_stages):
-                    self.channels.send_obj(Shutdown(), rank, "rounds")
+                self._plane.tell_workers(Shutdown())
                 self.channels.send_obj(Shutdown(), 1, "headers")
             except PeerLostError:
                 pass
@@ -198,6 +206,78 @@ class EngineCore:
             t.join(timeout=10)
         with self.cond:
             self._fail_all(self.error or "the engine was shut down before the request finished")
+
+    # ---- the outside loop's host (LoopHost, loop_host.py) ------------------------------------
+
+    def serves(self, loop) -> bool:
+        """Under cond: the engine runs and `loop` is its outside loop."""
+        return not self._stopping and self._outside is loop
+
+    def idle(self) -> bool:
+        """Under cond: nothing is waiting, in a round, planned or in flight."""
+        return self.leader.idle
+
+    def has_waiting(self) -> bool:
+        """Under cond: a request waits that may enter a round now."""
+        return self.leader.has_waiting
+
+    def run_round(self) -> None:
+        """One admission round with every stage (the shared driver; this is its transport)."""
+        t0, t0_unix = self.now(), time.time()
+        outcome = run_round(self.leader, self._plane.exchange, self.now, self.cond)
+        if outcome is None:
+            return
+        with self.cond:
+            self.record_round(outcome.round_id, outcome.latency_s, t0_unix, t0_unix + self.now() - t0)
+            self._deliver()
+            self.cond.notify_all()
+
+    def broadcast_round(self, msg) -> list:
+        """Send a rounds-plane message to every stage (stage 0 locally); their replies in
+        stage order."""
+        return self._plane.broadcast(msg)
+
+    def record_round(self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float) -> None:
+        """Count an exchange as a round in the stats (round id -1: nothing to admit)."""
+        with self.cond:
+            self._stats.record_round(round_id, latency_s, start_unix_s, end_unix_s)
+
+    def plan_wave(self) -> PlannedWave | None:
+        """The leader's next wave and its prompt tokens; None if there is nothing to send or
+        the ring is full."""
+        with self.cond:
+            wave = self.leader.plan_wave(self.now())
+            if wave is None:
+                return None
+            requests = self.leader.requests
+            return PlannedWave(wave, [t for c in wave.chunks
+                                      for t in requests[c.request_id].token_ids[c.start:c.end]])
+
+    def launch(self, planned: PlannedWave, idle_since: float, admission_s: float) -> ResultMsg | None:
+        """Run stage 0 on the wave and send it on; with one stage, its result (see LoopHost)."""
+        wave = planned.wave
+        start, start_unix = time.perf_counter(), time.time()
+        wait_s = max(0.0, start - max(idle_since, self.stage.epoch) - admission_s)
+        output, compute_s = self.stage.run(wave, torch.tensor(planned.token_ids, dtype=torch.int64))
+        timing = StageTiming(0, wait_s, compute_s, admission_s, start_unix)
+        if self.num_stages == 1:
+            return ResultMsg(wave.wave_id, tuple(output), (timing,))
+        self.channels.send_obj(WaveHeader(wave, (timing,)), 1, "headers")
+        if output is not None:
+            self.channels.send_tensor(output, 1)
+        return None
+
+    def on_wave_result(self, msg: ResultMsg) -> None:
+        """A wave back from the last stage: its timings into the stats, its tokens to the
+        leader, and the requests it finished to their futures."""
+        with self.cond:
+            wave = self.leader.waves_in_flight.get(msg.wave_id)
+            shapes = tuple((c.start, c.num_tokens) for c in wave.chunks) if wave is not None else ()
+            self._stats.record_wave(msg.wave_id, shapes, msg.timings)
+            self.leader.on_wave_result(WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings)),
+                                       self.now())
+            self._deliver()
+            self.cond.notify_all()
 
     # ---- threads -----------------------------------------------------------------------------
 
@@ -209,7 +289,7 @@ class EngineCore:
                     self.cond.wait()
                 if self._stopping:
                     return
-            self._round()
+            self.run_round()
 
     def _exec_loop(self) -> None:
         idle_since = time.perf_counter()
@@ -225,32 +305,22 @@ class EngineCore:
                 continue
             if inline:
                 t0 = time.perf_counter()
-                self._round()
+                self.run_round()
                 pending_admission += time.perf_counter() - t0
                 continue
             with self.cond:
-                wave = self.leader.plan_wave(self.now())
-                if wave is None:
+                planned = self.plan_wave()
+                if planned is None:
                     starving = not self.leader.plannable and (self.leader.round is not None or self.leader.waiting)
                     t0 = time.perf_counter()
                     self.cond.wait()
                     if starving:
                         pending_admission += time.perf_counter() - t0
                     continue
-                tokens = [t for c in wave.chunks for t in self.leader.requests[c.request_id].token_ids[c.start:c.end]]
-            start = time.perf_counter()
-            start_unix = time.time()
-            wait_s = max(0.0, start - max(idle_since, self.stage.epoch) - pending_admission)
-            inputs = torch.tensor(tokens, dtype=torch.int64)
-            output, compute_s = self.stage.run(wave, inputs)
-            timing = StageTiming(0, wait_s, compute_s, pending_admission, start_unix)
+            result = self.launch(planned, idle_since, pending_admission)
             pending_admission = 0.0
-            if self.num_stages == 1:
-                self._on_result(ResultMsg(wave.wave_id, tuple(output), (timing,)))
-            else:
-                self.channels.send_obj(WaveHeader(wave, (timing,)), 1, "headers")
-                if output is not None:
-                    self.channels.send_tensor(output, 1)
+            if result is not None:
+                self.on_wave_result(result)
             idle_since = time.perf_counter()
 
     def _result_loop(self) -> None:
@@ -263,106 +333,25 @@ class EngineCore:
             if self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
                 self._outside.hold(msg)
             else:
-                self._on_result(msg)
+                self.on_wave_result(msg)
 
     # ---- helpers -----------------------------------------------------------------------------
-
-    def _round(self) -> None:
-        """One admission round with every stage (the shared driver; this is its transport)."""
-        t0, t0_unix = self.now(), time.time()
-        outcome = run_round(self.leader, self._exchange, self.now, self.cond)
-        if outcome is None:
-            return
-        with self.cond:
-            self._stats.num_rounds += 1
-            self._stats.round_latencies_s.append(outcome.latency_s)
-            self._stats.round_spans.append((outcome.round_id, t0_unix, t0_unix + self.now() - t0))
-            self._deliver()
-            self.cond.notify_all()
-
-    def _exchange(self, msg):
-        """Send a rounds-plane message to every stage (stage 0 locally); their replies in stage
-        order, or None for a release (no reply)."""
-        if isinstance(msg, ReleaseMsg):
-            for rank in range(1, self.num_stages):
-                self.channels.send_obj(msg, rank, "rounds")
-            self.stage.handle_round(msg)
-            return None
-        if not len(msg):   # nothing to ask: the empty answers, without a message
-            return [msg.empty_reply(s) for s in range(self.num_stages)]
-        for rank in range(1, self.num_stages):
-            self.channels.send_obj(msg, rank, "rounds")
-        replies = [self.stage.handle_round(msg)]
-        replies += [self._recv_reply(rank) for rank in range(1, self.num_stages)]
-        return replies
-
-    def _recv_reply(self, rank: int):
-        return self.channels.recv_obj(rank, "replies")
-
-    def _profile(self) -> WaveProfile | None:
-        """The start-up profiling pass (runtime/profile.py): every stage times the same waves
-        at once; the planner's cost model starts from the fit to the slowest stage. None where
-        it does not apply (hybrid models) or too few waves fit the cache."""
-        if self.stage.layout.is_hybrid:
-            return None
-        shapes = profile_shapes(self.config.block_size, self.max_prompt_tokens, min(self.stage_num_blocks))
-        if len(shapes) < MIN_PROFILE_SHAPES:
-            return None
-        t0 = time.perf_counter()
-        for rank in range(1, self.num_stages):
-            self.channels.send_obj(ProfileWaves(shapes), rank, "rounds")
-        seconds = [time_stage_waves(self.stage, shapes)]
-        seconds += [self._recv_reply(rank).detail.seconds for rank in range(1, self.num_stages)]
-        return fit_profile(shapes, seconds, time.perf_counter() - t0)
-
-    def _on_result(self, msg: ResultMsg) -> None:
-        with self.cond:
-            wave = self.leader.waves_in_flight.get(msg.wave_id)
-            shapes = tuple((c.start, c.num_tokens) for c in wave.chunks) if wave is not None else ()
-            stats = self._stats
-            for t in msg.timings:
-                if shapes:
-                    stats.stage_samples.append((t.stage_id, shapes, t.compute_s))
-                stats.wave_spans.append((t.stage_id, msg.wave_id, t.start_unix_s, t.start_unix_s + t.compute_s))
-                st = stats.stages[t.stage_id]
-                st.busy_s += t.compute_s
-                st.idle_input_s += t.wait_s
-                st.round_s += t.round_s
-                st.num_waves += 1
-                if t.stage_id == 0:
-                    st.idle_admission_s += t.round_s
-            stats.num_waves += 1
-            self.leader.on_wave_result(WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings)),
-                                       self.now())
-            self._deliver()
-            self.cond.notify_all()
 
     def _deliver(self) -> None:
         """Under cond: resolve the future of every request the leader finished."""
         for req in self.leader.take_finished():
-            request_id, fut = self._futures.pop(req.request_id)
-            del self._live[request_id]
+            request_id, fut = self._requests.remove(req.request_id)
             if not fut.done():
                 fut.set_result(self._on_done(request_id, req))
 
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)
-        cfg = self.config
-        loop = self.policy.loop       # an outside loop's budget, slots and serial chunks
-        # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
-        pcfg = PlannerConfig(block_size=cfg.block_size, num_stages=self.num_stages,
-                             mpu_microbatch_tokens=RUNTIME_MPU_TOKENS[0], mpu_min_tokens=RUNTIME_MPU_TOKENS[1],
-                             snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
-                             snapshot_align_frac=self.snapshot_align_frac, **loop_planner_args(loop))
-        # the cost-model planners start from the profiling pass's fit, then refine it online
-        profiled = self.profile is not None and self.policy.planner in ("balanced", "dynamic")
-        kwargs = {"cost_model": CostModel(self.profile.coefficients)} if profiled else {}
-        self.leader = Leader(LeaderConfig(self.num_stages, cfg.block_size, stage_num_blocks=self.stage_num_blocks,
-                                          max_prompt_tokens=self.max_prompt_tokens,
-                                          hybrid=self.stage.layout.is_hybrid,
-                                          **loop_leader_args(loop, self.num_stages)),
-                             make_planner(self.policy.planner, pcfg, **kwargs))
-        self._outside = OutsideLoop(self) if loop is not None else None
+        self.leader = build_runtime_leader(
+            self.policy, num_stages=self.num_stages, block_size=self.config.block_size,
+            stage_num_blocks=self.stage_num_blocks, max_prompt_tokens=self.max_prompt_tokens,
+            hybrid=self.stage.layout.is_hybrid, snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
+            snapshot_align_frac=self.snapshot_align_frac, profile=self.profile)
+        self._outside = OutsideLoop(self) if self.policy.loop is not None else None
         self._stats = CoreStats.empty(self.num_stages)
 
     def _wait_idle(self) -> None:
@@ -380,11 +369,9 @@ class EngineCore:
 
     def _fail_all(self, reason: str) -> None:
         """Under cond: every unfinished request's future fails with EngineError(reason)."""
-        for _, fut in self._futures.values():
+        for fut in self._requests.remove_all():
             if not fut.done():
                 fut.set_exception(EngineError(reason))
-        self._futures.clear()
-        self._live.clear()
 
     def fail(self, reason: str) -> None:
         """Fatal: record the first reason, fail every unfinished request with it, stop."""

@@ -36,9 +36,8 @@ import collections
 import time
 from dataclasses import dataclass
 
-import torch
-
-from wavepp.runtime.protocol import ResultMsg, StageTiming, WaveHeader
+from wavepp.runtime.loop_host import LoopHost
+from wavepp.runtime.protocol import ResultMsg
 from wavepp.runtime.stats import MAX_RECORDS
 from wavepp.sched import ProbeMsg
 
@@ -56,11 +55,12 @@ class LoopWave:
 
 
 class OutsideLoop:
-    """Rank 0's side of an outside loop. `iterate()` runs on LOOP; `hold()` on RESULTS."""
+    """Rank 0's side of an outside loop. `iterate()` runs on LOOP; `hold()` on RESULTS. It
+    reaches the engine only through `host` (LoopHost, loop_host.py)."""
 
-    def __init__(self, core):
-        self.core = core
-        self.num_slots = core.num_stages
+    def __init__(self, host: LoopHost):
+        self.host = host
+        self.num_slots = host.num_stages
         self.slots: list[int | None] = [None] * self.num_slots    # wave id in each slot
         self.slot = 0
         self.iteration = 0
@@ -72,26 +72,25 @@ class OutsideLoop:
 
     def hold(self, msg: ResultMsg) -> None:
         """A result from the last stage: kept until its batch's slot comes round again."""
-        with self.core.cond:
+        with self.host.cond:
             self._results[msg.wave_id] = msg
-            self.core.cond.notify_all()
+            self.host.cond.notify_all()
 
     def iterate(self) -> None:
         """One iteration: exchange, plan, launch, retire. Returns at once if the engine stops;
         waits (on the engine's condition) while nothing is waiting, planned or in a slot, and
         returns when a reset replaced this loop."""
-        core = self.core
-        with core.cond:
-            while not core._stopping and core._outside is self and core.leader.idle \
-                    and not any(s is not None for s in self.slots):
+        host = self.host
+        with host.cond:
+            while host.serves(self) and host.idle() and not any(s is not None for s in self.slots):
                 self._idle_since = time.perf_counter()
-                core.cond.wait()
-            if core._stopping or core._outside is not self:    # stopped, or reset to a new policy
+                host.cond.wait()
+            if not host.serves(self):    # stopped, or reset to a new policy
                 return
-            admit = core.leader.has_waiting
+            admit = host.has_waiting()
         t0 = time.perf_counter()
         if admit:
-            core._round()
+            host.run_round()
         else:
             self._pass_empty_list()
         exchange_s = time.perf_counter() - t0
@@ -106,57 +105,42 @@ class OutsideLoop:
     def _pass_empty_list(self) -> None:
         """The iteration's request list with nothing in it, to every stage and answered: the
         chain a framework's ranks block on every microbatch. Counted as a round."""
-        core = self.core
         t0, t0_unix = time.perf_counter(), time.time()
-        msg = ProbeMsg(-1, ())
-        for rank in range(1, core.num_stages):
-            core.channels.send_obj(msg, rank, "rounds")
-        core.stage.handle_round(msg)
-        for rank in range(1, core.num_stages):
-            core._recv_reply(rank)
+        self.host.broadcast_round(ProbeMsg(-1, ()))
         latency = time.perf_counter() - t0
-        with core.cond:
-            core._stats.num_rounds += 1
-            core._stats.round_latencies_s.append(latency)
-            core._stats.round_spans.append((-1, t0_unix, t0_unix + latency))
+        self.host.record_round(-1, latency, t0_unix, t0_unix + latency)
 
     def _launch(self, exchange_s: float, admitted: bool) -> None:
-        core = self.core
-        with core.cond:
-            wave = core.leader.plan_wave(core.now())
-            if wave is None:
+        host = self.host
+        with host.cond:
+            planned = host.plan_wave()
+            if planned is None:
                 return
-            requests = core.leader.requests
-            tokens = [t for c in wave.chunks for t in requests[c.request_id].token_ids[c.start:c.end]]
+            wave = planned.wave
             record = LoopWave(wave.wave_id, tuple((c.request_id, c.start, c.num_tokens, c.is_last)
                                                   for c in wave.chunks), self.iteration, admitted)
             self.records.append(record)
             self._launched[wave.wave_id] = record
         self.slots[self.slot] = wave.wave_id
-        start, start_unix = time.perf_counter(), time.time()
-        wait_s = max(0.0, start - max(self._idle_since, core.stage.epoch) - exchange_s)
-        output, compute_s = core.stage.run(wave, torch.tensor(tokens, dtype=torch.int64))
-        timing = StageTiming(0, wait_s, compute_s, exchange_s, start_unix)
-        if core.num_stages == 1:
-            self.hold(ResultMsg(wave.wave_id, tuple(output), (timing,)))
-        else:
-            core.channels.send_obj(WaveHeader(wave, (timing,)), 1, "headers")
-            if output is not None:
-                core.channels.send_tensor(output, 1)
+        result = host.launch(planned, self._idle_since, exchange_s)
+        if result is not None:      # a single stage: its result is here already
+            self.hold(result)
         self._idle_since = time.perf_counter()
 
     def _retire(self, slot: int) -> None:
-        """Wait for the result of the batch in `slot`, then hand it to the leader."""
+        """Wait for the result of the batch in `slot`, then hand it to the leader. (A reset
+        cannot replace this loop meanwhile: it waits for the leader to be idle, and the batch
+        is in flight until it is retired; so `serves` here means "not stopped".)"""
         wave_id = self.slots[slot]
         if wave_id is None:
             return
-        core = self.core
-        with core.cond:
-            while wave_id not in self._results and not core._stopping:
-                core.cond.wait()
-            if core._stopping:
+        host = self.host
+        with host.cond:
+            while wave_id not in self._results and host.serves(self):
+                host.cond.wait()
+            if not host.serves(self):
                 return
             msg = self._results.pop(wave_id)
             self._launched.pop(wave_id).retired = self.iteration
             self.slots[slot] = None
-            core._on_result(msg)
+            host.on_wave_result(msg)

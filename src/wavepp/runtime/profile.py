@@ -139,3 +139,21 @@ def time_stage_waves(stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: i
     with stage.lock:
         run(shapes[0])
         return tuple(min(run(chunks) for _ in range(max(1, repeat))) for chunks in shapes)
+
+
+def profile_pipeline(stage, channels, stage_num_blocks: Sequence[int], max_positions: int) -> WaveProfile | None:
+    """Rank 0's side of the pass: every stage (`stage` here, the others over `channels`) times
+    the same waves at once; the fit is to the slowest stage. None where it does not apply
+    (hybrid models) or too few waves fit the cache."""
+    if stage.layout.is_hybrid:
+        return None
+    shapes = profile_shapes(stage.config.block_size, max_positions, min(stage_num_blocks))
+    if len(shapes) < MIN_PROFILE_SHAPES:
+        return None
+    t0 = time.perf_counter()
+    num_stages = len(stage_num_blocks)
+    for rank in range(1, num_stages):
+        channels.send_obj(ProfileWaves(shapes), rank, "rounds")
+    seconds = [time_stage_waves(stage, shapes)]
+    seconds += [channels.recv_obj(rank, "replies").detail.seconds for rank in range(1, num_stages)]
+    return fit_profile(shapes, seconds, time.perf_counter() - t0)

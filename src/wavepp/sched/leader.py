@@ -20,11 +20,11 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from dataclasses import dataclass
 
 from wavepp.cache import CapacityView
 from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request
 from wavepp.sched.inflight import InflightBlocks
+from wavepp.sched.leader_config import LeaderConfig
 from wavepp.sched.messages import (
     LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
 from wavepp.sched.planner import Admitting, Planner
@@ -33,39 +33,6 @@ from wavepp.sched.request import Request, RequestState
 
 # waiting requests the planner is told of (Leader._admitting)
 _ADMITTING_SCAN = 256
-
-
-@dataclass(frozen=True)
-class LeaderConfig:
-    num_stages: int
-    block_size: int = 16
-    max_waves_in_flight: int | None = None    # default 2 * num_stages (the execution ring)
-    max_round_requests: int = 64
-    stage_num_blocks: tuple[int, ...] | None = None   # to fail prompts no stage could ever hold
-    max_prompt_tokens: int | None = None     # to fail prompts past the model's positions
-    hybrid: bool = False
-    # a request's next chunk waits until its chunk in flight has come back (TensorRT-LLM's and
-    # SGLang's in-flight request ids); False: chunks of one request may be in flight together
-    serial_chunks: bool = False
-
-    def __post_init__(self) -> None:
-        if self.num_stages <= 0:
-            raise ValueError(f"LeaderConfig.num_stages must be positive, got {self.num_stages}")
-        if self.block_size <= 0:
-            raise ValueError(f"LeaderConfig.block_size must be positive, got {self.block_size}")
-        if self.max_waves_in_flight is not None and self.max_waves_in_flight <= 0:
-            raise ValueError("LeaderConfig.max_waves_in_flight must be positive")
-        if self.max_round_requests <= 0:
-            raise ValueError("LeaderConfig.max_round_requests must be positive")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
-            raise ValueError("LeaderConfig.max_prompt_tokens must be positive")
-        if self.stage_num_blocks is not None and len(self.stage_num_blocks) != self.num_stages:
-            raise ValueError(f"LeaderConfig.stage_num_blocks has {len(self.stage_num_blocks)} "
-                             f"entries for {self.num_stages} stages")
-
-    @property
-    def waves_in_flight_cap(self) -> int:
-        return self.max_waves_in_flight or 2 * self.num_stages
 
 
 class Leader:
@@ -115,15 +82,6 @@ class Leader:
         else:
             self.waiting.append(req)
         return req
-
-    def set_logprob_start(self, request_id: int, logprob_start: int) -> None:
-        """Ask prompt logprobs of a request that is still waiting (see add_request)."""
-        req = self.requests[request_id]
-        if req.state != RequestState.WAITING or req.num_rounds:
-            raise ValueError(f"request {request_id} is already {req.state.value}")
-        if not 0 <= logprob_start < req.num_tokens:
-            raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {req.num_tokens})")
-        req.logprob_start = logprob_start
 
     def abort(self, request_id: int, now: float = 0.0) -> None:
         """Abort a request at any step of its life; unknown or ended ids are ignored. A request

@@ -60,8 +60,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
 )}
 
 # TensorRT-LLM's max_num_tokens of 8,192 per microbatch, in the ratio of the runtime's 512-token
-# waves to the paper's 16,384 (as RUNTIME_MPU_TOKENS in runtime/core.py); SGLang's base chunk of
-# 16,384 is the planner's default 512 there (PlannerConfig.static_wave_tokens)
+# waves to the paper's 16,384 (as RUNTIME_MPU_TOKENS in runtime/runtime_leader.py); SGLang's
+# base chunk of 16,384 is the planner's default 512 there (PlannerConfig.static_wave_tokens)
 RUNTIME_TRTLLM_TOKENS = 256
 
 

@@ -98,9 +98,8 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
                 reports = await asyncio.to_thread(engine.check_integrity)
             except EngineError as exc:
                 raise APIError(503, str(exc), type_="service_unavailable") from None
-            leader = engine._core.leader
             return {"stages": [{"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports],
-                    "leader_state_size": leader.state_size()}
+                    "leader_state_size": engine.leader_state_size()}
 
         @app.post("/debug/reset")
         async def reset():

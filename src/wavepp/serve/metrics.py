@@ -8,19 +8,21 @@ Per request (updated when a request ends):
     wavepp_ttft_seconds                        histogram: arrival -> first token
     wavepp_queue_seconds                       histogram: arrival -> admitted on every stage
 Read from the engine at each scrape:
-    wavepp_requests_waiting, wavepp_requests_running
-    wavepp_prefix_hit_rate                     cached / prompt tokens since start
+    wavepp_requests_waiting, wavepp_requests_running, wavepp_up
+    wavepp_prefix_hit_rate                     cached / prompt tokens since the server started
     wavepp_stage_busy_seconds_total{stage}, wavepp_stage_busy_fraction{stage} (since start)
     wavepp_stage_idle_input_seconds_total{stage}      idle, nothing to run
     wavepp_stage_idle_admission_seconds_total{stage}  idle or blocked waiting for admission
     wavepp_stage_round_seconds_total{stage}    answering admission rounds on the compute loop
     wavepp_waves_total, wavepp_admission_rounds_total
     wavepp_admission_round_seconds             histogram: one admission round's latency
-    wavepp_stage_blocks{stage,state}           used | free | leased | escrowed (a stage's last report)
+    wavepp_stage_blocks{stage,state}           used | free | leased | escrowed | in_use | evictable
+                                               (stage 0 now, the others' last report)
 
 "Since start" is since the server started or since the last POST /debug/reset, which empties
-the caches and restarts the engine's own measurements: the per-stage counters and the totals
-then start again from 0 (a counter reset, as Prometheus' rate() expects one).
+the caches and restarts the engine's own measurements: the per-stage counters and the wave and
+round totals then start again from 0 (a counter reset, as Prometheus' rate() expects one). The
+per-request counters and the hit rate count from the server's start.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class ServeMetrics:
                                buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.rounds = Histogram("wavepp_admission_round_seconds", "admission round latency",
                                 buckets=_ROUND_BUCKETS + _LATENCY_BUCKETS, registry=self.registry)
+        # the prefix hit rate's terms (the counters above hold the same totals, for Prometheus)
+        self.num_prompt_tokens = 0
+        self.num_cached_tokens = 0
+        self.last_stats = None        # the engine's CoreStats at the last scrape
         self._rounds_seen = 0
         self.registry.register(_EngineCollector(self))
 
@@ -65,6 +71,8 @@ class ServeMetrics:
             self.requests.labels("ok").inc()
             self.prompt_tokens.inc(result.num_prompt_tokens)
             self.cached_tokens.inc(result.num_cached_tokens)
+            self.num_prompt_tokens += result.num_prompt_tokens
+            self.num_cached_tokens += result.num_cached_tokens
             self.computed_tokens.inc(result.num_prompt_tokens - result.num_cached_tokens)
             if result.ttft_s is not None:
                 self.ttft.observe(result.ttft_s)
@@ -79,7 +87,7 @@ class ServeMetrics:
         """The engine's measurements were reset (Engine.reset): count time and rounds from now."""
         self.t0 = time.monotonic()
         self._rounds_seen = 0
-        self._last_stats = None
+        self.last_stats = None
 
     def count(self, outcome: str, n: int = 1) -> None:
         self.requests.labels(outcome).inc(n)
@@ -99,7 +107,7 @@ class ServeMetrics:
             for latency in stats.round_latencies_s[-new:]:
                 self.rounds.observe(latency)
         self._rounds_seen = stats.num_rounds
-        self._last_stats = stats
+        self.last_stats = stats
 
 
 class _EngineCollector:
@@ -115,10 +123,10 @@ class _EngineCollector:
         yield _gauge("wavepp_requests_running", "requests admitted on every stage, computing", load.num_running)
         yield _gauge("wavepp_up", "1 while every stage is alive", 0 if load.error else 1)
         m = self.metrics
-        prompt = m.prompt_tokens._value.get()
+        prompt = m.num_prompt_tokens
         yield _gauge("wavepp_prefix_hit_rate", "cached / prompt tokens since start",
-                     m.cached_tokens._value.get() / prompt if prompt else 0.0)
-        stats = getattr(m, "_last_stats", None)
+                     m.num_cached_tokens / prompt if prompt else 0.0)
+        stats = m.last_stats
         if stats is not None:
             elapsed = max(1e-9, time.monotonic() - m.t0)
             busy = CounterMetricFamily("wavepp_stage_busy_seconds", "seconds a stage computed waves",
