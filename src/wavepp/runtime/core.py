@@ -134,8 +134,7 @@ class EngineCore:
         commit reported them (None before their first)."""
         with self.cond:
             out = list(self.leader.stage_capacity)
-        with self.stage.lock:
-            out[0] = self.stage.server.pool.capacity()
+        out[0] = self.stage.capacity()
         return out
 
     def leader_state_size(self) -> int:

@@ -143,6 +143,11 @@ class StageRuntime:
         """The snapshot grid of this stage's pool, in blocks (0: a model without snapshots)."""
         return getattr(self.server.pool, "interval_blocks", 0)
 
+    def capacity(self):
+        """This stage's pool capacity now (a `CapacityView`), read under the stage lock."""
+        with self.lock:
+            return self.server.pool.capacity()
+
     def check_integrity(self) -> IntegrityReport:
         """The pool's check_integrity() (raises on a broken invariant), then what it holds."""
         with self.lock:
