@@ -76,3 +76,33 @@ def test_packed_weight_follows_in_place_updates_and_falls_back_where_unsupported
     xb, wb = x.bfloat16(), w.bfloat16()
     torch.testing.assert_close(linear(xb, wb).float(), torch.nn.functional.linear(xb, wb).float(),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_upcast_computes_bf16_projections_in_fp32_and_follows_weight_updates():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 32, generator=gen).bfloat16()
+    w = torch.randn(24, 32, generator=gen).bfloat16()
+    b = torch.randn(24, generator=gen).bfloat16()
+    upcast = Kernels(linear="upcast").project
+    out = upcast(x, w, b)
+    # the product of the bf16 operands in fp32, rounded once to bf16: within one bf16 step of
+    # the exact product (the fp32 sum's order is the BLAS's)
+    def close(got, exact):
+        torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=2 ** -8, atol=1e-6)
+
+    assert out.dtype == torch.bfloat16
+    close(out, x.double() @ w.double().t() + b.double())
+    with torch.no_grad():
+        w.mul_(2.0)                          # loading new weights in place: a new fp32 copy
+    close(upcast(x, w), x.double() @ w.double().t())
+    # a view of a stacked weight (an expert) is upcast as it is used, not cached on the view
+    stacked = torch.randn(3, 24, 32, generator=gen).bfloat16()
+    close(upcast(x, stacked[1]), x.double() @ stacked[1].double().t())
+    # fp32 operands: plain F.linear
+    torch.testing.assert_close(upcast(x.float(), w.float()), x.float() @ w.float().t())
+
+
+def test_upcast_is_timed_for_bf16_only(monkeypatch):
+    monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)
+    assert "upcast" in choose_linear([(8, 32, 16)], torch.bfloat16, trials=1).gflops
+    assert "upcast" not in choose_linear([(8, 32, 16)], torch.float32, trials=1).gflops
