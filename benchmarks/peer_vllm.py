@@ -48,14 +48,15 @@ def run_all(args) -> None:
     for budget in args.budgets:
         env = dict(os.environ, VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_OMP_THREADS_BIND=args.bind)
         proc = subprocess.run([sys.executable, __file__, "one", "--workload", args.workload,
-                               "--budget", str(budget), "--memory-fraction", str(args.memory_fraction)],
+                               "--budget", str(budget), "--memory-fraction", str(args.memory_fraction),
+                               "--dtype", args.dtype],
                               env=env, capture_output=True, text=True)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not line:
             print(f"max_num_batched_tokens {budget}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
             continue
         rows.append(json.loads(line[-1][len("RESULT "):]))
-    print(f"machine: {_cpu_name()}; vLLM CPU build, bind {args.bind}")
+    print(f"machine: {_cpu_name()}; vLLM CPU build, bind {args.bind}, dtype {args.dtype}")
     print(f"{'max_num_batched_tokens':>22} {'input tok/s':>12} {'computed tok/s':>15} {'hit':>6} {'seconds':>8}")
     for r in rows:
         print(f"{r['budget']:>22} {r['input_tok_s']:>12,.0f} {r['computed_tok_s']:>15,.0f} "
@@ -73,7 +74,7 @@ def run_one(args) -> None:
         spec = json.load(f)
     prompts = spec["prompts"]
     longest = max(map(len, prompts))
-    llm = LLM(model=spec["model"], dtype="bfloat16", enable_prefix_caching=True,
+    llm = LLM(model=spec["model"], dtype=args.dtype, enable_prefix_caching=True,
               max_num_batched_tokens=args.budget, max_model_len=max(longest + 16, args.budget),
               max_num_seqs=len(prompts), gpu_memory_utilization=args.memory_fraction)
     params = SamplingParams(max_tokens=1)
@@ -121,6 +122,10 @@ def main() -> None:
     o.add_argument("--workload", required=True)
     o.add_argument("--budget", type=int, required=True)
     o.add_argument("--memory-fraction", type=float, default=0.3)
+    for step in (r, o):
+        # bfloat16 as the bench runs it; float32 where the CPU has no bf16 arithmetic (AVX2 only:
+        # vLLM's bf16 path ran 31 computed tok/s on SmolLM2 there, a fifth of its fp32's 162)
+        step.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = parser.parse_args()
     {"write": write_workload, "run": run_all, "one": run_one}[args.step](args)
 
