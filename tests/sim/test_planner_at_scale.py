@@ -6,7 +6,7 @@ import pytest
 from wavepp.sched import PlannerConfig
 from wavepp.sched.cost_model import (CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients,
                                      peak_wave_tokens, profile_wave_shapes)
-from wavepp.sched.planner import MPU_PAPER_TOKENS, MpuPlanner
+from wavepp.sched.planners import MPU_PAPER_TOKENS, MpuPlanner
 from wavepp.sim import SimSetup, get_hardware, get_model, run_setting
 from wavepp.sim.scenario import build_system
 from wavepp.workloads import make_workload

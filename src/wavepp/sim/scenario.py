@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from wavepp.sched.cost_model import (
     CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
     profile_wave_shapes)
-from wavepp.sched.planner import MPU_PAPER_TOKENS, PlannerConfig
+from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec

@@ -20,20 +20,18 @@ at warmup and keeps it).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.messages import Chunk
+from wavepp.sched.planners.base import NOTHING_ADMITTING, Admitting, PlannerConfig, pack_tokens
 from wavepp.sched.request import Request
-
-if TYPE_CHECKING:   # planner.py registers this class, so it cannot be imported from here first
-    from wavepp.sched.planner import PlannerConfig
 
 
 class DynamicChunkPlanner:
     name = "dynamic"
 
-    def __init__(self, config: "PlannerConfig", cost_model: CostModel | None = None,
+    def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
                  smooth: float = 0.75):
         if not 0.0 <= smooth <= 1.0:
             raise ValueError(f"DynamicChunkPlanner.smooth must be in [0, 1], got {smooth}")
@@ -57,8 +55,7 @@ class DynamicChunkPlanner:
         bs = self.config.block_size
         return max(bs, int(x) // bs * bs)
 
-    def plan(self, requests: Sequence[Request], admitting=None) -> list[Chunk]:
-        from wavepp.sched.planner import pack_tokens
+    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
         if not requests:
             return []
         budget = self.chunk_budget(requests[0].num_scheduled_tokens)
