@@ -7,6 +7,7 @@ from typing import Sequence
 
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.messages import Chunk
+from wavepp.sched.planners.balanced_rules import ALL_RULES, BalancedRules
 from wavepp.sched.planners.base import (
     NOTHING_ADMITTING, Admitting, PlannerConfig, chunk_of, first_tokens)
 from wavepp.sched.planners.snapshot_align import align_chunk_ends
@@ -76,8 +77,9 @@ class BalancedPlanner:
 
     def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
                  target_waves: int | None = None, overhead_frac: float = 0.03,
-                 tail_frac: float = 0.125):
+                 tail_frac: float = 0.125, rules: BalancedRules = ALL_RULES):
         self.config = config
+        self.rules = rules
         self.tail_frac = tail_frac
         self.cost = cost_model or CostModel()
         self.target_waves = target_waves or config.num_stages
@@ -98,7 +100,7 @@ class BalancedPlanner:
         longer fill and drain of larger waves, and the per-wave costs halve). `plan` caps a 2M
         wave's time at the longest wave of the busy period."""
         cfg = self.config
-        if not cfg.fill_waves or cfg.deep_queue_waves <= 0:
+        if not cfg.fill_waves or cfg.deep_queue_waves <= 0 or not self.rules.double_deep_queue:
             return cfg.max_wave_tokens
         waiting = sum(r.num_unscheduled_tokens for r in requests)
         deep = waiting >= cfg.deep_queue_waves * cfg.num_stages * 2 * cfg.max_wave_tokens
@@ -111,18 +113,19 @@ class BalancedPlanner:
 
     def target_time(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> float:
         """The next wave's predicted time (inf: as many tokens as the token cap allows)."""
-        cost, cfg = self.cost, self.config
+        cost, cfg, rules = self.cost, self.config, self.rules
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
         # requests in admission are work of the next round: without them, the first request
         # admitted would spread over S thin waves while the rest of its burst is being admitted
-        work += sum(cost.chunk_time(cached, new) for cached, new in admitting.items)
-        flight = self.in_flight_work() if cfg.count_in_flight else 0.0
+        if rules.count_admitting:
+            work += sum(cost.chunk_time(cached, new) for cached, new in admitting.items)
+        flight = self.in_flight_work() if cfg.count_in_flight and rules.count_in_flight else 0.0
         spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
-        lo = cost.wave_time([(0, cfg.min_wave_tokens)])
+        lo = cost.wave_time([(0, cfg.min_wave_tokens)]) if rules.min_wave_floor else 0.0
         if cfg.fill_waves:
             longest = max((r.num_scheduled_tokens for r in requests), default=0)
-            if spread >= cost.wave_time([(longest, self.wave_tokens(requests))]):
+            if rules.fill_to_token_cap and spread >= cost.wave_time([(longest, self.wave_tokens(requests))]):
                 # The wave fills to its token cap. A time cap would cut it short whenever it
                 # holds more than one chunk (each pays its per-chunk costs), and every later
                 # wave would then split a request out of step with its end.
@@ -131,11 +134,11 @@ class BalancedPlanner:
         # the M tokens at hand, packed first come first served (the wave a fixed M-token budget
         # sends): after long prefixes a token costs more (attention), and each chunk pays its
         # fixed costs, so a cap of one M-token chunk cut waves of many short chunks below M
-        hi = cost.wave_time(first_tokens(requests, cfg.max_wave_tokens))
+        hi = cost.wave_time(first_tokens(requests, cfg.max_wave_tokens)) if rules.first_tokens_cap else math.inf
         # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
         # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
         fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
-        efficient = fixed / self.overhead_frac
+        efficient = fixed / self.overhead_frac if rules.overhead_cap else math.inf
         return max(min(spread, hi, efficient), lo)
 
     def holds(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> bool:
@@ -152,7 +155,11 @@ class BalancedPlanner:
         cost = self.cost
         rests = [(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests]
         pending = 0.0
+        if in_flight >= self.target_waves and not self.rules.hold_when_full:
+            return False
         if in_flight < self.target_waves:
+            if not self.rules.hold_for_round:
+                return False
             coming = list(admitting.round_items)
             if not coming:
                 return False
@@ -164,10 +171,10 @@ class BalancedPlanner:
         return work < self.config.hold_frac * (work + pending + self.in_flight_work()) / self.target_waves
 
     def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
-        cfg, cost = self.config, self.cost
+        cfg, cost, rules = self.config, self.cost, self.rules
         if self.num_in_flight == 0:
             self._longest_s = 0.0    # the pipeline drained: a new busy period
-        if cfg.fill_waves and self.num_in_flight < self.target_waves and \
+        if rules.cold_first and cfg.fill_waves and self.num_in_flight < self.target_waves and \
                 all(r.num_cached_tokens == 0 for r in requests):
             # the pipeline is filling with cold prompts only: the ones with nothing sent yet go
             # first (a filled wave of chunks from an empty prefix is the cheapest one, so the
@@ -177,7 +184,7 @@ class BalancedPlanner:
             return []
         left = self.target_time(requests, admitting) - cost.coef.c_wave
         token_cap = self.wave_tokens(requests)
-        if token_cap > cfg.max_wave_tokens:
+        if token_cap > cfg.max_wave_tokens and rules.cap_double_at_longest:
             # a 2M wave may not outlast the longest wave of this busy period (or an M-token
             # wave now): S stages run in the sum of the wave times plus (S - 1) times the
             # longest, so a wave longer than all the others costs S - 1 times its excess
@@ -191,9 +198,9 @@ class BalancedPlanner:
             x = min(need, token_cap)
             if cost.chunk_time(L, x) > left * (1 + 1e-9):
                 x = cost.max_chunk_tokens(L, left)
-                if need <= token_cap and need - x <= self.tail_frac * need:
+                if rules.tail_whole and need <= token_cap and need - x <= self.tail_frac * need:
                     x = need    # a short rest would pay a chunk's fixed costs in a later wave
-                if x < need and x < cfg.block_size:
+                if rules.skip_sub_block and x < need and x < cfg.block_size:
                     continue
             chunk = chunk_of(req, x, cfg.block_size)
             if chunk is None:
@@ -201,7 +208,7 @@ class BalancedPlanner:
             chunks.append(chunk)
             left -= cost.chunk_time(L, chunk.num_tokens)
             token_cap -= chunk.num_tokens
-        if not chunks and requests:   # never stall: at least one block of the first request
+        if rules.never_stall and not chunks and requests:   # never stall: at least one block of the first request
             chunk = chunk_of(requests[0], cfg.block_size, cfg.block_size)
             chunks = [chunk] if chunk else []
         chunks = align_chunk_ends(chunks, requests, cfg, max(0, token_cap))
