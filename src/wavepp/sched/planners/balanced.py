@@ -119,7 +119,7 @@ class BalancedPlanner:
         # admitted would spread over S thin waves while the rest of its burst is being admitted
         if rules.count_admitting:
             work += sum(cost.chunk_time(cached, new) for cached, new in admitting.items)
-        flight = self.in_flight_work() if cfg.count_in_flight and rules.count_in_flight else 0.0
+        flight = self.in_flight_work() if rules.count_in_flight else 0.0
         spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, cfg.min_wave_tokens)]) if rules.min_wave_floor else 0.0

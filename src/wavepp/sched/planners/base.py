@@ -44,9 +44,6 @@ class PlannerConfig:
     # balanced: fill waves to M tokens after the longest prefix (True; GPU deployments, M from
     # the profiling pass) or keep predicted wave times equal under the fixed-cost cap (False)
     fill_waves: bool = False
-    # balanced: share out the work in flight with the work waiting (False: the waiting work
-    # alone, the planner before in-flight accounting)
-    count_in_flight: bool = True
     # balanced: with the pipeline full, hold back waves under this fraction of a fair share
     hold_frac: float = 0.5
     # balanced, filling waves: waves grow to 2M once this many waves of 2M per stage wait (and

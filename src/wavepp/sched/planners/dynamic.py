@@ -13,8 +13,11 @@ CHUNKING_SMOOTH_FACTOR, default 0.75; 1 follows the model, 0 is fixed chunking),
 base/4 and aligned down to the page (block) size. The wave is then packed first-come-first-
 served up to that budget, as SGLang's prefill adder fills a batch.
 
-Here f comes from the cost model's fit, t(0, l) = c0 + b*l + a*l^2, taken once (SGLang fits
-at warmup and keeps it).
+f is the cost model's t(0, l) = c0 + b*l + a*l^2 (only a and b enter), taken once: SGLang
+fits at warm-up and keeps it (`observe` does nothing). SGLang's own fit is `fit_warmup`, over
+the prefills `warmup_lengths` lists (`SchedulerPPMixin.profile_and_init_predictor` and
+`ChunkSizePredictor.fit` in python/sglang/srt/managers/scheduler_pp_mixin.py): the simulator
+gives the `sglang-pp` baseline that, not this project's profiling fit.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from wavepp.sched.cost_model import CostModel
+import numpy as np
+
+from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.messages import Chunk
 from wavepp.sched.planners.base import NOTHING_ADMITTING, Admitting, PlannerConfig, pack_tokens
 from wavepp.sched.request import Request
@@ -63,3 +68,27 @@ class DynamicChunkPlanner:
 
     def observe(self, chunks, seconds: float) -> None:
         pass
+
+
+def warmup_lengths(base_tokens: int) -> list[int]:
+    """SGLang's warm-up prefills: 128 single prompts, each from an empty cache, evenly spaced
+    from 1.25 times the base chunk down (20,480, 20,320, ..., 160 for a base of 16,384)."""
+    top = base_tokens * 1.25
+    step = top // 128
+    return [n for n in (int(top - i * step) for i in range(128)) if n > 0]
+
+
+def fit_warmup(lengths: Sequence[int], seconds: Sequence[float]) -> CostCoefficients:
+    """SGLang's fit of its warm-up prefills: f(l) = a*l^2 + b*l + c by least squares; a must be
+    positive (else SGLang refuses to start), a negative b is taken as 0. As cost coefficients
+    t(0, l) = c0 + b*l + a*l^2: no per-wave, prefix or knee term (c0 = c, at least 0; the
+    chunking reads only a and b)."""
+    if len(lengths) != len(seconds) or len(lengths) < 8:
+        raise ValueError(f"fit_warmup needs at least 8 (length, seconds) pairs, got {len(lengths)} and {len(seconds)}")
+    k = np.asarray(lengths, dtype=np.float64) / 1e3     # in thousands: a well-conditioned fit
+    X = np.column_stack([k * k, k, np.ones_like(k)])
+    (a, b, c), *_ = np.linalg.lstsq(X, np.asarray(seconds, dtype=np.float64), rcond=None)
+    a, b = a / 1e6, b / 1e3
+    if a <= 0:
+        raise ValueError(f"fit_warmup: the quadratic coefficient a={a:.3e} is not positive")
+    return CostCoefficients(c_wave=0.0, c0=max(0.0, float(c)), g=0.0, b=max(0.0, float(b)), a=float(a))
