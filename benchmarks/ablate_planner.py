@@ -10,7 +10,8 @@ same commit), then `wavepp` alone once per variant: each rule of `BalancedRules`
 (lockstep runs the balanced planner too; only wavepp's is changed). Per grid and variant it
 reports the settings where wavepp is the highest of all policies and within 2% of it (the
 README's tie), the geometric mean of wavepp's throughput over all rules on, the worst setting,
-and how many settings lose more than 0.5%. The simulator is deterministic: one run each.
+how many settings lose more than 0.5%, and those where requests never finish (a stall: the
+simulator ends with nothing left to run). The simulator is deterministic: one run each.
 
 Runtime (`--runtime`): the CPU runtime's closed loop (`wavepp bench`'s workloads and
 measurement) on short-suffix and reuse at concurrency 8 and 128, policy wavepp, all rules on and
@@ -93,55 +94,57 @@ def run_sim(args) -> int:
     else:
         base = run_grid(settings, jobs=args.jobs)
     print(f"all rules on, every policy: {len(base)} rows ({time.perf_counter() - t0:.0f} s)", flush=True)
-    ours = {ALL_ON: {_row_key(r): r["input_tok_s"] for r in base if r["policy"] == "wavepp"}}
+    ours = {ALL_ON: {_row_key(r): r for r in base if r["policy"] == "wavepp"}}
     jobs = [(v, s) for v in todo[1:] for s in settings]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for (v, s), row in zip(jobs, pool.map(_run_variant, jobs, chunksize=1)):
-            ours.setdefault(v, {})[_key(s)] = row["input_tok_s"]
+            ours.setdefault(v, {})[_key(s)] = row
             if row["num_failed"]:
-                print(f"  {v}: {row['num_failed']} failed in {_label(_key(s))}", flush=True)
+                print(f"  {v}: {row['num_failed']} of {row['num_requests']} requests unfinished in "
+                      f"{_label(_key(s))}", flush=True)
     wall = time.perf_counter() - t0
     others: dict[tuple, float] = {}
     for r in base:
         if r["policy"] != "wavepp":
             k = _row_key(r)
             others[k] = max(others.get(k, 0.0), r["input_tok_s"])
+    if args.json:      # the rows first: a summary that fails leaves them
+        from wavepp.jsonfile import write_json
+        write_json(args.json, [{"variant": v, **row} for v, per in ours.items() for row in per.values()],
+                   {"argv": sys.argv[1:], "wall_s": wall, "best_other": [
+                       {"grid": k[0], "model": k[1], "workload": k[2], "concurrency": k[3],
+                        "input_tok_s": x} for k, x in others.items()]})
     table = summarize(todo, ours, others)
     text = markdown(table, args, wall)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text)
-    if args.json:
-        from wavepp.jsonfile import write_json
-        write_json(args.json, [{"variant": v, "grid": k[0], "model": k[1], "workload": k[2],
-                                "concurrency": k[3], "input_tok_s": x}
-                               for v, per in ours.items() for k, x in per.items()],
-                   {"argv": sys.argv[1:], "wall_s": wall, "best_other": [
-                       {"grid": k[0], "model": k[1], "workload": k[2], "concurrency": k[3],
-                        "input_tok_s": x} for k, x in others.items()]})
     return 0
 
 
 def summarize(todo: list[str], ours: dict, others: dict) -> list[dict]:
-    """One record per (grid, variant): best counts, geomean and worst ratio to all-on."""
+    """One record per (grid, variant): best counts, geomean and worst ratio to all-on. A
+    setting with unfinished requests (a stall) counts as losing; the geomean is over the others."""
     out = []
     for grid in sorted({k[0] for k in others}):
         keys = sorted(k for k in others if k[0] == grid)
-        on = ours[ALL_ON]
+        on = {k: r["input_tok_s"] for k, r in ours[ALL_ON].items()}
         for v in todo:
-            x = ours[v]
+            x = {k: r["input_tok_s"] for k, r in ours[v].items()}
+            stalled = [k for k in keys if ours[v][k]["num_failed"]]
             ratios = {k: x[k] / on[k] for k in keys}
+            done = [k for k in keys if k not in stalled]
             worst = min(keys, key=ratios.get)
             best = max(keys, key=ratios.get)
             out.append({
-                "grid": grid, "variant": v, "settings": len(keys),
-                "highest": sum(x[k] >= others[k] * (1 - 1e-9) for k in keys),
-                "tied": sum(x[k] >= TIE * max(others[k], x[k]) for k in keys),
-                "geomean": math.exp(sum(math.log(r) for r in ratios.values()) / len(keys)),
+                "grid": grid, "variant": v, "settings": len(keys), "stalled": len(stalled),
+                "highest": sum(x[k] >= others[k] * (1 - 1e-9) for k in done),
+                "tied": sum(x[k] >= TIE * max(others[k], x[k]) for k in done),
+                "geomean": math.exp(sum(math.log(ratios[k]) for k in done) / max(1, len(done))),
                 "worst": ratios[worst], "worst_at": _label(worst),
                 "best": ratios[best], "best_at": _label(best),
-                "losing": sum(r < LOSS for r in ratios.values()),
-                "changed": sum(abs(r - 1) > 1e-12 for r in ratios.values()),
+                "losing": sum(ratios[k] < LOSS or k in stalled for k in keys),
+                "changed": sum(ours[v][k] != ours[ALL_ON][k] for k in keys),   # any field of the row
             })
     return out
 
@@ -150,11 +153,12 @@ def markdown(table: list[dict], args, wall_s: float) -> str:
     lines = [f"grids {args.grid}: wavepp with each rule off, against all rules on and against the best "
              f"other policy (all rules on); {wall_s:.0f} s on {platform.machine()}", ""]
     lines.append("| grid | rule off | wavepp highest | within 2% of best | geomean vs all on | "
-                 "settings < 99.5% | changed | worst (setting) | best (setting) |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "settings < 99.5% | stalled | changed | worst (setting) | best (setting) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         lines.append(f"| {r['grid']} | {r['variant']} | {r['highest']}/{r['settings']} | "
-                     f"{r['tied']}/{r['settings']} | {r['geomean']:.4f} | {r['losing']} | {r['changed']} | "
+                     f"{r['tied']}/{r['settings']} | {r['geomean']:.4f} | {r['losing']} | {r['stalled']} | "
+                     f"{r['changed']} | "
                      f"{r['worst']:.4f} ({r['worst_at']}) | {r['best']:.4f} ({r['best_at']}) |")
     return "\n".join(lines) + "\n"
 
