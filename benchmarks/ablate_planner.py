@@ -46,7 +46,7 @@ from wavepp.sched.planners import PLANNERS, BalancedPlanner, BalancedRules
 ALL_ON = "all rules on"
 FILL_WAVES = "fill_waves"           # a PlannerConfig mode, not a rule: off = the equal-times caps
 # rules that act only with PlannerConfig.fill_waves (the runtime keeps equal times)
-FILL_ONLY = ("fill_to_token_cap", "double_deep_queue", "cap_double_at_longest", "cold_first")
+FILL_ONLY = ("double_deep_queue", "cap_double_at_longest", "cold_first")
 # off, the runtime can wait forever for a wave that never comes
 RUNTIME_SKIPS = FILL_ONLY + ("never_stall",)
 TIE = 0.98                          # the README's tie: within 2% of the best

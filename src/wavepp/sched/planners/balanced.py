@@ -21,57 +21,91 @@ class BalancedPlanner:
     an equal share of all the work in the system: the work waiting (W, predicted chunk time of
     every plannable request's rest, and of every request waiting for or in an admission round,
     at its agreed prefix or, before the round agrees one, at none) and the work in flight (F,
-    the chunks of the waves this planner sent that have not come back). The wave time target is
+    the chunks of the waves this planner sent that have not come back). The wave's time is
 
         T = c_wave + (W + F) / target_waves
 
-    With the pipeline empty the work at hand spreads over S waves; with waves in flight the
-    next one takes its share of the whole, not a share of what is left, so a few requests
-    arriving beside full waves do not split into ever thinner waves (each paying the per-wave
-    cost, and on a GPU reading every weight for few rows), and a burst of arrivals does not go
-    out as one lump that comes back as one lump. With `target_waves` in flight already and
-    less than `hold_frac` of a share waiting, the planner sends nothing: the next wave to come
-    back brings more work, and one fuller wave costs less than two thin ones. The same holds
-    with fewer waves in flight while an admission round runs (its requests count in the share):
-    the round's end plans again within a round's time, while a thin wave sent now leaves the
-    round's requests a wave of their own (in a closed loop at low concurrency, every wave).
+    clamped as below; a wave never holds more than M tokens (`wave_tokens`: 2M behind a deep
+    queue). Packing is FCFS: a request that fits in what is left of T goes whole, else it gets
+    the largest block-aligned chunk that does. Two modes (`PlannerConfig.fill_waves`): equal
+    times (the CPU runtime, M = 512) caps T so that every wave costs about the same; filling
+    waves (the simulator's GPUs, M the efficient size from the profiling pass) lets the token
+    cap bind: on a GPU a chunk cut short after a long prefix pays its per-chunk costs (MLA
+    re-expansion of the prefix) and the per-wave weight reads again for fewer tokens.
 
-    T is clamped between the cost of a b_min-token wave and a cap; a wave never holds more
-    than M tokens. Two caps (`PlannerConfig.fill_waves`):
-      equal times (default)  an M-token wave after the mean prefix at hand, or less, the time
-                             beyond which the fixed costs of a wave (its own overhead, and per
-                             chunk the overhead plus re-reading the cached prefix) fall under
-                             `overhead_frac` of it: chunks after long prefixes get fewer tokens,
-                             and every wave costs about the same (the CPU runtime, M = 512)
-      fill waves             an M-token wave after the longest prefix at hand: waves fill to M
-                             tokens (at the cap the token count binds, not the time, however
-                             many chunks share the wave), M the efficient size from the
-                             profiling pass (`efficient_wave_tokens`), 2M behind a deep queue
-                             (`wave_tokens`) if no longer than the longest wave so far. On a
-                             GPU a chunk cut short after a long prefix pays its per-chunk
-                             costs (MLA re-expansion of the prefix) and the per-wave weight
-                             reads again for fewer tokens.
-    Through S stages every wave pays its time once per stage, and the longest wave S - 1 more
-    times: waves each taking t_i on every stage, in any order, finish after sum(t_i) + (S - 1)
-    max(t_i) (a proportionate flow shop). So a wave that outlasts every other one of its busy
-    period costs S - 1 times its excess in fill and drain: one 16k-token wave among 8k ones
-    through 8 stages ends a run later by 7 times the difference. A 2M wave therefore takes no
-    longer than the longest wave sent since the pipeline last drained, or than an M-token wave
-    of the requests at hand; after long prefixes that cap binds, after short ones 2M fit.
-    While the pipeline fills (filling waves, fewer than `target_waves` in flight) with cold
-    prompts only (nothing cached in any ready request), those with nothing sent yet go first: a
-    filled wave of chunks from an empty prefix is the cheapest one, so the stages downstream
-    start sooner (the eight cold prompts of GLM-5 short-suffix then go one first chunk each, as
-    TensorRT-LLM's loop sends them, not each one's chunks back to back with rising prefixes).
-    With a warm request ready the order stays FCFS: moving cold prompts ahead of warm ones
-    delays the results that feed a closed loop (GLM-5 mixed at c = 8: 6% slower).
-    Packing is FCFS: a request that fits in what is left of T goes whole, else it gets the
-    largest aligned chunk that does; a chunk shorter than a block never forms. A request whose
-    rest would be at most `tail_frac` of it goes whole when the token cap allows: the rest
-    would pay a chunk's fixed costs again in a later wave, and split that wave out of step.
+    Each rule below is a switch of `rules` (BalancedRules; all on by default), named by what it
+    fixes. The numbers are wavepp's input tokens/s with the rule off over all rules on, on the
+    simulator's paper grid (GLM-5 and MiniMax-M2, PP4 B300, 40 settings) and kimi grid (Kimi-K2,
+    PP8 B300, 36 settings), from benchmarks/ablate_planner.py
+    (docs/benchmarks/2026-12-02-planner-ablation.md); "highest" counts settings where wavepp is
+    the fastest policy (30/40 and 15/36 with every rule on). Rules of the equal-times mode
+    alone do nothing on the simulator; their numbers come from tests/sched/test_harness.py's
+    CPU-like case (2 stages, M = 512) until the runtime ablation (`--runtime`) is run.
 
-    Waves in flight are the ones this planner planned whose chunks have not all completed
-    (the leader advances `num_computed_tokens` and finishes requests as waves come back).
+    The share
+      count_admitting   W counts the requests in or waiting for an admission round: without
+                        them the first request of a burst spreads over S thin waves while the
+                        rest is being admitted. Off: paper highest 30 -> 15, 13 settings lose
+                        over 0.5%, worst -4.7% (MiniMax-M2 reuse c = 8); kimi unchanged.
+      count_in_flight   F counts: with waves in flight the next takes its share of the whole,
+                        not of what is left, so a few requests beside full waves do not split
+                        into ever thinner waves and a burst does not go out (and come back) as
+                        one lump. Off: paper highest 30 -> 0, geomean 0.931, worst -25.9%
+                        (MiniMax-M2 reuse c = 8); kimi 11 settings lose, worst -7.6%.
+    Holding a thin wave back (under `hold_frac` of a share waiting: send nothing)
+      hold_when_full    with `target_waves` in flight: the next wave back brings more work,
+                        and one fuller wave costs less than two thin ones. Off: paper 8
+                        settings lose, worst -5.3% (MiniMax-M2 reuse c = 8); kimi unchanged.
+      hold_for_round    with fewer in flight while a round runs that ends before a wave of its
+                        own would cost more than one wave with it (the round's requests count
+                        in the share): in a closed loop at low concurrency a thin wave sent
+                        beside every round splits every wave. Off: paper highest 30 -> 25, 10
+                        settings lose, worst -3.8% (MiniMax-M2 reuse c = 16).
+    Clamps on T
+      min_wave_floor    T >= a b_min-token wave: with little work the share alone sends waves
+                        whose fixed costs dominate. Grids unchanged; test_harness's case -3.7%
+                        (c = 1), and wavepp falls under 0.95x static there at c = 4.
+      first_tokens_cap  equal times: T <= the first M tokens at hand, packed FCFS (the wave a
+                        fixed M-token budget sends; a cap of one M-token chunk cut waves of many
+                        short chunks below M). Grids and test_harness unchanged: kept for the
+                        runtime ablation to decide (tests/sched/test_planner.py pins it).
+      overhead_cap      equal times: T <= the wave's fixed costs (its own, and per chunk the
+                        overhead plus re-reading the mean cached prefix) / `overhead_frac`:
+                        chunks after long prefixes get fewer tokens, every wave costs about the
+                        same. Grids unchanged; test_harness -7.1% at c = 4 (+3.6% at c = 64).
+    2M waves (filling waves)
+      double_deep_queue 2M tokens once the work waiting fills `deep_queue_waves` waves of 2M
+                        per stage: a queue that deep amortizes the longer fill and drain, and
+                        the per-wave costs halve. Off: kimi within-2% 26 -> 18 of 36, 13
+                        settings lose, worst -10.2% (cold-256k c = 32); paper worst -3.0%.
+      cap_double_at_longest  ... no longer than the longest wave since the pipeline last
+                        drained, or an M-token wave now: through S stages waves of times t_i
+                        finish after sum(t_i) + (S - 1) max(t_i) (a proportionate flow shop),
+                        so a wave outlasting all the others costs S - 1 times its excess. Off:
+                        kimi 5 settings lose, worst -4.2% (reuse-256k c = 4); paper gains up to
+                        +1.4% (GLM-5 short-suffix c = 128), worst -0.4%.
+    Which chunks
+      cold_first        filling waves, fewer than `target_waves` in flight and nothing cached
+                        in any ready request: those with nothing sent yet go first (a wave of
+                        chunks from an empty prefix is the cheapest, so the stages downstream
+                        start sooner; with a warm request ready the order stays FCFS, as
+                        results feed a closed loop). Off: kimi 3 settings lose, worst -2.2%
+                        (cold-256k c = 2); paper highest 30 -> 26.
+      tail_whole        a request whose rest would be at most `tail_frac` of it goes whole when
+                        the token cap allows: the rest would pay a chunk's fixed costs in a later
+                        wave and split that wave out of step. Off: paper within-2% 40 -> 37, 10
+                        settings lose, worst -3.2% (MiniMax-M2 cold c = 128).
+      never_stall       nothing fits T: one block of the first request goes. Off: kimi 7
+                        settings at c <= 4 never finish (the runtime hangs the same way).
+
+    Removed after the ablation (no setting lost over 0.5%, no count moved): filling a wave to
+    its token cap once the share exceeds a full wave after the longest prefix (T = inf; one
+    paper setting, -0.08%), and skipping a cut shorter than a block (dead: chunk ends after a
+    block-aligned start align down, so such a cut never forms a chunk).
+
+    State: the waves planned and not yet back (see `Planner`), and the longest predicted wave
+    of the busy period; waves in flight are the ones whose chunks have not all completed (the
+    leader advances `num_computed_tokens` and finishes requests as waves come back).
     """
     name = "balanced"
 
@@ -112,7 +146,7 @@ class BalancedPlanner:
         return sum(t for t, _ in self._in_flight)
 
     def target_time(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> float:
-        """The next wave's predicted time (inf: as many tokens as the token cap allows)."""
+        """The next wave's predicted time T (the rules of the class docstring)."""
         cost, cfg, rules = self.cost, self.config, self.rules
         work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
         # requests in admission are work of the next round: without them, the first request
@@ -123,13 +157,7 @@ class BalancedPlanner:
         spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, cfg.min_wave_tokens)]) if rules.min_wave_floor else 0.0
-        if cfg.fill_waves:
-            longest = max((r.num_scheduled_tokens for r in requests), default=0)
-            if rules.fill_to_token_cap and spread >= cost.wave_time([(longest, self.wave_tokens(requests))]):
-                # The wave fills to its token cap. A time cap would cut it short whenever it
-                # holds more than one chunk (each pays its per-chunk costs), and every later
-                # wave would then split a request out of step with its end.
-                return math.inf
+        if cfg.fill_waves:       # the token cap binds once the share exceeds a full wave
             return max(spread, lo)
         # the M tokens at hand, packed first come first served (the wave a fixed M-token budget
         # sends): after long prefixes a token costs more (attention), and each chunk pays its
@@ -200,8 +228,6 @@ class BalancedPlanner:
                 x = cost.max_chunk_tokens(L, left)
                 if rules.tail_whole and need <= token_cap and need - x <= self.tail_frac * need:
                     x = need    # a short rest would pay a chunk's fixed costs in a later wave
-                if rules.skip_sub_block and x < need and x < cfg.block_size:
-                    continue
             chunk = chunk_of(req, x, cfg.block_size)
             if chunk is None:
                 continue

@@ -19,7 +19,6 @@ class BalancedRules:
     hold_for_round: bool = True         # ... while fewer are and a round ends soon enough
     # the clamps on T
     min_wave_floor: bool = True         # T >= the time of a b_min-token wave
-    fill_to_token_cap: bool = True      # filling waves: a share past a full wave fills to the cap
     first_tokens_cap: bool = True       # equal times: T <= the first M tokens at hand, FCFS
     overhead_cap: bool = True           # equal times: T <= the wave's fixed costs / overhead_frac
     # 2M waves (filling waves)
@@ -28,7 +27,6 @@ class BalancedRules:
     # which chunks
     cold_first: bool = True             # filling with cold prompts: those with nothing sent first
     tail_whole: bool = True             # a rest under tail_frac of a request goes with it
-    skip_sub_block: bool = True         # a cut shorter than a block is skipped, the next one tried
     never_stall: bool = True            # nothing fits: one block of the first request
 
     @classmethod
