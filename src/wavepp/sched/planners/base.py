@@ -128,7 +128,8 @@ class Planner(Protocol):
                          returns chunks records its wave; a wave is forgotten once its requests'
                          computed tokens pass its chunk ends, or they finish), the longest wave
                          predicted since the pipeline last drained (reset by `plan` when nothing
-                         is in flight), and its cost model (refitted by `observe`)
+                         is in flight), and its cost model (refitted by `observe`); reading
+                         `num_in_flight` or `in_flight_work()` forgets the waves that came back
 
     The leader calls `plan` only when its ring has room for a wave, and sends whatever `plan`
     returns (the balanced planner counts it in flight from that call on)."""
