@@ -7,7 +7,7 @@ import pytest
 
 from wavepp.sched import (BalancedPlanner, CostCoefficients, CostModel, PlannerConfig, Request, StaticPlanner,
                           make_planner)
-from wavepp.sched.snapshot_align import align_chunk_ends
+from wavepp.sched.planners import align_chunk_ends
 from wavepp.sim import build_sim, run_closed_loop
 
 from .conftest import grouped_prompts, linear_costs

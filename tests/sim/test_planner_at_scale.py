@@ -6,7 +6,7 @@ import pytest
 from wavepp.sched import PlannerConfig
 from wavepp.sched.cost_model import (CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients,
                                      peak_wave_tokens, profile_wave_shapes)
-from wavepp.sched.planner import MPU_PAPER_TOKENS, MpuPlanner
+from wavepp.sched.planners import MPU_PAPER_TOKENS, MpuPlanner
 from wavepp.sim import SimSetup, get_hardware, get_model, run_setting
 from wavepp.sim.scenario import build_system
 from wavepp.workloads import make_workload
@@ -118,13 +118,33 @@ def test_ablation_steps_differ_in_one_mechanism():
     assert len(grid) == 18 and all(s.policies == ABLATION for s in grid)
 
 
-def test_baselines_keep_their_first_planner_setup():
+def test_lockstep_differs_from_wavepp_in_admission_only():
+    for model in ("glm-5", "minimax-m2"):
+        setup = setup_for(model)
+        lock, ours = build_system("lockstep", setup), build_system("wavepp", setup)
+        assert lock.inline and not ours.inline
+        a, b = lock.leader.planner, ours.leader.planner
+        assert type(a) is type(b) and a.name == b.name == "balanced"
+        assert a.config == b.config and a.rules == b.rules
+        assert a.cost.coef == b.cost.coef
+        assert (a.target_waves, a.overhead_frac, a.tail_frac) == (b.target_waves, b.overhead_frac, b.tail_frac)
+        assert lock.leader.config == ours.leader.config
+
+
+def test_sglang_chunking_fits_its_own_warmup():
+    from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
+    lengths = warmup_lengths(16384)
+    assert len(lengths) == 128 and lengths[:2] == [20480, 20320] and lengths[-1] == 160
+    # an exact quadratic comes back (a, b, c)
+    coef = fit_warmup(lengths, [3e-3 + 2e-5 * n + 4e-10 * n * n for n in lengths])
+    assert (coef.a, coef.b, coef.c0) == pytest.approx((4e-10, 2e-5, 3e-3), rel=1e-6)
+    assert coef.c_wave == coef.g == coef.knee_tokens == 0.0
+    with pytest.raises(ValueError, match="quadratic"):
+        fit_warmup(lengths, [1.0 - 1e-9 * n * n for n in lengths])
     setup = setup_for("glm-5")
-    lock = build_system("lockstep", setup).leader.planner.config
-    ours = build_system("wavepp", setup).leader.planner.config
-    assert not lock.count_in_flight and lock.hold_frac == 0.0 and not lock.fill_waves
-    assert lock.max_wave_tokens == 65536 // 16
-    assert ours.count_in_flight and ours.fill_waves and ours.max_wave_tokens == 8192 // 16
+    planner = build_system("sglang-pp", setup).leader.planner
+    assert planner.name == "dynamic" and planner.base == 16384 // 16
+    assert planner.cost.coef.knee_tokens == 0.0 and planner.cost.coef.a > 0
 
 
 def test_closed_loop_at_low_concurrency_keeps_waves_full():

@@ -27,7 +27,7 @@ from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.leader_config import LeaderConfig
 from wavepp.sched.messages import (
     LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
-from wavepp.sched.planner import Admitting, Planner
+from wavepp.sched.planners import Admitting, Planner
 from wavepp.sched.request import Request, RequestState
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from wavepp.sched.cost_model import CostCoefficients, CostModel
-from wavepp.sched.planner import PlannerConfig
+from wavepp.sched.planners import PlannerConfig
 from wavepp.sched.policy import loop_planner_args
 from wavepp.sim.harness import build_sim
 from wavepp.sim.loops import LoopCosts

@@ -12,7 +12,7 @@ from typing import Sequence
 from wavepp.cache import BlockPool, HybridPool
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.leader import Leader, LeaderConfig
-from wavepp.sched.planner import PlannerConfig, make_planner
+from wavepp.sched.planners import PlannerConfig, make_planner
 from wavepp.sched.policy import Policy, get_policy
 from wavepp.sched.stage_server import StageServer
 from wavepp.sched.stats import quantile

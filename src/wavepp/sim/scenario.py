@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from wavepp.sched.cost_model import (
     CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
     profile_wave_shapes)
-from wavepp.sched.planner import MPU_PAPER_TOKENS, PlannerConfig
+from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
+from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec
@@ -27,7 +28,6 @@ from wavepp.workloads import Workload
 
 
 PROFILE_MAX_TOKENS = 65536   # real tokens: the largest wave of the profiling pass
-FIRST_MAX_WAVE_TOKENS = 65536   # real tokens: the largest wave of the first planner setup
 
 
 @dataclass(frozen=True)
@@ -132,24 +132,20 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
     blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
     costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
-    if spec.first_planner:
-        prior = fit_prior_uniform(stages, setup)
-        largest = _aligned(setup.max_wave_tokens or FIRST_MAX_WAVE_TOKENS, setup)
-    else:
-        samples = profile_samples(stages, setup)
-        prior = fit_coefficients(samples)
-        largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
-                   else min(efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs),
-                            peak_wave_tokens(samples)))
+    samples = profile_samples(stages, setup)
+    prior = fit_coefficients(samples)
+    largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
+               else min(efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs),
+                        peak_wave_tokens(samples)))
+    if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
+        prior = sglang_warmup_fit(stages[0], setup, spec.chunk_tokens)
     chunk = _aligned(spec.chunk_tokens, setup) if spec.chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
     pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
                          min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
                          static_wave_tokens=chunk, max_chunks_per_wave=256,
                          mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
-                         mpu_min_tokens=mpu and _aligned(mpu[1], setup),
-                         fill_waves=not spec.first_planner, count_in_flight=not spec.first_planner,
-                         hold_frac=0.0 if spec.first_planner else 0.5)
+                         mpu_min_tokens=mpu and _aligned(mpu[1], setup), fill_waves=True)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
@@ -197,19 +193,14 @@ def profile_samples(stages: list[StageCostModel], setup: SimSetup) -> list:
             for chunks in shapes]
 
 
-def fit_prior_uniform(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
-    """The baselines' cost model as first measured (`SystemSpec.first_planner`): t(L, x) fitted
-    by least squares to the slowest stage's times over waves of 1 and 4 uniform chunks of
-    2k-64k tokens, no knee."""
-    s, big = setup.token_scale, FIRST_MAX_WAVE_TOKENS
-    model = CostModel(prior_weight=1e-3)
-    for L in (0, big // 4, big, 4 * big):
-        for x in (big // 32, big // 8, big // 4, big // 2, big):
-            for n in (1, 4):
-                chunks = [(L // s, max(1, x // n // s))] * n
-                real = [(a * s, b * s) for a, b in chunks]
-                model.observe(chunks, max(st.wave_seconds(real) for st in stages))
-    return model.coef
+def sglang_warmup_fit(stage: StageCostModel, setup: SimSetup, base_tokens: int) -> CostCoefficients:
+    """SGLang's dynamic chunking fit, in simulated tokens: its warm-up prefills (`warmup_lengths`
+    of the base chunk, `base_tokens` real) timed on the first stage alone, as SGLang times them
+    on PP0, and fitted as SGLang fits them (`fit_warmup`)."""
+    s = setup.token_scale
+    lengths = warmup_lengths(base_tokens)
+    fit = fit_warmup(lengths, [stage.wave_seconds([(0, n)]) for n in lengths])   # real tokens
+    return CostCoefficients(c_wave=0.0, c0=fit.c0, g=0.0, b=fit.b * s, a=fit.a * s * s)
 
 
 def run_setting(system: str, setup: SimSetup, workload: Workload, concurrency: int, *,

@@ -3,10 +3,12 @@
     system      admission                      planner (wave size)           topology
     wavepp      asynchronous rounds (WAVE)     balanced cost model           PP, pool per stage
     wavepp-mpu  asynchronous rounds            the paper's MPU budgets       PP, pool per stage
-    lockstep    inline rounds between waves    balanced cost model           PP, pool per stage
+    lockstep    inline rounds between waves    balanced cost model (the      PP, pool per stage
+                                               same planner and fit as wavepp)
     static      asynchronous rounds            fixed budget                  PP, pool per stage
     sglang-pp   SGLang's event_loop_pp         SGLang dynamic chunking       PP, pool per stage,
-                                                                             S micro-batches
+                                               (fitted by SGLang's own       S micro-batches
+                                               warm-up)
     trtllm-pp   TensorRT-LLM's                 fixed budget (8192)           PP, pool per stage,
                 _executor_loop_pp                                            S micro-batches
     vllm-pp     one central scheduler, local   fixed budget (8192)           PP, one pool sized to
@@ -46,9 +48,6 @@ class SystemSpec:
     chunk_tokens: int | None      # fixed / base budget in real tokens (static, dynamic planners)
     description: str
     lease_escrow: bool = True     # charge the stages' lease and escrow work in admission rounds
-    # the planner setup of the baselines as first measured: the balanced planner over the
-    # waiting work only, waves up to 65,536 tokens, a cost model fitted on uniform chunks
-    first_planner: bool = False
     loop: str | None = None       # an outside executor loop (sim/loops.py): trtllm | sglang
 
     def __post_init__(self) -> None:
@@ -64,11 +63,11 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     SystemSpec("wavepp-mpu", get_policy("wavepp-mpu"), "pp", 2, None,
                "asynchronous admission, the paper's MPU budget halving"),
     SystemSpec("lockstep", get_policy("lockstep"), "pp", 2, None,
-               "admission rounds inline between waves", first_planner=True),
+               "admission rounds inline between waves"),
     SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
     SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
                "SGLang's event_loop_pp, dynamic chunking (sigma 0.75), S micro-batches",
-               first_planner=True, loop="sglang"),
+               loop="sglang"),
     SystemSpec("trtllm-pp", get_policy("trtllm-pp"), "pp", 1, 8192,
                "TensorRT-LLM's _executor_loop_pp, 8192-token microbatches, S slots", loop="trtllm"),
     SystemSpec("vllm-pp", get_policy("vllm-pp"), "central", 1, 8192,

@@ -22,13 +22,18 @@ stays in its request (a chunk cut shorter leaves its tokens for a later wave). W
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 from wavepp.sched.messages import Chunk
 from wavepp.sched.request import Request
 
-if TYPE_CHECKING:   # planner.py imports this module
-    from wavepp.sched.planner import PlannerConfig
+
+class SnapshotGrid(Protocol):
+    """The three values alignment reads (a PlannerConfig has them): this module sits below the
+    planners' base, which calls it, so it takes them by shape, not by importing the config."""
+    block_size: int
+    snapshot_interval_blocks: int
+    snapshot_align_frac: float
 
 
 def snapshot_positions(req: Request, start: int, end: int, block_size: int, interval_blocks: int) -> list[int]:
@@ -42,7 +47,7 @@ def snapshot_positions(req: Request, start: int, end: int, block_size: int, inte
     return sorted(points)
 
 
-def aligned_end(req: Request, start: int, end: int, config: "PlannerConfig", room: int) -> int:
+def aligned_end(req: Request, start: int, end: int, config: SnapshotGrid, room: int) -> int:
     """Where a non-final chunk [start, end) of `req` should end (`end` itself if no boundary
     is within the tolerance); rounding up uses at most `room` more tokens."""
     bs, frac = config.block_size, config.snapshot_align_frac
@@ -64,7 +69,7 @@ def aligned_end(req: Request, start: int, end: int, config: "PlannerConfig", roo
     return up if up is not None else end
 
 
-def align_chunk_ends(chunks: Sequence[Chunk], requests: Sequence[Request], config: "PlannerConfig",
+def align_chunk_ends(chunks: Sequence[Chunk], requests: Sequence[Request], config: SnapshotGrid,
                      room: int) -> list[Chunk]:
     """`chunks` with their ends moved onto snapshot boundaries (see the module docstring).
     `room`: tokens the wave may still take (its budget minus its chunks' tokens). Mutates
