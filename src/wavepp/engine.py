@@ -10,13 +10,15 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from wavepp.models import load_model_config, stage_specs
+from wavepp.kv_transfer import DirectoryStore, check_transfer_id
+from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
@@ -44,6 +46,8 @@ class PrefillResult:
     # with logprob_start: for each position p from logprob_start to the prompt's last but one,
     # (logprob of prompt token p + 1, ((token id, logprob), ...) top tokens at p)
     prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
+    # with kv_transfer: where every stage writes its layers' KV of the prompt (kv_transfer/store.py)
+    kv_transfer: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,7 +59,7 @@ class PrefillResult:
             "num_cached_tokens": self.num_cached_tokens, "first_token_id": self.first_token_id,
             "first_token_text": self.first_token_text, "first_token_logprob": self.first_token_logprob,
             "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
-            "admission_s": self.admission_s, "error": self.error,
+            "admission_s": self.admission_s, "error": self.error, "kv_transfer": self.kv_transfer,
         }
 
 
@@ -65,7 +69,8 @@ class Engine:
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
                  top_k: int = 5, num_threads: int = 1, backend: str | None = None,
                  snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
-                 profile_waves: bool = True, device: str = "cpu"):
+                 profile_waves: bool = True, device: str = "cpu", kv_store: str | None = None,
+                 kv_store_max_gib: float | None = None, kv_ttl_s: float = 600.0):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
@@ -80,6 +85,10 @@ class Engine:
         "auto" (cuda when there is one). `backend`: the data plane's, for activations between
         stages (None: nccl when every stage has a GPU of its own, else gloo; runtime/device.py).
 
+        `kv_store`: a directory where every stage writes its layers' KV of the requests
+        submitted with `kv_transfer`, for a decode engine to load (kv_transfer/); transfers live
+        until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first),
+        and those this engine wrote are removed at its shutdown.
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
         self._closed = True
@@ -94,6 +103,15 @@ class Engine:
         self.model_path = resolve_model(model)
         model_config = load_model_config(self.model_path)
         stage_specs(model_config.num_layers, pp)   # the layers split into pp stages
+        self._kv_store = None
+        if kv_store is not None:
+            if page_layout(model_config).is_hybrid:
+                raise ValueError(f"the KV hand-off does not carry recurrent-state snapshots yet: "
+                                 f"{model_config.model_type} cannot take kv_store")
+            max_bytes = None if kv_store_max_gib is None else int(kv_store_max_gib * 2**30)
+            self._kv_store = DirectoryStore(kv_store, max_bytes=max_bytes, ttl_s=kv_ttl_s)
+            config = dataclasses.replace(config, kv_store=str(self._kv_store.root))
+        self._kv_owner = f"{uuid.uuid4().hex}"
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
@@ -114,7 +132,7 @@ class Engine:
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, prompt: Prompt, request_id: int | None = None, *,
-               logprob_start: int | None = None) -> Future:
+               logprob_start: int | None = None, kv_transfer: bool | str = False) -> Future:
         """Queue one prompt (text or token ids); the future resolves to a PrefillResult, and
         its `request_id` attribute is the request's id.
 
@@ -125,7 +143,11 @@ class Engine:
 
         `logprob_start`: also return the logprob of every prompt token after that position
         (`prompt_logprobs`); positions from there on are computed, never reused from the cache
-        (reuse of the blocks before it stays)."""
+        (reuse of the blocks before it stays).
+
+        `kv_transfer`: hand the prompt's KV to a decode engine (needs `kv_store`): True for a
+        fresh transfer id, or the id to use (see `check_transfer_id`); the result's
+        `kv_transfer` says where the stages write it."""
         token_ids = self.tokenize(prompt)
         if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
@@ -133,7 +155,13 @@ class Engine:
                                           or not 0 <= logprob_start < len(token_ids)):
             raise ValueError(f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
                              f"got {logprob_start!r}")
-        return self._core.submit(request_id, token_ids, logprob_start=logprob_start)
+        export_id = None if kv_transfer is False or kv_transfer is None else self._open_transfer(token_ids, kv_transfer)
+        try:
+            return self._core.submit(request_id, token_ids, logprob_start=logprob_start, export_id=export_id)
+        except BaseException:
+            if export_id is not None:
+                self._kv_store.remove(export_id)
+            raise
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
         """Prefill every prompt; results in order. Every prompt is checked before any is
@@ -233,6 +261,8 @@ class Engine:
             self._core.shutdown()
         finally:
             self._cluster.close()
+            if self._kv_store is not None:   # what this engine wrote goes with it
+                self._kv_store.remove_owned(self._kv_owner)
 
     def __enter__(self) -> "Engine":
         return self
@@ -269,6 +299,25 @@ class Engine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         return token_ids
 
+    def _open_transfer(self, token_ids: list[int], kv_transfer: bool | str) -> str:
+        """Check the transfer asked for, write its request.json, drop expired transfers; the id."""
+        if self._kv_store is None:
+            raise ValueError("kv_transfer needs a KV store: start the engine with kv_store=DIR")
+        if kv_transfer is True:
+            transfer_id = f"wpp-{uuid.uuid4().hex}"
+        elif isinstance(kv_transfer, str):
+            transfer_id = check_transfer_id(kv_transfer)
+        else:
+            raise ValueError(f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}")
+        self._kv_store.sweep()
+        try:
+            self._kv_store.write_request(transfer_id, {
+                "token_ids": token_ids, "model": str(self.model_path), "num_stages": self.config.num_stages,
+                "block_size": self.config.block_size, "dtype": self.config.dtype, "owner": self._kv_owner})
+        except FileExistsError:
+            raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
+        return transfer_id
+
     def _get_tokenizer(self):
         if self._tokenizer is None:
             import transformers
@@ -285,6 +334,8 @@ class Engine:
         adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
         token = req.result
         if req.state != RequestState.DONE or token is None:
+            if req.export_id is not None:
+                self._kv_store.remove(req.export_id)
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
         text = self._tokenizer.decode([token.token_id]) if self._tokenizer is not None else None
@@ -294,9 +345,13 @@ class Engine:
                 (lp, tuple(zip(ids, lps)))
                 for part in sorted(req.prompt_logprobs, key=lambda p: p.start)
                 for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs))
+        transfer = None
+        if req.export_id is not None:
+            transfer = {"transfer_id": req.export_id, "store": str(self._kv_store.root), "num_tokens": req.num_tokens,
+                        "num_stages": self.config.num_stages, "block_size": self.config.block_size}
         return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
                              token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
-                             first_token_text=text, prompt_logprobs=prompt_logprobs)
+                             first_token_text=text, prompt_logprobs=prompt_logprobs, kv_transfer=transfer)
 
 
 __all__ = ["Engine", "EngineError", "EngineLoad", "PrefillResult"]

@@ -58,17 +58,19 @@ class Leader:
     # ---- requests ----------------------------------------------------------------------------
 
     def add_request(self, request_id: int, token_ids, now: float = 0.0, *,
-                    logprob_start: int | None = None) -> Request:
+                    logprob_start: int | None = None, export_id: str | None = None) -> Request:
         """Hash the prompt and queue it. A prompt that no stage could ever hold, or longer than
         the model's positions, fails at once (it is then among `take_finished()`).
         `logprob_start`: compute positions from there on (no reuse past its block) and return
-        the logprob of each next prompt token (Request.prompt_logprobs)."""
+        the logprob of each next prompt token (Request.prompt_logprobs). `export_id`: every
+        stage writes its layers' KV of the prompt under this id after the last chunk ran there."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id} is already in use")
         if logprob_start is not None and not 0 <= logprob_start < len(token_ids):
             raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {len(token_ids)})")
         req = Request.create(request_id, token_ids, self.config.block_size, arrival_time=now)
         req.logprob_start = logprob_start
+        req.export_id = export_id
         self.requests[request_id] = req
         bs = self.config.block_size
         smallest = min(self.config.stage_num_blocks) if self.config.stage_num_blocks else None
