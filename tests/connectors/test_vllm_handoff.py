@@ -65,9 +65,10 @@ def test_vllm_decodes_from_wavepps_kv(tmp_path):
     request = json.loads((keep / "p0" / "request.json").read_text())
     assert request["token_ids"] == prompts[0]
     poison(store, "p0")
-    poisoned = [{"token_ids": prompts[0], "transfer_id": "p0"}]
+    # a poisoned transfer, and one that was never written (the decode side computes)
+    extra = [{"token_ids": prompts[0], "transfer_id": "p0"}, {"token_ids": prompts[1], "transfer_id": "never"}]
     spec = {"model": str(model), "store": str(keep), "dtype": "float32", "max_tokens": 16,
-            "requests": [{"token_ids": p, "transfer_id": f"t{i}"} for i, p in enumerate(prompts)] + poisoned}
+            "requests": [{"token_ids": p, "transfer_id": f"t{i}"} for i, p in enumerate(prompts)] + extra}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     out = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "connectors" / "vllm_decode.py"),
@@ -80,8 +81,10 @@ def test_vllm_decodes_from_wavepps_kv(tmp_path):
     assert got["handed_off"][:n] == got["alone"][:n]
     assert [a[0] for a in got["alone"][:n]] == [r.first_token_id for r in results]
     # loaded from outside: every whole block but the one holding the last prompt token
-    assert got["cached_alone"] == [0] * (n + 1)
+    assert got["cached_alone"] == [0] * (n + 2)
     assert got["cached_handed_off"][:n] == [(len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK for p in prompts]
     # a poisoned transfer is loaded (same count) and changes the decode
     assert got["cached_handed_off"][n] == got["cached_handed_off"][0]
     assert got["handed_off"][n] != got["alone"][n]
+    # a miss computes the prompt: nothing loaded, the right tokens
+    assert got["cached_handed_off"][n + 1] == 0 and got["handed_off"][n + 1] == got["alone"][n + 1]

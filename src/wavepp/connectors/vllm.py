@@ -34,7 +34,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                               KVConnectorRole)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from wavepp.kv_transfer.store import DirectoryStore, TransferError
+from wavepp.kv_transfer.decode_plan import plan_load
+from wavepp.kv_transfer.store import DirectoryStore
 
 log = logging.getLogger("wavepp.connectors.vllm")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -77,29 +78,23 @@ class WavePPConnector(KVConnectorBase_V1):
 
     # ---- scheduler side ----------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        params = request.kv_transfer_params or {}
-        transfer_id = params.get("transfer_id")
+        transfer_id = (request.kv_transfer_params or {}).get("transfer_id")
         if not transfer_id:
             return 0, False
-        try:
-            transfer = self.store.read(transfer_id)
-        except (TransferError, ValueError) as err:
-            if getattr(err, "reason", None) == "incomplete":
-                first = self._waiting_since.setdefault(request.request_id, time.monotonic())
-                if time.monotonic() - first < self.wait_s:
-                    return None, False          # the stages are still writing: ask again later
-            return self._miss(request, f"{err}")
+        plan = plan_load(self.store, transfer_id, list(request.prompt_token_ids or []), block_size=self.block_size,
+                         num_computed=num_computed_tokens, num_layers=self.num_layers, kv_width=self.kv_width)
+        if plan.num_tokens is None:        # the stages are still writing: ask again, up to wait_s
+            first = self._waiting_since.setdefault(request.request_id, time.monotonic())
+            if time.monotonic() - first < self.wait_s:
+                return None, False
         self._waiting_since.pop(request.request_id, None)
-        prompt = list(request.prompt_token_ids or [])
-        reason = self._mismatch(transfer, prompt)
-        if reason:
-            return self._miss(request, reason)
-        # whole blocks, and never the last prompt token (vLLM computes it for its logits)
-        end = (len(prompt) - 1) // self.block_size * self.block_size
-        if end <= num_computed_tokens:
+        if not plan.num_tokens:
+            if plan.reason:
+                self.num_misses += 1
+                log.warning("request %s computes its prompt: %s", request.request_id, plan.reason)
             return 0, False
-        self._plans[request.request_id] = (transfer_id, num_computed_tokens, end)
-        return end - num_computed_tokens, False
+        self._plans[request.request_id] = (transfer_id, num_computed_tokens, num_computed_tokens + plan.num_tokens)
+        return plan.num_tokens, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens == 0:
@@ -125,29 +120,6 @@ class WavePPConnector(KVConnectorBase_V1):
         if transfer_id is not None:
             self.store.remove(transfer_id)
         return False, None
-
-    def _mismatch(self, transfer, prompt: list[int]) -> str | None:
-        if transfer.token_ids != prompt[:len(transfer.token_ids)] or len(transfer.token_ids) < len(prompt) - 1:
-            return "its prompt is not this request's"
-        layers = set()
-        for part in transfer.parts:
-            pools = part.manifest.get("pools", {})
-            if set(pools) != {"key", "value"}:
-                return f"it holds pools {sorted(pools)}, not an attention layer's key and value"
-            for pool in pools.values():
-                if pool["width"] != self.kv_width:
-                    return f"its KV rows are {pool['width']} wide; this model's are {self.kv_width}"
-            layers.update(pools["key"]["layers"])
-        if layers != set(range(self.num_layers)):
-            return f"it covers {len(layers)} layers; this model has {self.num_layers}"
-        return None
-
-    def _miss(self, request, reason: str) -> tuple[int, bool]:
-        self.num_misses += 1
-        self._waiting_since.pop(request.request_id, None)
-        log.warning("wavepp KV transfer for request %s not used (%s): computing the prompt",
-                    request.request_id, reason)
-        return 0, False
 
     # ---- worker side -------------------------------------------------------------------------
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
