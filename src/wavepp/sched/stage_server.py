@@ -173,6 +173,13 @@ class StageServer:
                             f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
                             f"reuses {num_leased} blocks but only {computed} are computed here "
                             f"(the leader dispatched it before the request computing them)")
+                if self._hybrid_pool:
+                    leased = self.pool.snapshot_plan(chunk.request_id).leased
+                    if leased is not None and not leased.computed:
+                        raise PlanMismatchError(
+                            f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
+                            f"resumes from the state after block {num_leased - 1}, which request "
+                            f"{leased.owner_id} has not written here yet")
             prepared.append(self._with_states(chunk, req) if self._hybrid_pool
                             else PreparedChunk(chunk, req.block_table))
         return prepared
@@ -189,7 +196,7 @@ class StageServer:
             state_in = plan.leased.slot if plan.leased is not None else None
         else:
             state_in = plan.working_slot
-        saves = [(b * self.block_size, slot) for b, slot in sorted(plan.slots.items())
+        saves = [(b * self.block_size, slot) for b, slot in sorted(plan.save_slots().items())
                  if chunk.start < b * self.block_size <= chunk.end]
         if not chunk.is_last:
             saves.append((chunk.end, plan.working_slot))
