@@ -28,6 +28,28 @@ def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid
     return k
 
 
+def waits_for_round(req: Request, k: int, new_in_round: set[int], ends_in_round: set[int],
+                    block_size: int, interval_blocks: int) -> bool:
+    """Whether `req`, agreed to reuse `k` blocks, would reuse more in the next round: blocks
+    [k, ...) are computed by earlier requests of this round (`new_in_round`), and once they
+    are pending they can be leased instead of computed twice. A hybrid model
+    (`interval_blocks` > 0) resumes only at a snapshot, so the wait pays only if those blocks
+    reach one the earlier requests will save: a grid point, or the last reusable boundary of
+    one of them (`ends_in_round`: the hashes of the blocks before those)."""
+    num_full = min(req.num_tokens // block_size, req.max_reusable_blocks(block_size))
+    hashes = req.block_hashes
+    if k >= num_full or hashes[k] not in new_in_round:
+        return False
+    if not interval_blocks:
+        return True
+    b = k
+    while b < num_full and hashes[b] in new_in_round:
+        b += 1
+        if b % interval_blocks == 0 or hashes[b - 1] in ends_in_round:
+            return True
+    return False
+
+
 @dataclass
 class AdmissionRound:
     """The leader's state for one round: the requests in it and the answers gathered so far.
