@@ -125,7 +125,7 @@ class HybridPool(BlockPool):
         in the pool (after lease or reserve) and hold no slots yet."""
         self._get(request_id, "reserve_snapshots")
         plan = self._plans.setdefault(request_id, SnapshotPlan())
-        if plan.slots or plan.working_slot is not None:
+        if plan.slots or plan.pending or plan.working_slot is not None:
             raise InvalidArgumentError(f"reserve_snapshots: request {request_id!r} holds slots already")
         needed = len(boundaries) + 1
         victims = self._snapshot_victims(needed - len(self._free_slots))

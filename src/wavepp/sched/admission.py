@@ -3,7 +3,8 @@
 A request may reuse only the prefix cached on **all** stages: the minimum of the stages' hints,
 capped so that at least one token is computed. For a hybrid model (linear-attention layers with
 recurrent state) the boundary must also be a block where every stage holds a recurrent-state
-snapshot: the candidate is lowered to the largest boundary common to all stages.
+snapshot, written or pending (a request in flight will write it before any chunk after it runs
+there): the candidate is lowered to the largest boundary common to all stages.
 """
 
 from __future__ import annotations

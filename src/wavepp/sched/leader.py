@@ -141,7 +141,8 @@ class Leader:
         """Agree each request's prefix (min over stages); ask every stage to lease it and escrow
         room for the rest. A request sharing blocks beyond its agreed prefix with an earlier
         request of this round waits for the next round, where it reuses them as pending blocks
-        instead of computing them twice."""
+        (and pending snapshots) instead of computing them twice; on a hybrid model only if
+        they reach a snapshot boundary (`waits_for_round`)."""
         rnd = self.round
         hints: dict[int, list] = collections.defaultdict(list)
         for reply in replies:
