@@ -94,6 +94,29 @@ def test_a_burst_reuses_the_ideal_on_the_snapshot_grid(policy, num_stages):
     assert_drained(sim)
 
 
+@pytest.mark.parametrize("interval", [4, 8])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_benchs_workloads_reach_the_ideal_on_the_grid(policy, interval):
+    """`wavepp bench`'s hybrid rows in the simulator: short-suffix (200 shared tokens and 40 of
+    their own) and reuse (256 tokens sharing 90%), 16-token blocks, 8 outstanding, 32 requests.
+    trtllm-pp finishes its group owners one at a time, so followers arrive while their owner
+    computes the prefix: they reach the ideal only by leasing its pending snapshots."""
+    from wavepp.sched.policy import get_policy
+    from wavepp.sim import run_closed_loop
+    from wavepp.workloads import make_workload
+
+    for work in (make_workload("short_suffix", num_requests=32, num_groups=8, prefix_len=200, suffix_len=40,
+                               block_size=16, seed=0),
+                 make_workload("reuse", num_requests=32, num_groups=8, prompt_len=256, block_size=16, seed=0)):
+        sim = build_sim(policy, 2, linear_costs(per_token_s=1e-4), stage_num_blocks=600, block_size=16,
+                        hybrid=True, snapshot_interval_blocks=interval, loop=get_policy(policy).loop)
+        StateModel(sim, dict(enumerate(work.prompts)))
+        run_closed_loop(sim, work.prompts, concurrency=8)
+        want = snapshot_reusable_tokens(work.prompts, 16, interval)
+        assert [sim.records[i].num_cached_tokens for i in range(32)] == want, work.name
+        assert_drained(sim)
+
+
 def _followers(sim) -> list[int]:
     """Requests planned to resume from a state the owner of group 0 has not dispatched yet."""
     return [r.request_id for r in sim.leader.plannable if any(d.owner_id == 0 for d in r.dependencies)]
