@@ -156,6 +156,7 @@ def test_an_owner_aborted_at_every_phase_leaves_followers_correct(policy, phase)
     fired = []
 
     def maybe_abort():
+        sim._check_all()                    # every stage's integrity after every event
         owner = sim.leader.requests.get(0)
         if not fired and owner is not None and PHASES[phase](sim, owner):
             fired.append(_followers(sim))
@@ -195,6 +196,7 @@ def test_random_aborts_with_pending_snapshots(seed, policy, abort_rate, interval
 
     def maybe_abort():
         nonlocal next_id
+        sim._check_all()                    # every stage's integrity after every event
         live = [rid for rid in sim.leader.requests if rid < 1000]
         if live and rng.random() < abort_rate:
             rid = rng.choice(live)

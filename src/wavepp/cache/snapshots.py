@@ -310,7 +310,9 @@ class HybridPool(BlockPool):
 
     def _kill(self, snapshot: Snapshot) -> None:
         """A pending snapshot will not be written: out of the map (and its pending grid
-        children before it); its slot is free once nobody leases it."""
+        children before it); its slot is free once nobody leases it. Idempotent."""
+        if snapshot.dead:
+            return
         if snapshot.num_grid_children:
             for child in [s for s in self._snapshots.values() if s.parent is snapshot]:
                 self._kill(child)
@@ -330,7 +332,7 @@ class HybridPool(BlockPool):
             self._kill(snapshot)
         for slot in plan.held_slots():
             heapq.heappush(self._free_slots, slot)
-        plan.slots, plan.working_slot = {}, None
+        plan.slots, plan.pending, plan.working_slot = {}, {}, None
 
     def _retire_plan(self, request_id: Hashable) -> None:
         plan = self._plans.pop(request_id, None)
