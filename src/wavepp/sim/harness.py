@@ -65,12 +65,14 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
     if central_pool:
         stage_num_blocks = [min(stage_num_blocks)]
     pools = [BlockPool(n, block_size) for n in stage_num_blocks]
-    if hybrid and snapshot_interval_blocks:   # real snapshots (slots, leases, escrow), as the runtime keeps
+    if hybrid:   # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
+        if not snapshot_interval_blocks:
+            raise ValueError("build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)")
         pools = [HybridPool(n, block_size, num_slots=n // snapshot_interval_blocks + 16,
                             interval_blocks=snapshot_interval_blocks) for n in stage_num_blocks]
-    servers = [StageServer(s, pool, track_snapshots=hybrid) for s, pool in enumerate(pools)]
+    servers = [StageServer(s, pool) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
-    if hybrid and snapshot_interval_blocks:   # chunk ends move onto the stages' snapshot grid
+    if hybrid:   # chunk ends move onto the stages' snapshot grid
         pcfg = replace(pcfg, snapshot_interval_blocks=snapshot_interval_blocks)
     kwargs = {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
     planner = make_planner(pol.planner, pcfg, **kwargs)

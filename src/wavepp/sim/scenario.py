@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from wavepp.cache import default_interval_blocks
 from wavepp.sched.cost_model import (
     CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
     profile_wave_shapes)
@@ -25,6 +26,7 @@ from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
 from wavepp.workloads import Workload
+from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
 
 PROFILE_MAX_TOKENS = 65536   # real tokens: the largest wave of the profiling pass
@@ -72,8 +74,9 @@ class SimSetup:
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
-    # hybrid models: stages keep real state snapshots every this many blocks (slots, leases,
-    # escrow, as the runtime does); 0: a memoryless stand-in that resumes only where a chunk ended
+    # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
+    # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
+    # (`model_interval_blocks`)
     snapshot_interval_blocks: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +116,8 @@ class SimResult:
     idle_admission_frac: float       # mean over stages: idle or blocked waiting for admission
     num_waves: int
     round_latency_p50_s: float
+    # hybrid models: what an infinite cache could reuse at the snapshot grid's resolution
+    ideal_hit_rate_on_grid: float | None = None
 
     def row(self) -> dict:
         return asdict(self)
@@ -151,8 +156,21 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
                      hybrid=m.hybrid, central_pool=spec.topology == "central",
-                     snapshot_interval_blocks=setup.snapshot_interval_blocks or None,
+                     snapshot_interval_blocks=model_interval_blocks(setup) if m.hybrid else None,
                      loop=spec.loop, loop_costs=setup.loop_costs.scaled(s))
+
+
+def model_interval_blocks(setup: SimSetup) -> int:
+    """A hybrid model's snapshot grid in simulated blocks: `setup.snapshot_interval_blocks`, or
+    as the runtime picks it (`default_interval_blocks`: a snapshot of every layer against the
+    cache bytes of a block of every layer, here a block of `block_size * token_scale` real
+    tokens)."""
+    if setup.snapshot_interval_blocks:
+        return setup.snapshot_interval_blocks
+    m = setup.model
+    snapshot_bytes = sum(m.snapshot_bytes(i) for i in range(m.num_layers))
+    block_bytes = sum(m.kv_bytes_per_token(i) for i in range(m.num_layers)) * setup.block_size * setup.token_scale
+    return default_interval_blocks(int(snapshot_bytes), int(block_bytes))
 
 
 def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,
@@ -233,7 +251,9 @@ def to_result(rep: SimReport, system: str, setup: SimSetup, workload: Workload,
         ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_s=rep.ttft_p50_s, ttft_p95_s=rep.ttft_p95_s,
         stage_utilization=sum(rep.stage_utilization) / n,
         idle_admission_frac=sum(rep.idle_admission_frac) / n, num_waves=rep.num_waves,
-        round_latency_p50_s=rep.round_latency_p50_s)
+        round_latency_p50_s=rep.round_latency_p50_s,
+        ideal_hit_rate_on_grid=ideal_snapshot_hit_rate(workload.prompts, setup.block_size, model_interval_blocks(setup))
+        if setup.model.hybrid else None)
 
 
 def _aligned(real_tokens: int, setup: SimSetup) -> int:
