@@ -204,7 +204,8 @@ def _exists(path: str) -> bool:
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/design.md", "docs/models.md", "docs/kernels.md",
-                                 "docs/simulator.md", "docs/serving.md"])
+                                 "docs/simulator.md", "docs/serving.md", "docs/hybrid.md",
+                                 "docs/disaggregation.md"])
 def test_documents_name_files_that_exist(doc):
     """The living documents (not the dated records under docs/benchmarks/) name only paths that
     exist: a module that moved makes this fail until the document follows."""
