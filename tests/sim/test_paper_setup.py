@@ -1,0 +1,26 @@
+"""The paper grid in the paper's setup (NVFP4, trtllm-pp as TensorRT-LLM 1.3.0rc26) and the
+earlier one, both reachable."""
+
+import pytest
+
+from wavepp.sim.grid import get_grid, paper_grid, run_grid, with_overrides
+
+
+def test_the_paper_setup_is_the_default_and_the_earlier_one_stays_reachable():
+    paper, legacy = paper_grid(), paper_grid("legacy")
+    assert len(paper) == len(legacy) == 40
+    assert {(s.weights, s.trtllm) for s in paper} == {("nvfp4", "rc26")}
+    assert {(s.weights, s.trtllm) for s in legacy} == {("", "legacy")}
+    assert get_grid("paper", paper_setup="legacy") == legacy
+    assert [s for s in get_grid("all") if s.grid == "paper"] == paper
+    with pytest.raises(ValueError, match="unknown paper setup"):
+        paper_grid("nvfp8")
+
+
+def test_rows_name_the_weights_and_the_trtllm_mechanisms():
+    small = [s for s in paper_grid() if s.workload.kind == "short_suffix"][:1]
+    small = with_overrides(small, num_requests=8, concurrency=4, token_scale=64,
+                           policies=("wavepp", "trtllm-pp"))
+    rows = run_grid(small)
+    assert [(r["weights"], r["trtllm"]) for r in rows] == [("nvfp4", "rc26")] * 2
+    assert all(r["num_failed"] == 0 for r in rows)
