@@ -24,3 +24,13 @@ def test_rows_name_the_weights_and_the_trtllm_mechanisms():
     rows = run_grid(small)
     assert [(r["weights"], r["trtllm"]) for r in rows] == [("nvfp4", "rc26")] * 2
     assert all(r["num_failed"] == 0 for r in rows)
+
+
+def test_the_attribution_steps_end_at_the_papers_trtllm():
+    from wavepp.sim.attribution import STEPS, VARIANTS, attribution_markdown, attribution_rows
+    from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_RC26
+    assert STEPS[0][1:] == ("", TRTLLM_LEGACY) and STEPS[-1][1:] == ("nvfp4", TRTLLM_RC26)
+    assert all(mech != TRTLLM_RC26 for _, _, mech in VARIANTS)
+    rows = attribution_rows(("minimax-m2",), concurrency=8, num_requests=16)
+    assert len(rows) == len(STEPS) + len(VARIANTS) and all(r["failed"] == 0 for r in rows)
+    assert "| + (a) the budget charges" in attribution_markdown(rows)
