@@ -9,8 +9,8 @@ from wavepp.sim.grid import get_grid, paper_grid, run_grid, with_overrides
 def test_the_paper_setup_is_the_default_and_the_earlier_one_stays_reachable():
     paper, legacy = paper_grid(), paper_grid("legacy")
     assert len(paper) == len(legacy) == 40
-    assert {(s.weights, s.trtllm) for s in paper} == {("nvfp4", "rc26")}
-    assert {(s.weights, s.trtllm) for s in legacy} == {("", "legacy")}
+    assert {(s.weights, s.trtllm, s.max_wave_tokens) for s in paper} == {("nvfp4", "rc26", 16384)}
+    assert {(s.weights, s.trtllm, s.max_wave_tokens) for s in legacy} == {("", "legacy", 0)}
     assert get_grid("paper", paper_setup="legacy") == legacy
     assert [s for s in get_grid("all") if s.grid == "paper"] == paper
     with pytest.raises(ValueError, match="unknown paper setup"):

@@ -81,7 +81,7 @@ def test_a_probe_on_the_executor_path_delays_each_launch_by_its_time(probe_s):
     the forward synchronized, the period grows by exactly the walk; off the executor path it
     costs nothing."""
     host = no_host(schedule_s=1e-4, finalize_s=5e-5)
-    base = TRTLLM_LEGACY.with_changes(probe="measured", probe_s=probe_s)
+    base = TRTLLM_LEGACY.with_changes(probe="constant", probe_s=probe_s)
     on = steady_period(base, host)
     off = steady_period(base.with_changes(probe_on_executor=False), host)
     assert off == pytest.approx(T + 1.5e-4, rel=1e-9)
@@ -93,7 +93,7 @@ def test_without_the_forward_sync_host_work_and_forward_overlap():
     forward overlap. Host-bound, the period is the host work alone (the walk included, the
     forward hidden behind it); forward-bound, less than their sum."""
     host = no_host(schedule_s=1e-4)
-    mech = TRTLLM_LEGACY.with_changes(forward_sync=False, probe="measured")
+    mech = TRTLLM_LEGACY.with_changes(forward_sync=False, probe="constant")
     assert steady_period(mech.with_changes(probe_s=4e-3), host) == pytest.approx(4.1e-3, rel=1e-9)
     synced = steady_period(mech.with_changes(probe_s=2e-4, forward_sync=True), host)
     assert synced == pytest.approx(T + 3e-4, rel=1e-9)
@@ -105,6 +105,18 @@ def test_walk_cost_per_block_grows_with_the_reused_prefix():
     # a miss walks one block; a 28-block hit walks 28 and the miss after them
     assert hooks.scheduled_probe_s([(0, 32 * BS)]) == pytest.approx(1e-6)
     assert hooks.scheduled_probe_s([(28 * BS, 32 * BS), (0, 4 * BS)]) == pytest.approx(30e-6)
+
+
+def test_the_measured_walk_scales_with_the_prefix_it_matches():
+    """64.4 ms for the reference prefix (28,672 real tokens: 1,792 simulated at scale 16), in
+    proportion below and above it, one block for a miss."""
+    mech = TRTLLM_LEGACY.with_changes(probe="measured")
+    hooks = TrtllmScheduling(mech, 64, BS, 2, token_scale=16)
+    assert hooks.scheduled_probe_s([(1792, 2048)]) == pytest.approx(64.4e-3)
+    assert hooks.scheduled_probe_s([(448, 512)]) == pytest.approx(64.4e-3 / 4)
+    assert hooks.scheduled_probe_s([(0, 512)]) == pytest.approx(64.4e-3 * 32 / 28672)
+    constant = TrtllmScheduling(mech.with_changes(probe="constant"), 64, BS, 2, token_scale=16)
+    assert constant.scheduled_probe_s([(0, 512)]) == pytest.approx(64.4e-3)
 
 
 def test_reuse_becomes_visible_when_the_computing_request_retires():

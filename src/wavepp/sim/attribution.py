@@ -31,9 +31,11 @@ _OVERLAP = _RETIRE.with_changes(overlap_chunks=True)
 STEPS: tuple[tuple[str, str, TrtllmMechanisms], ...] = (
     ("earlier setup: FP8 weights, trtllm-pp as before", "", TRTLLM_LEGACY),
     ("+ NVFP4 weights (both systems)", "nvfp4", TRTLLM_LEGACY),
-    ("+ the paper's microbatch: 16,384 tokens, 128 requests", "nvfp4", _PAPER_BATCH),
+    ("+ the paper's microbatch: 16,384 tokens (wavepp's M, trtllm's max_num_tokens), 128 requests",
+     "nvfp4", _PAPER_BATCH),
     ("+ (a) the budget charges a new request's whole prompt", "nvfp4", _CHARGE),
-    ("+ (b) the radix walk, 64.4 ms per new request, on every rank's executor thread", "nvfp4", _PROBE),
+    ("+ (b) the radix walk (64.4 ms down the 28K prefix) per new request, on every rank's executor thread",
+     "nvfp4", _PROBE),
     ("+ (c) pools sized to the smallest rank", "nvfp4", _POOLS),
     ("+ (d) reuse visible on retirement, found when scheduled", "nvfp4", _RETIRE),
     ("+ (e) chunks of a request overlap (PR #9308)", "nvfp4", _OVERLAP),
@@ -44,6 +46,7 @@ STEPS: tuple[tuple[str, str, TrtllmMechanisms], ...] = (
 VARIANTS: tuple[tuple[str, str, TrtllmMechanisms], ...] = (
     ("rc26, the budget charged computed tokens only (reuse estimated, PRs #11637/#12976)", "nvfp4",
      TRTLLM_RC26.with_changes(budget_charge="uncached")),
+    ("rc26, the walk 64.4 ms whatever it matches", "nvfp4", TRTLLM_RC26.with_changes(probe="constant")),
     ("rc26, the walk at 0.5 us per block (its code: one hash lookup per block)", "nvfp4",
      TRTLLM_RC26.with_changes(probe="blocks")),
     ("rc26, per-block walks of every waiting request each iteration (v2 scheduler, PR #19366)", "nvfp4",
@@ -58,7 +61,10 @@ SHORT_SUFFIX = WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096)
 def run_case(args: tuple) -> dict:
     """One (model, label, weights, mechanisms, policy) run at `concurrency`, `num_requests`."""
     model, label, weights, mech, policy, concurrency, num_requests = args
-    setup = SimSetup(with_weights(get_model(model), weights), get_hardware("B300"), 4, trtllm=mech)
+    # the paper's setup runs wavepp with the paper's 16,384-token microbatch as its M
+    max_wave = 16384 if mech.max_num_tokens == 16384 else 0
+    setup = SimSetup(with_weights(get_model(model), weights), get_hardware("B300"), 4, trtllm=mech,
+                     max_wave_tokens=max_wave)
     workload = SHORT_SUFFIX.build(num_requests, setup)
     result, _ = run_setting(policy, setup, workload, concurrency)
     return {"model": model, "step": label, "weights": weights or "fp8", "policy": policy,
@@ -74,7 +80,7 @@ def attribution_rows(models: Sequence[str] = ("glm-5", "minimax-m2"), *, concurr
     # wavepp does not read trtllm-pp's mechanisms: run it once per weight format
     unique = {}
     for case in cases:
-        key = (case[0], case[2], case[4]) if case[4] == "wavepp" else case[:2] + (case[4],)
+        key = (case[0], case[2], case[3].max_num_tokens, case[4]) if case[4] == "wavepp" else case[:2] + (case[4],)
         unique.setdefault(key, case)
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -83,10 +89,10 @@ def attribution_rows(models: Sequence[str] = ("glm-5", "minimax-m2"), *, concurr
         results = {key: run_case(case) for key, case in unique.items()}
     rows = []
     for m in models:
-        for label, w, _ in STEPS + VARIANTS:
-            ours = results[(m, w, "wavepp")]
+        for label, w, mech in STEPS + VARIANTS:
+            ours = results[(m, w, mech.max_num_tokens, "wavepp")]
             theirs = results[(m, label, "trtllm-pp")]
-            rows.append({"model": m, "step": label, "variant": (label, w, _) in VARIANTS,
+            rows.append({"model": m, "step": label, "variant": (label, w, mech) in VARIANTS,
                          "wavepp": ours["input_tok_s"], "trtllm-pp": theirs["input_tok_s"],
                          "trtllm_hit_rate": theirs["hit_rate"], "trtllm_waves": theirs["num_waves"],
                          "failed": ours["num_failed"] + theirs["num_failed"]})

@@ -2,9 +2,10 @@
 
 paper  GLM-5-class and MiniMax-M2-class on PP4 B300, every PP policy, concurrency
        8, 16, 32, 64, 128, four workloads (2 x 4 x 5 = 40 settings), in the paper's setup:
-       NVFP4 weights and `trtllm-pp` as TensorRT-LLM 1.3.0rc26 runs it (sim/trtllm.py
-       `TRTLLM_RC26`); `paper_grid("legacy")` is the earlier setup (the models' FP8 weights,
-       `TRTLLM_LEGACY`):
+       NVFP4 weights, `trtllm-pp` as TensorRT-LLM 1.3.0rc26 runs it (sim/trtllm.py
+       `TRTLLM_RC26`) and the paper's 16,384-token microbatch as wavepp's M;
+       `paper_grid("legacy")` is the earlier setup (the models' FP8 weights, `TRTLLM_LEGACY`,
+       M from the profiling pass):
          cold          8k-token prompts, nothing shared
          mixed         75% warm (8 groups sharing 90% of an 8k prompt), 25% cold, interleaved
          reuse         8 groups sharing 90% of an 8k prompt
@@ -85,18 +86,21 @@ PAPER_CONCURRENCY = (8, 16, 32, 64, 128)
 KIMI_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 
 
-# (weights, trtllm preset) of each setup of the paper grid
-PAPER_SETUPS = {"paper": ("nvfp4", "rc26"), "legacy": ("", "legacy")}
+# (weights, trtllm preset, the balanced planner's M) of each setup of the paper grid: the paper's
+# microbatch limit of 16,384 tokens holds for wavepp as for TensorRT-LLM (max_num_tokens); the
+# earlier setup takes M from the profiling pass (8,192 with FP8 weights; 4,096 with NVFP4)
+PAPER_SETUPS = {"paper": ("nvfp4", "rc26", 16384), "legacy": ("", "legacy", 0)}
 
 
 def paper_grid(setup: str = "paper") -> list[GridSetting]:
     if setup not in PAPER_SETUPS:
         raise ValueError(f"unknown paper setup {setup!r}; choose one of {', '.join(PAPER_SETUPS)}")
-    weights, trtllm = PAPER_SETUPS[setup]
+    weights, trtllm, max_wave_tokens = PAPER_SETUPS[setup]
     shapes = (WorkloadShape("cold"), WorkloadShape("mixed"), WorkloadShape("reuse"),
               WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096))
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "trtllm-pp", "sglang-pp", "vllm-pp")
-    return [GridSetting("paper", model, "B300", 4, shape, c, policies, weights=weights, trtllm=trtllm)
+    return [GridSetting("paper", model, "B300", 4, shape, c, policies, max_wave_tokens=max_wave_tokens,
+                        weights=weights, trtllm=trtllm)
             for model in ("glm-5", "minimax-m2") for shape in shapes for c in PAPER_CONCURRENCY]
 
 

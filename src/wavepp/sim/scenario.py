@@ -155,7 +155,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     loop_costs = setup.loop_costs.scaled(s)
     planner = hooks = None
     if trt is not None:
-        hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens)
+        hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens, token_scale=s)
         if trt.budget_charge != "static":
             planner = MicroBatchPlanner(pcfg, trt, chunk)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,

@@ -18,11 +18,15 @@ in NVIDIA/TensorRT-LLM.
                       (the reuse estimate of 2026: a probe per waiting        #12976 (Apr 2026), #15066 (Jun 2026)
                       request). "static": this simulator's earlier packing    bring "uncached"; #15065 describes
                       (computed tokens, the static planner)                   "prompt" still under MAX_UTILIZATION
-    probe             the radix-tree walk that finds the reuse:               cpp/tensorrt_llm/batch_manager/
-                      "measured": the paper's median, 64.4 ms per walk;       kvCacheManager.cpp (loadOrAllocate-
-                      "blocks": probe_block_s per block walked (one hash-map  Blocks: per block a BlockKey of its
-                      lookup per matched block, and the first miss);          tokens, hashed, looked up among the
-                      "none": the earlier per-block match cost (LoopCosts)    node's children)
+    probe             the radix-tree walk that finds the reuse, which goes    cpp/tensorrt_llm/batch_manager/
+                      block by block down the prompt until a miss:            kvCacheManager.cpp (loadOrAllocate-
+                      "measured": the paper's median, 64.4 ms, for a walk     Blocks: per block a BlockKey of its
+                      down the 4K-suffix workload's 28K-token prefix, in      tokens, hashed, looked up among the
+                      proportion to the tokens a walk matches (at least one   node's children)
+                      block); "constant": 64.4 ms per walk, whatever it
+                      matches; "blocks": probe_block_s per block walked
+                      (each matched block and the first miss); "none": the
+                      earlier per-block match cost (LoopCosts)
     probe_scope       "scheduled": once per request, when the scheduler first _torch/pyexecutor/resource_manager.py
                       puts it in a microbatch (add_sequence), on every rank   (KVCacheManager.prepare_resources ->
                       (each walks its own tree); "waiting": every waiting     add_sequence); PR #19366 (Sep 2026):
@@ -70,12 +74,14 @@ from wavepp.sched.planners.snapshot_align import align_chunk_ends
 from wavepp.sched.request import Request, RequestState
 
 CHARGES = ("static", "prompt", "uncached")
-PROBES = ("none", "measured", "blocks")
+PROBES = ("none", "measured", "constant", "blocks")
 PROBE_SCOPES = ("scheduled", "waiting")
 
 # The paper's measurement of TensorRT-LLM's reuse probe (its radix-tree walk): a median of
 # 64.4 ms, against 24 us for the hint index (arXiv 2609.35263).
 PAPER_PROBE_S = 64.4e-3
+# The prefix that walk is taken to cover: the 4K-suffix workload's shared prefix (sim/grid.py)
+PAPER_PROBE_TOKENS = 28672
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,8 @@ class TrtllmMechanisms:
     max_num_tokens: int = 8192
     budget_charge: str = "static"
     probe: str = "none"
-    probe_s: float = PAPER_PROBE_S       # "measured": seconds per walk
+    probe_s: float = PAPER_PROBE_S       # "measured", "constant": seconds per walk
+    probe_ref_tokens: int = PAPER_PROBE_TOKENS   # "measured": the tokens such a walk matches
     probe_block_s: float = 0.5e-6        # "blocks": seconds per block walked (LoopCosts.match_block_s)
     probe_scope: str = "scheduled"
     probe_on_executor: bool = True
@@ -98,7 +105,7 @@ class TrtllmMechanisms:
         for name, valid in (("budget_charge", CHARGES), ("probe", PROBES), ("probe_scope", PROBE_SCOPES)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"TrtllmMechanisms.{name} must be one of {valid}, got {getattr(self, name)!r}")
-        for name in ("max_num_tokens", "max_batch_size"):
+        for name in ("max_num_tokens", "max_batch_size", "probe_ref_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrtllmMechanisms.{name} must be positive, got {getattr(self, name)}")
         for name in ("probe_s", "probe_block_s"):
@@ -199,8 +206,8 @@ class TrtllmScheduling:
     simulated tokens; `block_tokens` is TensorRT-LLM's tokens_per_block at that scale."""
 
     def __init__(self, mechanisms: TrtllmMechanisms, max_num_tokens: int, block_size: int,
-                 block_tokens: int):
-        self.mech, self.max_num_tokens = mechanisms, max_num_tokens
+                 block_tokens: int, token_scale: int = 1):
+        self.mech, self.max_num_tokens, self.token_scale = mechanisms, max_num_tokens, token_scale
         self.block_size, self.block_tokens = block_size, max(1, block_tokens)
         self._visible: set[int] = set()          # block hashes of retired requests
         self._pending: set[int] = set()          # block hashes admitted requests are computing
@@ -271,8 +278,11 @@ class TrtllmScheduling:
         return sum(self._walk_s(self._visible_blocks(r) * self.block_size, r.num_tokens) for r in leader.waiting)
 
     def _walk_s(self, num_cached: int, num_tokens: int) -> float:
-        if self.mech.probe == "measured":
+        if self.mech.probe == "constant":
             return self.mech.probe_s
+        if self.mech.probe == "measured":
+            matched = max(num_cached, self.block_tokens) * self.token_scale
+            return self.mech.probe_s * matched / self.mech.probe_ref_tokens
         if self.mech.probe == "blocks":
             blocks = min(num_cached // self.block_tokens + 1, -(-num_tokens // self.block_tokens))
             return self.mech.probe_block_s * blocks
