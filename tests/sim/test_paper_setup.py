@@ -34,3 +34,23 @@ def test_the_attribution_steps_end_at_the_papers_trtllm():
     rows = attribution_rows(("minimax-m2",), concurrency=8, num_requests=16)
     assert len(rows) == len(STEPS) + len(VARIANTS) and all(r["failed"] == 0 for r in rows)
     assert "| + (a) the budget charges" in attribution_markdown(rows)
+
+
+def test_kimi_k3_is_a_hybrid_of_kimi_linears_pattern_at_2_8t():
+    from wavepp.sim import HARDWARE, get_model
+    m = get_model("kimi-k3")
+    mla = [i + 1 for i in range(m.num_layers) if not m.is_linear(i)]
+    assert mla == list(range(4, 61, 4)) + [61] and len(m.linear_layers) == 45
+    assert m.num_params() == pytest.approx(2.80e12, rel=0.01)
+    assert m.gemm_dtype == "nvfp4" and HARDWARE["GB300"].peak_flops("nvfp4") == 15e15
+
+
+def test_the_kimi_k3_grid_runs_the_hybrid_with_real_snapshots():
+    from wavepp.sim.grid import kimi_k3_grid
+    grid = kimi_k3_grid()
+    assert len(grid) == 36 and {s.model for s in grid} == {"kimi-k3"}
+    assert all(s.hardware == "GB300" and s.snapshot_interval_blocks == 4 for s in grid)
+    small = with_overrides([s for s in grid if s.workload.kind == "reuse"][:1], num_requests=8,
+                           concurrency=4, policies=("wavepp", "tp-ep"))
+    rows = run_grid(small)
+    assert all(r["num_failed"] == 0 and r["hit_rate"] > 0 for r in rows)

@@ -23,7 +23,7 @@ from wavepp.workloads.registry import WORKLOAD_NAMES
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="simulate wavepp and baselines on modeled GPUs",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=["paper", "kimi", "ablation", "all"], help="run a reconstructed paper grid")
+    p.add_argument("--grid", choices=["paper", "kimi", "kimi-k3", "ablation", "all"], help="run a reconstructed paper grid")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
     p.add_argument("--setup", choices=["paper", "legacy"], default="paper",
                    help="--grid paper: the paper's setup (NVFP4 weights, trtllm-pp as TensorRT-LLM 1.3.0rc26) "

@@ -71,11 +71,13 @@ class GridSetting:
     num_requests: int = field(default=0)    # 0: max(32, 4 x concurrency)
     weights: str = ""                       # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
     trtllm: str = "legacy"                  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
+    snapshot_interval_blocks: int = 0       # hybrid models: real snapshots every this many blocks
 
     def setup(self) -> SimSetup:
         return SimSetup(with_weights(get_model(self.model), self.weights), get_hardware(self.hardware),
                         self.pp, token_scale=self.token_scale, block_size=self.block_size,
-                        max_wave_tokens=self.max_wave_tokens, trtllm=get_trtllm(self.trtllm))
+                        max_wave_tokens=self.max_wave_tokens, trtllm=get_trtllm(self.trtllm),
+                        snapshot_interval_blocks=self.snapshot_interval_blocks)
 
     @property
     def requests(self) -> int:
@@ -111,6 +113,20 @@ def kimi_grid() -> list[GridSetting]:
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
 
 
+# Kimi K3 on 8 GB300 (sim/model_shapes.py "kimi-k3"): the kimi grid's prompts and concurrencies,
+# the paper's chunk budget and M of 16,384 tokens; stages keep state snapshots every 4 blocks
+# (16,384 tokens at the grid's token scale of 256), a chunk's worth
+K3_SNAPSHOT_BLOCKS = 4
+
+
+def kimi_k3_grid() -> list[GridSetting]:
+    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
+    return [GridSetting("kimi-k3", "kimi-k3", "GB300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
+                        c, policies, token_scale=256, max_wave_tokens=16384,
+                        snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS)
+            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
+
+
 def ablation_grid() -> list[GridSetting]:
     """The paper's ablation on the kimi grid's settings at concurrency 8, 16, 32: wave admission,
     + lease and escrow, + MPU (and the balanced planner), each over the step before."""
@@ -120,13 +136,13 @@ def ablation_grid() -> list[GridSetting]:
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in (8, 16, 32)]
 
 
-GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "ablation": ablation_grid}
+GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "kimi-k3": kimi_k3_grid, "ablation": ablation_grid}
 
 
 def get_grid(name: str, paper_setup: str = "paper") -> list[GridSetting]:
     """The settings of grid `name` (or "all": paper and kimi); the paper grid in `paper_setup`."""
     if name == "all":
-        return paper_grid(paper_setup) + kimi_grid()
+        return paper_grid(paper_setup) + kimi_grid() + kimi_k3_grid()
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}, all")
     return paper_grid(paper_setup) if name == "paper" else GRIDS[name]()

@@ -90,6 +90,10 @@ HARDWARE: dict[str, HardwareSpec] = {h.name: h for h in (
     # 1.8 TB/s; ConnectX-8 800 Gb/s per GPU. (NVIDIA's "Inside Blackwell Ultra" blog gives the
     # full GPU 15 PF dense NVFP4: GB300, at 1.4 kW.)
     HardwareSpec("B300", 2250.0, 4500.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6, nvfp4_tflops=13500.0),
+    # NVIDIA GB300 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 15 PF FP4
+    # dense (1,080 PF FP4 dense for 72 GPUs), 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s;
+    # ConnectX-8 800 Gb/s per GPU between nodes.
+    HardwareSpec("GB300", 2500.0, 5000.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6, nvfp4_tflops=15000.0),
 )}
 
 
