@@ -26,7 +26,9 @@ in NVIDIA/TensorRT-LLM.
                       block); "constant": 64.4 ms per walk, whatever it
                       matches; "blocks": probe_block_s per block walked
                       (each matched block and the first miss); "none": the
-                      earlier per-block match cost (LoopCosts)
+                      earlier per-block match cost (LoopCosts). The 2026
+                      budget estimate (countReusableBlocks) walks the same
+                      tree under its mutex: "uncached" implies such walks
     probe_scope       "scheduled": once per request, when the scheduler first _torch/pyexecutor/resource_manager.py
                       puts it in a microbatch (add_sequence), on every rank   (KVCacheManager.prepare_resources ->
                       (each walks its own tree); "waiting": every waiting     add_sequence); PR #19366 (Sep 2026):
