@@ -58,6 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-wave-tokens", type=int, default=0,
                    help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)")
     p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
+    p.add_argument("--snapshot-interval-blocks", type=int, default=0,
+                   help="hybrid models: real state snapshots every this many blocks (0: a stand-in that "
+                        "resumes only where a chunk ended)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -122,7 +125,8 @@ def _run_settings(args) -> tuple[list[dict], list]:
     setup = SimSetup(with_weights(get_model(args.model), args.weights or ""), get_hardware(args.hardware), args.pp,
                      token_scale=16 if args.token_scale is None else args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode,
-                     trtllm=get_trtllm(args.trtllm or "legacy"))
+                     trtllm=get_trtllm(args.trtllm or "legacy"),
+                     snapshot_interval_blocks=args.snapshot_interval_blocks)
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
