@@ -67,7 +67,7 @@ relays the sample state on its executor loop, as before that change.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from wavepp.sched.messages import Chunk
@@ -88,6 +88,7 @@ PAPER_PROBE_TOKENS = 28672
 
 @dataclass(frozen=True)
 class TrtllmMechanisms:
+    """Which of TensorRT-LLM's behaviours `trtllm-pp` runs (the table above); validated here."""
     max_num_tokens: int = 8192
     budget_charge: str = "static"
     probe: str = "none"
@@ -116,9 +117,6 @@ class TrtllmMechanisms:
 
     def with_changes(self, **changes) -> "TrtllmMechanisms":
         return replace(self, **changes)
-
-    def describe(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
 
 
 TRTLLM_LEGACY = TrtllmMechanisms()
