@@ -54,3 +54,11 @@ def test_the_kimi_k3_grid_runs_the_hybrid_with_real_snapshots():
                            concurrency=4, policies=("wavepp", "tp-ep"))
     rows = run_grid(small)
     assert all(r["num_failed"] == 0 and r["hit_rate"] > 0 for r in rows)
+
+
+def test_the_ablation_settings_are_the_papers_three_on_both_kimi_shapes():
+    from wavepp.sim.attribution import PAPER_ABLATION, ablation_settings
+    settings = ablation_settings()
+    assert {(s.model, s.workload.label, s.concurrency) for s in settings} == {
+        (m, w, c) for m in ("kimi-k2", "kimi-k3") for (w, c) in PAPER_ABLATION}
+    assert all(s.hardware == "B300" and s.pp == 8 for s in settings)

@@ -10,9 +10,10 @@ budget accounting, which walk cost, where the walk runs).
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from typing import Sequence
 
-from wavepp.sim.grid import WorkloadShape
+from wavepp.sim.grid import K3_SNAPSHOT_BLOCKS, GridSetting, WorkloadShape, ablation_grid, run_grid
 from wavepp.sim.hardware import get_hardware
 from wavepp.sim.model_shapes import get_model
 from wavepp.sim.output import PAPER_FIGURES
@@ -118,3 +119,38 @@ def attribution_markdown(rows: Sequence[dict]) -> str:
                        f"{r['trtllm-pp'] / paper_theirs:.2f}x | {r['trtllm_hit_rate']:.3f} | {r['trtllm_waves']} |")
         out.append("")
     return "\n".join(out)
+
+
+# ---- the paper's ablation settings ---------------------------------------------------------
+
+# (workload, concurrency) -> the paper's figures there (B300 PP8, input tokens/s)
+PAPER_ABLATION = {
+    ("cold-128k", 16): "+ wave admission: 8,826 -> 29,692 (+236%)",
+    ("reuse-128k", 8): "lease + escrow: 96,796 -> 149,021 (+54%); MPU a further +41.7%: 211,214",
+    ("reuse-256k", 32): "MPU 9.7% below static packing",
+}
+
+
+def ablation_settings() -> list[GridSetting]:
+    """The ablation grid's systems at the paper's three settings, on Kimi-K2 (the ablation
+    grid's model) and on Kimi K3 (NVFP4, real snapshots; `static` added), B300 PP8."""
+    base = [s for s in ablation_grid() if (s.workload.label, s.concurrency) in PAPER_ABLATION]
+    k3 = [replace(s, grid="ablation-k3", model="kimi-k3", snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS,
+                  policies=s.policies + ("static",)) for s in base]
+    return base + k3
+
+
+def ablation_markdown(rows: Sequence[dict]) -> str:
+    got = {(r["model"], r["workload"], r["concurrency"], r["policy"]): r["input_tok_s"] for r in rows}
+    cols = ("fixed-lockstep", "fixed-wave", "fixed-lease", "wavepp-mpu", "wavepp", "static")
+    out = ["| model | setting | " + " | ".join(cols) + " | the paper (B300 PP8, input tok/s) |",
+           "|---|---|" + "---|" * (len(cols) + 1)]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for (workload, c), text in PAPER_ABLATION.items():
+            cells = [f"{got[(model, workload, c, p)]:,.0f}" if (model, workload, c, p) in got else "-" for p in cols]
+            out.append(f"| {model} | {workload} c={c} | " + " | ".join(cells) + f" | {text} |")
+    return "\n".join(out) + "\n"
+
+
+def ablation_rows(jobs: int = 1) -> list[dict]:
+    return run_grid(ablation_settings(), jobs=jobs)
