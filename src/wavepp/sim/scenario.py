@@ -25,6 +25,7 @@ from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
+from wavepp.sim.trtllm import TRTLLM_LEGACY, MicroBatchPlanner, TrtllmMechanisms, TrtllmScheduling
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
@@ -74,6 +75,7 @@ class SimSetup:
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
+    trtllm: TrtllmMechanisms = TRTLLM_LEGACY   # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py)
     # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
     # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
     # (`model_interval_blocks`)
@@ -136,6 +138,9 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
     blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
+    trt = setup.trtllm if spec.loop == "trtllm" else None
+    if trt is not None and trt.min_rank_pools:      # max_tokens allreduced with MIN over the ranks
+        blocks = [min(blocks)] * len(blocks)
     costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
     samples = profile_samples(stages, setup)
     prior = fit_coefficients(samples)
@@ -144,20 +149,28 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                         peak_wave_tokens(samples)))
     if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
         prior = sglang_warmup_fit(stages[0], setup, spec.chunk_tokens)
-    chunk = _aligned(spec.chunk_tokens, setup) if spec.chunk_tokens else largest
+    chunk_tokens = trt.max_num_tokens if trt is not None else spec.chunk_tokens
+    chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
     pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
                          min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
                          static_wave_tokens=chunk, max_chunks_per_wave=256,
                          mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
                          mpu_min_tokens=mpu and _aligned(mpu[1], setup), fill_waves=True)
+    loop_costs = setup.loop_costs.scaled(s)
+    planner = hooks = None
+    if trt is not None:
+        hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens, token_scale=s)
+        if trt.budget_charge != "static":
+            planner = MicroBatchPlanner(pcfg, trt, chunk)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
                      hybrid=m.hybrid, central_pool=spec.topology == "central",
                      snapshot_interval_blocks=model_interval_blocks(setup) if m.hybrid else None,
-                     loop=spec.loop, loop_costs=setup.loop_costs.scaled(s))
+                     loop=spec.loop, loop_costs=loop_costs, planner=planner, trtllm=hooks,
+                     serial_chunks=None if trt is None else not trt.overlap_chunks)
 
 
 def model_interval_blocks(setup: SimSetup) -> int:
