@@ -242,13 +242,14 @@ class Engine:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        """Token ids of a text (the model's tokenizer) or of a sequence of ints, checked
-        against the vocabulary. Anything else (bytes, floats, bools, nested lists) is refused."""
+    def tokenize(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text (the model's tokenizer; `add_special_tokens` as transformers has
+        it) or of a sequence of ints, checked against the vocabulary. Anything else (bytes,
+        floats, bools, nested lists) is refused."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("empty prompt: at least one token is needed")
-            token_ids = list(self._get_tokenizer()(prompt).input_ids)
+            token_ids = list(self._get_tokenizer()(prompt, add_special_tokens=add_special_tokens).input_ids)
         elif isinstance(prompt, (bytes, bytearray, memoryview)):
             raise ValueError("a prompt is a str or a sequence of int token ids, not bytes")
         else:
@@ -268,6 +269,32 @@ class Engine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         return token_ids
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
+        """The token ids of chat messages ({"role", "content"}) rendered by the model's chat
+        template (the tokenizer's), with no special tokens added beyond the template's.
+        ValueError when the model has no tokenizer or no template, or the template refuses
+        the messages (its own raise_exception, e.g. roles out of order)."""
+        tokenizer = self._get_tokenizer()
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"the model at {self.model_path} has no chat template")
+        import jinja2
+        try:
+            text = tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 continue_final_message=continue_final_message)
+        except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
+            raise ValueError(f"the chat template refused the messages: {exc}") from None
+        return self.tokenize(text, add_special_tokens=False)
+
+    def token_strs(self, token_ids: Sequence[int]) -> list[str] | None:
+        """Each token's string in the tokenizer's vocabulary (not decoded text), or None when the
+        model has no tokenizer."""
+        try:
+            return list(self._get_tokenizer().convert_ids_to_tokens(list(token_ids)))
+        except ValueError:
+            return None
 
     def _get_tokenizer(self):
         if self._tokenizer is None:
