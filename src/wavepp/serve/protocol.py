@@ -152,12 +152,14 @@ def _is_int(x) -> bool:
 
 
 def check_model(body: dict, model_names: tuple[str, ...]) -> None:
+    """`model` absent, or one of the served names, or a path whose last part is one (a client
+    that names the model by its directory, as benchmarks that load its tokenizer do)."""
     model = body.get("model")
     if model is None:
         return
     if not isinstance(model, str):
         raise APIError(400, f"model must be a string, got {short(model)}", "model")
-    if model not in model_names:
+    if model not in model_names and model.rstrip("/").rsplit("/", 1)[-1] not in model_names:
         raise APIError(400, f"The model `{short(model)}` does not exist; this server serves "
                             f"{', '.join(model_names)}", "model")
 
