@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Sequence
@@ -109,6 +110,9 @@ class Engine:
         self._core.start(self._result)
         self._cluster.watch(self._core.fail)
         self._tokenizer = None
+        # one caller at a time: a fast tokenizer's encode may change its settings, and a
+        # concurrent call then fails ("Already borrowed"); the server calls from several threads
+        self._tokenizer_lock = threading.Lock()
         self.vocab_size = self._core.vocab_size
 
     # ---- requests ----------------------------------------------------------------------------
@@ -197,7 +201,9 @@ class Engine:
     def decode(self, token_ids: Sequence[int]) -> str | None:
         """The text of token ids, or None when the model has no tokenizer."""
         try:
-            return self._get_tokenizer().decode(list(token_ids))
+            tokenizer = self._get_tokenizer()
+            with self._tokenizer_lock:
+                return tokenizer.decode(list(token_ids))
         except ValueError:
             return None
 
@@ -249,7 +255,9 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("empty prompt: at least one token is needed")
-            token_ids = list(self._get_tokenizer()(prompt, add_special_tokens=add_special_tokens).input_ids)
+            tokenizer = self._get_tokenizer()
+            with self._tokenizer_lock:
+                token_ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
         elif isinstance(prompt, (bytes, bytearray, memoryview)):
             raise ValueError("a prompt is a str or a sequence of int token ids, not bytes")
         else:
@@ -281,9 +289,10 @@ class Engine:
             raise ValueError(f"the model at {self.model_path} has no chat template")
         import jinja2
         try:
-            text = tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt,
-                                                 continue_final_message=continue_final_message)
+            with self._tokenizer_lock:
+                text = tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                     add_generation_prompt=add_generation_prompt,
+                                                     continue_final_message=continue_final_message)
         except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
             raise ValueError(f"the chat template refused the messages: {exc}") from None
         return self.tokenize(text, add_special_tokens=False)
@@ -292,11 +301,17 @@ class Engine:
         """Each token's string in the tokenizer's vocabulary (not decoded text), or None when the
         model has no tokenizer."""
         try:
-            return list(self._get_tokenizer().convert_ids_to_tokens(list(token_ids)))
+            tokenizer = self._get_tokenizer()
+            with self._tokenizer_lock:
+                return list(tokenizer.convert_ids_to_tokens(list(token_ids)))
         except ValueError:
             return None
 
     def _get_tokenizer(self):
+        with self._tokenizer_lock:
+            return self._load_tokenizer()
+
+    def _load_tokenizer(self):
         if self._tokenizer is None:
             import transformers
             transformers.logging.set_verbosity_error()
@@ -314,7 +329,10 @@ class Engine:
         if req.state != RequestState.DONE or token is None:
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
-        text = self._tokenizer.decode([token.token_id]) if self._tokenizer is not None else None
+        text = None
+        if self._tokenizer is not None:
+            with self._tokenizer_lock:
+                text = self._tokenizer.decode([token.token_id])
         prompt_logprobs = None
         if req.logprob_start is not None:
             prompt_logprobs = tuple(

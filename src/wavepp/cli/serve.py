@@ -7,9 +7,10 @@ from wavepp.sched.policy import runtime_policies
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions, /metrics)",
-                       description="Start the pipeline, then serve POST /v1/completions, /v1/score, "
-                                   "GET /v1/models, /health and /metrics until SIGTERM or SIGINT. Under "
+    p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions and chat, /metrics)",
+                       description="Start the pipeline, then serve POST /v1/completions, /v1/chat/completions "
+                                   "(JSON or streamed), /v1/score, /tokenize, /detokenize, GET /v1/models, "
+                                   "/health and /metrics until SIGTERM or SIGINT. Under "
                                    "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
                                    "and the other ranks serve their stage.")
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
