@@ -128,9 +128,46 @@ def test_deep_and_malformed_bodies_are_400_never_500(served):
     _, url = served
     bodies = [b"[" * 5000 + b"]" * 5000, b'{"prompt": ' + b"[" * 100_000, b'{"prompt": [1, ' + b"[" * 900 + b"]" * 901 + b"}",
               b'{"messages": [{"role": "user", "content": ' + b"[" * 900 + b"]" * 900 + b"}]}",
-              b"\xff\xfe", b"", b"null", b'"text"', b'{"prompt": {"a": 1}}']
+              b"\xff\xfe", b"", b"null", b'"text"', b'{"prompt": {"a": 1}}', b'{"prompt": NaN, "temperature": Infinity}',
+              b'{"prompt": [1], "temperature": NaN}', b'{"prompt": [1], "max_tokens": -Infinity}']
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/score"):
         for body in bodies:
             r = httpx.post(f"{url}{path}", content=body, timeout=10)
             assert r.status_code == 400, (path, body[:40], r.text[:200])
             assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                                max_size=4), max_leaves=12)
+
+
+FIELDS = ("prompt", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "echo",
+          "prompt_logprobs", "stream", "stream_options", "temperature", "top_p", "top_k", "n", "seed", "stop",
+          "logit_bias", "response_format", "tools", "model", "query", "items", "label_token_ids", "tokens",
+          "add_generation_prompt", "continue_final_message", "return_token_strs", "add_special_tokens")
+
+
+def test_no_body_reaches_a_500(served):
+    """Any JSON in any of the fields the endpoints read: 200 or 400, never a 500."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    _, url = served
+    client = httpx.Client(base_url=url, timeout=30)
+    bodies = st.dictionaries(st.sampled_from(FIELDS), _json_values(), max_size=5) | _json_values()
+    paths = st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/score"])
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(paths, bodies)
+    def check(path, body):
+        r = client.post(path, json=body)
+        assert r.status_code in (200, 400), (path, body, r.status_code, r.text[:300])
+
+    try:
+        check()
+    finally:
+        client.close()
