@@ -136,6 +136,7 @@ class API:
             raise APIError(400, f"{field}: {exc}", field) from None
 
     async def _tokenize(self, prompts, field: str) -> list[list[int]]:
+        """Every prompt's token ids (on the pool); a 400 naming the first one the engine refuses."""
         def tokenize_all():
             out = []
             for i, p in enumerate(prompts):
@@ -143,14 +144,10 @@ class API:
                     out.append(self.engine.tokenize(p))
                 except ValueError as exc:
                     name = field if len(prompts) == 1 else f"{field}[{i}]"
-                    raise ValueError(name, exc) from None
+                    self.metrics.count("bad_request")
+                    raise APIError(400, f"{name}: {exc}", name) from None
             return out
-        try:
-            out = await self.runner.call(tokenize_all)
-        except ValueError as exc:
-            name, reason = exc.args
-            self.metrics.count("bad_request")
-            raise APIError(400, f"{name}: {reason}", name) from None
+        out = await self.runner.call(tokenize_all)
         self._check_lengths(out, field)
         return out
 

@@ -62,13 +62,13 @@ class Runner:
         loop = asyncio.get_running_loop()
         task = loop.run_in_executor(self.pool, self._submit_all, token_lists, logprob_start)
         try:
-            engine_futures = await asyncio.shield(task)
+            return self._submission(loop, await asyncio.shield(task))
         except asyncio.CancelledError:
-            task.add_done_callback(lambda t: t.cancelled() or t.exception() or self._abort_ids(
-                [f.request_id for f in t.result()]))
+            def abort_when_queued(t: asyncio.Future) -> None:
+                if not t.cancelled() and t.exception() is None:
+                    self.abort(self._submission(loop, t.result()))
+            task.add_done_callback(abort_when_queued)
             raise
-        return Submission([f.request_id for f in engine_futures],
-                          [self._on_loop(loop, f) for f in engine_futures])
 
     def abort(self, submission: Submission) -> None:
         """Abort the submission's prompts that have not ended, without waiting (an unknown or
@@ -117,6 +117,9 @@ class Runner:
             self.metrics.count("unavailable", len(token_lists) - len(futures))
             raise APIError(503, f"the pipeline is down: {exc}", type_="service_unavailable") from None
         return futures
+
+    def _submission(self, loop: asyncio.AbstractEventLoop, engine_futures: list[Future]) -> Submission:
+        return Submission([f.request_id for f in engine_futures], [self._on_loop(loop, f) for f in engine_futures])
 
     def _abort_ids(self, request_ids: list[int]) -> None:
         def abort_all():
