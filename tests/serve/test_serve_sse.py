@@ -135,3 +135,48 @@ def test_slow_clients_delay_nobody(server, tiny_model):
     assert beside_s < max(2.0, 5 * alone_s), (beside_s, alone_s)
     time.sleep(0.5)
     assert_clean(server)
+
+
+def test_streaming_abort_storm_leaves_every_stage_clean(server):
+    """300 streams from 32 clients, a third of them leaving at a random moment (up to 80 ms,
+    about the latency under this load; measured: 57 left, 26 of them aborted in the engine,
+    the others had finished there): every stream read to its end is whole, and afterwards no
+    stage holds a lease, escrow or live request, and the server logged no traceback."""
+    import asyncio
+
+    rng = random.Random(61)
+    prefixes = _prompts(4, 96, seed=60)
+    plan = [(prefixes[i % 4] + _prompts(1, rng.randrange(8, 64), seed=1000 + i)[0],
+             rng.uniform(0, 0.08) if rng.random() < 1 / 3 else None) for i in range(300)]
+    aborted_before = metric(server, 'wavepp_requests_total{outcome="aborted"}')
+
+    async def one(client, ids, leave_after_s):
+        body = {"prompt": ids, "stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            if leave_after_s is not None:
+                try:
+                    await asyncio.wait_for(r.aread(), leave_after_s)
+                except asyncio.TimeoutError:
+                    return "left"
+                return "finished"
+            events = parse_sse(await r.aread())
+            assert events[-1] == "[DONE]" and len(events) == 3 and events[1]["usage"]["prompt_tokens"] == len(ids)
+            return "read"
+
+    async def main():
+        sem = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            async def bounded(ids, leave):
+                async with sem:
+                    return await one(client, ids, leave)
+            return await asyncio.gather(*(bounded(ids, leave) for ids, leave in plan))
+    outcomes = asyncio.run(main())
+    assert outcomes.count("read") == sum(leave is None for _, leave in plan)
+    assert outcomes.count("left") > 0
+    deadline = time.monotonic() + 30
+    while metric(server, 'wavepp_requests_total{outcome="aborted"}') == aborted_before:
+        assert time.monotonic() < deadline, "no stream that left was aborted"
+        time.sleep(0.1)
+    assert_clean(server)
+    assert server.tracebacks == 0, "".join(server.output)[-3000:]
