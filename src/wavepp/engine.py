@@ -10,14 +10,15 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from wavepp.models import load_model_config, stage_specs
+from wavepp.kv_transfer import DirectoryStore, check_transfer_id
+from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
@@ -26,6 +27,7 @@ from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
 from wavepp.store import DEFAULT_MODEL, resolve_model
+from wavepp.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -45,6 +47,8 @@ class PrefillResult:
     # with logprob_start: for each position p from logprob_start to the prompt's last but one,
     # (logprob of prompt token p + 1, ((token id, logprob), ...) top tokens at p)
     prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
+    # with kv_transfer: where every stage writes its layers' KV of the prompt (kv_transfer/store.py)
+    kv_transfer: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,7 +60,7 @@ class PrefillResult:
             "num_cached_tokens": self.num_cached_tokens, "first_token_id": self.first_token_id,
             "first_token_text": self.first_token_text, "first_token_logprob": self.first_token_logprob,
             "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
-            "admission_s": self.admission_s, "error": self.error,
+            "admission_s": self.admission_s, "error": self.error, "kv_transfer": self.kv_transfer,
         }
 
 
@@ -66,7 +70,8 @@ class Engine:
                  stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
                  top_k: int = 5, num_threads: int = 1, backend: str | None = None,
                  snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
-                 profile_waves: bool = True, device: str = "cpu"):
+                 profile_waves: bool = True, device: str = "cpu", kv_store: str | None = None,
+                 kv_store_max_gib: float | None = None, kv_ttl_s: float = 600.0):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
@@ -81,6 +86,10 @@ class Engine:
         "auto" (cuda when there is one). `backend`: the data plane's, for activations between
         stages (None: nccl when every stage has a GPU of its own, else gloo; runtime/device.py).
 
+        `kv_store`: a directory where every stage writes its layers' KV of the requests
+        submitted with `kv_transfer`, for a decode engine to load (kv_transfer/); transfers live
+        until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first),
+        and those this engine wrote are removed at its shutdown.
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
         self._closed = True
@@ -93,8 +102,18 @@ class Engine:
             num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
             snapshot_align_frac=snapshot_align_frac, profile_waves=profile_waves, device=device)
         self.model_path = resolve_model(model)
+        self._tokenizer = Tokenizer(self.model_path)
         model_config = load_model_config(self.model_path)
         stage_specs(model_config.num_layers, pp)   # the layers split into pp stages
+        self._kv_store = None
+        if kv_store is not None:
+            if page_layout(model_config).is_hybrid:
+                raise ValueError(f"the KV hand-off does not carry recurrent-state snapshots yet: "
+                                 f"{model_config.model_type} cannot take kv_store")
+            max_bytes = None if kv_store_max_gib is None else int(kv_store_max_gib * 2**30)
+            self._kv_store = DirectoryStore(kv_store, max_bytes=max_bytes, ttl_s=kv_ttl_s)
+            config = dataclasses.replace(config, kv_store=str(self._kv_store.root))
+        self._kv_owner = f"{uuid.uuid4().hex}"
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
@@ -109,16 +128,12 @@ class Engine:
         self._closed = False
         self._core.start(self._result)
         self._cluster.watch(self._core.fail)
-        self._tokenizer = None
-        # one caller at a time: a fast tokenizer's encode may change its settings, and a
-        # concurrent call then fails ("Already borrowed"); the server calls from several threads
-        self._tokenizer_lock = threading.Lock()
         self.vocab_size = self._core.vocab_size
 
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, prompt: Prompt, request_id: int | None = None, *,
-               logprob_start: int | None = None) -> Future:
+               logprob_start: int | None = None, kv_transfer: bool | str = False) -> Future:
         """Queue one prompt (text or token ids); the future resolves to a PrefillResult, and
         its `request_id` attribute is the request's id.
 
@@ -129,7 +144,11 @@ class Engine:
 
         `logprob_start`: also return the logprob of every prompt token after that position
         (`prompt_logprobs`); positions from there on are computed, never reused from the cache
-        (reuse of the blocks before it stays)."""
+        (reuse of the blocks before it stays).
+
+        `kv_transfer`: hand the prompt's KV to a decode engine (needs `kv_store`): True for a
+        fresh transfer id, or the id to use (see `check_transfer_id`); the result's
+        `kv_transfer` says where the stages write it."""
         token_ids = self.tokenize(prompt)
         if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
@@ -137,7 +156,13 @@ class Engine:
                                           or not 0 <= logprob_start < len(token_ids)):
             raise ValueError(f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
                              f"got {logprob_start!r}")
-        return self._core.submit(request_id, token_ids, logprob_start=logprob_start)
+        export_id = None if kv_transfer is False or kv_transfer is None else self._open_transfer(token_ids, kv_transfer)
+        try:
+            return self._core.submit(request_id, token_ids, logprob_start=logprob_start, export_id=export_id)
+        except BaseException:
+            if export_id is not None:
+                self._kv_store.remove(export_id)
+            raise
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
         """Prefill every prompt; results in order. Every prompt is checked before any is
@@ -201,9 +226,7 @@ class Engine:
     def decode(self, token_ids: Sequence[int]) -> str | None:
         """The text of token ids, or None when the model has no tokenizer."""
         try:
-            tokenizer = self._get_tokenizer()
-            with self._tokenizer_lock:
-                return tokenizer.decode(list(token_ids))
+            return self._tokenizer.decode(token_ids)
         except ValueError:
             return None
 
@@ -239,6 +262,8 @@ class Engine:
             self._core.shutdown()
         finally:
             self._cluster.close()
+            if self._kv_store is not None:   # what this engine wrote goes with it
+                self._kv_store.remove_owned(self._kv_owner)
 
     def __enter__(self) -> "Engine":
         return self
@@ -255,9 +280,7 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("empty prompt: at least one token is needed")
-            tokenizer = self._get_tokenizer()
-            with self._tokenizer_lock:
-                token_ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
+            token_ids = self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         elif isinstance(prompt, (bytes, bytearray, memoryview)):
             raise ValueError("a prompt is a str or a sequence of int token ids, not bytes")
         else:
@@ -281,67 +304,61 @@ class Engine:
     def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
                             continue_final_message: bool = False) -> list[int]:
         """The token ids of chat messages ({"role", "content"}) rendered by the model's chat
-        template (the tokenizer's), with no special tokens added beyond the template's.
-        ValueError when the model has no tokenizer or no template, or the template refuses
-        the messages (its own raise_exception, e.g. roles out of order)."""
-        tokenizer = self._get_tokenizer()
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"the model at {self.model_path} has no chat template")
-        import jinja2
-        try:
-            with self._tokenizer_lock:
-                text = tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                     add_generation_prompt=add_generation_prompt,
-                                                     continue_final_message=continue_final_message)
-        except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
-            raise ValueError(f"the chat template refused the messages: {exc}") from None
+        template, with no special tokens added beyond the template's. ValueError when the
+        model has no tokenizer or no template, or the template refuses the messages."""
+        text = self._tokenizer.chat_text(messages, add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message)
         return self.tokenize(text, add_special_tokens=False)
 
     def token_strs(self, token_ids: Sequence[int]) -> list[str] | None:
-        """Each token's string in the tokenizer's vocabulary (not decoded text), or None when the
-        model has no tokenizer."""
+        """Each token's string in the vocabulary (not decoded text); None without a tokenizer."""
         try:
-            tokenizer = self._get_tokenizer()
-            with self._tokenizer_lock:
-                return list(tokenizer.convert_ids_to_tokens(list(token_ids)))
+            return self._tokenizer.token_strs(token_ids)
         except ValueError:
             return None
 
-    def _get_tokenizer(self):
-        with self._tokenizer_lock:
-            return self._load_tokenizer()
-
-    def _load_tokenizer(self):
-        if self._tokenizer is None:
-            import transformers
-            transformers.logging.set_verbosity_error()
-            try:
-                self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"the model at {self.model_path} has no usable tokenizer; "
-                                 f"pass token ids instead of text ({exc})") from None
-        return self._tokenizer
+    def _open_transfer(self, token_ids: list[int], kv_transfer: bool | str) -> str:
+        """Check the transfer asked for, write its request.json, drop expired transfers; the id."""
+        if self._kv_store is None:
+            raise ValueError("kv_transfer needs a KV store: start the engine with kv_store=DIR")
+        if kv_transfer is True:
+            transfer_id = f"wpp-{uuid.uuid4().hex}"
+        elif isinstance(kv_transfer, str):
+            transfer_id = check_transfer_id(kv_transfer)
+        else:
+            raise ValueError(f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}")
+        self._kv_store.sweep()
+        try:
+            self._kv_store.write_request(transfer_id, {
+                "token_ids": token_ids, "model": str(self.model_path), "num_stages": self.config.num_stages,
+                "block_size": self.config.block_size, "dtype": self.config.dtype, "owner": self._kv_owner})
+        except FileExistsError:
+            raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
+        return transfer_id
 
     def _result(self, request_id: int, req) -> PrefillResult:
         ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
         adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
         token = req.result
         if req.state != RequestState.DONE or token is None:
+            if req.export_id is not None:
+                self._kv_store.remove(req.export_id)
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
-        text = None
-        if self._tokenizer is not None:
-            with self._tokenizer_lock:
-                text = self._tokenizer.decode([token.token_id])
+        text = self._tokenizer.decode_if_loaded([token.token_id])
         prompt_logprobs = None
         if req.logprob_start is not None:
             prompt_logprobs = tuple(
                 (lp, tuple(zip(ids, lps)))
                 for part in sorted(req.prompt_logprobs, key=lambda p: p.start)
                 for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs))
+        transfer = None
+        if req.export_id is not None:
+            transfer = {"transfer_id": req.export_id, "store": str(self._kv_store.root), "num_tokens": req.num_tokens,
+                        "num_stages": self.config.num_stages, "block_size": self.config.block_size}
         return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
                              token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
-                             first_token_text=text, prompt_logprobs=prompt_logprobs)
+                             first_token_text=text, prompt_logprobs=prompt_logprobs, kv_transfer=transfer)
 
 
 __all__ = ["Engine", "EngineError", "EngineLoad", "PrefillResult"]

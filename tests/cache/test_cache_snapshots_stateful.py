@@ -81,7 +81,7 @@ class SnapshotMachine(RuleBasedStateMachine):
         elif model.num_published < model.num_tokens:
             end = data.draw(st.integers(model.num_published + 1, model.num_tokens))
             plan = self.pool.snapshot_plan(request_id)
-            for boundary, slot in plan.slots.items():      # what the model writes in the chunk
+            for boundary, slot in plan.save_slots().items():   # what the model writes in the chunk
                 if model.num_published < boundary * B <= end:
                     self.slot_content[slot] = model.hashes[boundary - 1]
             try:
@@ -106,7 +106,8 @@ class SnapshotMachine(RuleBasedStateMachine):
             return
         self.pool.check_integrity()
         for block_hash, snap in self.pool._snapshots.items():
-            assert self.slot_content.get(snap.slot) == block_hash, "a snapshot's slot holds another state"
+            if snap.computed:
+                assert self.slot_content.get(snap.slot) == block_hash, "a snapshot's slot holds another state"
 
     def teardown(self):
         if not hasattr(self, "pool"):

@@ -46,9 +46,11 @@ class Measurement:
 
 
 def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_label: str,
-                    repeat: int = 0, on_progress=None, open_loop: bool = False) -> Measurement:
+                    repeat: int = 0, on_progress=None, open_loop: bool = False,
+                    submit_options: dict | None = None) -> Measurement:
     """Keep `concurrency` requests outstanding until every prompt is done (or, with
-    `open_loop`, submit at the workload's arrival times)."""
+    `open_loop`, submit at the workload's arrival times). `submit_options`: keyword arguments
+    of every `engine.submit` (e.g. kv_transfer=True)."""
     prompts = workload.prompts
     results = [None] * len(prompts)
     lock = threading.Lock()
@@ -61,7 +63,7 @@ def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_labe
             if i >= len(prompts):
                 return
             state["next"] += 1
-        fut = engine.submit(prompts[i])
+        fut = engine.submit(prompts[i], **(submit_options or {}))
         fut.add_done_callback(lambda f, i=i: finished(i, f))
 
     def finished(i, fut):

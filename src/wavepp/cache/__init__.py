@@ -18,7 +18,8 @@ from wavepp.cache.errors import (
 from wavepp.cache.hashing import hash_blocks
 from wavepp.cache.pool import BlockPool
 from wavepp.cache.snapshot_plan import default_interval_blocks, snapshot_boundaries
-from wavepp.cache.snapshots import HybridPool, SnapshotMatch
+from wavepp.cache.snapshot_records import SnapshotMatch
+from wavepp.cache.snapshots import HybridPool
 from wavepp.cache.results import (
     CapacityView,
     CommitResult,

@@ -10,70 +10,45 @@ bytes per snapshot), and follow the blocks' round:
     lease(id, hashes, k)          also pins the snapshot at block k (refused if there is none)
     reserve_snapshots(id, plan)   escrow: one slot per boundary the request will save, plus
                                   one working slot it carries between its chunks
-    publish(id, n_tokens)         a planned boundary <= n_tokens is written: attach its slot
-    free / release(id)            unpin; give back the slots not attached
+    commit(id, new_hashes)        a boundary on one of the request's new PENDING blocks becomes
+                                  a PENDING snapshot: matchable and leasable before it is written
+    publish(id, n_tokens)         boundaries <= n_tokens are written: pending ones are computed,
+                                  the others attach their slot now if they can
+    free / release(id)            unpin; give back the slots not attached; pending snapshots
+                                  left unwritten die (their readers keep the slot until they go)
+
+Pending snapshots are to snapshots what PENDING entries are to blocks (`cache/block.py`): a
+request admitted while the request computing its prefix is in flight leases the snapshot its
+owner will write; the leader plans its chunk after that boundary only once the owner's chunk
+that writes it has been dispatched, and every stage runs waves in order, so the state is there
+when the reader starts from it. A pending snapshot sits on a PENDING entry of its owner and is
+computed at the same publish, or dies with it (`_on_unlink`).
 
 Two kinds of snapshot. *Grid* snapshots sit at every `interval_blocks`-th boundary; along any
-chain the grid snapshots present form a prefix of the grid (one is attached only if the grid
-point before it has one, and one is evicted alone only if no grid snapshot hangs below it),
-so the hint finds the last of them by exponential probe plus binary search, as
-`BlockStore.match` finds blocks. *End* snapshots (the prompt's last reusable boundary, off the
-grid) let a repeated prompt hit whatever its length; the hint checks the one at k itself.
+chain the grid snapshots present (pending or computed) form a prefix of the grid (one is
+attached or registered only if the grid point before it has one, and one is evicted alone only
+if no grid snapshot hangs below it), so the hint finds the last of them by exponential probe
+plus binary search, as `BlockStore.match` finds blocks. *End* snapshots (the prompt's last
+reusable boundary, off the grid) let a repeated prompt hit whatever its length; the hint
+checks the one at k itself.
 
 A snapshot leaves with its block (leaf-only block eviction: the deeper snapshots are gone
-before) or before it, alone, when reserve needs slots: the least recently used unpinned one
-that no grid snapshot hangs below. Reserve evicts its victims at once (not at materialize as
-blocks do): a snapshot is small and one round seldom needs many.
+before) or before it, alone, when reserve needs slots: the least recently used unpinned
+computed one that no grid snapshot hangs below. Reserve evicts its victims at once (not at
+materialize as blocks do): a snapshot is small and one round seldom needs many.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 
 from wavepp.cache.block import BlockEntry
 from wavepp.cache.errors import InvalidArgumentError
 from wavepp.cache.pool import BlockPool
-from wavepp.cache.results import LeaseResult, ReserveResult
+from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
 from wavepp.cache.snapshot_integrity import check_snapshots
-
-
-@dataclass(eq=False)
-class Snapshot:
-    """The state after block `num_blocks` - 1 of a chain, in slot `slot`."""
-
-    block_hash: int
-    num_blocks: int                  # the boundary, in blocks
-    slot: int
-    grid: bool
-    parent: Snapshot | None          # grid snapshots: the one at the previous grid point
-    ref_count: int = 0               # leasing requests
-    num_grid_children: int = 0
-    last_access: int = 0
-
-
-@dataclass
-class SnapshotPlan:
-    """One request's slots: a slot per boundary it saves, and its working slot."""
-
-    slots: dict[int, int] = field(default_factory=dict)       # boundary (blocks) -> slot, not yet attached
-    working_slot: int | None = None
-    leased: Snapshot | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotMatch:
-    """num_grid_blocks: last grid boundary <= k with a snapshot (0 if none); num_end_blocks: k
-    itself if it holds an off-grid snapshot, else 0."""
-
-    num_grid_blocks: int
-    num_end_blocks: int
-    num_lookups: int
-
-    @property
-    def num_blocks(self) -> int:
-        return max(self.num_grid_blocks, self.num_end_blocks)
+from wavepp.cache.snapshot_records import Snapshot, SnapshotMatch, SnapshotPlan
 
 
 class HybridPool(BlockPool):
@@ -150,7 +125,7 @@ class HybridPool(BlockPool):
         in the pool (after lease or reserve) and hold no slots yet."""
         self._get(request_id, "reserve_snapshots")
         plan = self._plans.setdefault(request_id, SnapshotPlan())
-        if plan.slots or plan.working_slot is not None:
+        if plan.slots or plan.pending or plan.working_slot is not None:
             raise InvalidArgumentError(f"reserve_snapshots: request {request_id!r} holds slots already")
         needed = len(boundaries) + 1
         victims = self._snapshot_victims(needed - len(self._free_slots))
@@ -162,7 +137,26 @@ class HybridPool(BlockPool):
         slots = [heapq.heappop(self._free_slots) for _ in range(needed)]
         plan.working_slot = slots[0]
         plan.slots = dict(zip(boundaries, slots[1:]))
+        if self._requests[request_id].state is RequestState.COMMITTED:
+            self._register_pending(request_id)
         return ReserveResult(True, needed, tuple(slots))
+
+    def commit(self, request_id: Hashable, new_block_hashes: Sequence[int]) -> CommitResult:
+        """As `BlockPool.commit`; then each planned boundary that ends on one of the request's
+        new PENDING entries (and, on the grid, whose grid parent is present) becomes a pending
+        snapshot in its slot: later requests may match and lease it before it is written."""
+        result = super().commit(request_id, new_block_hashes)
+        if result.ok:
+            self._register_pending(request_id)
+        return result
+
+    def cancel(self, request_id: Hashable) -> None:
+        """As `BlockPool.cancel`; its pending snapshots die with its pending entries and every
+        slot of its plan goes back (it may reserve blocks and slots anew); the lease stays."""
+        super().cancel(request_id)
+        plan = self._plans.get(request_id)
+        if plan is not None:
+            self._give_back_plan(plan)
 
     def snapshot_plan(self, request_id: Hashable) -> SnapshotPlan:
         return self._plans[request_id]
@@ -170,15 +164,22 @@ class HybridPool(BlockPool):
     # ---- execution --------------------------------------------------------------------------
 
     def publish(self, request_id: Hashable, num_computed_tokens: int) -> None:
-        """As `BlockPool.publish`; then the planned boundaries now computed become snapshots of
-        their blocks (or give their slot back, if the block is not cached and computed, already
-        has a snapshot, or is a grid point whose grid parent has none)."""
+        """As `BlockPool.publish`; then the pending snapshots now written are computed (their
+        blocks were computed by the same call), and the other planned boundaries now written
+        become snapshots of their blocks (or give their slot back, if the block is not cached
+        and computed, already has a snapshot, or is a grid point whose grid parent has none)."""
         super().publish(request_id, num_computed_tokens)
         plan = self._plans.get(request_id)
-        if plan is None or not plan.slots:
+        if plan is None:
+            return
+        for boundary in sorted(b for b in plan.pending if b * self.block_size <= num_computed_tokens):
+            snapshot = plan.pending.pop(boundary)
+            snapshot.computed = True
+            self._touch_snapshot(snapshot)
+        if not plan.slots:
             return
         request = self._requests[request_id]
-        hashes = [e.block_hash for e in request.leased] + list(request.new_block_hashes)
+        hashes = request.chain_hashes()
         done = [b for b in plan.slots if b * self.block_size <= num_computed_tokens]
         for boundary in sorted(done):
             slot = plan.slots.pop(boundary)
@@ -198,6 +199,10 @@ class HybridPool(BlockPool):
     @property
     def num_snapshots(self) -> int:
         return len(self._snapshots)
+
+    @property
+    def num_pending_snapshots(self) -> int:
+        return sum(1 for s in self._snapshots.values() if not s.computed)
 
     @property
     def num_free_slots(self) -> int:
@@ -247,7 +252,7 @@ class HybridPool(BlockPool):
         children_left = {}
         while len(chosen) < count:
             candidates = [s for s in self._snapshots.values() if id(s) not in taken and s.ref_count == 0
-                          and s.num_grid_children - children_left.get(id(s), 0) == 0]
+                          and s.computed and s.num_grid_children - children_left.get(id(s), 0) == 0]
             if not candidates:
                 return None
             candidates.sort(key=lambda s: (s.last_access, -s.num_blocks, s.slot))
@@ -265,17 +270,79 @@ class HybridPool(BlockPool):
         heapq.heappush(self._free_slots, snapshot.slot)
 
     def _on_unlink(self, entry: BlockEntry) -> None:
-        # a block leaves the index: its snapshot goes with it (deeper ones went before)
+        # a block leaves the index: its snapshot goes with it (deeper ones went before); a
+        # pending one on a block left unwritten dies
         snapshot = self._snapshots.get(entry.block_hash)  # type: ignore[arg-type]
-        if snapshot is not None:
+        if snapshot is None:
+            return
+        if snapshot.computed:
             self._drop_snapshot(snapshot)
+        else:
+            self._kill(snapshot)
+
+    def _register_pending(self, request_id: Hashable) -> None:
+        """The request's planned boundaries on its own linked PENDING entries become pending
+        snapshots (increasing, so a grid point's parent is registered before it)."""
+        plan = self._plans[request_id]
+        hashes = self._requests[request_id].chain_hashes()
+        step = self.interval_blocks
+        for boundary in sorted(plan.slots):
+            if boundary > len(hashes):
+                continue
+            block_hash = hashes[boundary - 1]
+            entry = self._index.get(block_hash)
+            if entry is None or entry.computed or entry.owner_id != request_id or not entry.owned \
+                    or block_hash in self._snapshots:
+                continue
+            grid = boundary % step == 0
+            parent = None
+            if grid and boundary > step:
+                parent = self._snapshots.get(hashes[boundary - step - 1])
+                if parent is None:
+                    continue     # keep the grid snapshots of every chain a prefix of the grid
+            snapshot = Snapshot(block_hash, boundary, plan.slots.pop(boundary), grid, parent,
+                                owner_id=request_id, computed=False)
+            if parent is not None:
+                parent.num_grid_children += 1
+            self._snapshots[block_hash] = snapshot
+            self._touch_snapshot(snapshot)
+            plan.pending[boundary] = snapshot
+
+    def _kill(self, snapshot: Snapshot) -> None:
+        """A pending snapshot will not be written: out of the map (and its pending grid
+        children before it); its slot is free once nobody leases it. Idempotent."""
+        if snapshot.dead:
+            return
+        if snapshot.num_grid_children:
+            for child in [s for s in self._snapshots.values() if s.parent is snapshot]:
+                self._kill(child)
+        del self._snapshots[snapshot.block_hash]
+        if snapshot.parent is not None:
+            snapshot.parent.num_grid_children -= 1
+        snapshot.dead = True
+        owner = self._plans.get(snapshot.owner_id)
+        if owner is not None and owner.pending.get(snapshot.num_blocks) is snapshot:
+            del owner.pending[snapshot.num_blocks]
+        if snapshot.ref_count == 0:
+            heapq.heappush(self._free_slots, snapshot.slot)
+
+    def _give_back_plan(self, plan: SnapshotPlan) -> None:
+        """Pending snapshots die, planned and working slots go back to the free list."""
+        for snapshot in list(plan.pending.values()):
+            self._kill(snapshot)
+        for slot in plan.held_slots():
+            heapq.heappush(self._free_slots, slot)
+        plan.slots, plan.pending, plan.working_slot = {}, {}, None
 
     def _retire_plan(self, request_id: Hashable) -> None:
         plan = self._plans.pop(request_id, None)
         if plan is None:
             return
-        if plan.leased is not None:
-            plan.leased.ref_count -= 1
-            self._touch_snapshot(plan.leased)
-        for slot in [*plan.slots.values(), *([plan.working_slot] if plan.working_slot is not None else [])]:
-            heapq.heappush(self._free_slots, slot)
+        leased = plan.leased
+        if leased is not None:
+            leased.ref_count -= 1
+            if not leased.dead:
+                self._touch_snapshot(leased)
+            elif leased.ref_count == 0:
+                heapq.heappush(self._free_slots, leased.slot)
+        self._give_back_plan(plan)

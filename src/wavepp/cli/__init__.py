@@ -16,8 +16,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="wavepp", description="Pipeline-parallel LLM prefill with cross-stage prefix reuse.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from wavepp.cli import bench, make_model, models, prefill, serve, simulate
-    for command in (models, make_model, prefill, bench, simulate, serve):
+    from wavepp.cli import bench, make_model, models, prefill, route, serve, simulate
+    for command in (models, make_model, prefill, bench, simulate, serve, route):
         command.add_parser(sub)
 
     args = parser.parse_args(argv)

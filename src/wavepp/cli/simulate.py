@@ -23,8 +23,15 @@ from wavepp.workloads.registry import WORKLOAD_NAMES
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="simulate wavepp and baselines on modeled GPUs",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=["paper", "kimi", "ablation", "all"], help="run a reconstructed paper grid")
+    p.add_argument("--grid", choices=["paper", "kimi", "kimi-k3", "ablation", "all"], help="run a reconstructed paper grid")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
+    p.add_argument("--setup", choices=["paper", "legacy"], default="paper",
+                   help="--grid paper: the paper's setup (NVFP4 weights, trtllm-pp as TensorRT-LLM 1.3.0rc26) "
+                        "or the earlier one (FP8 weights, the earlier trtllm-pp)")
+    p.add_argument("--weights", choices=["bf16", "fp8", "nvfp4"], default=None,
+                   help="linear layers' weight format (default: the model's own; --grid: the grid's)")
+    p.add_argument("--trtllm", choices=["legacy", "rc26"], default=None,
+                   help="TensorRT-LLM's mechanisms in trtllm-pp (default legacy; --grid: the grid's)")
     p.add_argument("--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3")
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
@@ -51,6 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-wave-tokens", type=int, default=0,
                    help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)")
     p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
+    p.add_argument("--snapshot-interval-blocks", type=int, default=0,
+                   help="hybrid models: real state snapshots every this many blocks (0: a stand-in that "
+                        "resumes only where a chunk ended)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -71,7 +81,11 @@ def run(args) -> int:
         if args.trace:
             raise ValueError("--trace records single settings; drop --grid or --trace")
         from wavepp.sim.grid import get_grid, run_grid, with_overrides
-        settings = get_grid(args.grid)
+        settings = get_grid(args.grid, paper_setup=args.setup)
+        if args.weights:
+            settings = with_overrides(settings, weights=args.weights)
+        if args.trtllm:
+            settings = with_overrides(settings, trtllm=args.trtllm)
         if args.policy:
             settings = with_overrides(settings, policies=tuple(_policies(args.policy)))
         if args.token_scale is not None:
@@ -105,9 +119,14 @@ def _run_settings(args) -> tuple[list[dict], list]:
     from wavepp.sim.model_shapes import get_model
     from wavepp.sim.scenario import SimSetup, run_setting
 
-    setup = SimSetup(get_model(args.model), get_hardware(args.hardware), args.pp,
+    from wavepp.sim.precision import with_weights
+    from wavepp.sim.trtllm import get_trtllm
+
+    setup = SimSetup(with_weights(get_model(args.model), args.weights or ""), get_hardware(args.hardware), args.pp,
                      token_scale=16 if args.token_scale is None else args.token_scale, block_size=args.block_size,
-                     max_wave_tokens=args.max_wave_tokens, internode=args.internode)
+                     max_wave_tokens=args.max_wave_tokens, internode=args.internode,
+                     trtllm=get_trtllm(args.trtllm or "legacy"),
+                     snapshot_interval_blocks=args.snapshot_interval_blocks)
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []

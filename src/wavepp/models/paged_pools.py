@@ -83,6 +83,22 @@ class PagedPools:
             raise KeyError(f"no state {name!r} for layer {layer} in this stage's cache")
         return self.states[name][:, self._index[(name, layer)]]
 
+    def export_rows(self, block_table: list[int], num_tokens: int) -> dict[str, tuple[list[int], torch.Tensor]]:
+        """A copy, on the host, of tokens [0, num_tokens) held in `block_table`'s blocks, per pool:
+        {pool: (its model layers in this stage, [layers, num_tokens, width])}. Later writes to
+        the blocks do not change it."""
+        num_blocks = -(-num_tokens // self.block_size)
+        if num_blocks > len(block_table):
+            raise ValueError(f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}")
+        index = torch.tensor(block_table[:num_blocks], dtype=torch.int64, device=self.device)
+        out = {}
+        for name, tensor in self.tensors.items():
+            layers = sorted(layer for (pool, layer) in self._index if pool == name)
+            # [layers, num_blocks, block_size, width] -> [layers, num_tokens, width]
+            rows = tensor.index_select(1, index).flatten(1, 2)[:, :num_tokens]
+            out[name] = (layers, rows.cpu().contiguous())
+        return out
+
     def copy_states(self, src_slot: int, dst_slot: int) -> None:
         """Copy every layer's state of one slot into another (a snapshot taken or restored)."""
         for tensor in self.states.values():

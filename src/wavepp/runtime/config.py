@@ -23,6 +23,7 @@ class RuntimeConfig:
     snapshot_interval_blocks: int | None = None   # hybrid models: snapshot grid; None: from memory
     snapshot_align_frac: float = 0.125    # hybrid models: PlannerConfig.snapshot_align_frac
     profile_waves: bool = True            # time waves of varied shape at start-up (runtime/profile.py)
+    kv_store: str = ""                    # KV hand-off: the directory store every stage writes to
 
     def __post_init__(self) -> None:
         from wavepp.sched.policy import get_policy

@@ -95,16 +95,18 @@ class EngineCore:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def submit(self, request_id: int | None, token_ids, *, logprob_start: int | None = None) -> Future:
+    def submit(self, request_id: int | None, token_ids, *, logprob_start: int | None = None,
+               export_id: str | None = None) -> Future:
         """Queue a request under the caller's id (None: the next free automatic id), with its
         options: the request is created with them, so no round sees it without them.
-        `logprob_start`: see Leader.add_request. An id in use by an unfinished request, or an
+        `logprob_start`, `export_id`: see Leader.add_request. An id in use by an unfinished request, or an
         option the prompt cannot take, is refused with ValueError, and nothing is queued."""
         with self.cond:
             self._raise_if_closed()
             internal_id, fut = self._requests.add(request_id)
             try:
-                self.leader.add_request(internal_id, token_ids, self.now(), logprob_start=logprob_start)
+                self.leader.add_request(internal_id, token_ids, self.now(), logprob_start=logprob_start,
+                                        export_id=export_id)
             except ValueError:
                 self._requests.remove(internal_id)
                 raise
@@ -203,6 +205,7 @@ class EngineCore:
                 pass
         for t in started[2:]:
             t.join(timeout=10)
+        self.stage.close()
         with self.cond:
             self._fail_all(self.error or "the engine was shut down before the request finished")
 

@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from wavepp.kv_transfer import DirectoryStore
+from wavepp.kv_transfer.export import StageExporter
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.kernels import StageKernels, choose_kernels
@@ -104,6 +106,18 @@ class StageRuntime:
         self.kv = None
         self.lock = threading.Lock()
         self.reset(config.policy)
+        # KV hand-off: this stage writes its own layers of each request that asks for it
+        self.exporter = None
+        if config.kv_store:
+            manifest = {"model_type": self.model_config.model_type, "dtype": config.dtype,
+                        "block_size": config.block_size, "num_stages": config.num_stages,
+                        "layers": [self.spec.start_layer, self.spec.end_layer]}
+            self.exporter = StageExporter(DirectoryStore(config.kv_store), stage_id, manifest)
+
+    def close(self) -> None:
+        """Finish the exports queued (the stage is stopping)."""
+        if self.exporter is not None:
+            self.exporter.close()
 
     def kernels(self) -> str:
         """The kernel paths this stage runs, e.g. "linear=packed attention=chunked_cpp
@@ -185,6 +199,12 @@ class StageRuntime:
                 output = self._first_tokens(wave, output, rows)
         synchronize(self.device)   # on a GPU the forward runs behind the host: count all of it
         seconds = time.perf_counter() - t0
+        if self.exporter is not None:
+            # copied before complete(): a block the pool reuses afterwards cannot change it
+            for p in prepared:
+                if p.chunk.export_id is not None:
+                    self.exporter.submit(p.chunk.export_id, self.kv.export_rows(p.block_table, p.chunk.end),
+                                         p.chunk.end)
         with self.lock:
             self.server.complete(wave)
         if output is None and self.spec.is_last:

@@ -85,6 +85,7 @@ def run_worker(channels: Channels) -> None:
     _guard(lambda: _loop(channels, stage, inbox, is_last), config.run_dir, rank)()
     for t in threads:   # the leader shut WAVE down first; RECV ended with the shutdown header
         t.join(timeout=10)
+    stage.close()
 
 
 def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: bool) -> None:

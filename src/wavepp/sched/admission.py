@@ -3,7 +3,8 @@
 A request may reuse only the prefix cached on **all** stages: the minimum of the stages' hints,
 capped so that at least one token is computed. For a hybrid model (linear-attention layers with
 recurrent state) the boundary must also be a block where every stage holds a recurrent-state
-snapshot: the candidate is lowered to the largest boundary common to all stages.
+snapshot, written or pending (a request in flight will write it before any chunk after it runs
+there): the candidate is lowered to the largest boundary common to all stages.
 """
 
 from __future__ import annotations
@@ -26,6 +27,28 @@ def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid
             common.intersection_update(h.snapshot_set())
         k = max(common, default=0)
     return k
+
+
+def waits_for_round(req: Request, k: int, new_in_round: set[int], ends_in_round: set[int],
+                    block_size: int, interval_blocks: int) -> bool:
+    """Whether `req`, agreed to reuse `k` blocks, would reuse more in the next round: blocks
+    [k, ...) are computed by earlier requests of this round (`new_in_round`), and once they
+    are pending they can be leased instead of computed twice. A hybrid model
+    (`interval_blocks` > 0) resumes only at a snapshot, so the wait pays only if those blocks
+    reach one the earlier requests will save: a grid point, or the last reusable boundary of
+    one of them (`ends_in_round`: the hashes of the blocks before those)."""
+    num_full = min(req.num_tokens // block_size, req.max_reusable_blocks(block_size))
+    hashes = req.block_hashes
+    if k >= num_full or hashes[k] not in new_in_round:
+        return False
+    if not interval_blocks:
+        return True
+    b = k
+    while b < num_full and hashes[b] in new_in_round:
+        b += 1
+        if b % interval_blocks == 0 or hashes[b - 1] in ends_in_round:
+            return True
+    return False
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 A request admitted after another one that computes the same blocks does not compute them
 again: it leases them as *pending* blocks on every stage and may be planned only in a wave
-after the one that dispatched them (a `Dependency` on their owner). Stages dedup differently
+after the one that dispatched them (a `Dependency` on their owner). On a hybrid model it also
+leases the pending state snapshot at its boundary, which sits on the owner's last block it
+reuses: the same dependency orders the owner's chunk that writes it first on every stage. Stages dedup differently
 (a block cached on one stage is recomputed for another), so a block may have several owners.
 
 When an owner leaves before it dispatched its blocks (aborted, or sent back to waiting because

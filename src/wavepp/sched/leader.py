@@ -22,7 +22,8 @@ import itertools
 import math
 
 from wavepp.cache import CapacityView
-from wavepp.sched.admission import AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request
+from wavepp.sched.admission import (
+    AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request, waits_for_round)
 from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.leader_config import LeaderConfig
 from wavepp.sched.messages import (
@@ -58,17 +59,19 @@ class Leader:
     # ---- requests ----------------------------------------------------------------------------
 
     def add_request(self, request_id: int, token_ids, now: float = 0.0, *,
-                    logprob_start: int | None = None) -> Request:
+                    logprob_start: int | None = None, export_id: str | None = None) -> Request:
         """Hash the prompt and queue it. A prompt that no stage could ever hold, or longer than
         the model's positions, fails at once (it is then among `take_finished()`).
         `logprob_start`: compute positions from there on (no reuse past its block) and return
-        the logprob of each next prompt token (Request.prompt_logprobs)."""
+        the logprob of each next prompt token (Request.prompt_logprobs). `export_id`: every
+        stage writes its layers' KV of the prompt under this id after the last chunk ran there."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id} is already in use")
         if logprob_start is not None and not 0 <= logprob_start < len(token_ids):
             raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {len(token_ids)})")
         req = Request.create(request_id, token_ids, self.config.block_size, arrival_time=now)
         req.logprob_start = logprob_start
+        req.export_id = export_id
         self.requests[request_id] = req
         bs = self.config.block_size
         smallest = min(self.config.stage_num_blocks) if self.config.stage_num_blocks else None
@@ -140,7 +143,8 @@ class Leader:
         """Agree each request's prefix (min over stages); ask every stage to lease it and escrow
         room for the rest. A request sharing blocks beyond its agreed prefix with an earlier
         request of this round waits for the next round, where it reuses them as pending blocks
-        instead of computing them twice."""
+        (and pending snapshots) instead of computing them twice; on a hybrid model only if
+        they reach a snapshot boundary (`waits_for_round`)."""
         rnd = self.round
         hints: dict[int, list] = collections.defaultdict(list)
         for reply in replies:
@@ -148,19 +152,25 @@ class Leader:
                 hints[hint.request_id].append(hint)
         bs = self.config.block_size
         new_in_round: set[int] = set()
+        ends_in_round: set[int] = set()       # hybrid: blocks ending at a request's last reusable boundary
         items, deferred = [], []
         for req in rnd.requests:
             if req.request_id in rnd.aborted:
                 continue
-            if len(hints[req.request_id]) != self.config.num_stages:
+            req_hints = hints[req.request_id]
+            if len(req_hints) != self.config.num_stages:
                 raise ValueError(f"round {rnd.round_id}: request {req.request_id} has "
-                                 f"{len(hints[req.request_id])} hints for {self.config.num_stages} stages")
-            k = agree_prefix(req, hints[req.request_id], bs, hybrid=self.config.hybrid)
-            num_full = req.num_tokens // bs
-            if k < num_full and req.block_hashes[k] in new_in_round:
+                                 f"{len(req_hints)} hints for {self.config.num_stages} stages")
+            k = agree_prefix(req, req_hints, bs, hybrid=self.config.hybrid)
+            interval = max(h.snapshot_interval_blocks for h in req_hints) if self.config.hybrid else 0
+            if waits_for_round(req, k, new_in_round, ends_in_round, bs, interval):
                 deferred.append(req)
                 continue
+            num_full = req.num_tokens // bs
             new_in_round.update(req.block_hashes[k:num_full])
+            last_reusable = (req.num_tokens - 1) // bs
+            if self.config.hybrid and last_reusable > k:
+                ends_in_round.add(req.block_hashes[last_reusable - 1])
             req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = k * bs
             req.state = RequestState.LEASED
             rnd.leased.append(req)

@@ -128,6 +128,9 @@ class Chunk:
     # (the token id that follows each position in the prompt)
     logprob_start: int | None = None
     logprob_token_ids: tuple[int, ...] = ()
+    # the last chunk of a request that hands its KV to a decode engine: each stage writes its
+    # layers' KV of tokens [0, end) under this id once the chunk ran there (kv_transfer/)
+    export_id: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass, field
 
 from wavepp.cache import hash_blocks
-from wavepp.sched.messages import PromptLogprobs, TokenResult
+from wavepp.sched.messages import Chunk, PromptLogprobs, TokenResult
 
 
 class RequestState(enum.Enum):
@@ -64,6 +64,8 @@ class Request:
     # the cache) and the logprob of each next prompt token comes back, chunk by chunk
     logprob_start: int | None = None
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    # KV hand-off: the transfer id its last chunk carries to every stage (None: no export)
+    export_id: str | None = None
 
     @classmethod
     def create(cls, request_id: int, token_ids, block_size: int, *, arrival_time: float = 0.0,
@@ -111,3 +113,11 @@ class Request:
             return None, ()
         first = max(start, self.logprob_start)
         return first, self.token_ids[first + 1:min(end, self.num_tokens - 1) + 1]
+
+    def chunk(self, start: int, end: int) -> Chunk:
+        """The chunk [start, end) of this request, with what its positions carry: the prompt
+        logprobs it asks for, and on the last chunk the KV export id."""
+        logprob_start, logprob_token_ids = self.logprob_token_ids(start, end)
+        is_last = end == self.num_tokens
+        return Chunk(self.request_id, start, end, is_last, logprob_start, logprob_token_ids,
+                     self.export_id if is_last else None)

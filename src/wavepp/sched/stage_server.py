@@ -48,18 +48,14 @@ class PreparedChunk:
 
 
 class StageServer:
-    def __init__(self, stage_id: int, pool: "BlockPool", *, track_snapshots: bool = False):
-        """`track_snapshots`: hybrid (recurrent-state) models can resume only at a block boundary
-        where this stage saved a snapshot, i.e. where one of its chunks ended."""
+    def __init__(self, stage_id: int, pool: "BlockPool"):
+        """A hybrid (recurrent-state) model's stage has a `HybridPool`: it resumes a request
+        only at a block boundary where it holds a snapshot, pending or computed."""
         self.stage_id = stage_id
         self.pool = pool
         self.block_size = pool.block_size
         self.requests: dict[int, StageRequest] = {}
         self._probed: dict[int, ProbeItem] = {}
-        self._track_snapshots = track_snapshots
-        self._snapshots: set[int] = set()   # hashes of blocks that end at a saved snapshot
-        # a HybridPool keeps real snapshots (slots, leases, escrow); track_snapshots is the
-        # simulator's memoryless stand-in
         self._hybrid_pool = hasattr(pool, "match_snapshots")
 
     def handle(self, msg):
@@ -81,18 +77,15 @@ class StageServer:
         for item in msg.items:
             self._probed[item.request_id] = item
             num_blocks = self.pool.match(item.block_hashes).num_blocks
-            snapshots: tuple[int, ...] = ()
             if self._hybrid_pool:
-                # O(log n): the grid snapshots of a chain form a prefix of the grid
+                # O(log n): the grid snapshots of a chain (pending ones too: they will be
+                # written before a chunk after them runs here) form a prefix of the grid
                 limit = min(num_blocks, (item.num_tokens - 1) // self.block_size)
                 found = self.pool.match_snapshots(item.block_hashes, limit)
                 hints.append(Hint(item.request_id, num_blocks, (), self.pool.interval_blocks,
                                   found.num_grid_blocks, found.num_end_blocks))
                 continue
-            if self._track_snapshots:
-                snapshots = tuple(b for b in range(1, num_blocks + 1)
-                                  if item.block_hashes[b - 1] in self._snapshots)
-            hints.append(Hint(item.request_id, num_blocks, snapshots))
+            hints.append(Hint(item.request_id, num_blocks))
         return ProbeReply(msg.round_id, self.stage_id, tuple(hints))
 
     def lease(self, msg: LeaseMsg) -> LeaseReply:
@@ -173,6 +166,13 @@ class StageServer:
                             f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
                             f"reuses {num_leased} blocks but only {computed} are computed here "
                             f"(the leader dispatched it before the request computing them)")
+                if self._hybrid_pool:
+                    leased = self.pool.snapshot_plan(chunk.request_id).leased
+                    if leased is not None and not leased.computed:
+                        raise PlanMismatchError(
+                            f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
+                            f"resumes from the state after block {num_leased - 1}, which request "
+                            f"{leased.owner_id} has not written here yet")
             prepared.append(self._with_states(chunk, req) if self._hybrid_pool
                             else PreparedChunk(chunk, req.block_table))
         return prepared
@@ -189,7 +189,7 @@ class StageServer:
             state_in = plan.leased.slot if plan.leased is not None else None
         else:
             state_in = plan.working_slot
-        saves = [(b * self.block_size, slot) for b, slot in sorted(plan.slots.items())
+        saves = [(b * self.block_size, slot) for b, slot in sorted(plan.save_slots().items())
                  if chunk.start < b * self.block_size <= chunk.end]
         if not chunk.is_last:
             saves.append((chunk.end, plan.working_slot))
@@ -202,8 +202,6 @@ class StageServer:
             req = self.requests[chunk.request_id]
             req.num_computed_tokens = chunk.end
             self.pool.publish(chunk.request_id, chunk.end)
-            if self._track_snapshots and chunk.end % self.block_size == 0:
-                self._snapshots.add(req.block_hashes[chunk.end // self.block_size - 1])
             if chunk.is_last:
                 self.pool.free(chunk.request_id)
                 del self.requests[chunk.request_id]

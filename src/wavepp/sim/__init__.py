@@ -9,12 +9,14 @@ from wavepp.sim.hardware import HARDWARE, HardwareSpec, get_hardware
 from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
 from wavepp.sim.loops import LoopCosts, LoopSim
 from wavepp.sim.model_shapes import MODELS, ModelShape, get_model
+from wavepp.sim.precision import WEIGHT_FORMATS, with_weights
 from wavepp.sim.output import chrome_trace, grid_summary, print_table, write_json, write_plot, write_trace
 from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats
 from wavepp.sim.scenario import (
     AdmissionCosts, SimResult, SimSetup, build_system, fit_prior, run_setting, scaled_costs)
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import SYSTEMS, SystemSpec, get_system
+from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_PRESETS, TRTLLM_RC26, TrtllmMechanisms, get_trtllm
 
 __all__ = [
     "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "loop_costs_from_rounds", "ExecOverheads",
@@ -24,5 +26,6 @@ __all__ = [
     "chrome_trace", "grid_summary", "print_table", "write_json", "write_plot", "write_trace",
     "PipelineSim", "SimCosts", "StageStats", "AdmissionCosts", "SimResult", "SimSetup",
     "build_system", "fit_prior", "run_setting", "scaled_costs", "MemoryBudget", "partition_layers",
-    "stage_kv_tokens", "stage_models", "SYSTEMS", "SystemSpec", "get_system",
+    "stage_kv_tokens", "stage_models", "SYSTEMS", "SystemSpec", "get_system", "WEIGHT_FORMATS",
+    "with_weights", "TRTLLM_LEGACY", "TRTLLM_PRESETS", "TRTLLM_RC26", "TrtllmMechanisms", "get_trtllm",
 ]

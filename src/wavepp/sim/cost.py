@@ -12,6 +12,8 @@ For a wave of chunks (L cached tokens, x new tokens each), T = sum of x, every l
     MLP           dense: 2*T*3*H*I; MoE: routed experts 2*T*k*3*H*I_e as grouped GEMMs of
                   T*k/E rows each, the shared expert as a GEMM of T rows, the router
     elementwise   norms, residuals, activations, MoE permutes: bytes through HBM
+    quantize      NVFP4 weights (sim/precision.py): every linear layer's input written again as
+                  4-bit values with their scales (the quantization fused into the kernel before)
 
 A GEMM runs at peak * efficiency * rows / (rows + half_rows) (tiles fill poorly with few rows:
 the per-expert token count of a small wave) and never faster than reading its weights from
@@ -27,6 +29,7 @@ from typing import Sequence
 
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
+from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
 
 ChunkShape = tuple[int, int]   # (num_cached, num_new), real tokens
 
@@ -145,9 +148,25 @@ class StageCostModel:
             permute = 0.0
         passes = self.overheads.elementwise_hidden_passes * m.hidden_size * 2
         out["elementwise"] = T * (passes + permute) / n / hw.hbm_bytes_s
+        if m.gemm_dtype == "nvfp4":
+            out["quantize"] = T * self._quantized_inputs(layer) * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
         if n > 1:
             out["collectives"] = self._collectives(layer, T)
         return out
+
+    def _quantized_inputs(self, layer: int) -> float:
+        """Elements per token entering this layer's NVFP4 GEMMs: the attention block's input and
+        its output projection's; each expert copy's input and its down projection's."""
+        m = self.model
+        inner = m.linear_num_heads * m.linear_head_dim if m.is_linear(layer) else \
+            m.num_heads * (m.head_dim if m.attention == "gqa" else m.v_head_dim)
+        elems = m.hidden_size + inner
+        if m.is_moe(layer):
+            copies = m.num_experts_per_tok + m.num_shared_experts
+            elems += copies * (m.hidden_size + m.moe_intermediate_size)
+        else:
+            elems += m.hidden_size + m.intermediate_size
+        return float(elems)
 
     def _attention(self, layer: int, L: int, x: int) -> float:
         m, hw, n = self.model, self.hw, self.degree
@@ -176,7 +195,7 @@ class StageCostModel:
         if flops <= 0:
             return 0.0
         hw = self.hw
-        eff = hw.gemm_efficiency * rows / (rows + hw.gemm_half_rows)
+        eff = hw.gemm_efficiency_of(dtype) * rows / (rows + hw.gemm_half_rows)
         return max(flops / (hw.peak_flops(dtype) * eff), weight_bytes / hw.hbm_bytes_s)
 
     def _collectives(self, layer: int, T: int) -> float:

@@ -1,7 +1,11 @@
 """The paper's evaluation grids, reconstructed, and a runner for any list of settings.
 
 paper  GLM-5-class and MiniMax-M2-class on PP4 B300, every PP policy, concurrency
-       8, 16, 32, 64, 128, four workloads (2 x 4 x 5 = 40 settings):
+       8, 16, 32, 64, 128, four workloads (2 x 4 x 5 = 40 settings), in the paper's setup:
+       NVFP4 weights, `trtllm-pp` as TensorRT-LLM 1.3.0rc26 runs it (sim/trtllm.py
+       `TRTLLM_RC26`) and the paper's 16,384-token microbatch as wavepp's M;
+       `paper_grid("legacy")` is the earlier setup (the models' FP8 weights, `TRTLLM_LEGACY`,
+       M from the profiling pass):
          cold          8k-token prompts, nothing shared
          mixed         75% warm (8 groups sharing 90% of an 8k prompt), 25% cold, interleaved
          reuse         8 groups sharing 90% of an 8k prompt
@@ -22,7 +26,9 @@ from typing import Iterable, Sequence
 
 from wavepp.sim.hardware import get_hardware
 from wavepp.sim.model_shapes import get_model
+from wavepp.sim.precision import weight_format, with_weights
 from wavepp.sim.scenario import SimSetup, run_setting
+from wavepp.sim.trtllm import get_trtllm
 from wavepp.workloads import Workload, WorkloadOptions, workload_from_options
 
 
@@ -63,11 +69,15 @@ class GridSetting:
     block_size: int = 16
     max_wave_tokens: int = 0                # 0: from the profiling pass
     num_requests: int = field(default=0)    # 0: max(32, 4 x concurrency)
+    weights: str = ""                       # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
+    trtllm: str = "legacy"                  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
+    snapshot_interval_blocks: int = 0       # hybrid models: real snapshots every this many blocks
 
     def setup(self) -> SimSetup:
-        return SimSetup(get_model(self.model), get_hardware(self.hardware), self.pp,
-                        token_scale=self.token_scale, block_size=self.block_size,
-                        max_wave_tokens=self.max_wave_tokens)
+        return SimSetup(with_weights(get_model(self.model), self.weights), get_hardware(self.hardware),
+                        self.pp, token_scale=self.token_scale, block_size=self.block_size,
+                        max_wave_tokens=self.max_wave_tokens, trtllm=get_trtllm(self.trtllm),
+                        snapshot_interval_blocks=self.snapshot_interval_blocks)
 
     @property
     def requests(self) -> int:
@@ -78,11 +88,21 @@ PAPER_CONCURRENCY = (8, 16, 32, 64, 128)
 KIMI_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 
 
-def paper_grid() -> list[GridSetting]:
+# (weights, trtllm preset, the balanced planner's M) of each setup of the paper grid: the paper's
+# microbatch limit of 16,384 tokens holds for wavepp as for TensorRT-LLM (max_num_tokens); the
+# earlier setup takes M from the profiling pass (8,192 with FP8 weights; 4,096 with NVFP4)
+PAPER_SETUPS = {"paper": ("nvfp4", "rc26", 16384), "legacy": ("", "legacy", 0)}
+
+
+def paper_grid(setup: str = "paper") -> list[GridSetting]:
+    if setup not in PAPER_SETUPS:
+        raise ValueError(f"unknown paper setup {setup!r}; choose one of {', '.join(PAPER_SETUPS)}")
+    weights, trtllm, max_wave_tokens = PAPER_SETUPS[setup]
     shapes = (WorkloadShape("cold"), WorkloadShape("mixed"), WorkloadShape("reuse"),
               WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096))
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "trtllm-pp", "sglang-pp", "vllm-pp")
-    return [GridSetting("paper", model, "B300", 4, shape, c, policies)
+    return [GridSetting("paper", model, "B300", 4, shape, c, policies, max_wave_tokens=max_wave_tokens,
+                        weights=weights, trtllm=trtllm)
             for model in ("glm-5", "minimax-m2") for shape in shapes for c in PAPER_CONCURRENCY]
 
 
@@ -90,6 +110,20 @@ def kimi_grid() -> list[GridSetting]:
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
     return [GridSetting("kimi", "kimi-k2", "B300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
                         c, policies, token_scale=256)
+            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
+
+
+# Kimi K3 on 8 GB300 (sim/model_shapes.py "kimi-k3"): the kimi grid's prompts and concurrencies,
+# the paper's chunk budget and M of 16,384 tokens; stages keep state snapshots every 4 blocks
+# (16,384 tokens at the grid's token scale of 256), a chunk's worth
+K3_SNAPSHOT_BLOCKS = 4
+
+
+def kimi_k3_grid() -> list[GridSetting]:
+    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
+    return [GridSetting("kimi-k3", "kimi-k3", "GB300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
+                        c, policies, token_scale=256, max_wave_tokens=16384,
+                        snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS)
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
 
 
@@ -102,15 +136,16 @@ def ablation_grid() -> list[GridSetting]:
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in (8, 16, 32)]
 
 
-GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "ablation": ablation_grid}
+GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "kimi-k3": kimi_k3_grid, "ablation": ablation_grid}
 
 
-def get_grid(name: str) -> list[GridSetting]:
+def get_grid(name: str, paper_setup: str = "paper") -> list[GridSetting]:
+    """The settings of grid `name` (or "all": paper and kimi); the paper grid in `paper_setup`."""
     if name == "all":
-        return [s for key, make in GRIDS.items() if key != "ablation" for s in make()]
+        return paper_grid(paper_setup) + kimi_grid() + kimi_k3_grid()
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}, all")
-    return GRIDS[name]()
+    return paper_grid(paper_setup) if name == "paper" else GRIDS[name]()
 
 
 def run_grid(settings: Sequence[GridSetting], *, jobs: int = 1) -> list[dict]:
@@ -129,6 +164,7 @@ def run_one(setting: GridSetting) -> list[dict]:
     for policy in setting.policies:
         result, _ = run_setting(policy, setup, workload, setting.concurrency)
         rows.append({"grid": setting.grid, "model": setting.model, "hardware": setting.hardware,
+                     "weights": weight_format(setup.model), "trtllm": setting.trtllm,
                      "pp": setting.pp, "workload": setting.workload.label,
                      "concurrency": setting.concurrency, "policy": policy,
                      "input_tok_s": result.input_tok_s, "num_requests": result.num_requests,

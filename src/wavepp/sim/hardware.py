@@ -26,12 +26,16 @@ class HardwareSpec:
     attn_efficiency: float = 0.72    # long-sequence attention kernels, fraction of bf16 peak
     gemm_half_rows: int = 32     # rows per GEMM (tokens per expert) at half efficiency: tile fill
     attn_half_queries: int = 64  # query rows per chunk at half attention efficiency (128-row tiles)
+    nvfp4_tflops: float = 0.0    # dense peak of block-scaled FP4 (0: no FP4 tensor cores)
+    nvfp4_gemm_efficiency: float = 0.43   # large NVFP4 GEMMs, fraction of their peak
 
     def __post_init__(self) -> None:
         for name in ("bf16_tflops", "fp8_tflops", "hbm_gb", "hbm_tb_s", "link_gb_s", "internode_gb_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"HardwareSpec.{name} must be positive, got {getattr(self, name)}")
-        for name in ("gemm_efficiency", "attn_efficiency"):
+        if self.nvfp4_tflops < 0:
+            raise ValueError(f"HardwareSpec.nvfp4_tflops must be >= 0, got {self.nvfp4_tflops}")
+        for name in ("gemm_efficiency", "attn_efficiency", "nvfp4_gemm_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"HardwareSpec.{name} must be in (0, 1], got {getattr(self, name)}")
 
@@ -40,7 +44,15 @@ class HardwareSpec:
             return self.bf16_tflops * 1e12
         if dtype == "fp8":
             return self.fp8_tflops * 1e12
-        raise ValueError(f"unknown dtype {dtype!r} (bf16 or fp8)")
+        if dtype == "nvfp4":
+            if not self.nvfp4_tflops:
+                raise ValueError(f"{self.name} has no FP4 tensor cores (nvfp4)")
+            return self.nvfp4_tflops * 1e12
+        raise ValueError(f"unknown dtype {dtype!r} (bf16, fp8 or nvfp4)")
+
+    def gemm_efficiency_of(self, dtype: str) -> float:
+        """Large GEMMs' fraction of the peak of `dtype`."""
+        return self.nvfp4_gemm_efficiency if dtype == "nvfp4" else self.gemm_efficiency
 
     @property
     def hbm_bytes_s(self) -> float:
@@ -58,6 +70,10 @@ class HardwareSpec:
 # Attention efficiency: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) reaches ~740
 #   TFLOPS FP16 forward on H100 SXM, 75% of 989. On B200/B300 FlashAttention-4 / cuDNN report
 #   ~1600 TFLOPS BF16 forward (about 71% of 2250).
+# NVFP4 GEMM efficiency 0.43: vLLM's NVFP4 CUTLASS GEMM benchmark on B200
+#   (vllm-project/vllm#20646, benchmarks/kernels/bench_nvfp4_gemm.py, "nvfp4-noquant": the GEMM
+#   alone) reaches 3,904 TFLOPS at 16,384 rows (N = 6,144, K = 4,096), 43% of B200's 9 PF dense
+#   FP4. The activations' quantization is charged apart (sim/cost.py). Assumed the same on B300.
 # Link latency: NCCL point-to-point of small messages over NVLink takes ~5-10 us (nccl-tests
 #   sendrecv_perf at 8 B); inter-node RDMA ~10 us.
 HARDWARE: dict[str, HardwareSpec] = {h.name: h for h in (
@@ -66,12 +82,18 @@ HARDWARE: dict[str, HardwareSpec] = {h.name: h for h in (
     HardwareSpec("H100", 989.0, 1979.0, 80.0, 3.35, 900.0, 8e-6, 50.0, 10e-6, attn_efficiency=0.75),
     # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
     HardwareSpec("H200", 989.0, 1979.0, 141.0, 4.8, 900.0, 8e-6, 50.0, 10e-6, attn_efficiency=0.75),
-    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense, 180 GB HBM3e at
-    # 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-7 400 Gb/s (DGX B200).
-    HardwareSpec("B200", 2250.0, 4500.0, 180.0, 8.0, 1800.0, 8e-6, 50.0, 10e-6),
+    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 / 9 PF FP4 dense (72 PF
+    # for 8 GPUs), 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-7 400 Gb/s (DGX B200).
+    HardwareSpec("B200", 2250.0, 4500.0, 180.0, 8.0, 1800.0, 8e-6, 50.0, 10e-6, nvfp4_tflops=9000.0),
     # NVIDIA HGX B300 (Blackwell Ultra) datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense,
-    # 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-8 800 Gb/s per GPU.
-    HardwareSpec("B300", 2250.0, 4500.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6),
+    # FP4 13.5 PF dense (108 PF for 8 GPUs, 144 with sparsity), 288 GB HBM3e at 8 TB/s, NVLink 5
+    # 1.8 TB/s; ConnectX-8 800 Gb/s per GPU. (NVIDIA's "Inside Blackwell Ultra" blog gives the
+    # full GPU 15 PF dense NVFP4: GB300, at 1.4 kW.)
+    HardwareSpec("B300", 2250.0, 4500.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6, nvfp4_tflops=13500.0),
+    # NVIDIA GB300 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 15 PF FP4
+    # dense (1,080 PF FP4 dense for 72 GPUs), 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s;
+    # ConnectX-8 800 Gb/s per GPU between nodes.
+    HardwareSpec("GB300", 2500.0, 5000.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6, nvfp4_tflops=15000.0),
 )}
 
 

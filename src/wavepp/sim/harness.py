@@ -54,35 +54,42 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
               max_waves_in_flight: int | None = None, max_round_requests: int = 64,
               check_integrity: bool = False, hybrid: bool = False,
               central_pool: bool = False, snapshot_interval_blocks: int | None = None,
-              loop: str | None = None, loop_costs=None) -> PipelineSim:
+              loop: str | None = None, loop_costs=None, planner=None, serial_chunks: bool | None = None,
+              trtllm=None) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
     `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops.py) with
-    `loop_costs`, S microbatch slots."""
+    `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
+    `serial_chunks`: a request's next chunk waits for its chunk in flight (default: under the
+    trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/trtllm.py
+    `TrtllmScheduling`)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
     if central_pool:
         stage_num_blocks = [min(stage_num_blocks)]
     pools = [BlockPool(n, block_size) for n in stage_num_blocks]
-    if hybrid and snapshot_interval_blocks:   # real snapshots (slots, leases, escrow), as the runtime keeps
+    if hybrid:   # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
+        if not snapshot_interval_blocks:
+            raise ValueError("build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)")
         pools = [HybridPool(n, block_size, num_slots=n // snapshot_interval_blocks + 16,
                             interval_blocks=snapshot_interval_blocks) for n in stage_num_blocks]
-    servers = [StageServer(s, pool, track_snapshots=hybrid) for s, pool in enumerate(pools)]
+    servers = [StageServer(s, pool) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
-    if hybrid and snapshot_interval_blocks:   # chunk ends move onto the stages' snapshot grid
+    if hybrid:   # chunk ends move onto the stages' snapshot grid
         pcfg = replace(pcfg, snapshot_interval_blocks=snapshot_interval_blocks)
     kwargs = {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
-    planner = make_planner(pol.planner, pcfg, **kwargs)
+    planner = planner or make_planner(pol.planner, pcfg, **kwargs)
     leader = Leader(LeaderConfig(len(servers), block_size,
                                  max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
                                  max_round_requests=max_round_requests,
                                  stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid,
-                                 serial_chunks=loop == "trtllm"), planner)
+                                 serial_chunks=loop == "trtllm" if serial_chunks is None else serial_chunks),
+                    planner)
     if loop is not None:
         from wavepp.sim.loops import LoopCosts, LoopSim
         return LoopSim(leader, servers, costs, loop=loop, loop_costs=loop_costs or LoopCosts(),
-                       check_integrity=check_integrity)
+                       check_integrity=check_integrity, trtllm=trtllm)
     return PipelineSim(leader, servers, costs, inline_admission=pol.inline_admission,
                        check_integrity=check_integrity, num_stages=num_stages)
 

@@ -47,49 +47,15 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Callable, Generator
 
 from wavepp.sched.messages import ReleaseMsg, TokenResult, Wave, WaveResult
+from wavepp.sched.request import RequestState
 from wavepp.sched.rounds import run_round
+from wavepp.sim.loop_costs import LoopCosts
 from wavepp.sim.pipeline import PipelineSim
-
-
-@dataclass(frozen=True)
-class LoopCosts:
-    """Host seconds per iteration of an outside loop, on each rank.
-
-    Defaults: `schedule_item_s` is TensorRT-LLM's measured host step over its requests
-    (NVIDIA/TensorRT-LLM#10273: 45.11 ms per iteration for a 1,536-request decode batch, 29 us
-    per request, the scheduler 4.4% of it); `schedule_s` the ~580 us of host work per iteration
-    that NVIDIA/TensorRT-LLM#13957 measures exposed as GPU idle in its executor loop (decode);
-    `match_block_s` and `alloc_block_s` are this project's BlockPool per block (lease 0.66 us,
-    reserve + commit 4.9 us on the 2-core VM, scaled 1.4x to a server core, as in
-    AdmissionCosts), charged per KV block of `block_tokens` (TensorRT-LLM's default
-    tokens_per_block, 32); `hop_s`, `fetch_s`, `relay_s` and `finalize_s` are assumptions
-    taken from this project's admission costs (AdmissionCosts: 100 us one way, 50 us of work
-    per message).
-    """
-    fetch_s: float = 50e-6          # read the queue / unpickle the request list
-    schedule_s: float = 580e-6      # the scheduler and loop bookkeeping per iteration
-    schedule_item_s: float = 29e-6  # ... per request in the microbatch
-    match_block_s: float = 0.5e-6   # prefix match, per cached block (each rank)
-    alloc_block_s: float = 3.5e-6   # KV allocation, per new block (each rank)
-    relay_s: float = 50e-6          # (de)serialize and post one message
-    hop_s: float = 100e-6           # one way between neighbouring ranks
-    finalize_s: float = 50e-6       # retire a microbatch (responses, free KV)
-    block_tokens: int = 32          # real tokens per block of the per-block costs
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value < 0:
-                raise ValueError(f"LoopCosts.{name} must be >= 0, got {value}")
-        if self.block_tokens <= 0:
-            raise ValueError("LoopCosts.block_tokens must be positive")
-
-    def scaled(self, token_scale: int) -> "LoopCosts":
-        """The same costs for blocks of `token_scale` times fewer (simulated) tokens."""
-        return LoopCosts(**{**asdict(self), "block_tokens": max(1, self.block_tokens // token_scale)})
+from wavepp.sim.trtllm import TrtllmScheduling
 
 
 LOOPS = ("trtllm", "sglang")
@@ -104,17 +70,20 @@ class _Batch:
         self.done_at: list[float | None] = [None] * num_ranks
         self.seconds: list[float] = []
         self.waiters: dict[int, list] = collections.defaultdict(list)   # rank -> coroutines
+        self.fresh: list[tuple[int, int]] = []    # (cached, prompt) tokens of its new requests
+        self.rank0_probe_s = 0.0                  # rank 0's scheduler walks (probe_scope "waiting")
 
 
 class LoopSim(PipelineSim):
     """A PipelineSim whose ranks run an outside executor loop (`loop`: trtllm | sglang)."""
 
     def __init__(self, leader, servers, costs, *, loop: str, loop_costs: LoopCosts,
-                 check_integrity: bool = False):
+                 check_integrity: bool = False, trtllm: TrtllmScheduling | None = None):
         if loop not in LOOPS:
             raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
         super().__init__(leader, servers, costs, inline_admission=True, check_integrity=check_integrity)
         self.kind, self.lc = loop, loop_costs
+        self.trtllm = trtllm if loop == "trtllm" else None     # TensorRT-LLM's mechanisms (sim/trtllm.py)
         n = self.num_stages
         self._chan: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
         self._chan_waiter: dict[tuple, Callable] = {}
@@ -122,6 +91,7 @@ class LoopSim(PipelineSim):
         self._gpu_busy = [False] * n
         self._idle_waiter: Callable | None = None
         self.iterations = [0] * n
+        self.waves_sent: list[Wave] = []         # every microbatch rank 0 scheduled, in order
         body = self._trtllm if loop == "trtllm" else self._sglang
         for rank in range(n):
             self._start(body(rank))
@@ -231,34 +201,70 @@ class LoopSim(PipelineSim):
 
     def _schedule(self) -> _Batch | None:
         """Admit what waits (one round, at once) and plan the next microbatch."""
-        leader, now = self.leader, self.loop.now
+        leader, now, hooks = self.leader, self.loop.now, self.trtllm
+        rank0_probe_s = hooks.waiting_probe_s(leader) if hooks else 0.0
         if leader.has_waiting and leader.round is None:
-            def exchange(msg):
-                replies = [s.handle(msg) for s in self.servers]
-                return None if isinstance(msg, ReleaseMsg) else replies
-            outcome = run_round(leader, exchange, lambda: now)
-            if outcome is not None:
-                self.round_spans.append((outcome.round_id, now, now))
-                for req in outcome.admitted:
-                    self.records[req.request_id].num_cached_tokens = req.num_cached_tokens
-            self._record_finished()
+            limit = hooks.round_size(leader) if hooks else None
+            if limit != 0:
+                if hooks:
+                    hooks.hide_unretired(leader, limit)
+                self._admit(limit)
+        fresh = {r.request_id for r in leader.plannable if r.state == RequestState.ADMITTED}
         wave = leader.plan_wave(now)
-        return _Batch(wave, self.num_stages) if wave is not None else None
+        if wave is None:
+            return None
+        self.waves_sent.append(wave)
+        batch = _Batch(wave, self.num_stages)
+        batch.rank0_probe_s = rank0_probe_s
+        batch.fresh = [(c.start, leader.requests[c.request_id].num_tokens)
+                       for c in wave.chunks if c.request_id in fresh]
+        return batch
+
+    def _admit(self, limit: int | None) -> None:
+        """One round over (at most `limit` of) the waiting requests, at once."""
+        leader, now = self.leader, self.loop.now
+
+        def exchange(msg):
+            replies = [s.handle(msg) for s in self.servers]
+            return None if isinstance(msg, ReleaseMsg) else replies
+        config = leader.config
+        if limit is not None:
+            leader.config = replace(config, max_round_requests=limit)
+        try:
+            outcome = run_round(leader, exchange, lambda: now)
+        finally:
+            leader.config = config
+        if outcome is not None:
+            self.round_spans.append((outcome.round_id, now, now))
+            for req in outcome.admitted:
+                self.records[req.request_id].num_cached_tokens = req.num_cached_tokens
+                if self.trtllm:
+                    self.trtllm.on_admit(req)
+        self._record_finished()
 
     def _retire(self, batch: _Batch) -> None:
         wave = batch.wave
         tokens = tuple(TokenResult(c.request_id, 0, 0.0) for c in wave.chunks if c.is_last)
-        self.leader.on_wave_result(WaveResult(wave.wave_id, tokens, tuple(batch.seconds)), self.loop.now)
+        done = self.leader.on_wave_result(WaveResult(wave.wave_id, tokens, tuple(batch.seconds)), self.loop.now)
+        if self.trtllm:
+            for req in done:
+                self.trtllm.on_retire(req)
         self._record_finished()
 
-    def _prepare_s(self, batch: _Batch | None) -> float:
-        """A rank's scheduler pass and prepare_resources over one microbatch."""
-        lc = self.lc
+    def _prepare_s(self, batch: _Batch | None, rank: int = 0) -> float:
+        """A rank's scheduler pass and prepare_resources over one microbatch: with TensorRT-LLM's
+        probe modelled, the walks of its new requests (every rank) and rank 0's scheduler walks;
+        else the per-block match of each reused prefix."""
+        lc, hooks = self.lc, self.trtllm
         if batch is None:
             return lc.schedule_s
         seconds = lc.schedule_s + lc.schedule_item_s * len(batch.wave.chunks)
         for c in batch.wave.chunks:
             seconds += lc.alloc_block_s * math.ceil(c.num_tokens / lc.block_tokens)
+        if hooks is not None and hooks.mech.probe != "none":
+            seconds += hooks.scheduled_probe_s(batch.fresh) + (batch.rank0_probe_s if rank == 0 else 0.0)
+            return seconds
+        for c in batch.wave.chunks:
             if c.start and self.leader.requests.get(c.request_id) is not None \
                     and c.start == self.leader.requests[c.request_id].num_cached_tokens:
                 seconds += lc.match_block_s * (c.start // lc.block_tokens)
@@ -290,13 +296,13 @@ class LoopSim(PipelineSim):
                 batch = yield self._recv(rank - 1, rank, "schedule")
             if not last:
                 self._send(rank, rank + 1, "schedule", batch)
-            yield self._sleep(self._prepare_s(batch))
+            yield self._sleep(self._prepare_s(batch, rank))
             self.iterations[rank] += 1
             slots[mb] = batch
             if batch is not None:
                 self._launch(rank, batch)
-                if not last:            # _forward_step_inter_pp: sampler_event.synchronize()
-                    yield self._gpu_sync(rank, batch)
+                if not last and (self.trtllm is None or self.trtllm.mech.forward_sync):
+                    yield self._gpu_sync(rank, batch)   # _forward_step_inter_pp: sampler_event.synchronize()
             previous = slots[(mb - 1) % P]
             if previous is not None:    # sync the previous microbatch's sampler event
                 yield self._gpu_sync(rank, previous)
@@ -333,7 +339,7 @@ class LoopSim(PipelineSim):
             else:
                 batch = yield self._recv(rank - 1, rank, "reqs")
                 yield self._sleep(lc.fetch_s)
-            yield self._sleep(self._prepare_s(batch))
+            yield self._sleep(self._prepare_s(batch, rank))
             self.iterations[rank] += 1
             slots[mb] = batch
             if batch is not None:

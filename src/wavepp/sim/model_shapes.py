@@ -263,6 +263,21 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
                num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=1024,
                weight_bytes=2.0, gemm_dtype="bf16",
                source="moonshotai/Kimi-Linear-48B-A3B-Instruct config.json"),
+    # A Kimi K3-class hybrid (the paper's 2.8T MoE with MLA and Kimi Delta Attention; no config
+    # is public): Kimi-K2's widths (hidden 7168, MLA 64 heads, q_lora 1536, kv_lora 512, nope 128
+    # + rope 64, v 128; 1 shared expert, expert FFN 2048, top-8; first layer dense, FFN 18432;
+    # vocab 163840) over 61 layers in Kimi-Linear's pattern: MLA in every 4th layer and the last
+    # (1-based 4, 8, ..., 60, 61: 16 layers), KDA in the other 45, with K2's 64 heads x 128
+    # (Kimi-Linear: 32 x 128 at hidden 2304); routed experts scaled from K2's 384 to 1,052, which
+    # brings the total to 2.80T (39B active). Served in NVFP4 (1.58 TB of weights: FP8's 2.8 TB
+    # would not fit 8 x 288 GB).
+    ModelShape("kimi-k3", 7168, 61, 163840, 64, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
+               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+               linear_layers=tuple(i for i in range(61) if (i + 1) % 4 and i != 60),
+               linear_num_heads=64, linear_head_dim=128, intermediate_size=18432, first_k_dense=1,
+               num_experts=1052, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=2048,
+               weight_bytes=0.5625, gemm_dtype="nvfp4",
+               source="Kimi-K2-Instruct widths, Kimi-Linear-48B-A3B layer pattern, experts to 2.8T"),
     # Qwen/Qwen3-235B-A22B config.json (Qwen3MoeForCausalLM, 235B / 22B active), read by the
     # runtime's own parser: 94 layers, hidden 4096, 64 query heads, 4 KV heads, head_dim 128,
     # per-head q/k RMSNorm; 128 experts top-8 (softmax router, renormalized), expert FFN 1536,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from wavepp.cache import default_interval_blocks
 from wavepp.sched.cost_model import (
     CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
     profile_wave_shapes)
@@ -24,7 +25,9 @@ from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
+from wavepp.sim.trtllm import TRTLLM_LEGACY, MicroBatchPlanner, TrtllmMechanisms, TrtllmScheduling
 from wavepp.workloads import Workload
+from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
 
 PROFILE_MAX_TOKENS = 65536   # real tokens: the largest wave of the profiling pass
@@ -72,8 +75,10 @@ class SimSetup:
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
-    # hybrid models: stages keep real state snapshots every this many blocks (slots, leases,
-    # escrow, as the runtime does); 0: a memoryless stand-in that resumes only where a chunk ended
+    trtllm: TrtllmMechanisms = TRTLLM_LEGACY   # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py)
+    # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
+    # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
+    # (`model_interval_blocks`)
     snapshot_interval_blocks: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +118,8 @@ class SimResult:
     idle_admission_frac: float       # mean over stages: idle or blocked waiting for admission
     num_waves: int
     round_latency_p50_s: float
+    # hybrid models: what an infinite cache could reuse at the snapshot grid's resolution
+    ideal_hit_rate_on_grid: float | None = None
 
     def row(self) -> dict:
         return asdict(self)
@@ -131,6 +138,9 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
     blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
+    trt = setup.trtllm if spec.loop == "trtllm" else None
+    if trt is not None and trt.min_rank_pools:      # max_tokens allreduced with MIN over the ranks
+        blocks = [min(blocks)] * len(blocks)
     costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
     samples = profile_samples(stages, setup)
     prior = fit_coefficients(samples)
@@ -139,20 +149,41 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                         peak_wave_tokens(samples)))
     if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
         prior = sglang_warmup_fit(stages[0], setup, spec.chunk_tokens)
-    chunk = _aligned(spec.chunk_tokens, setup) if spec.chunk_tokens else largest
+    chunk_tokens = trt.max_num_tokens if trt is not None else spec.chunk_tokens
+    chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
     pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
                          min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
                          static_wave_tokens=chunk, max_chunks_per_wave=256,
                          mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
                          mpu_min_tokens=mpu and _aligned(mpu[1], setup), fill_waves=True)
+    loop_costs = setup.loop_costs.scaled(s)
+    planner = hooks = None
+    if trt is not None:
+        hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens, token_scale=s)
+        if trt.budget_charge != "static":
+            planner = MicroBatchPlanner(pcfg, trt, chunk)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
                      hybrid=m.hybrid, central_pool=spec.topology == "central",
-                     snapshot_interval_blocks=setup.snapshot_interval_blocks or None,
-                     loop=spec.loop, loop_costs=setup.loop_costs.scaled(s))
+                     snapshot_interval_blocks=model_interval_blocks(setup) if m.hybrid else None,
+                     loop=spec.loop, loop_costs=loop_costs, planner=planner, trtllm=hooks,
+                     serial_chunks=None if trt is None else not trt.overlap_chunks)
+
+
+def model_interval_blocks(setup: SimSetup) -> int:
+    """A hybrid model's snapshot grid in simulated blocks: `setup.snapshot_interval_blocks`, or
+    as the runtime picks it (`default_interval_blocks`: a snapshot of every layer against the
+    cache bytes of a block of every layer, here a block of `block_size * token_scale` real
+    tokens)."""
+    if setup.snapshot_interval_blocks:
+        return setup.snapshot_interval_blocks
+    m = setup.model
+    snapshot_bytes = sum(m.snapshot_bytes(i) for i in range(m.num_layers))
+    block_bytes = sum(m.kv_bytes_per_token(i) for i in range(m.num_layers)) * setup.block_size * setup.token_scale
+    return default_interval_blocks(int(snapshot_bytes), int(block_bytes))
 
 
 def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,
@@ -233,7 +264,9 @@ def to_result(rep: SimReport, system: str, setup: SimSetup, workload: Workload,
         ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_s=rep.ttft_p50_s, ttft_p95_s=rep.ttft_p95_s,
         stage_utilization=sum(rep.stage_utilization) / n,
         idle_admission_frac=sum(rep.idle_admission_frac) / n, num_waves=rep.num_waves,
-        round_latency_p50_s=rep.round_latency_p50_s)
+        round_latency_p50_s=rep.round_latency_p50_s,
+        ideal_hit_rate_on_grid=ideal_snapshot_hit_rate(workload.prompts, setup.block_size, model_interval_blocks(setup))
+        if setup.model.hybrid else None)
 
 
 def _aligned(real_tokens: int, setup: SimSetup) -> int:

@@ -159,8 +159,7 @@ def chunk_of(req: Request, num_new: int, block_size: int) -> Chunk | None:
         end = align_down(end, block_size)
     if end <= start:
         return None
-    logprob_start, logprob_token_ids = req.logprob_token_ids(start, end)
-    return Chunk(req.request_id, start, end, end == req.num_tokens, logprob_start, logprob_token_ids)
+    return req.chunk(start, end)
 
 
 def first_tokens(requests: Sequence[Request], num_tokens: int) -> list[tuple[int, int]]:

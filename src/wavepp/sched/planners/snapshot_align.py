@@ -83,8 +83,6 @@ def align_chunk_ends(chunks: Sequence[Chunk], requests: Sequence[Request], confi
         end = chunk.end if chunk.is_last else aligned_end(req, chunk.start, chunk.end, config, room)
         if end != chunk.end:
             room -= end - chunk.end
-            logprob_start, logprob_token_ids = req.logprob_token_ids(chunk.start, end)
-            chunk = Chunk(chunk.request_id, chunk.start, end, end == req.num_tokens, logprob_start,
-                          logprob_token_ids)
+            chunk = req.chunk(chunk.start, end)
         out.append(chunk)
     return out

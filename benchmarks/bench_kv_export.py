@@ -1,0 +1,105 @@
+"""What the KV hand-off costs: a stage's export alone, and the pipeline with and without it.
+
+    python benchmarks/bench_kv_export.py --micro          # one stage's copy and write, per prompt length
+    python benchmarks/bench_kv_export.py --model smollm2 --pp 2 --concurrency 8,64 --repeat 2
+
+--micro: SmolLM2's half (15 layers) in bf16 pools, a request's blocks scattered over the pool;
+times `PagedPools.export_rows` (the copy the stage makes before the wave completes) and the
+writer's safetensors packing plus the store's atomic write (off the stage's path), medians of 5.
+
+Closed loop: `wavepp bench`'s short-suffix workload (8 groups, 1,536-token prefixes, 64-token
+suffixes) through one Engine with a store (`kv_store_max_gib` keeps the disk bounded), runs with
+and without `kv_transfer=True` alternated, each from empty caches; medians of input tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def micro() -> None:
+    import random
+
+    import torch
+    from safetensors.torch import save
+
+    from wavepp.kv_transfer import DirectoryStore
+    from wavepp.models import load_model_config, page_layout, stage_specs
+    from wavepp.models.paged_pools import PagedPools
+    from wavepp.store import resolve_model
+
+    config = load_model_config(resolve_model("smollm2"))
+    spec = stage_specs(config.num_layers, 2)[0]
+    pools = PagedPools(page_layout(config), spec, 1024, 16, torch.bfloat16)
+    for t in pools.tensors.values():
+        t.normal_()
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as root:
+        store = DirectoryStore(root)
+        print(f"one stage of SmolLM2 ({spec.end_layer - spec.start_layer} layers, bf16), medians of 5")
+        print(f"{'tokens':>7} {'MB':>7} {'copy ms':>8} {'write ms':>9} {'write MB/s':>11}")
+        for n in (512, 1600, 4096):
+            table = rng.sample(range(1024), -(-n // 16))
+            copies, writes = [], []
+            for i in range(5):
+                t0 = time.perf_counter()
+                rows = pools.export_rows(table, n)
+                t1 = time.perf_counter()
+                data = save({name: t for name, (_, t) in rows.items()})
+                store.write_request(f"r{n}-{i}", {"token_ids": [], "num_stages": 2})
+                store.write_part(f"r{n}-{i}", 0, data, {})
+                t2 = time.perf_counter()
+                copies.append(t1 - t0)
+                writes.append(t2 - t1)
+            mb = len(data) / 1e6
+            w = statistics.median(writes)
+            print(f"{n:>7} {mb:>7.1f} {statistics.median(copies) * 1e3:>8.1f} {w * 1e3:>9.1f} {mb / w:>11.0f}")
+
+
+def closed_loop(args) -> None:
+    from wavepp.bench import run_closed_loop
+    from wavepp.engine import Engine
+    from wavepp.workloads import make_workload
+
+    with tempfile.TemporaryDirectory() as root, \
+            Engine(args.model, pp=args.pp, kv_store=root, kv_store_max_gib=args.store_gib) as engine:
+        rows = {}
+        for c in args.concurrency:
+            workload = make_workload("short_suffix", num_requests=max(64, 2 * c), num_groups=8,
+                                     prefix_len=1536, suffix_len=64)
+            for r in range(args.repeat):
+                for export in (False, True):
+                    engine.reset()
+                    m = run_closed_loop(engine, workload, c, policy_label="wavepp", repeat=r,
+                                        submit_options={"kv_transfer": True} if export else None)
+                    rows.setdefault((c, export), []).append(m.input_tok_s)
+                    print(f"c={c} export={'on' if export else 'off'} run {r + 1}: {m.input_tok_s:,.0f} input tok/s",
+                          flush=True)
+        print(f"\n{args.model} pp={args.pp}, short-suffix 1,536 + 64, medians of {args.repeat}")
+        print("| concurrency | without export | with export | ratio |\n|---|---|---|---|")
+        for c in args.concurrency:
+            off, on = statistics.median(rows[(c, False)]), statistics.median(rows[(c, True)])
+            print(f"| {c} | {off:,.0f} | {on:,.0f} | {on / off:.3f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--micro", action="store_true", help="one stage's copy and write alone")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64])
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--store-gib", type=float, default=2.0, help="the store's size cap (oldest dropped)")
+    args = ap.parse_args()
+    micro() if args.micro else closed_loop(args)
+
+
+if __name__ == "__main__":
+    main()

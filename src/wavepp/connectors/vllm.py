@@ -1,0 +1,166 @@
+"""A vLLM KV connector (consumer) that loads what wavepp's stages wrote into vLLM's paged cache.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "WavePPConnector",
+        "kv_connector_module_path": "wavepp.connectors.vllm", "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"store": "DIR"}}'
+
+A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
+returned ({"transfer_id", ...}). The scheduler side finds the transfer in the directory store
+(`wavepp.kv_transfer.store`: every stage's part there, every checksum good, the same prompt, the
+same layer shapes) and tells vLLM how many prompt tokens it can load: whole vLLM blocks, the
+last token always left for vLLM to compute (it needs its logits). The worker side writes those
+tokens' K and V into each attention layer through the layer's own `do_kv_cache_update`, so the
+cache takes the layout of the backend that runs (on the CPU: K and V rows per block, repacked
+for AMX or the vector ISA). A transfer that is missing, expired, incomplete past `wait_s`,
+corrupt, or of another model makes vLLM compute the prompt itself (logged, counted in
+`num_misses`): slower, never a wrong token. The transfer is dropped once its request finishes.
+
+This module imports vLLM, torch, safetensors and the store only (no wavepp module that pulls
+in the server's packages): it runs inside vLLM's own environment with wavepp's `src/` on the
+path. Attention layers of the Llama family (GQA K/V pools); MLA latents are not loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                              KVConnectorRole)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from wavepp.kv_transfer.decode_plan import plan_load
+from wavepp.kv_transfer.store import DirectoryStore
+
+log = logging.getLogger("wavepp.connectors.vllm")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    transfer_id: str
+    start: int                   # tokens [start, end) of the prompt are loaded
+    end: int
+    block_ids: tuple[int, ...]   # the request's vLLM blocks, from its first token
+    block_size: int
+
+
+@dataclass
+class WavePPConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+
+
+class WavePPConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.DISK
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        if not extra.get("store"):
+            raise ValueError('WavePPConnector needs kv_connector_extra_config {"store": DIR}, the '
+                             "directory wavepp serve --kv-store writes to")
+        self.store = DirectoryStore(extra["store"])
+        self.wait_s = float(extra.get("wait_s", 5.0))
+        self.block_size = vllm_config.cache_config.block_size
+        model = vllm_config.model_config
+        self.num_layers = model.get_num_layers(vllm_config.parallel_config)
+        self.kv_width = model.get_num_kv_heads(vllm_config.parallel_config) * model.get_head_size()
+        self.num_loaded_tokens = 0
+        self.num_misses = 0
+        self._plans: dict[str, tuple[str, int, int]] = {}    # request id -> (transfer, start, end)
+        self._waiting_since: dict[str, float] = {}           # request id -> first seen incomplete
+        self._scheduled: dict[str, str] = {}                 # request id -> transfer, until it ends
+
+    # ---- scheduler side ----------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        transfer_id = (request.kv_transfer_params or {}).get("transfer_id")
+        if not transfer_id:
+            return 0, False
+        plan = plan_load(self.store, transfer_id, list(request.prompt_token_ids or []), block_size=self.block_size,
+                         num_computed=num_computed_tokens, num_layers=self.num_layers, kv_width=self.kv_width)
+        if plan.num_tokens is None:        # the stages are still writing: ask again, up to wait_s
+            first = self._waiting_since.setdefault(request.request_id, time.monotonic())
+            if time.monotonic() - first < self.wait_s:
+                return None, False
+        self._waiting_since.pop(request.request_id, None)
+        if not plan.num_tokens:
+            if plan.reason:
+                self.num_misses += 1
+                log.warning("request %s computes its prompt: %s", request.request_id, plan.reason)
+            return 0, False
+        self._plans[request.request_id] = (transfer_id, num_computed_tokens, num_computed_tokens + plan.num_tokens)
+        return plan.num_tokens, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        if num_external_tokens == 0:
+            self._plans.pop(request.request_id, None)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        meta = WavePPConnectorMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            plan = self._plans.pop(new.req_id, None)
+            if plan is None:
+                continue
+            transfer_id, start, end = plan
+            meta.loads.append(LoadSpec(transfer_id, start, end, tuple(new.block_ids[0]), self.block_size))
+            self._scheduled[new.req_id] = transfer_id
+            self.num_loaded_tokens += end - start
+        return meta
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        """The request ended: its transfer has been read; drop it from the store."""
+        self._plans.pop(request.request_id, None)
+        self._waiting_since.pop(request.request_id, None)
+        transfer_id = self._scheduled.pop(request.request_id, None)
+        if transfer_id is not None:
+            self.store.remove(transfer_id)
+        return False, None
+
+    # ---- worker side -------------------------------------------------------------------------
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, WavePPConnectorMetadata) or not meta.loads:
+            return
+        for load in meta.loads:
+            rows = self._read_rows(load.transfer_id)
+            positions = torch.arange(load.start, load.end)
+            blocks = torch.tensor(load.block_ids, dtype=torch.int64)
+            slots = blocks[positions // load.block_size] * load.block_size + positions % load.block_size
+            for name, layer in forward_context.no_compile_layers.items():
+                cache = getattr(layer, "kv_cache", None)
+                match = _LAYER.search(name)
+                if cache is None or not cache.numel() or match is None or int(match.group(1)) not in rows:
+                    continue
+                key, value = rows[int(match.group(1))]
+                num_kv_heads = layer.num_kv_heads
+                # [tokens, kv_heads * head_dim] -> [tokens, kv_heads, head_dim], the cache's dtype
+                key = key[load.start:load.end].view(-1, num_kv_heads, key.shape[-1] // num_kv_heads)
+                value = value[load.start:load.end].view(-1, num_kv_heads, value.shape[-1] // num_kv_heads)
+                dtype = cache.dtype if cache.is_floating_point() else key.dtype
+                layer.impl.do_kv_cache_update(layer, key.to(cache.device, dtype), value.to(cache.device, dtype),
+                                              cache, slots.to(cache.device))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return   # a consumer: nothing is saved
+
+    def wait_for_save(self) -> None:
+        return
+
+    def _read_rows(self, transfer_id: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """model layer -> (key rows, value rows) [tokens, kv_heads * head_dim], from every part."""
+        out = {}
+        for part in self.store.read(transfer_id, verify=False).parts:
+            tensors = load_file(str(part.path))
+            key_layers = part.manifest["pools"]["key"]["layers"]
+            value_layers = part.manifest["pools"]["value"]["layers"]
+            for j, layer in enumerate(key_layers):
+                out[layer] = (tensors["key"][j], tensors["value"][value_layers.index(layer)])
+        return out

@@ -1,0 +1,194 @@
+"""The directory store: where each stage leaves its layers' KV of a request for a decode engine.
+
+    <root>/<transfer_id>/
+        request.json          written by rank 0 at submit: the prompt's token ids, the model,
+                              the number of stages, the block size, its owner (the engine)
+        stage<i>.safetensors  written by stage i after the request's last chunk ran there:
+                              one tensor per pool of its layers, [layers, num_tokens, width]
+        stage<i>.json         its manifest: the layers, the pools, dtype, token count and the
+                              sha256 of the tensor file (written last: a part is complete once
+                              its manifest exists)
+
+Every file is written to a temporary name in the same folder and renamed into place, so a
+reader never sees half a file; a stage killed mid-export leaves no manifest, and the transfer
+reads as incomplete. A transfer is complete when request.json and every stage's manifest are
+there and every checksum holds (`read`). This module imports no torch: the tensor files are
+safetensors, packed and read by `export.py` and by the decode side's connector.
+
+Bounds: `sweep` drops transfers older than the TTL, then the oldest until the store holds at
+most `max_bytes`; `remove_owned` drops what one engine wrote (at its shutdown).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+REQUEST_FILE = "request.json"
+
+
+class TransferError(Exception):
+    """A transfer that cannot be read: `reason` is "missing", "incomplete", "corrupt" or "mismatch"."""
+
+    def __init__(self, transfer_id: str, reason: str, detail: str):
+        super().__init__(f"KV transfer {transfer_id!r} is {reason}: {detail}")
+        self.transfer_id = transfer_id
+        self.reason = reason
+
+
+def check_transfer_id(transfer_id: str) -> str:
+    """A transfer id names a folder: letters, digits, '_', '-', '.', at most 128, not starting
+    with a dot (no path can be smuggled in). Raises ValueError naming the rule."""
+    if not isinstance(transfer_id, str) or not _ID.match(transfer_id):
+        raise ValueError(f"transfer id must be 1-128 characters of letters, digits, '_', '-', '.' "
+                         f"(not starting with '.' or '-'), got {transfer_id!r}")
+    return transfer_id
+
+
+@dataclass(frozen=True)
+class StagePart:
+    stage_id: int
+    manifest: dict
+    path: Path            # the tensor file
+
+
+@dataclass(frozen=True)
+class Transfer:
+    transfer_id: str
+    request: dict         # request.json
+    parts: tuple[StagePart, ...]   # by stage id
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request["token_ids"]
+
+
+class DirectoryStore:
+    def __init__(self, root: str | Path, *, max_bytes: int | None = None, ttl_s: float = 600.0):
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"the KV store's size cap must be positive, got {max_bytes} bytes")
+        if not ttl_s > 0:
+            raise ValueError(f"the KV store's TTL must be positive, got {ttl_s} s")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def folder(self, transfer_id: str) -> Path:
+        return self.root / check_transfer_id(transfer_id)
+
+    # ---- writers -----------------------------------------------------------------------------
+    def write_request(self, transfer_id: str, request: dict) -> None:
+        """Create the transfer's folder with its request.json (rank 0, at submit). Raises
+        FileExistsError if the id is taken."""
+        folder = self.folder(transfer_id)
+        folder.mkdir(parents=True, exist_ok=False)
+        _write_atomic(folder / REQUEST_FILE, json.dumps(request).encode())
+
+    def write_part(self, transfer_id: str, stage_id: int, data: bytes, manifest: dict) -> None:
+        """Stage `stage_id`'s tensors (safetensors bytes) and its manifest; the manifest goes
+        last, with the data's sha256. A transfer whose folder is gone (dropped, or never
+        created) raises TransferError("missing")."""
+        folder = self.folder(transfer_id)
+        if not folder.is_dir():
+            raise TransferError(transfer_id, "missing", f"no folder {folder} (dropped or never created)")
+        name = f"stage{stage_id}.safetensors"
+        _write_atomic(folder / name, data)
+        manifest = {**manifest, "stage_id": stage_id, "file": name, "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest()}
+        _write_atomic(folder / f"stage{stage_id}.json", json.dumps(manifest).encode())
+
+    # ---- readers -----------------------------------------------------------------------------
+    def read(self, transfer_id: str, *, verify: bool = True) -> Transfer:
+        """The complete transfer, every part's checksum checked (`verify`). Raises
+        TransferError: missing (no folder or no request.json), incomplete (a stage's manifest
+        is not there yet, or never will be), corrupt (a checksum or a manifest that fails)."""
+        folder = self.folder(transfer_id)
+        try:
+            request = json.loads((folder / REQUEST_FILE).read_bytes())
+        except FileNotFoundError:
+            raise TransferError(transfer_id, "missing", f"nothing under {folder}") from None
+        except (OSError, ValueError) as err:
+            raise TransferError(transfer_id, "corrupt", f"{REQUEST_FILE}: {err}") from None
+        parts = []
+        for stage_id in range(int(request["num_stages"])):
+            try:
+                manifest = json.loads((folder / f"stage{stage_id}.json").read_bytes())
+            except FileNotFoundError:
+                raise TransferError(transfer_id, "incomplete", f"stage {stage_id} has not written its part") from None
+            except (OSError, ValueError) as err:
+                raise TransferError(transfer_id, "corrupt", f"stage {stage_id}'s manifest: {err}") from None
+            path = folder / manifest["file"]
+            if verify:
+                try:
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                except OSError as err:
+                    raise TransferError(transfer_id, "corrupt", f"stage {stage_id}'s tensors: {err}") from None
+                if digest != manifest["sha256"]:
+                    raise TransferError(transfer_id, "corrupt", f"stage {stage_id}'s tensors fail their checksum")
+            parts.append(StagePart(stage_id, manifest, path))
+        return Transfer(transfer_id, request, tuple(parts))
+
+    def remove(self, transfer_id: str) -> bool:
+        """Drop a transfer (taken by the decode side, or given up). True if it was there."""
+        folder = self.folder(transfer_id)
+        if not folder.exists():
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        return True
+
+    # ---- bounds ------------------------------------------------------------------------------
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Drop transfers older than the TTL, then the oldest until the store holds at most
+        max_bytes. Returns the ids dropped, oldest first."""
+        now = time.time() if now is None else now
+        entries = sorted(self._entries(), key=lambda e: e[1])   # (id, created, bytes), oldest first
+        dropped, total = [], sum(size for _, _, size in entries)
+        for transfer_id, created, size in entries:
+            over = self.max_bytes is not None and total > self.max_bytes
+            if now - created > self.ttl_s or over:
+                self.remove(transfer_id)
+                dropped.append(transfer_id)
+                total -= size
+        return dropped
+
+    def remove_owned(self, owner: str) -> int:
+        """Drop every transfer whose request.json names `owner`. Returns how many."""
+        n = 0
+        for folder in list(self.root.iterdir()):
+            try:
+                if json.loads((folder / REQUEST_FILE).read_bytes()).get("owner") == owner:
+                    n += self.remove(folder.name)
+            except (OSError, ValueError):
+                continue
+        return n
+
+    def total_bytes(self) -> int:
+        return sum(size for _, _, size in self._entries())
+
+    def _entries(self):
+        for folder in self.root.iterdir():
+            if not folder.is_dir() or not _ID.match(folder.name):
+                continue
+            try:
+                created = (folder / REQUEST_FILE).stat().st_mtime
+            except OSError:
+                created = folder.stat().st_mtime
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            yield folder.name, created, size
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,84 @@
+"""The directory store alone: completeness, checksums, ids, TTL and the size cap."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from wavepp.kv_transfer import DirectoryStore, TransferError
+
+
+def request(num_stages=2, owner="a"):
+    return {"token_ids": [1, 2, 3], "num_stages": num_stages, "block_size": 4, "owner": owner}
+
+
+def make(store, transfer_id, parts=2, size=100, owner="a"):
+    store.write_request(transfer_id, request(2, owner))
+    for stage in range(parts):
+        store.write_part(transfer_id, stage, bytes([stage]) * size, {"num_tokens": 3})
+
+
+def reason(store, transfer_id):
+    with pytest.raises(TransferError) as err:
+        store.read(transfer_id)
+    return err.value.reason
+
+
+def test_complete_incomplete_missing_corrupt(tmp_path):
+    store = DirectoryStore(tmp_path)
+    assert reason(store, "nothing") == "missing"
+    make(store, "t1", parts=1)
+    assert reason(store, "t1") == "incomplete"          # stage 1 has not written yet
+    store.write_part("t1", 1, b"x" * 10, {"num_tokens": 3})
+    transfer = store.read("t1")
+    assert [p.stage_id for p in transfer.parts] == [0, 1] and transfer.token_ids == [1, 2, 3]
+    assert transfer.parts[1].manifest["bytes"] == 10 and transfer.parts[1].path.read_bytes() == b"x" * 10
+    transfer.parts[0].path.write_bytes(b"\x00" * 99 + b"\x01")
+    assert reason(store, "t1") == "corrupt"
+    assert not [f for f in (tmp_path / "t1").iterdir() if f.name.endswith(".tmp")]
+
+
+def test_a_part_for_a_dropped_transfer_is_refused(tmp_path):
+    store = DirectoryStore(tmp_path)
+    with pytest.raises(TransferError) as err:
+        store.write_part("gone", 0, b"x", {})
+    assert err.value.reason == "missing" and not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("bad", ["", "../x", ".x", "-x", "a/b", "x" * 129, None, 3])
+def test_ids_cannot_name_another_path(tmp_path, bad):
+    with pytest.raises(ValueError, match="transfer id"):
+        DirectoryStore(tmp_path).write_request(bad, request())
+
+
+def test_taken_id_is_refused(tmp_path):
+    store = DirectoryStore(tmp_path)
+    store.write_request("t", request())
+    with pytest.raises(FileExistsError):
+        store.write_request("t", request())
+
+
+def test_ttl_then_size_cap_oldest_first(tmp_path):
+    store = DirectoryStore(tmp_path, ttl_s=100)
+    for i, name in enumerate(["old", "mid", "new", "newest"]):
+        make(store, name, size=100)
+        stamp = 1000 + 10 * i
+        os.utime(tmp_path / name / "request.json", (stamp, stamp))
+    per_transfer = store.total_bytes() // 4          # request.json, two parts, two manifests
+    assert store.total_bytes() == 4 * per_transfer
+    store.max_bytes = 2 * per_transfer
+    # at 1,105 "old" (created at 1,000) is past the TTL; then the cap takes "mid", the oldest left
+    assert store.sweep(now=1105) == ["old", "mid"]
+    assert store.total_bytes() == 2 * per_transfer
+    # at 1,125 "new" (1,020) is past the TTL too; "newest" (1,030) is not
+    assert store.sweep(now=1125) == ["new"]
+    assert [p.name for p in tmp_path.iterdir()] == ["newest"]
+
+
+def test_remove_owned_leaves_the_others(tmp_path):
+    store = DirectoryStore(tmp_path)
+    make(store, "mine", owner="me")
+    make(store, "theirs", owner="them")
+    assert store.remove_owned("me") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["theirs"]

@@ -1,0 +1,142 @@
+"""The KV hand-off, against transformers: what the stages export is the prompt's KV cache, and a
+decode that continues from it generates what a decode from the prompt generates.
+
+Each stage writes its own layers (kv_transfer/export.py) into the directory store; the test
+reads the transfer back, builds transformers' DynamicCache from it and runs `generate`."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from wavepp.engine import Engine
+from wavepp.kv_transfer import DirectoryStore, TransferError
+from wavepp.models import stage_specs
+
+from .helpers import VOCAB, assert_clean
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(store: DirectoryStore, transfer_id: str, timeout_s: float = 10.0):
+    """The transfer once every stage's part is there (the writers run beside execution)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return store.read(transfer_id)
+        except TransferError as err:
+            if err.reason != "incomplete" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def exported_kv(transfer, num_layers: int, num_kv_heads: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per model layer (key, value) as transformers caches them: [1, kv_heads, tokens, head_dim]."""
+    layers = {}
+    for part in transfer.parts:
+        tensors = load_file(str(part.path))
+        for pool in ("key", "value"):
+            for j, layer in enumerate(part.manifest["pools"][pool]["layers"]):
+                rows = tensors[pool][j]                                   # [tokens, kv_heads * head_dim]
+                layers.setdefault(layer, {})[pool] = rows.view(rows.shape[0], num_kv_heads, -1).transpose(0, 1)[None]
+    assert sorted(layers) == list(range(num_layers))
+    return [(layers[i]["key"], layers[i]["value"]) for i in range(num_layers)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("pp", [2, 3])
+def test_exported_kv_is_the_prompts_cache_and_decodes_as_the_prompt(tiny, reference, tmp_path, pp):
+    rng = random.Random(pp)
+    prefix = [rng.randrange(VOCAB) for _ in range(70)]
+    prompts = [prefix + [rng.randrange(VOCAB) for _ in range(n)] for n in (23, 9)]
+    store_dir = tmp_path / "store"
+    cfg = reference.config
+    with Engine(str(tiny), pp=pp, dtype="float32", kv_store=str(store_dir), profile_waves=False) as engine:
+        first = engine.submit(prompts[0], kv_transfer=True).result(timeout=60)
+        second = engine.submit(prompts[1], kv_transfer="second-one").result(timeout=60)
+        assert second.num_cached_tokens == 64       # 4 full blocks of the shared 70 tokens reused
+        assert second.kv_transfer["transfer_id"] == "second-one"
+        store = DirectoryStore(store_dir)
+        for prompt, result in zip(prompts, (first, second)):
+            assert result.kv_transfer["num_tokens"] == len(prompt) and result.kv_transfer["num_stages"] == pp
+            transfer = wait_for(store, result.kv_transfer["transfer_id"])
+            assert transfer.token_ids == prompt
+            assert [p.manifest["layers"] for p in transfer.parts] == [
+                [s.start_layer, s.end_layer] for s in stage_specs(cfg.num_hidden_layers, pp)]
+            kv = exported_kv(transfer, cfg.num_hidden_layers, cfg.num_key_value_heads)
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                ref = reference(ids, use_cache=True).past_key_values
+            for layer, (k, v) in enumerate(kv):   # reused blocks included: the whole prompt
+                torch.testing.assert_close(k, ref.layers[layer].keys, atol=1e-5, rtol=1e-4)
+                torch.testing.assert_close(v, ref.layers[layer].values, atol=1e-5, rtol=1e-4)
+            # decode from the handed-off cache (all but the last token, which decode recomputes)
+            cache = transformers.DynamicCache()
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k[:, :, :-1].clone(), v[:, :, :-1].clone(), layer)
+            with torch.no_grad():
+                from_kv = reference.generate(ids, cache=cache, max_new_tokens=8, do_sample=False)
+                from_prompt = reference.generate(ids, max_new_tokens=8, do_sample=False)
+            assert from_kv.tolist() == from_prompt.tolist()
+            assert from_kv[0, len(prompt)].item() == result.first_token_id
+        assert_clean(engine)
+        owned = sorted(p.name for p in store_dir.iterdir())
+        assert len(owned) == 2
+    assert list(store_dir.iterdir()) == []    # what the engine wrote goes with it
+
+
+def test_a_poisoned_transfer_changes_the_decode(tiny, reference, tmp_path):
+    """The decode really reads the handed-off cache: the same continuation from a corrupted
+    copy differs, and the store's checksum catches the corruption."""
+    rng = random.Random(7)
+    prompt = [rng.randrange(VOCAB) for _ in range(40)]
+    with Engine(str(tiny), pp=2, dtype="float32", kv_store=str(tmp_path), profile_waves=False) as engine:
+        result = engine.submit(prompt, kv_transfer="poison").result(timeout=60)
+        store = DirectoryStore(tmp_path)
+        transfer = wait_for(store, "poison")
+        cfg = reference.config
+        kv = exported_kv(transfer, cfg.num_hidden_layers, cfg.num_key_value_heads)
+        ids = torch.tensor([prompt])
+        cache = transformers.DynamicCache()
+        for layer, (k, v) in enumerate(kv):
+            cache.update(torch.randn_like(k[:, :, :-1]) * 10, v[:, :, :-1].clone(), layer)
+        with torch.no_grad():
+            poisoned = reference.generate(ids, cache=cache, max_new_tokens=8, do_sample=False)
+            clean = reference.generate(ids, max_new_tokens=8, do_sample=False)
+        assert poisoned.tolist() != clean.tolist()
+        part = transfer.parts[1].path
+        data = bytearray(part.read_bytes())
+        data[-1] ^= 0xFF
+        part.write_bytes(bytes(data))
+        with pytest.raises(TransferError) as err:
+            store.read("poison")
+        assert err.value.reason == "corrupt"
+        assert result.ok
+
+
+def test_kv_transfer_refused_clearly(tiny, tmp_path):
+    with Engine(str(tiny), pp=2, dtype="float32", profile_waves=False) as engine:
+        with pytest.raises(ValueError, match="kv_store"):
+            engine.submit([1, 2, 3], kv_transfer=True)
+    with Engine(str(tiny), pp=2, dtype="float32", kv_store=str(tmp_path), profile_waves=False) as engine:
+        for bad in ("../escape", "", ".hidden", "a/b", 7):
+            with pytest.raises(ValueError, match="transfer id|kv_transfer"):
+                engine.submit([1, 2, 3], kv_transfer=bad)
+        engine.submit([1, 2, 3], kv_transfer="taken").result(timeout=60)
+        with pytest.raises(ValueError, match="in use"):
+            engine.submit([4, 5, 6], kv_transfer="taken")
+        # a prompt no stage can serve fails alone, and leaves no transfer behind
+        failed = engine.submit([1] * 600, kv_transfer="too-long").result(timeout=60)
+        assert not failed.ok and not (tmp_path / "too-long").exists()
+        assert json.loads((tmp_path / "taken" / "request.json").read_text())["token_ids"] == [1, 2, 3]
+        assert_clean(engine)
