@@ -151,3 +151,53 @@ def test_sampling_fields_accepted_where_they_cannot_change_the_greedy_token(serv
 def test_chat_bad_input_is_400_naming_the_field(server, body, param):
     r = _post(server, "/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.fixture(scope="module")
+def kv_server(tiny_model, tmp_path_factory):
+    from tests.serve.conftest import ServerProcess
+
+    store = tmp_path_factory.mktemp("kv")
+    srv = ServerProcess(tiny_model, "--kv-store", str(store))
+    srv.store = store
+    yield srv
+    srv.stop()
+
+
+def test_the_prefill_side_of_the_hand_off(kv_server, tiny_model):
+    """What `wavepp route` sends a prefill (max_tokens 1, kv_transfer_params {"do_remote_decode":
+    true}) is answered with the transfer's whereabouts, and every stage's part of the prompt's KV
+    lands in the store, for completions and for chat (the template's prompt)."""
+    import time
+
+    from wavepp.kv_transfer import DirectoryStore
+
+    hand_off = {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    chat_ids = _chat_ids(tiny_model)
+    store = DirectoryStore(kv_server.store)
+    for path, body, ids in (("/v1/completions", {"prompt": [5, 6, 7] * 20}, [5, 6, 7] * 20),
+                            ("/v1/chat/completions", {"messages": MESSAGES}, chat_ids)):
+        r = _post(kv_server, path, {**body, **hand_off})
+        assert r.status_code == 200, r.text
+        params = r.json()["kv_transfer_params"]
+        assert params["num_tokens"] == len(ids) and params["num_stages"] == 2
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                transfer = store.read(params["transfer_id"])
+                break
+            except Exception:    # noqa: BLE001 - incomplete while the stages write
+                assert time.monotonic() < deadline, "the stages never wrote the transfer"
+                time.sleep(0.1)
+        assert transfer.token_ids == ids and len(transfer.parts) == 2
+    # refused with the field named: several prompts, a stream, and a server without a store
+    for body in ({"prompt": [[1, 2], [3, 4]], **hand_off}, {"prompt": [1, 2], "stream": True, **hand_off},
+                 {"prompt": [1, 2], "kv_transfer_params": "yes"}):
+        r = _post(kv_server, "/v1/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", r.text
+
+
+def test_a_hand_off_without_a_store_is_a_400(server):
+    r = _post(server, "/v1/completions", {"prompt": [1, 2, 3], "kv_transfer_params": {"do_remote_decode": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", r.text
+    assert "kv_store" in r.json()["error"]["message"]

@@ -61,7 +61,8 @@ class API:
         # the prompt's own logprobs (vLLM's prompt_logprobs, or OpenAI's echo with logprobs):
         # every position is computed, none served from the cache
         wants_prompt = req.prompt_logprobs is not None or (req.echo and req.logprobs is not None)
-        submission = await self.runner.submit(token_lists, [0 if wants_prompt else None] * len(token_lists))
+        submission = await self.runner.submit(token_lists, [0 if wants_prompt else None] * len(token_lists),
+                                              req.kv_transfer)
         if req.stream:
             return StreamingResponse(
                 completion_events(self.runner, self.responses, request, req, token_lists, submission),
@@ -72,7 +73,7 @@ class API:
     async def chat(self, request: Request):
         req = self._counted(parse_chat, await self._json(request), self.model_names, self.top_k)
         ids = await self._chat_ids(req.messages, req.add_generation_prompt, req.continue_final_message)
-        submission = await self.runner.submit([ids], [None])
+        submission = await self.runner.submit([ids], [None], req.kv_transfer)
         if req.stream:
             return StreamingResponse(chat_events(self.runner, self.responses, request, req, ids, submission),
                                      media_type="text/event-stream", headers=SSE_HEADERS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wavepp.serve.errors import APIError, short
-from wavepp.serve.protocol import check_model, optional_bool, parse_max_tokens, parse_stream
+from wavepp.serve.protocol import check_model, optional_bool, parse_kv_transfer, parse_max_tokens, parse_stream
 from wavepp.serve.sampling import check_sampling
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -26,6 +26,7 @@ class ChatRequest:
     continue_final_message: bool
     stream: bool = False
     include_usage: bool = False
+    kv_transfer: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def parse_chat(body, model_names: tuple[str, ...], max_top_k: int) -> ChatReques
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     generation, final = _template_flags(body)
     return ChatRequest(messages, max_tokens, (top or 0) if logprobs else None, generation, final,
-                       stream, include_usage)
+                       stream, include_usage, parse_kv_transfer(body, stream))
 
 
 def parse_tokenize(body, model_names: tuple[str, ...]) -> TokenizeRequest:

@@ -26,6 +26,7 @@ class CompletionRequest:
     user: str | None = None
     stream: bool = False
     include_usage: bool = False     # stream_options.include_usage: a last chunk with the usage
+    kv_transfer: bool = False       # kv_transfer_params {"do_remote_decode": true}: hand the KV on
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,30 @@ def parse_completion(body, model_names: tuple[str, ...], max_top_k: int) -> Comp
     prompt_logprobs = _optional_k(body, "prompt_logprobs", max_top_k)
     echo = optional_bool(body, "echo", False)
     user = body.get("user")
+    kv_transfer = parse_kv_transfer(body, stream)
+    if kv_transfer and len(prompts) > 1:
+        raise APIError(400, "kv_transfer_params: one prompt per request hands its KV on", "kv_transfer_params")
     return CompletionRequest(prompts, max_tokens, logprobs, echo, prompt_logprobs,
-                             user if isinstance(user, str) else None, stream, include_usage)
+                             user if isinstance(user, str) else None, stream, include_usage, kv_transfer)
+
+
+def parse_kv_transfer(body: dict, stream: bool) -> bool:
+    """vLLM's disaggregation field on the prefill side: {"do_remote_decode": true} asks for the
+    prompt's KV in the store (the answer's kv_transfer_params says where); anything else is
+    the decode side's and ignored here."""
+    params = body.get("kv_transfer_params")
+    if params is None:
+        return False
+    if not isinstance(params, dict):
+        raise APIError(400, f"kv_transfer_params must be an object, got {short(params)}", "kv_transfer_params")
+    wanted = params.get("do_remote_decode", False)
+    if not isinstance(wanted, bool):
+        raise APIError(400, f"kv_transfer_params.do_remote_decode must be a boolean, got {short(wanted)}",
+                       "kv_transfer_params")
+    if wanted and stream:
+        raise APIError(400, "kv_transfer_params: the hand-off answers in JSON; send stream=false",
+                       "kv_transfer_params")
+    return wanted
 
 
 def parse_json(raw: bytes):

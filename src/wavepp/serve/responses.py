@@ -53,9 +53,11 @@ class Responses:
     def completion(self, req: CompletionRequest, token_lists, results) -> dict:
         choices = [self.completion_choice(req, i, p, ids, r)
                    for i, (p, ids, r) in enumerate(zip(req.prompts, token_lists, results))]
-        return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": usage(token_lists, results, req.max_tokens)}
+        out = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
+               "model": self.model_name, "choices": choices, "usage": usage(token_lists, results, req.max_tokens)}
+        if req.kv_transfer:
+            out["kv_transfer_params"] = results[0].kv_transfer
+        return out
 
     # ---- chat --------------------------------------------------------------------------------
 
@@ -73,8 +75,11 @@ class Responses:
         content = self.first_text(r) if req.max_tokens == 1 else ""
         choice = {"index": 0, "message": {"role": "assistant", "content": content},
                   "logprobs": self.chat_logprobs(req, r), "finish_reason": "length", "stop_reason": None}
-        return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [choice], "usage": usage([ids], [r], req.max_tokens)}
+        out = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
+               "model": self.model_name, "choices": [choice], "usage": usage([ids], [r], req.max_tokens)}
+        if req.kv_transfer:
+            out["kv_transfer_params"] = r.kv_transfer
+        return out
 
     # ---- tokens ------------------------------------------------------------------------------
 

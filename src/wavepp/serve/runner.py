@@ -55,12 +55,13 @@ class Runner:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, token_lists, logprob_start) -> Submission:
+    async def submit(self, token_lists, logprob_start, kv_transfer: bool = False) -> Submission:
         """Check the pipeline is up (503) and has room (429), then queue every prompt, off the
-        loop. logprob_start: one position (or None) per prompt. A handler cancelled while the
-        submit runs aborts what the submit queued."""
+        loop. logprob_start: one position (or None) per prompt; kv_transfer: every prompt's KV
+        to the engine's store. An option the engine refuses is a 400 and queues nothing. A
+        handler cancelled while the submit runs aborts what the submit queued."""
         loop = asyncio.get_running_loop()
-        task = loop.run_in_executor(self.pool, self._submit_all, token_lists, logprob_start)
+        task = loop.run_in_executor(self.pool, self._submit_all, token_lists, logprob_start, kv_transfer)
         try:
             return self._submission(loop, await asyncio.shield(task))
         except asyncio.CancelledError:
@@ -96,7 +97,7 @@ class Runner:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _submit_all(self, token_lists, logprob_start) -> list[Future]:
+    def _submit_all(self, token_lists, logprob_start, kv_transfer: bool) -> list[Future]:
         """On the pool: the admission checks, then every prompt queued (all or none)."""
         load = self.engine.load()
         if load.error:
@@ -110,10 +111,13 @@ class Runner:
         futures = []
         try:
             for ids, start in zip(token_lists, logprob_start):
-                futures.append(self.engine.submit(ids, logprob_start=start))
-        except EngineError as exc:
+                futures.append(self.engine.submit(ids, logprob_start=start, kv_transfer=kv_transfer))
+        except (EngineError, ValueError) as exc:
             for f in futures:
                 self.engine.abort(f.request_id)
+            if isinstance(exc, ValueError):
+                self.metrics.count("bad_request", len(token_lists) - len(futures))
+                raise APIError(400, str(exc), "kv_transfer_params" if kv_transfer else None) from None
             self.metrics.count("unavailable", len(token_lists) - len(futures))
             raise APIError(503, f"the pipeline is down: {exc}", type_="service_unavailable") from None
         return futures
