@@ -150,9 +150,9 @@ def _bench(args, model_dir: str, url: str, num_prompts: int, concurrency: int, s
     result["input_tok_s"] = result["total_input_tokens"] / result["duration"]
     result["command"] = " ".join(a if a != BENCH else "'<vllm bench serve>'" for a in cmd)
     if out is not None:
-        keep = {k: v for k, v in result.items() if k not in ("ttfts", "itls", "generated_texts", "input_lens",
-                                                             "output_lens", "start_times", "queue_times",
-                                                             "latencies")}
+        # per request: its start and TTFT (which requests are the slow ones); not the texts
+        keep = {k: v for k, v in result.items() if k not in ("itls", "generated_texts", "input_lens",
+                                                             "output_lens", "queue_times", "latencies")}
         keep["first_errors"] = [e for e in result["errors"] if e][:5]
         del keep["errors"]
         out.write_text(json.dumps(keep, indent=1))

@@ -21,7 +21,9 @@ from wavepp.runtime.launch import free_port
 from wavepp.runtime.stats import EngineLoad
 from wavepp.serve import ServeConfig, build_app
 
-FAST_S = 1.0     # an answer that does not touch the lock comes well within this (ms, unloaded)
+# an answer that does not touch the lock comes in milliseconds; with the loop blocked it would
+# never come while the test holds the lock. Generous, for a loaded machine
+FAST_S = 5.0
 
 
 class LockedEngine:
@@ -49,7 +51,7 @@ class LockedEngine:
     def apply_chat_template(self, messages, **kwargs):
         return self.tokenize("".join(m["content"] for m in messages))
 
-    def submit(self, ids, logprob_start=None):
+    def submit(self, ids, logprob_start=None, kv_transfer=False):
         with self.lock:
             fut = Future()
             fut.request_id = len(self.submitted)
@@ -107,13 +109,12 @@ def test_a_blocked_submit_does_not_block_other_requests(served):
             t.start()
         time.sleep(0.3)                   # all three are now inside submit, waiting for the lock
         assert not blocked
-        for _ in range(3):                # the loop answers what does not need the lock, at once
-            t0 = time.monotonic()
+        for _ in range(3):                # the loop answers what does not need the lock
             assert httpx.get(f"{url}/v1/models", timeout=FAST_S).json()["data"][0]["id"] == "fake"
             r = httpx.post(f"{url}/tokenize", json={"prompt": "abc"}, timeout=FAST_S)
             assert r.json()["tokens"] == [97, 98, 99]
             assert httpx.post(f"{url}/v1/completions", content=b"[" * 5000, timeout=FAST_S).status_code == 400
-            assert time.monotonic() - t0 < FAST_S
+        assert not blocked                # and the three are still waiting for the lock
     finally:
         engine.lock.release()
     for t in threads:
