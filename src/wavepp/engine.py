@@ -27,6 +27,7 @@ from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
 from wavepp.store import DEFAULT_MODEL, resolve_model
+from wavepp.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -101,6 +102,7 @@ class Engine:
             num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
             snapshot_align_frac=snapshot_align_frac, profile_waves=profile_waves, device=device)
         self.model_path = resolve_model(model)
+        self._tokenizer = Tokenizer(self.model_path)
         model_config = load_model_config(self.model_path)
         stage_specs(model_config.num_layers, pp)   # the layers split into pp stages
         self._kv_store = None
@@ -126,7 +128,6 @@ class Engine:
         self._closed = False
         self._core.start(self._result)
         self._cluster.watch(self._core.fail)
-        self._tokenizer = None
         self.vocab_size = self._core.vocab_size
 
     # ---- requests ----------------------------------------------------------------------------
@@ -225,7 +226,7 @@ class Engine:
     def decode(self, token_ids: Sequence[int]) -> str | None:
         """The text of token ids, or None when the model has no tokenizer."""
         try:
-            return self._get_tokenizer().decode(list(token_ids))
+            return self._tokenizer.decode(token_ids)
         except ValueError:
             return None
 
@@ -272,13 +273,14 @@ class Engine:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        """Token ids of a text (the model's tokenizer) or of a sequence of ints, checked
-        against the vocabulary. Anything else (bytes, floats, bools, nested lists) is refused."""
+    def tokenize(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text (the model's tokenizer; `add_special_tokens` as transformers has
+        it) or of a sequence of ints, checked against the vocabulary. Anything else (bytes,
+        floats, bools, nested lists) is refused."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("empty prompt: at least one token is needed")
-            token_ids = list(self._get_tokenizer()(prompt).input_ids)
+            token_ids = self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         elif isinstance(prompt, (bytes, bytearray, memoryview)):
             raise ValueError("a prompt is a str or a sequence of int token ids, not bytes")
         else:
@@ -299,6 +301,22 @@ class Engine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         return token_ids
 
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
+        """The token ids of chat messages ({"role", "content"}) rendered by the model's chat
+        template, with no special tokens added beyond the template's. ValueError when the
+        model has no tokenizer or no template, or the template refuses the messages."""
+        text = self._tokenizer.chat_text(messages, add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message)
+        return self.tokenize(text, add_special_tokens=False)
+
+    def token_strs(self, token_ids: Sequence[int]) -> list[str] | None:
+        """Each token's string in the vocabulary (not decoded text); None without a tokenizer."""
+        try:
+            return self._tokenizer.token_strs(token_ids)
+        except ValueError:
+            return None
+
     def _open_transfer(self, token_ids: list[int], kv_transfer: bool | str) -> str:
         """Check the transfer asked for, write its request.json, drop expired transfers; the id."""
         if self._kv_store is None:
@@ -318,17 +336,6 @@ class Engine:
             raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
         return transfer_id
 
-    def _get_tokenizer(self):
-        if self._tokenizer is None:
-            import transformers
-            transformers.logging.set_verbosity_error()
-            try:
-                self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"the model at {self.model_path} has no usable tokenizer; "
-                                 f"pass token ids instead of text ({exc})") from None
-        return self._tokenizer
-
     def _result(self, request_id: int, req) -> PrefillResult:
         ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
         adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
@@ -338,7 +345,7 @@ class Engine:
                 self._kv_store.remove(req.export_id)
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
-        text = self._tokenizer.decode([token.token_id]) if self._tokenizer is not None else None
+        text = self._tokenizer.decode_if_loaded([token.token_id])
         prompt_logprobs = None
         if req.logprob_start is not None:
             prompt_logprobs = tuple(

@@ -30,8 +30,18 @@ def make_tiny(path: Path) -> Path:
     tok = Tokenizer(models.BPE({ch: b for b, ch in _bytes_to_unicode().items()}, []))   # token id = byte
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
     return path
+
+
+# SmolLM2's template, in ASCII (no special tokens in a byte-level vocabulary)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<s>system\nYou are a tiny model.</s>\n' }}{% endif %}"
+    "{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}")
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -8,7 +8,9 @@ import json
 import httpx
 from fastapi.testclient import TestClient
 
-from wavepp.serve.router import RouteConfig, build_router
+from wavepp.serve.chat import parse_chat
+from wavepp.serve.protocol import parse_completion
+from wavepp.serve.router import RouteConfig, build_router, prefill_body
 
 PREFILL, DECODE = "http://prefill", "http://decode"
 PARAMS = {"transfer_id": "wpp-1", "store": "/s", "num_tokens": 5, "num_stages": 2, "block_size": 16}
@@ -92,3 +94,17 @@ def test_an_upstream_that_is_down_is_a_502():
     client = TestClient(build_router(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(down)))
     resp = client.post("/v1/completions", json={"prompt": "x"})
     assert resp.status_code == 502 and "prefill server" in resp.json()["error"]["message"]
+
+
+def test_the_prefill_body_is_one_wavepp_serve_accepts():
+    """A client's sampling is the decode side's: the router sends the prefill none of it, so
+    `wavepp serve` (which refuses sampling that could change its greedy token) takes the body."""
+    sampling = {"temperature": 0.7, "top_p": 0.9, "n": 2, "repetition_penalty": 1.1, "seed": 3,
+                "logit_bias": {"5": 2}, "stream": True, "stream_options": {"include_usage": True}}
+    completion = prefill_body({"model": "m", "prompt": "hello", "max_tokens": 64, **sampling})
+    chat = prefill_body({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                         "max_completion_tokens": 64, **sampling})
+    assert parse_completion(completion, ("m",), 20).max_tokens == 1
+    assert parse_chat(chat, ("m",), 20).max_tokens == 1
+    for sent in (completion, chat):
+        assert not set(sampling) & set(sent) - {"stream"} and sent["stream"] is False

@@ -127,6 +127,8 @@ def test_malformed_json_and_openai_error(server):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(f"{server.url}/v1/completions", content=b'[1, 2]', timeout=10)
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/completions", content=b"[" * 5000 + b"]" * 5000, timeout=10)
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="prefill engine"):
         _client(server).completions.create(model=server.model, prompt="hi", max_tokens=8)
     # the server still answers after all of the above

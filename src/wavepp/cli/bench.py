@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
                                    "policy in turn, from empty caches, repeated and interleaved; "
                                    "prints medians and ratios to lockstep. With --url: the same "
                                    "workloads over HTTP against a running `wavepp serve` (its model, "
-                                   "pp and policy).")
+                                   "pp and policy); vLLM's `vllm bench serve` measures the same server "
+                                   "from outside (benchmarks/vllm_bench_serve.py).")
     p.add_argument("--url", default=None,
                    help="measure a running `wavepp serve` at this URL (e.g. http://127.0.0.1:8000) over HTTP; "
                         "the policy, pp and dtype are the server's, and caches are emptied between runs "

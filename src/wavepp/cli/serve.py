@@ -7,9 +7,10 @@ from wavepp.sched.policy import runtime_policies
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions, /metrics)",
-                       description="Start the pipeline, then serve POST /v1/completions, /v1/score, "
-                                   "GET /v1/models, /health and /metrics until SIGTERM or SIGINT. Under "
+    p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions and chat, /metrics)",
+                       description="Start the pipeline, then serve POST /v1/completions, /v1/chat/completions "
+                                   "(JSON or streamed), /v1/score, /tokenize, /detokenize, GET /v1/models, "
+                                   "/health and /metrics until SIGTERM or SIGINT. Under "
                                    "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
                                    "and the other ranks serve their stage.")
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
@@ -31,6 +32,13 @@ def add_parser(sub) -> None:
     p.add_argument("--stage-num-blocks", default=None,
                    help="cache blocks per stage, comma separated (default: sized from the model)")
     p.add_argument("--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)")
+    p.add_argument("--kv-store", default=None, metavar="DIR",
+                   help="where every stage writes the KV of requests sent with kv_transfer_params "
+                        "{\"do_remote_decode\": true}, for a decode engine (docs/disaggregation.md)")
+    p.add_argument("--kv-store-max-gib", type=float, default=None,
+                   help="with --kv-store: the store's size beyond which the oldest transfers go")
+    p.add_argument("--kv-ttl-s", type=float, default=600.0,
+                   help="with --kv-store: seconds a transfer not taken lives (default 600)")
     p.add_argument("--debug", action="store_true",
                    help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
                         "`wavepp bench --url` uses between runs)")
@@ -51,7 +59,8 @@ def run(args) -> int:
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
     engine_kwargs = dict(model=model, pp=args.pp, policy=args.policy, dtype=args.dtype,
                          block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
-                         device=args.device)
+                         device=args.device, kv_store=args.kv_store, kv_store_max_gib=args.kv_store_max_gib,
+                         kv_ttl_s=args.kv_ttl_s)
     config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug)
     run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

@@ -1,30 +1,16 @@
 """Request bodies of the HTTP API, checked by hand so that every refusal names its field.
 
-OpenAI's error format: {"error": {"message", "type", "param", "code"}} with the HTTP status.
 A body is parsed into a frozen record (CompletionRequest, ScoreRequest) or refused with an
 APIError; nothing here touches the engine, so the checks are cheap and testable alone.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-
-class APIError(Exception):
-    """A refusal in OpenAI's error format. `param` names the field at fault."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.type = type_
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.status}}
+from wavepp.serve.errors import APIError, short
+from wavepp.serve.sampling import check_sampling
 
 
 Prompt = str | list[int]
@@ -38,6 +24,9 @@ class CompletionRequest:
     echo: bool
     prompt_logprobs: int | None     # vLLM's extension: logprobs of the prompt's own tokens
     user: str | None = None
+    stream: bool = False
+    include_usage: bool = False     # stream_options.include_usage: a last chunk with the usage
+    kv_transfer: bool = False       # kv_transfer_params {"do_remote_decode": true}: hand the KV on
 
 
 @dataclass(frozen=True)
@@ -53,38 +42,98 @@ def parse_completion(body, model_names: tuple[str, ...], max_top_k: int) -> Comp
     """Check a /v1/completions body; raise APIError(400) naming the first bad field."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
-    _check_model(body, model_names)
+    check_model(body, model_names)
     prompts = _prompts(body.get("prompt"), "prompt")
     max_tokens = body.get("max_tokens", 1)
+    max_tokens = parse_max_tokens(body, "max_tokens")
+    check_sampling(body)
+    stream, include_usage = parse_stream(body)
+    logprobs = _optional_k(body, "logprobs", max_top_k)
+    prompt_logprobs = _optional_k(body, "prompt_logprobs", max_top_k)
+    echo = optional_bool(body, "echo", False)
+    user = body.get("user")
+    kv_transfer = parse_kv_transfer(body, stream)
+    if kv_transfer and len(prompts) > 1:
+        raise APIError(400, "kv_transfer_params: one prompt per request hands its KV on", "kv_transfer_params")
+    return CompletionRequest(prompts, max_tokens, logprobs, echo, prompt_logprobs,
+                             user if isinstance(user, str) else None, stream, include_usage, kv_transfer)
+
+
+def parse_kv_transfer(body: dict, stream: bool) -> bool:
+    """vLLM's disaggregation field on the prefill side: {"do_remote_decode": true} asks for the
+    prompt's KV in the store (the answer's kv_transfer_params says where); anything else is
+    the decode side's and ignored here."""
+    params = body.get("kv_transfer_params")
+    if params is None:
+        return False
+    if not isinstance(params, dict):
+        raise APIError(400, f"kv_transfer_params must be an object, got {short(params)}", "kv_transfer_params")
+    wanted = params.get("do_remote_decode", False)
+    if not isinstance(wanted, bool):
+        raise APIError(400, f"kv_transfer_params.do_remote_decode must be a boolean, got {short(wanted)}",
+                       "kv_transfer_params")
+    if wanted and stream:
+        raise APIError(400, "kv_transfer_params: the hand-off answers in JSON; send stream=false",
+                       "kv_transfer_params")
+    return wanted
+
+
+def parse_json(raw: bytes):
+    """The request body as JSON; 400 if it is not JSON, or nests deeper than the parser goes."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is not valid JSON here: it nests too deeply") from None
+
+
+def parse_max_tokens(body: dict, name: str) -> int:
+    """0 (prefill only) or 1 (the first token; the default)."""
+    max_tokens = body.get(name, 1)
     if max_tokens is None:
         max_tokens = 1
     if not _is_int(max_tokens) or max_tokens < 0:
-        raise APIError(400, f"max_tokens must be a non-negative integer, got {max_tokens!r}", "max_tokens")
+        raise APIError(400, f"{name} must be a non-negative integer, got {short(max_tokens)}", name)
     if max_tokens > 1:
-        raise APIError(400, f"max_tokens={max_tokens}: this is a prefill engine; it computes the "
-                            f"prompt and its first token only (max_tokens 0 or 1)", "max_tokens")
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise APIError(400, f"n={n!r}: a prefill engine returns one choice per prompt", "n")
-    if body.get("stream"):
-        raise APIError(400, "stream=true is not supported: the first token is the whole answer", "stream")
-    logprobs = _optional_k(body, "logprobs", max_top_k)
-    prompt_logprobs = _optional_k(body, "prompt_logprobs", max_top_k)
-    echo = body.get("echo", False)
-    if echo is None:
-        echo = False
-    if not isinstance(echo, bool):
-        raise APIError(400, f"echo must be a boolean, got {echo!r}", "echo")
-    user = body.get("user")
-    return CompletionRequest(prompts, max_tokens, logprobs, echo, prompt_logprobs,
-                             user if isinstance(user, str) else None)
+        raise APIError(400, f"{name}={max_tokens}: this is a prefill engine; it computes the "
+                            f"prompt and its first token only ({name} 0 or 1)", name)
+    return max_tokens
+
+
+def parse_stream(body: dict) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage)."""
+    stream = optional_bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise APIError(400, f"stream_options must be an object, got {short(options)}", "stream_options")
+    if not stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if include_usage is None:
+        include_usage = False
+    if not isinstance(include_usage, bool):
+        raise APIError(400, f"stream_options.include_usage must be a boolean, got {short(include_usage)}",
+                       "stream_options.include_usage")
+    return stream, include_usage
+
+
+def optional_bool(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(400, f"{name} must be a boolean, got {short(value)}", name)
+    return value
 
 
 def parse_score(body, model_names: tuple[str, ...], vocab_size: int) -> ScoreRequest:
     """Check a /v1/score body (SGLang / vLLM generative scoring)."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
-    _check_model(body, model_names)
+    check_model(body, model_names)
     query = body.get("query")
     if query is None:
         raise APIError(400, "query is required", "query")
@@ -115,7 +164,7 @@ def parse_score(body, model_names: tuple[str, ...], vocab_size: int) -> ScoreReq
     item_first = body.get("item_first", False)
     for name, value in (("apply_softmax", apply_softmax), ("item_first", item_first)):
         if not isinstance(value, bool):
-            raise APIError(400, f"{name} must be a boolean, got {value!r}", name)
+            raise APIError(400, f"{name} must be a boolean, got {short(value)}", name)
     return ScoreRequest(query[0], tuple(item_prompts), tuple(labels), apply_softmax, item_first)
 
 
@@ -125,14 +174,16 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_model(body: dict, model_names: tuple[str, ...]) -> None:
+def check_model(body: dict, model_names: tuple[str, ...]) -> None:
+    """`model` absent, or one of the served names, or a path whose last part is one (a client
+    that names the model by its directory, as benchmarks that load its tokenizer do)."""
     model = body.get("model")
     if model is None:
         return
     if not isinstance(model, str):
-        raise APIError(400, f"model must be a string, got {model!r}", "model")
-    if model not in model_names:
-        raise APIError(400, f"The model `{model}` does not exist; this server serves "
+        raise APIError(400, f"model must be a string, got {short(model)}", "model")
+    if model not in model_names and model.rstrip("/").rsplit("/", 1)[-1] not in model_names:
+        raise APIError(400, f"The model `{short(model)}` does not exist; this server serves "
                             f"{', '.join(model_names)}", "model")
 
 
@@ -159,7 +210,7 @@ def _prompts(prompt, field: str) -> tuple[Prompt, ...]:
                 raise APIError(400, f"{name} is empty: at least one token is needed", name)
             for j, t in enumerate(p):
                 if not _is_int(t):
-                    raise APIError(400, f"{name}: token {j} is {t!r}; token ids must be integers", name)
+                    raise APIError(400, f"{name}: token {j} is {short(t)}; token ids must be integers", name)
         else:
             raise APIError(400, f"{name} must be a string or a list of token ids, got "
                                 f"{type(p).__name__}", name)
@@ -171,7 +222,7 @@ def _optional_k(body: dict, name: str, max_top_k: int) -> int | None:
     if k is None:
         return None
     if not _is_int(k) or k < 0:
-        raise APIError(400, f"{name} must be a non-negative integer, got {k!r}", name)
+        raise APIError(400, f"{name} must be a non-negative integer, got {short(k)}", name)
     if k > max_top_k:
         raise APIError(400, f"{name}={k}: at most {max_top_k} top logprobs", name)
     return k

@@ -24,6 +24,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from wavepp.serve.sampling import TOKEN_CHOICE_FIELDS
+
 
 _PASS_HEADERS = ("content-type",)
 
@@ -36,8 +38,10 @@ class RouteConfig:
 
 
 def prefill_body(body: dict) -> dict:
-    """What the prefill server gets: the request, one token, no stream, the hand-off asked."""
-    out = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "max_completion_tokens")}
+    """What the prefill server gets: the request, one token, no stream, the hand-off asked, and
+    none of the sampling fields (the decode side samples; the prefill's token is not used)."""
+    dropped = ("stream", "stream_options", "max_completion_tokens", *TOKEN_CHOICE_FIELDS)
+    out = {k: v for k, v in body.items() if k not in dropped}
     out.update(max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
     return out
 
