@@ -82,3 +82,16 @@ def test_remove_owned_leaves_the_others(tmp_path):
     make(store, "theirs", owner="them")
     assert store.remove_owned("me") == 1
     assert [p.name for p in tmp_path.iterdir()] == ["theirs"]
+
+
+def test_a_writer_killed_mid_part_leaves_a_transfer_that_reads_incomplete(tmp_path):
+    """What a stage killed during its export can leave: a half-written temporary file, or the
+    tensors without their manifest. Neither is ever read as a part."""
+    store = DirectoryStore(tmp_path)
+    make(store, "t", parts=1)
+    (tmp_path / "t" / ".stage1.safetensors.123.tmp").write_bytes(b"half")
+    assert reason(store, "t") == "incomplete"
+    (tmp_path / "t" / "stage1.safetensors").write_bytes(b"all of it, but no manifest")
+    assert reason(store, "t") == "incomplete"
+    store.write_part("t", 1, b"x" * 100, {"num_tokens": 3})      # a retry, or the real writer
+    assert [p.stage_id for p in store.read("t").parts] == [0, 1]
