@@ -4,8 +4,6 @@ doubly held slot, a pending snapshot only on its owner's pending block, a dead o
 its readers, and every request that resumes reads the state of exactly the block it resumes
 after, written by the request that computed it."""
 
-from dataclasses import dataclass
-
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -14,24 +12,12 @@ from wavepp.cache import PendingBlockError, hash_blocks
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.cache.snapshots import HybridPool
 
+from .snapshot_machines import Model, prompts_from
+
 B = 2
 BASES = (list(range(100, 124)), list(range(200, 224)))
 
-prompts = st.builds(
-    lambda base, length, suffix: BASES[base][:length] + suffix,
-    st.sampled_from(range(len(BASES))),
-    st.sampled_from([24, 16, 12, 8, 5, 4, 0]),
-    st.lists(st.integers(0, 1), max_size=6),
-).filter(lambda p: len(p) >= 2)
-
-
-@dataclass
-class Model:
-    hashes: list[int]
-    num_tokens: int
-    num_leased: int
-    phase: str   # committed | materialized
-    num_published: int = 0
+prompts = prompts_from(BASES, [24, 16, 12, 8, 5, 4, 0], 6)
 
 
 class PendingSnapshotMachine(RuleBasedStateMachine):

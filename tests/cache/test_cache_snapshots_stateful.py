@@ -2,8 +2,6 @@
 no leaked snapshot slot, no snapshot without its block, slot memory accounted exactly, and a
 leased snapshot's slot never handed to another request."""
 
-from dataclasses import dataclass
-
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -12,24 +10,12 @@ from wavepp.cache import PendingBlockError, hash_blocks
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.cache.snapshots import HybridPool
 
+from .snapshot_machines import Model, prompts_from
+
 B = 2
 BASES = (list(range(100, 120)), list(range(200, 220)), [7] * 20)
 
-prompts = st.builds(
-    lambda base, length, suffix: BASES[base][:length] + suffix,
-    st.sampled_from(range(len(BASES))),
-    st.sampled_from([20, 16, 12, 8, 4, 10, 6, 2, 0]),
-    st.lists(st.integers(0, 1), max_size=7),
-).filter(lambda p: len(p) >= 2)
-
-
-@dataclass
-class Model:
-    hashes: list[int]
-    num_tokens: int
-    num_leased: int
-    phase: str   # committed | materialized
-    num_published: int = 0
+prompts = prompts_from(BASES, [20, 16, 12, 8, 4, 10, 6, 2, 0], 7)
 
 
 class SnapshotMachine(RuleBasedStateMachine):
