@@ -12,6 +12,11 @@ import torch
 
 from tests.models.conftest import ARCHS, hf_logits, random_prompt
 from wavepp.models import ChunkSpec, LocalPipeline, StageBatch, load_stage_model
+from wavepp.models.kernels import Kernels, cpp
+
+# bf16 runs with the default kernel and with the AMX one where this CPU has it
+BF16_ATTENTION = ["chunked", pytest.param("amx", marks=pytest.mark.skipif(
+    cpp.amx_attention_kernels() is None, reason="no AMX-BF16 on this CPU: the AMX attention kernel does not run"))]
 
 FP32_ATOL = 1e-4
 
@@ -109,15 +114,17 @@ def test_llama3_rope_scaling(llama3_model):
     torch.testing.assert_close(logits, hf_logits(llama3_model, prompt)[-1], atol=FP32_ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("attention", BF16_ATTENTION)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bf16_close_to_fp32_reference(tiny_models, arch):
+def test_bf16_close_to_fp32_reference(tiny_models, arch, attention):
     """bf16 keeps 8 mantissa bits, so logprobs move by a few hundredths over 4 layers:
     transformers' own bf16 run differs from its fp32 run by up to 0.055 on these models. We
     require the top-5 logprobs within 0.1 of the fp32 reference, and the greedy token to be
     the reference's, or (when the reference's top two are within 0.2) nearly as likely."""
     prompt = random_prompt(60, seed=11)
     reference = hf_logits(tiny_models[arch], prompt).log_softmax(-1)
-    pipe = LocalPipeline(tiny_models[arch], dtype=torch.bfloat16, num_blocks=32, block_size=4)
+    pipe = LocalPipeline(tiny_models[arch], dtype=torch.bfloat16, num_blocks=32, block_size=4,
+                         kernels=Kernels(attention=attention))
     for start, end in ((0, 20), (20, 45), (45, 60)):
         logprobs = pipe.prefill_chunks([("r", prompt[start:end])])[0].log_softmax(-1)
         expected = reference[end - 1]

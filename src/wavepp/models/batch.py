@@ -125,6 +125,14 @@ class StageBatch:
             self._biases[dtype] = zeros.masked_fill_(self.causal_mask, float("-inf"))
         return self._biases[dtype]
 
+    def memo(self, key: Hashable, make):
+        """`make()` made once per batch under `key` and kept with it: what a kernel derives from
+        the batch and every layer reads (index tensors in its own form)."""
+        key = ("memo", key)
+        if key not in self._biases:
+            self._biases[key] = make()
+        return self._biases[key]
+
     def visible_mask(self, index: int) -> torch.Tensor:
         """Which context positions each new token of chunk `index` sees: [num_tokens, end]
         bool, True where visible, made once per chunk (every layer reads it):

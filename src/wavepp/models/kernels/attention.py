@@ -18,6 +18,7 @@ import torch
 
 from wavepp.models.batch import StageBatch
 from wavepp.models.kernels import cpp
+from wavepp.models.kernels.attention_amx import amx_applies, amx_attention
 from wavepp.models.kernels.attention_torch import sdpa_attention, varlen_attention
 
 # Score tiles of at most about this many bytes stay in a core's L2 cache while softmax reads
@@ -27,7 +28,7 @@ _MAX_TILE_ROWS = 128
 # Chunks share a prefix for cascade attention from this many cached tokens on (a block or two
 # of shared keys is not worth a second pass and a merge).
 MIN_SHARED_PREFIX_TOKENS = 64
-ATTENTION_KERNELS = ("chunked", "cascade", "sdpa", "chunked_cpp", "cascade_cpp")   # timed on a CPU
+ATTENTION_KERNELS = ("chunked", "cascade", "sdpa", "chunked_cpp", "cascade_cpp", "amx")   # timed on a CPU
 CUDA_ATTENTION_KERNELS = ("varlen",)                 # kernels with no CPU implementation
 ALL_ATTENTION_KERNELS = ATTENTION_KERNELS + CUDA_ATTENTION_KERNELS
 
@@ -57,6 +58,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                  the same with the softmax (and its causal mask) in the C++ CPU kernel of
                  `kernels/cpp.py` where it runs (CPU, fp32 or bf16, the extension built), else
                  with torch's: exp by a vectorized polynomial instead of torch's exp
+        amx      both products on AMX tiles with an online softmax between them, K/V copied
+                 once per chunk (once per shared prefix) into the tiles' layouts
+                 (`kernels/attention_amx.py`); bf16 on a CPU with AMX-BF16, else `chunked_cpp`
         sdpa     chunk by chunk with F.scaled_dot_product_attention (PyTorch's fused
                  flash-attention CPU kernel: bf16 in, fp32 accumulation; on CUDA its
                  memory-efficient kernel), a visibility mask
@@ -64,6 +68,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                  over the packed contexts, bf16 / fp16)
     """
     check_attention(kernel)
+    if kernel == "amx":
+        if amx_applies(query):
+            return amx_attention(query, key_cache, value_cache, batch, scale)
+        kernel = "chunked_cpp"
     # chunked_cpp / cascade_cpp: chunked / cascade with the C++ softmax where it runs (a CPU
     # tensor in fp32 or bf16, the extension built), else with torch's
     fast = kernel.endswith("_cpp") and _fast_softmax_applies(query)

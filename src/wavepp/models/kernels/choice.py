@@ -164,9 +164,12 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
 def cpu_attention_kernels(dtype: torch.dtype) -> tuple[str, ...]:
     """The kernels `choose_attention` times on a CPU: ATTENTION_KERNELS, less those with the
     C++ softmax where it does not run (another dtype than fp32 / bf16, or the extension could
-    not be built on this machine; building it the first time takes about half a minute)."""
+    not be built on this machine; building it the first time takes about half a minute), and
+    `amx` where it does not (not bf16, no AMX-BF16, or its extension not built)."""
     fast = dtype in (torch.float32, torch.bfloat16) and cpp.softmax_kernels() is not None
-    return tuple(k for k in ATTENTION_KERNELS if fast or not k.endswith("_cpp"))
+    amx = dtype == torch.bfloat16 and cpp.amx_attention_kernels() is not None
+    return tuple(k for k in ATTENTION_KERNELS
+                 if (fast or not k.endswith("_cpp")) and (amx or k != "amx"))
 
 
 def attention_flops(num_heads: int, head_dim: int, chunks: list[tuple[int, int]]) -> float:

@@ -51,6 +51,14 @@ def elementwise_kernels():
     return _get("cpu_elementwise.cpp", "C++ elementwise kernels", "torch's ops")
 
 
+def amx_attention_kernels():
+    """The compiled AMX attention module (`available()`, `attention(...)`;
+    `csrc/cpu_attention_amx.cpp`), or None where it cannot be built or this CPU and kernel
+    give no AMX tiles (`available()` false). Built like `softmax_kernels()`."""
+    module = _get("cpu_attention_amx.cpp", "AMX attention kernel", "the other attention kernels")
+    return module if module is not None and module.available() else None
+
+
 def _get(source_name: str, label: str, fallback: str):
     with _lock:
         if source_name not in _modules:
