@@ -40,6 +40,7 @@ def test_whole_blocks_and_never_the_last_token(tmp_path):
     ("unknown", "missing"),
     ("bad id", "transfer id"),
     ("corrupt", "corrupt"),
+    ("failed export", "stage 1 could not write its part: disk full"),
     ("other prompt", "not this request's"),
     ("longer prompt", "not this request's"),
     ("other width", "wide"),
@@ -59,6 +60,8 @@ def test_refusals_compute_the_prompt(tmp_path, case, needle):
     prompt = PROMPT
     if case == "corrupt":
         (tmp_path / "t" / "stage1.safetensors").write_bytes(b"tensorz")
+    if case == "failed export":
+        store.mark_failed("t", {1: "disk full"})
     if case == "other prompt":
         prompt = [1] + PROMPT[1:]
     if case == "longer prompt":

@@ -4,7 +4,8 @@
 
     num_tokens > 0   load prompt tokens [num_computed, num_computed + num_tokens)
     num_tokens == 0  load nothing: compute the prompt (`reason` says why, for the log and the
-                     miss counter), or nothing is left past what the engine has cached itself
+                     miss counter: missing, failed, corrupt, another prompt or model), or
+                     nothing is left past what the engine has cached itself
     num_tokens None  the stages are still writing: ask again (until the caller's wait runs out)
 
 A decode engine computes at least the prompt's last token (it needs its logits) and takes whole
