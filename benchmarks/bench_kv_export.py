@@ -2,6 +2,7 @@
 
     python benchmarks/bench_kv_export.py --micro          # one stage's copy and write, per prompt length
     python benchmarks/bench_kv_export.py --model smollm2 --pp 2 --concurrency 8,64 --repeat 2
+    python benchmarks/bench_kv_export.py --answer --repeat 5   # how much later a hand-off is answered
 
 --micro: SmolLM2's half (15 layers) in bf16 pools, a request's blocks scattered over the pool;
 times `PagedPools.export_rows` (the copy the stage makes before the wave completes) and the
@@ -10,6 +11,10 @@ writer's safetensors packing plus the store's atomic write (off the stage's path
 Closed loop: `wavepp bench`'s short-suffix workload (8 groups, 1,536-token prefixes, 64-token
 suffixes) through one Engine with a store (`kv_store_max_gib` keeps the disk bounded), runs with
 and without `kv_transfer=True` alternated, each from empty caches; medians of input tokens/s.
+
+--answer: one request at a time, prompts of fresh random tokens, with and without the hand-off
+alternated: the time from the first token (the result's `ttft_s`) to the answer (the future
+resolved), which with the hand-off includes the wait for every stage's part to be written.
 """
 
 from __future__ import annotations
@@ -89,16 +94,48 @@ def closed_loop(args) -> None:
             print(f"| {c} | {off:,.0f} | {on:,.0f} | {on / off:.3f} |")
 
 
+def answer_wait(args) -> None:
+    import random
+
+    from wavepp.engine import Engine
+
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as root, \
+            Engine(args.model, pp=args.pp, kv_store=root, kv_store_max_gib=args.store_gib,
+                   profile_waves=False) as engine:
+        print(f"{args.model} pp={args.pp}, one request at a time, medians of {args.repeat}")
+        print("| prompt tokens | TTFT | first token -> answer, no hand-off | with the hand-off | wait |")
+        print("|---|---|---|---|---|")
+        for n in (512, 1600):
+            after, ttft = {False: [], True: []}, []
+            for _ in range(args.repeat):
+                for export in (False, True):
+                    prompt = [rng.randrange(engine.vocab_size) for _ in range(n)]
+                    t0 = time.perf_counter()
+                    r = engine.submit(prompt, kv_transfer=export).result()
+                    after[export].append(time.perf_counter() - t0 - r.ttft_s)
+                    ttft.append(r.ttft_s)
+            off, on = statistics.median(after[False]) * 1e3, statistics.median(after[True]) * 1e3
+            print(f"| {n:,} | {statistics.median(ttft) * 1e3:,.0f} ms | {off:.1f} ms | {on:.1f} ms | "
+                  f"{on - off:.1f} ms |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--micro", action="store_true", help="one stage's copy and write alone")
+    ap.add_argument("--answer", action="store_true", help="first token -> answer, with and without the hand-off")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--store-gib", type=float, default=2.0, help="the store's size cap (oldest dropped)")
     args = ap.parse_args()
-    micro() if args.micro else closed_loop(args)
+    if args.micro:
+        micro()
+    elif args.answer:
+        answer_wait(args)
+    else:
+        closed_loop(args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from wavepp.store import DEFAULT_MODEL, resolve_model
 from wavepp.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ class PrefillResult:
     # with logprob_start: for each position p from logprob_start to the prompt's last but one,
     # (logprob of prompt token p + 1, ((token id, logprob), ...) top tokens at p)
     prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
-    # with kv_transfer: where every stage writes its layers' KV of the prompt (kv_transfer/store.py)
+    # with kv_transfer: where every stage wrote its layers' KV of the prompt (kv_transfer/store.py);
+    # "error" in it: a stage's part failed ("stage i: why"), and the transfer will not load
     kv_transfer: dict | None = None
 
     @property
@@ -148,7 +151,10 @@ class Engine:
 
         `kv_transfer`: hand the prompt's KV to a decode engine (needs `kv_store`): True for a
         fresh transfer id, or the id to use (see `check_transfer_id`); the result's
-        `kv_transfer` says where the stages write it."""
+        `kv_transfer` says where the stages wrote it. The future resolves once every stage
+        has written its part, or failed to: then `kv_transfer["error"]` names the stage and
+        why (the first token is still the answer; the transfer is marked failed and will not
+        load)."""
         token_ids = self.tokenize(prompt)
         if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
@@ -243,6 +249,11 @@ class Engine:
         """The start-up profiling pass (runtime.profile.WaveProfile), or None if it did not run."""
         return self._core.profile
 
+    def kv_export_counts(self) -> tuple[int, int]:
+        """KV parts the stages reported (written, failed) since the engine started, those of
+        requests that ended before their parts did included."""
+        return self._core.export_counts()
+
     def stats(self) -> CoreStats:
         """A consistent snapshot of per-stage time, rounds and waves since the last reset."""
         return self._core.stats()
@@ -336,7 +347,15 @@ class Engine:
             raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
         return transfer_id
 
-    def _result(self, request_id: int, req) -> PrefillResult:
+    def _mark_failed(self, transfer_id: str, errors: dict[int, str]) -> None:
+        """A stage's part failed: the transfer is marked so (the decode side refuses it at once,
+        naming why) and the other parts go. Best effort: an unwritable store stays incomplete."""
+        try:
+            self._kv_store.mark_failed(transfer_id, errors)
+        except OSError as err:
+            log.warning("KV transfer %s: its failure could not be recorded in the store: %s", transfer_id, err)
+
+    def _result(self, request_id: int, req, export_errors: dict[int, str] | None = None) -> PrefillResult:
         ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
         adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
         token = req.result
@@ -356,6 +375,9 @@ class Engine:
         if req.export_id is not None:
             transfer = {"transfer_id": req.export_id, "store": str(self._kv_store.root), "num_tokens": req.num_tokens,
                         "num_stages": self.config.num_stages, "block_size": self.config.block_size}
+            if export_errors:
+                transfer["error"] = "; ".join(f"stage {stage}: {why}" for stage, why in export_errors.items())
+                self._mark_failed(req.export_id, export_errors)
         return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
                              token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
                              first_token_text=text, prompt_logprobs=prompt_logprobs, kv_transfer=transfer)

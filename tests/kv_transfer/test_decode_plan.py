@@ -1,12 +1,15 @@
 """The decode side's decision (kv_transfer/decode_plan.py): what loads, and every way a transfer
-is refused so that the decode engine computes the prompt instead."""
+is refused so that the decode engine computes the prompt instead; and the connector's
+per-request planner, which reads and verifies a transfer once per request."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from wavepp.kv_transfer import DirectoryStore
-from wavepp.kv_transfer.decode_plan import plan_load
+from wavepp.kv_transfer.decode_plan import DecodePlanner, plan_load
 
 PROMPT = list(range(100, 170))          # 70 tokens
 
@@ -40,6 +43,7 @@ def test_whole_blocks_and_never_the_last_token(tmp_path):
     ("unknown", "missing"),
     ("bad id", "transfer id"),
     ("corrupt", "corrupt"),
+    ("failed export", "stage 1 could not write its part: disk full"),
     ("other prompt", "not this request's"),
     ("longer prompt", "not this request's"),
     ("other width", "wide"),
@@ -59,6 +63,8 @@ def test_refusals_compute_the_prompt(tmp_path, case, needle):
     prompt = PROMPT
     if case == "corrupt":
         (tmp_path / "t" / "stage1.safetensors").write_bytes(b"tensorz")
+    if case == "failed export":
+        store.mark_failed("t", {1: "disk full"})
     if case == "other prompt":
         prompt = [1] + PROMPT[1:]
     if case == "longer prompt":
@@ -75,3 +81,77 @@ def test_incomplete_asks_again_until_the_last_stage_wrote(tmp_path):
     store.write_part("t", 1, b"tensors", {"layers": [2, 4], "num_tokens": 70,
                                           "pools": {p: {"layers": [2, 3], "width": 32} for p in ("key", "value")}})
     assert plan(store).num_tokens == 64
+
+
+class Counting:
+    """The store's reads and sha256 passes (what verifying a transfer costs)."""
+
+    def __init__(self, store, monkeypatch):
+        import hashlib
+
+        from wavepp.kv_transfer import store as store_module
+
+        self.reads = self.hashes = 0
+        read, sha256 = store.read, hashlib.sha256
+
+        def counted_read(*args, **kwargs):
+            self.reads += 1
+            return read(*args, **kwargs)
+
+        def counted_sha256(*args):
+            self.hashes += 1
+            return sha256(*args)
+        monkeypatch.setattr(store, "read", counted_read)
+        monkeypatch.setattr(store_module, "hashlib", SimpleNamespace(sha256=counted_sha256))
+
+
+def planner(store, **kw):
+    return DecodePlanner(store, **(dict(block_size=32, num_layers=4, kv_width=32) | kw))
+
+
+def test_a_transfer_is_verified_once_per_request_however_often_it_is_asked(tmp_path, monkeypatch):
+    store = DirectoryStore(tmp_path)
+    write(store)
+    count = Counting(store, monkeypatch)
+    plans, params = planner(store), {"transfer_id": "t"}
+    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64
+    assert (count.reads, count.hashes) == (1, 2)                   # two parts, each checksummed
+    for _ in range(5):                                              # vLLM asking again, step after step
+        assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64
+    assert plans.num_new_tokens("r1", params, PROMPT, 32) == 32    # what it cached itself since
+    assert (count.reads, count.hashes) == (1, 2)
+    assert plans.num_new_tokens("r2", params, PROMPT, 0) == 64     # another request verifies for itself
+    assert (count.reads, count.hashes) == (2, 4)
+    plans.forget("r1")                                              # loaded, or ended
+    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64 and (count.reads, count.hashes) == (3, 6)
+    plans.forget("r1")
+    plans.forget("r2")
+    assert len(plans) == 0
+
+
+def test_a_refusal_is_decided_logged_and_counted_once(tmp_path, monkeypatch, caplog):
+    store = DirectoryStore(tmp_path)
+    write(store, parts=1)                                           # stage 1 still writing
+    count = Counting(store, monkeypatch)
+    now = [100.0]
+    plans = planner(store, wait_s=5.0, clock=lambda: now[0])
+    params = {"transfer_id": "t"}
+    assert plans.num_new_tokens("r", params, PROMPT, 0) is None    # ask again
+    now[0] += 4.9
+    assert plans.num_new_tokens("r", params, PROMPT, 0) is None and plans.num_misses == 0
+    now[0] += 0.2                                                   # waited wait_s: compute the prompt
+    assert plans.num_new_tokens("r", params, PROMPT, 0) == 0 and plans.num_misses == 1
+    reads = count.reads
+    for _ in range(3):
+        assert plans.num_new_tokens("r", params, PROMPT, 0) == 0
+    assert count.reads == reads and plans.num_misses == 1
+    assert sum("computes its prompt" in r.message for r in caplog.records) == 1
+    # a hand-off the prefill reports failed: refused at once, the store not read
+    failed = {"transfer_id": "t", "error": "stage 1: [Errno 28] No space left on device"}
+    assert plans.num_new_tokens("f", failed, PROMPT, 0) == 0
+    assert count.reads == reads and plans.num_misses == 2
+    assert "No space left on device" in caplog.records[-1].message
+    assert plans.num_new_tokens("none", None, PROMPT, 0) == 0 and plans.num_misses == 2
+    for request_id in ("r", "f", "none"):
+        plans.forget(request_id)
+    assert len(plans) == 0

@@ -95,3 +95,30 @@ def test_a_writer_killed_mid_part_leaves_a_transfer_that_reads_incomplete(tmp_pa
     assert reason(store, "t") == "incomplete"
     store.write_part("t", 1, b"x" * 100, {"num_tokens": 3})      # a retry, or the real writer
     assert [p.stage_id for p in store.read("t").parts] == [0, 1]
+
+
+def test_a_failed_transfer_is_refused_with_its_reason_and_its_parts_dropped(tmp_path):
+    """A stage that could not write its part: rank 0 records it, the parts other stages wrote
+    go, and the transfer reads as failed (never complete, never waited for)."""
+    store = DirectoryStore(tmp_path)
+    make(store, "t", parts=1)
+    store.mark_failed("t", {1: "No space left on device"})
+    with pytest.raises(TransferError) as err:
+        store.read("t")
+    assert err.value.reason == "failed" and "stage 1 could not write its part: No space left" in str(err.value)
+    assert sorted(f.name for f in (tmp_path / "t").iterdir()) == ["failed.json", "request.json"]
+    store.write_part("t", 1, b"x", {"num_tokens": 3})     # a late part changes nothing
+    assert reason(store, "t") == "failed"
+    store.mark_failed("gone", {0: "whatever"})             # a folder already dropped stays dropped
+    assert not (tmp_path / "gone").exists()
+    assert store.remove("t") and store.total_bytes() == 0
+
+
+def test_a_write_that_fails_leaves_no_temporary_file(tmp_path):
+    store = DirectoryStore(tmp_path)
+    make(store, "t", parts=1)
+    (tmp_path / "t" / "stage1.safetensors").mkdir()      # the rename onto it fails
+    with pytest.raises(OSError):
+        store.write_part("t", 1, b"x" * 10, {"num_tokens": 3})
+    assert [f.name for f in (tmp_path / "t").iterdir() if f.name.startswith(".")] == []
+    assert reason(store, "t") == "incomplete"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 
 import pytest
@@ -150,4 +151,112 @@ def test_kv_transfer_refused_clearly(tiny, tmp_path):
         failed = engine.submit([1] * 600, kv_transfer="too-long").result(timeout=60)
         assert not failed.ok and not (tmp_path / "too-long").exists()
         assert json.loads((tmp_path / "taken" / "request.json").read_text())["token_ids"] == [1, 2, 3]
+        assert_clean(engine)
+
+
+
+def _first_token(reference, prompt) -> int:
+    with torch.no_grad():
+        return int(reference(torch.tensor([prompt])).logits[0, -1].argmax())
+
+
+def _plan(store, transfer_id, prompt, cfg):
+    from wavepp.kv_transfer.decode_plan import plan_load
+
+    return plan_load(store, transfer_id, prompt, block_size=16, num_computed=0, num_layers=cfg.num_hidden_layers,
+                     kv_width=cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads)
+
+
+@pytest.mark.parametrize("policy", ["wavepp", "trtllm-pp"])
+def test_a_failed_export_is_reported_and_never_loads(tiny, reference, tmp_path, policy):
+    """Among concurrent hand-offs at PP = 3 (wavepp's loop, and an outside loop's), stage 1's part of one request cannot be written (a
+    directory stands where its file goes, put there as stage 0 queues the request's part, before
+    stage 1 runs it) and stage 0's part of another fails in its store (injected in this process,
+    where stage 0 runs). Every answer's first token is right; the two failed ones say which
+    stage failed and why (the answer waits for every stage's report); the counts reach the
+    engine; the others are complete and load; the failed ones are refused with the reason."""
+    rng = random.Random(11)
+    names = ["good-a", "bad-stage1", "good-b", "bad-stage0", "good-c"]
+    prompts = {name: [rng.randrange(VOCAB) for _ in range(40 + 7 * i)] for i, name in enumerate(names)}
+    store_dir = tmp_path / "store"
+    cfg = reference.config
+    with Engine(str(tiny), pp=3, dtype="float32", kv_store=str(store_dir), profile_waves=False,
+                policy=policy) as engine:
+        exporter = engine._core.stage.exporter
+        queue_part, write_part = exporter.submit, exporter.store.write_part
+
+        def submit(transfer_id, rows, num_tokens, request_id):
+            if transfer_id == "bad-stage1":
+                (store_dir / transfer_id / "stage1.safetensors").mkdir()
+            queue_part(transfer_id, rows, num_tokens, request_id)
+
+        def write(transfer_id, stage_id, data, manifest):
+            if transfer_id == "bad-stage0":
+                raise OSError(28, "No space left on device (injected)")
+            write_part(transfer_id, stage_id, data, manifest)
+
+        exporter.submit, exporter.store.write_part = submit, write
+        futures = {name: engine.submit(prompts[name], kv_transfer=name) for name in names}
+        results = {name: fut.result(timeout=60) for name, fut in futures.items()}
+        store = DirectoryStore(store_dir)
+        for name, result in results.items():
+            assert result.ok and result.first_token_id == _first_token(reference, prompts[name]), name
+            transfer, plan = result.kv_transfer, _plan(store, name, prompts[name], cfg)
+            if name.startswith("good"):
+                assert "error" not in transfer, transfer
+                # complete when the answer comes: no wait, every part there and good
+                assert [p.stage_id for p in store.read(name).parts] == [0, 1, 2]
+                assert plan.num_tokens == (len(prompts[name]) - 1) // 16 * 16, plan
+            else:
+                stage = int(name[-1])
+                assert transfer["error"].startswith(f"stage {stage}: ") and transfer["transfer_id"] == name
+                assert ("Is a directory" if stage == 1 else "No space left on device (injected)") in transfer["error"]
+                assert plan.num_tokens == 0 and f"stage {stage} could not write its part" in plan.reason, plan
+                with pytest.raises(TransferError) as err:
+                    store.read(name)
+                assert err.value.reason == "failed"
+                left = sorted(f.name for f in (store_dir / name).iterdir())
+                assert left == ["failed.json", "request.json"] + (["stage1.safetensors"] if stage == 1 else []), left
+        kv = exported_kv(store.read("good-b"), cfg.num_hidden_layers, cfg.num_key_value_heads)
+        with torch.no_grad():
+            ref = reference(torch.tensor([prompts["good-b"]]), use_cache=True).past_key_values
+        torch.testing.assert_close(kv[-1][0], ref.layers[-1].keys, atol=1e-4, rtol=1e-4)
+        assert engine.kv_export_counts() == (3 * len(names) - 2, 2)
+        assert_clean(engine)
+
+
+def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, reference, tmp_path):
+    """A store capped below one transfer: the next request's submit drops the oldest, whose
+    stage 0 is still writing (held here until then). That request's answer is right and says its
+    part found the transfer gone; the newer one is complete and loads; the dropped one is refused
+    (missing)."""
+    rng = random.Random(12)
+    prompts = {name: [rng.randrange(VOCAB) for _ in range(50)] for name in ("old", "new")}
+    store_dir = tmp_path / "store"
+    cfg = reference.config
+    with Engine(str(tiny), pp=2, dtype="float32", kv_store=str(store_dir), kv_store_max_gib=100 / 2**30,
+                profile_waves=False) as engine:
+        exporter = engine._core.stage.exporter
+        write_part, release = exporter.store.write_part, threading.Event()
+
+        def write(transfer_id, stage_id, data, manifest):
+            if transfer_id == "old":
+                assert release.wait(30)
+            write_part(transfer_id, stage_id, data, manifest)
+
+        exporter.store.write_part = write
+        old = engine.submit(prompts["old"], kv_transfer="old")
+        new = engine.submit(prompts["new"], kv_transfer="new")     # sweeps: "old" is over the cap
+        assert not (store_dir / "old").exists()
+        release.set()
+        old, new = old.result(timeout=60), new.result(timeout=60)
+        store = DirectoryStore(store_dir)
+        assert old.first_token_id == _first_token(reference, prompts["old"])
+        assert new.first_token_id == _first_token(reference, prompts["new"])
+        assert "stage 0: KV transfer 'old' is missing" in old.kv_transfer["error"], old.kv_transfer
+        assert "error" not in new.kv_transfer and _plan(store, "new", prompts["new"], cfg).num_tokens == 48
+        refused = _plan(store, "old", prompts["old"], cfg)
+        assert refused.num_tokens == 0 and "missing" in refused.reason
+        written, failed = engine.kv_export_counts()
+        assert written + failed == 4 and failed >= 1
         assert_clean(engine)

@@ -108,3 +108,13 @@ def test_the_prefill_body_is_one_wavepp_serve_accepts():
     assert parse_chat(chat, ("m",), 20).max_tokens == 1
     for sent in (completion, chat):
         assert not set(sampling) & set(sent) - {"stream"} and sent["stream"] is False
+
+
+def test_a_failed_hand_off_still_decodes_and_the_decode_side_hears_why():
+    """The prefill's params name a failed part: forwarded as they are (the connector refuses
+    them at once, naming the reason, and vLLM computes the prompt); the client gets its answer."""
+    failed = {**PARAMS, "error": "stage 1: [Errno 28] No space left on device"}
+    client, seen = router(prefill_params=failed)
+    resp = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "decoded"
+    assert seen["decode"][0][1]["kv_transfer_params"] == failed

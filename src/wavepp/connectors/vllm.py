@@ -8,12 +8,14 @@ A completion request carries `kv_transfer_params` = the `kv_transfer` that wavep
 returned ({"transfer_id", ...}). The scheduler side finds the transfer in the directory store
 (`wavepp.kv_transfer.store`: every stage's part there, every checksum good, the same prompt, the
 same layer shapes) and tells vLLM how many prompt tokens it can load: whole vLLM blocks, the
-last token always left for vLLM to compute (it needs its logits). The worker side writes those
+last token always left for vLLM to compute (it needs its logits). It reads and verifies a
+transfer once per request, however often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those
 tokens' K and V into each attention layer through the layer's own `do_kv_cache_update`, so the
 cache takes the layout of the backend that runs (on the CPU: K and V rows per block, repacked
 for AMX or the vector ISA). A transfer that is missing, expired, incomplete past `wait_s`,
-corrupt, or of another model makes vLLM compute the prompt itself (logged, counted in
-`num_misses`): slower, never a wrong token. The transfer is dropped once its request finishes.
+failed (kv_transfer_params with "error": a stage could not write its part), corrupt, or of
+another model makes vLLM compute the prompt itself (logged, counted in `num_misses`): slower,
+never a wrong token. The transfer is dropped once its request finishes.
 
 This module imports vLLM, torch, safetensors and the store only (no wavepp module that pulls
 in the server's packages): it runs inside vLLM's own environment with wavepp's `src/` on the
@@ -22,9 +24,7 @@ path. Attention layers of the Llama family (GQA K/V pools); MLA latents are not 
 
 from __future__ import annotations
 
-import logging
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +34,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                               KVConnectorRole)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from wavepp.kv_transfer.decode_plan import plan_load
+from wavepp.kv_transfer.decode_plan import DecodePlanner
 from wavepp.kv_transfer.store import DirectoryStore
 
-log = logging.getLogger("wavepp.connectors.vllm")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -65,36 +64,31 @@ class WavePPConnector(KVConnectorBase_V1):
             raise ValueError('WavePPConnector needs kv_connector_extra_config {"store": DIR}, the '
                              "directory wavepp serve --kv-store writes to")
         self.store = DirectoryStore(extra["store"])
-        self.wait_s = float(extra.get("wait_s", 5.0))
         self.block_size = vllm_config.cache_config.block_size
         model = vllm_config.model_config
-        self.num_layers = model.get_num_layers(vllm_config.parallel_config)
-        self.kv_width = model.get_num_kv_heads(vllm_config.parallel_config) * model.get_head_size()
+        self.planner = DecodePlanner(
+            self.store, block_size=self.block_size, num_layers=model.get_num_layers(vllm_config.parallel_config),
+            kv_width=model.get_num_kv_heads(vllm_config.parallel_config) * model.get_head_size(),
+            wait_s=float(extra.get("wait_s", 5.0)))
         self.num_loaded_tokens = 0
-        self.num_misses = 0
         self._plans: dict[str, tuple[str, int, int]] = {}    # request id -> (transfer, start, end)
-        self._waiting_since: dict[str, float] = {}           # request id -> first seen incomplete
         self._scheduled: dict[str, str] = {}                 # request id -> transfer, until it ends
+
+    @property
+    def num_misses(self) -> int:
+        return self.planner.num_misses
 
     # ---- scheduler side ----------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        transfer_id = (request.kv_transfer_params or {}).get("transfer_id")
-        if not transfer_id:
-            return 0, False
-        plan = plan_load(self.store, transfer_id, list(request.prompt_token_ids or []), block_size=self.block_size,
-                         num_computed=num_computed_tokens, num_layers=self.num_layers, kv_width=self.kv_width)
-        if plan.num_tokens is None:        # the stages are still writing: ask again, up to wait_s
-            first = self._waiting_since.setdefault(request.request_id, time.monotonic())
-            if time.monotonic() - first < self.wait_s:
-                return None, False
-        self._waiting_since.pop(request.request_id, None)
-        if not plan.num_tokens:
-            if plan.reason:
-                self.num_misses += 1
-                log.warning("request %s computes its prompt: %s", request.request_id, plan.reason)
-            return 0, False
-        self._plans[request.request_id] = (transfer_id, num_computed_tokens, num_computed_tokens + plan.num_tokens)
-        return plan.num_tokens, False
+        """Verified once per request (DecodePlanner); None while the stages are still writing."""
+        params = request.kv_transfer_params
+        n = self.planner.num_new_tokens(request.request_id, params, request.prompt_token_ids or (),
+                                        num_computed_tokens)
+        if not n:
+            self._plans.pop(request.request_id, None)
+            return n, False
+        self._plans[request.request_id] = (params["transfer_id"], num_computed_tokens, num_computed_tokens + n)
+        return n, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens == 0:
@@ -103,6 +97,7 @@ class WavePPConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         meta = WavePPConnectorMetadata()
         for new in scheduler_output.scheduled_new_reqs:
+            self.planner.forget(new.req_id)      # scheduled: vLLM asks again only after a preemption
             plan = self._plans.pop(new.req_id, None)
             if plan is None:
                 continue
@@ -115,7 +110,7 @@ class WavePPConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         """The request ended: its transfer has been read; drop it from the store."""
         self._plans.pop(request.request_id, None)
-        self._waiting_since.pop(request.request_id, None)
+        self.planner.forget(request.request_id)
         transfer_id = self._scheduled.pop(request.request_id, None)
         if transfer_id is not None:
             self.store.remove(transfer_id)

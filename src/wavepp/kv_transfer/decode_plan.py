@@ -4,18 +4,29 @@
 
     num_tokens > 0   load prompt tokens [num_computed, num_computed + num_tokens)
     num_tokens == 0  load nothing: compute the prompt (`reason` says why, for the log and the
-                     miss counter), or nothing is left past what the engine has cached itself
+                     miss counter: missing, failed, corrupt, another prompt or model), or
+                     nothing is left past what the engine has cached itself
     num_tokens None  the stages are still writing: ask again (until the caller's wait runs out)
 
 A decode engine computes at least the prompt's last token (it needs its logits) and takes whole
 blocks of its own, so at most `(len(prompt) - 1) // block_size * block_size` tokens load.
+
+`DecodePlanner` is the connector's scheduler side around it, per request: the transfer is read
+and its checksums verified once per request, however often the engine asks (vLLM asks again
+each step a request waits: no room for it yet, or the stages still writing), and the decision
+kept until the request loads or ends.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from wavepp.kv_transfer.store import DirectoryStore, Transfer, TransferError
+
+log = logging.getLogger("wavepp.connectors.vllm")
 
 
 @dataclass(frozen=True)
@@ -58,3 +69,66 @@ def mismatch(transfer: Transfer, prompt: list[int], num_layers: int, kv_width: i
     if layers != set(range(num_layers)):
         return f"it covers {len(layers)} layers; this model has {num_layers} (another model?)"
     return None
+
+
+class DecodePlanner:
+    """A decode engine's per-request decisions over the store (the connector's scheduler side,
+    free of vLLM):
+
+        num_new_tokens(request_id, params, prompt, num_computed) -> tokens to load | None (ask again)
+        forget(request_id)       the request was scheduled (loaded or not) or ended
+
+    `params`: the request's kv_transfer_params. One with "error" (the prefill reports a stage's
+    part failed) is refused without reading the store. A transfer still incomplete is asked
+    about again until `wait_s` passed since the first time, then refused. A refusal is logged
+    and counted (`num_misses`) once per request. Entries live from a request's first question
+    to its `forget`: bounded by the requests the engine holds."""
+
+    def __init__(self, store: DirectoryStore, *, block_size: int, num_layers: int, kv_width: int,
+                 wait_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.block_size, self.num_layers, self.kv_width = block_size, num_layers, kv_width
+        self.wait_s = wait_s
+        self.clock = clock
+        self.num_misses = 0
+        self._decided: dict[str, tuple[str, int]] = {}     # request id -> (transfer id, tokens loadable from 0)
+        self._waiting_since: dict[str, float] = {}         # request id -> first asked while incomplete
+
+    def num_new_tokens(self, request_id: str, params: dict | None, prompt: Sequence[int],
+                       num_computed: int) -> int | None:
+        transfer_id = (params or {}).get("transfer_id")
+        if not transfer_id:
+            return 0
+        decided = self._decided.get(request_id)
+        if decided is None or decided[0] != transfer_id:
+            end = self._decide(request_id, transfer_id, params, prompt)
+            if end is None:
+                return None
+            decided = self._decided[request_id] = (transfer_id, end)
+        return max(0, decided[1] - num_computed)
+
+    def forget(self, request_id: str) -> None:
+        self._decided.pop(request_id, None)
+        self._waiting_since.pop(request_id, None)
+
+    def __len__(self) -> int:
+        return len(self._decided) + len(self._waiting_since)
+
+    def _decide(self, request_id: str, transfer_id: str, params: dict, prompt: Sequence[int]) -> int | None:
+        """How many of the prompt's tokens load from its start (0: it computes), or None."""
+        if params.get("error"):
+            reason = f"the prefill reports that KV transfer {transfer_id!r} failed: {params['error']}"
+            end = 0
+        else:
+            plan = plan_load(self.store, transfer_id, list(prompt), block_size=self.block_size, num_computed=0,
+                             num_layers=self.num_layers, kv_width=self.kv_width)
+            if plan.num_tokens is None:          # the stages are still writing: ask again, up to wait_s
+                first = self._waiting_since.setdefault(request_id, self.clock())
+                if self.clock() - first < self.wait_s:
+                    return None
+            reason, end = plan.reason, plan.num_tokens or 0
+        self._waiting_since.pop(request_id, None)
+        if not end and reason:
+            self.num_misses += 1
+            log.warning("request %s computes its prompt: %s", request_id, reason)
+        return end

@@ -8,12 +8,14 @@
         stage<i>.json         its manifest: the layers, the pools, dtype, token count and the
                               sha256 of the tensor file (written last: a part is complete once
                               its manifest exists)
+        failed.json           only where a stage's part failed (rank 0 writes it, then drops
+                              the parts): which stage and why; the transfer never loads
 
 Every file is written to a temporary name in the same folder and renamed into place, so a
 reader never sees half a file; a stage killed mid-export leaves no manifest, and the transfer
 reads as incomplete. A transfer is complete when request.json and every stage's manifest are
-there and every checksum holds (`read`). This module imports no torch: the tensor files are
-safetensors, packed and read by `export.py` and by the decode side's connector.
+there, no failed.json, and every checksum holds (`read`). This module imports no torch: the
+tensor files are safetensors, packed and read by `export.py` and by the decode side's connector.
 
 Bounds: `sweep` drops transfers older than the TTL, then the oldest until the store holds at
 most `max_bytes`; `remove_owned` drops what one engine wrote (at its shutdown).
@@ -32,10 +34,12 @@ from pathlib import Path
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 REQUEST_FILE = "request.json"
+FAILED_FILE = "failed.json"
 
 
 class TransferError(Exception):
-    """A transfer that cannot be read: `reason` is "missing", "incomplete", "corrupt" or "mismatch"."""
+    """A transfer that cannot be read: `reason` is "missing", "incomplete", "failed" (a stage
+    could not write its part: it never completes) or "corrupt"."""
 
     def __init__(self, transfer_id: str, reason: str, detail: str):
         super().__init__(f"KV transfer {transfer_id!r} is {reason}: {detail}")
@@ -105,11 +109,24 @@ class DirectoryStore:
                     "sha256": hashlib.sha256(data).hexdigest()}
         _write_atomic(folder / f"stage{stage_id}.json", json.dumps(manifest).encode())
 
+    def mark_failed(self, transfer_id: str, errors: dict[int, str]) -> None:
+        """A stage could not write its part ({stage id: why}): record it (failed.json, which
+        `read` refuses) and drop the parts written, so the transfer is never read as part of a
+        prompt. A folder already gone is left gone; OSError when the folder cannot be written."""
+        folder = self.folder(transfer_id)
+        if not folder.is_dir():
+            return
+        _write_atomic(folder / FAILED_FILE, json.dumps({"stages": {str(s): e for s, e in errors.items()}}).encode())
+        for f in folder.glob("stage*"):
+            if f.is_file():
+                f.unlink(missing_ok=True)
+
     # ---- readers -----------------------------------------------------------------------------
     def read(self, transfer_id: str, *, verify: bool = True) -> Transfer:
         """The complete transfer, every part's checksum checked (`verify`). Raises
         TransferError: missing (no folder or no request.json), incomplete (a stage's manifest
-        is not there yet, or never will be), corrupt (a checksum or a manifest that fails)."""
+        is not there yet), failed (a stage reported its part failed: it never will be),
+        corrupt (a checksum or a manifest that fails)."""
         folder = self.folder(transfer_id)
         try:
             request = json.loads((folder / REQUEST_FILE).read_bytes())
@@ -117,6 +134,15 @@ class DirectoryStore:
             raise TransferError(transfer_id, "missing", f"nothing under {folder}") from None
         except (OSError, ValueError) as err:
             raise TransferError(transfer_id, "corrupt", f"{REQUEST_FILE}: {err}") from None
+        try:
+            failed = json.loads((folder / FAILED_FILE).read_bytes()).get("stages", {})
+        except FileNotFoundError:
+            failed = None
+        except (OSError, ValueError) as err:
+            failed = {"?": f"{FAILED_FILE}: {err}"}
+        if failed is not None:
+            detail = "; ".join(f"stage {s} could not write its part: {e}" for s, e in failed.items())
+            raise TransferError(transfer_id, "failed", detail or "a stage could not write its part")
         parts = []
         for stage_id in range(int(request["num_stages"])):
             try:
@@ -187,8 +213,12 @@ class DirectoryStore:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)     # no half file left behind (a full disk, a bad path)
+        raise

@@ -5,7 +5,8 @@
              whole admission round whenever requests wait (the mechanism lockstep tests);
              under trtllm-pp and sglang-pp it runs those frameworks' iterations instead
              (outside_loop.py)
-    RESULTS  receives first tokens from the last stage and completes requests
+    RESULTS  receives first tokens from the last stage and completes requests, and the stages'
+             KV export reports (a request that exports ends at its last report; live_requests.py)
 
 Leader state is shared under one lock (`cond`); the stage's pool has its own lock
 (StageRuntime). Every change a waiting thread may care about notifies `cond`.
@@ -31,18 +32,12 @@ from wavepp.runtime.loop_host import PlannedWave
 from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.profile import WaveProfile, profile_pipeline
 from wavepp.runtime.protocol import (
-    CheckIntegrity, IntegrityReport, LoadFailed, Reset, ResultMsg, Setup, StageTiming, WaveHeader)
-from wavepp.runtime.rounds_plane import RoundsPlane
+    CheckIntegrity, EngineError, ExportReport, IntegrityReport, Reset, ResultMsg, StageTiming, WaveHeader)
+from wavepp.runtime.rounds_plane import RoundsPlane, start_stages
 from wavepp.runtime.runtime_leader import build_runtime_leader
-from wavepp.runtime.stage import StageRuntime
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import WaveResult, get_policy
 from wavepp.sched.rounds import run_round
-
-
-class EngineError(RuntimeError):
-    """The pipeline cannot go on (a stage died, or a stage rejected the leader's plan), or the
-    engine was shut down."""
 
 
 class EngineCore:
@@ -53,19 +48,7 @@ class EngineCore:
         self.channels = channels
         self.num_stages = config.num_stages
         self._check_alive = check_alive
-        for rank in range(1, self.num_stages):
-            channels.send_obj(Setup(config), rank, "rounds")
-        torch.set_num_threads(config.num_threads)
-        self.stage = StageRuntime(config, 0, channels.device)
-        blocks, kernels = [self.stage.num_blocks], [""]
-        for rank in range(1, self.num_stages):
-            msg = channels.recv_obj(rank, "replies")
-            if isinstance(msg, LoadFailed):
-                raise EngineError(msg.reason)
-            blocks.append(msg.num_blocks)
-            kernels.append(msg.kernels)
-        self.stage_num_blocks = tuple(blocks)
-        self._worker_kernels = tuple(kernels)
+        self.stage, self.stage_num_blocks, self._worker_kernels = start_stages(config, channels)
         self._plane = RoundsPlane(channels, self.stage, self.num_stages)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.vocab_size = self.stage.model_config.vocab_size
@@ -76,8 +59,10 @@ class EngineCore:
         self.error: str | None = None
         self._stopping = False
         self._t0 = time.perf_counter()
-        self._requests = LiveRequests()
-        self._on_done: Callable = lambda request_id, req: (request_id, req)
+        self._requests = LiveRequests(self.num_stages)
+        self._on_done: Callable = lambda request_id, req, export_errors: (request_id, req)
+        if self.stage.exporter is not None:     # stage 0's parts are reported here, on its writer
+            self.stage.exporter.on_outcome = lambda outcome: self.on_export_report(ExportReport((outcome,)))
         self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
         self._threads = [threading.Thread(target=self._guard(fn), name=name, daemon=True)
@@ -85,7 +70,8 @@ class EngineCore:
                                           ("wavepp-results", self._result_loop))]
 
     def start(self, on_done: Callable) -> None:
-        """Start the threads; `on_done(request_id, request)` gives each future its value."""
+        """Start the threads; `on_done(request_id, request, export_errors)` gives each future
+        its value (export_errors: {stage: why} of the request's KV parts that failed)."""
         self._on_done = on_done
         for t in self._threads:
             t.start()
@@ -103,7 +89,7 @@ class EngineCore:
         option the prompt cannot take, is refused with ValueError, and nothing is queued."""
         with self.cond:
             self._raise_if_closed()
-            internal_id, fut = self._requests.add(request_id)
+            internal_id, fut = self._requests.add(request_id, exports=export_id is not None)
             try:
                 self.leader.add_request(internal_id, token_ids, self.now(), logprob_start=logprob_start,
                                         export_id=export_id)
@@ -281,6 +267,18 @@ class EngineCore:
             self._deliver()
             self.cond.notify_all()
 
+    def on_export_report(self, report: ExportReport) -> None:
+        """Stages' KV export outcomes: counted; a finished request whose parts are all reported
+        ends (its future resolves, naming the parts that failed)."""
+        with self.cond:
+            for outcome in report.outcomes:
+                self._requests.report(outcome, self._on_done)
+
+    def export_counts(self) -> tuple[int, int]:
+        """KV parts the stages reported (written, failed) since the engine started."""
+        with self.cond:
+            return self._requests.num_exports_written, self._requests.num_exports_failed
+
     # ---- threads -----------------------------------------------------------------------------
 
     def _wave_loop(self) -> None:
@@ -332,7 +330,9 @@ class EngineCore:
             msg = self.channels.recv_obj(self.num_stages - 1, "results")
             if isinstance(msg, Shutdown):
                 return
-            if self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
+            if isinstance(msg, ExportReport):
+                self.on_export_report(msg)
+            elif self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
                 self._outside.hold(msg)
             else:
                 self.on_wave_result(msg)
@@ -340,11 +340,10 @@ class EngineCore:
     # ---- helpers -----------------------------------------------------------------------------
 
     def _deliver(self) -> None:
-        """Under cond: resolve the future of every request the leader finished."""
+        """Under cond: resolve the future of every request the leader finished (one that exports
+        its KV: once every stage reported its part)."""
         for req in self.leader.take_finished():
-            request_id, fut = self._requests.remove(req.request_id)
-            if not fut.done():
-                fut.set_result(self._on_done(request_id, req))
+            self._requests.finish(req, self._on_done)
 
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)

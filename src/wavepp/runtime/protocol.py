@@ -7,8 +7,14 @@ from typing import NamedTuple
 
 from wavepp.cache import CapacityView
 
+from wavepp.kv_transfer.export import ExportOutcome
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.sched import TokenResult, Wave
+
+
+class EngineError(RuntimeError):
+    """The pipeline cannot go on (a stage died, failed to load, or rejected the leader's plan),
+    or the engine was shut down."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,15 @@ class ResultMsg:
     wave_id: int
     tokens: tuple[TokenResult, ...]
     timings: tuple[StageTiming, ...]
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What a stage's KV writer did with its parts, on its way to rank 0: down the pipeline on
+    the headers plane (each stage's LOOP passes it on, in order with its waves), then from the
+    last stage on the results plane. Rank 0 holds a request's answer until every stage's part
+    of it is reported."""
+    outcomes: tuple[ExportOutcome, ...]
 
 
 @dataclass(frozen=True)

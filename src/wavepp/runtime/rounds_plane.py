@@ -6,14 +6,37 @@
       recv  replies <-- "replies" --  answer (in rank order)
 
 Stage 0's answer is computed while the other ranks compute theirs. Every call blocks until
-each rank it waits on answered; a lost rank raises PeerLostError (channels.py).
+each rank it waits on answered; a lost rank raises PeerLostError (channels.py). The start-up
+uses the same two planes (`start_stages`: Setup out, StageReady or LoadFailed back).
 """
 
 from __future__ import annotations
 
+import torch
+
 from wavepp.runtime.channels import Channels
+from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.protocol import EngineError, LoadFailed, Setup
 from wavepp.runtime.stage import StageRuntime
 from wavepp.sched import ReleaseMsg
+
+
+def start_stages(config: RuntimeConfig, channels: Channels) -> tuple[StageRuntime, tuple[int, ...], tuple[str, ...]]:
+    """Send every other rank its Setup, load stage 0 here meanwhile, then take each rank's
+    StageReady: (stage 0, every stage's blocks, every stage's kernel paths, "" for rank 0's,
+    which it reads live). A rank that could not load raises EngineError naming why."""
+    for rank in range(1, config.num_stages):
+        channels.send_obj(Setup(config), rank, "rounds")
+    torch.set_num_threads(config.num_threads)
+    stage = StageRuntime(config, 0, channels.device)
+    blocks, kernels = [stage.num_blocks], [""]
+    for rank in range(1, config.num_stages):
+        msg = channels.recv_obj(rank, "replies")
+        if isinstance(msg, LoadFailed):
+            raise EngineError(msg.reason)
+        blocks.append(msg.num_blocks)
+        kernels.append(msg.kernels)
+    return stage, tuple(blocks), tuple(kernels)
 
 
 class RoundsPlane:

@@ -204,7 +204,7 @@ class StageRuntime:
             for p in prepared:
                 if p.chunk.export_id is not None:
                     self.exporter.submit(p.chunk.export_id, self.kv.export_rows(p.block_table, p.chunk.end),
-                                         p.chunk.end)
+                                         p.chunk.end, p.chunk.request_id)
         with self.lock:
             self.server.complete(wave)
         if output is None and self.spec.is_last:

@@ -4,9 +4,11 @@
                (asynchronous policies, and the outside loops trtllm-pp and sglang-pp, whose
                rank 0 waits for the answer before each microbatch) or hands them to LOOP
                (lockstep)
-    RECV       receives wave headers and activations from the previous stage
+    RECV       receives wave headers and activations from the previous stage (and the KV
+               export reports of the stages before it)
     LOOP       runs waves in order (and, under lockstep, rounds between them), sends
-               activations on, or results back to rank 0 from the last stage
+               activations on, or results back to rank 0 from the last stage; passes KV
+               export reports (its own writer's and those received) on the same way
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import torch
 
 from wavepp.runtime.channels import Channels, Shutdown
 from wavepp.runtime.protocol import (
-    CheckIntegrity, ControlReply, LoadFailed, Reset, ResetDone, ResultMsg, RoundWork, Setup, StageReady,
-    StageTiming, WaveHeader, WaveWork)
+    CheckIntegrity, ControlReply, ExportReport, LoadFailed, Reset, ResetDone, ResultMsg, RoundWork, Setup,
+    StageReady, StageTiming, WaveHeader, WaveWork)
 from wavepp.runtime.profile import ProfileTimes, ProfileWaves, time_stage_waves
 from wavepp.runtime.stage import StageRuntime
 
@@ -47,6 +49,8 @@ def run_worker(channels: Channels) -> None:
     is_last = rank == config.num_stages - 1
     input_width = stage.model.input_width    # hidden_size, plus DSA top-k columns where needed
     dtype = stage.model.dtype
+    if stage.exporter is not None:    # each part's outcome goes to rank 0 through LOOP
+        stage.exporter.on_outcome = lambda outcome: inbox.put(ExportReport((outcome,)))
 
     def wave_thread():
         while True:
@@ -74,6 +78,9 @@ def run_worker(channels: Channels) -> None:
             if isinstance(header, Shutdown):
                 inbox.put(header)
                 return
+            if isinstance(header, ExportReport):    # an earlier stage's, passing through
+                inbox.put(header)
+                continue
             n = header.wave.num_tokens
             hidden = channels.recv_tensor((n, input_width), dtype, rank - 1) if n else None
             inbox.put(WaveWork(header, hidden))
@@ -106,6 +113,9 @@ def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: 
             if reply is not None:
                 channels.send_obj(reply, 0, "replies")
             round_s += time.perf_counter() - t0
+            continue
+        if isinstance(item, ExportReport):   # on towards rank 0, behind the waves sent before it
+            channels.send_obj(item, 0 if is_last else rank + 1, "results" if is_last else "headers")
             continue
         header, hidden = item.header, item.hidden
         start = time.perf_counter()

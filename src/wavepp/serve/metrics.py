@@ -18,6 +18,10 @@ Read from the engine at each scrape:
     wavepp_admission_round_seconds             histogram: one admission round's latency
     wavepp_stage_blocks{stage,state}           used | free | leased | escrowed | in_use | evictable
                                                (stage 0 now, the others' last report)
+    wavepp_kv_exports_total{outcome}           KV hand-off parts (one per stage and request) the
+                                               stages reported: written | failed, since the
+                                               engine started, every report counted (also one
+                                               that came after its request ended)
 
 "Since start" is since the server started or since the last POST /debug/reset, which empties
 the caches and restarts the engine's own measurements: the per-stage counters and the wave and
@@ -161,6 +165,12 @@ class _EngineCollector:
                                  ("evictable", cap.num_evictable)):
                 blocks.add_metric([str(stage), state], value)
         yield blocks
+        written, failed = engine.kv_export_counts()
+        exports = CounterMetricFamily("wavepp_kv_exports", "KV hand-off parts the stages reported, by outcome",
+                                      labels=["outcome"])
+        exports.add_metric(["written"], written)
+        exports.add_metric(["failed"], failed)
+        yield exports
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

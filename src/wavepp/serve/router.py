@@ -10,7 +10,8 @@
 
 An error from either side goes back to the client with its status and body. A prefill answer
 without kv_transfer_params (a server without --kv-store) still decodes: the decode side then
-computes the prompt itself. `usage` is the decode side's, `prompt_tokens_details.cached_tokens`
+computes the prompt itself; so does one whose kv_transfer_params carry "error" (a stage could
+not write its part), forwarded as they are so that the decode side logs why. `usage` is the decode side's, `prompt_tokens_details.cached_tokens`
 included (the tokens it loaded).
 """
 
