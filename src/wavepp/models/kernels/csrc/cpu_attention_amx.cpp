@@ -104,6 +104,29 @@ inline __m512 exp2_finite(__m512 t) {
   return _mm512_scalef_ps(p, n);
 }
 
+// Horizontal reductions of 16 vectors at once: lane i of the result is v[i]'s max (sum).
+// Four halving steps (256-, 128-, 64-, 32-bit halves) leave the rows out of order; one
+// permute puts them back.
+template <typename Op>
+inline __m512 reduce16(__m512 v[16], Op op) {
+  for (int i = 0; i < 8; ++i)
+    v[i] = op(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    v[i] = op(_mm512_shuffle_f32x4(v[i], v[i + 4], 0x88), _mm512_shuffle_f32x4(v[i], v[i + 4], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    v[i] = op(_mm512_shuffle_ps(v[i], v[i + 2], 0x44), _mm512_shuffle_ps(v[i], v[i + 2], 0xEE));
+  const __m512 r = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
+  // lane j holds row (0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15)[j]: put row i in lane i
+  const __m512i lanes = _mm512_set_epi32(15, 13, 14, 12, 7, 5, 6, 4, 11, 9, 10, 8, 3, 1, 2, 0);
+  return _mm512_permutexvar_ps(lanes, r);
+}
+inline __m512 reduce16_max(__m512 v[16]) {
+  return reduce16(v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
+}
+inline __m512 reduce16_add(__m512 v[16]) {
+  return reduce16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+
 // Where one operand's rows live: row i of a segment is at base + slots[i] * slot_stride.
 struct Rows {
   const uint16_t* base;
@@ -237,51 +260,64 @@ void step(const Segment& seg, int64_t k0, int64_t nb, const Block& b, const uint
     _tile_stored(6, s + 16 * ls + g, ls * 4);
     _tile_stored(7, s + 16 * ls + g + 16, ls * 4);
   }
-  // the softmax, row by row: P = exp(s - m_new) in bf16, 0 where not visible. Scores are
-  // finite, so the visible span needs no clamp; the masks only touch its last 32.
+  // the softmax, 16 rows at a time: each row's max and sum kept as a vector of partials and
+  // the 16 reduced together (no horizontal reduction per row); P = exp(s - m_new) in bf16,
+  // 0 where not visible. Scores are finite, so the visible span needs no clamp.
   const __m512 vc = _mm512_set1_ps(c);
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t visible = std::clamp<int64_t>(b.limit[r] - seg.start - k0, 0, std::min(nb, seg.n - k0));
-    float* row = s + r * ls;
-    uint16_t* prow = p + r * lp;
-    if (visible == 0) {
-      std::memset(prow, 0, nb * 2);
-      m_new[r] = m[r];
-      sum[r] = 0.0f;
-      continue;
+  for (int r0 = 0; r0 < kRows; r0 += 16) {
+    alignas(64) __m512 part_max[16], part_sum[16];
+    int64_t visible[16];
+    for (int i = 0; i < 16; ++i) {
+      const int r = r0 + i;
+      visible[i] = std::clamp<int64_t>(b.limit[r] - seg.start - k0, 0, std::min(nb, seg.n - k0));
+      const float* row = s + r * ls;
+      const int64_t full = visible[i] / 32 * 32;
+      __m512 m0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
+      for (int64_t j = 0; j < full; j += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row + j + 16));
+      }
+      for (int64_t j = full; j < visible[i]; j += 16) {
+        const __mmask16 mask = visible[i] - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (visible[i] - j)) - 1u);
+        m0 = _mm512_mask_max_ps(m0, mask, m0, _mm512_maskz_loadu_ps(mask, row + j));
+      }
+      part_max[i] = _mm512_max_ps(m0, m1);
     }
-    const int64_t full = visible / 32 * 32;
-    __m512 m0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
-    for (int64_t j = 0; j < full; j += 32) {
-      m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row + j));
-      m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row + j + 16));
+    // m_new = max(m_old, this step's max); a row that sees nothing here keeps m_old
+    const __m512 mn = _mm512_max_ps(_mm512_loadu_ps(m + r0), reduce16_max(part_max));
+    _mm512_storeu_ps(m_new + r0, mn);
+    for (int i = 0; i < 16; ++i) {
+      const int r = r0 + i;
+      const float* row = s + r * ls;
+      uint16_t* prow = p + r * lp;
+      if (visible[i] == 0) {
+        std::memset(prow, 0, nb * 2);
+        part_sum[i] = _mm512_setzero_ps();
+        continue;
+      }
+      const __m512 vmc = _mm512_set1_ps(-m_new[r] * c);
+      const int64_t full = visible[i] / 32 * 32;
+      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+      for (int64_t j = 0; j < full; j += 32) {
+        const __m512 e0 = exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vc, vmc));
+        const __m512 e1 = exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vc, vmc));
+        s0 = _mm512_add_ps(s0, e0);
+        s1 = _mm512_add_ps(s1, e1);
+        _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+      }
+      for (int64_t j = full; j < nb; j += 32) {   // the tail: masked, then zeros to nb
+        const int64_t n0 = std::clamp<int64_t>(visible[i] - j, 0, 16), n1 = std::clamp<int64_t>(visible[i] - j - 16, 0, 16);
+        const __m512 e0 = _mm512_maskz_mov_ps(__mmask16((1u << n0) - 1u),
+                                              exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vc, vmc)));
+        const __m512 e1 = _mm512_maskz_mov_ps(__mmask16((1u << n1) - 1u),
+                                              exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vc, vmc)));
+        s0 = _mm512_add_ps(s0, e0);
+        s1 = _mm512_add_ps(s1, e1);
+        _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+      }
+      part_sum[i] = _mm512_add_ps(s0, s1);
     }
-    for (int64_t j = full; j < visible; j += 16) {
-      const __mmask16 mask = visible - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (visible - j)) - 1u);
-      m0 = _mm512_mask_max_ps(m0, mask, m0, _mm512_maskz_loadu_ps(mask, row + j));
-    }
-    const float mn = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
-    m_new[r] = mn;
-    const __m512 vmc = _mm512_set1_ps(-mn * c);
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    for (int64_t j = 0; j < full; j += 32) {
-      const __m512 e0 = exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vc, vmc));
-      const __m512 e1 = exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vc, vmc));
-      s0 = _mm512_add_ps(s0, e0);
-      s1 = _mm512_add_ps(s1, e1);
-      _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-    }
-    for (int64_t j = full; j < nb; j += 32) {   // the tail: masked, then zeros to nb
-      const int64_t n0 = std::clamp<int64_t>(visible - j, 0, 16), n1 = std::clamp<int64_t>(visible - j - 16, 0, 16);
-      const __m512 e0 = _mm512_maskz_mov_ps(__mmask16((1u << n0) - 1u),
-                                            exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vc, vmc)));
-      const __m512 e1 = _mm512_maskz_mov_ps(__mmask16((1u << n1) - 1u),
-                                            exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vc, vmc)));
-      s0 = _mm512_add_ps(s0, e0);
-      s1 = _mm512_add_ps(s1, e1);
-      _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-    }
-    sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    _mm512_storeu_ps(sum + r0, reduce16_add(part_sum));
   }
   // alpha = exp(m_old - m_new) (0 while a row has seen nothing), l = l * alpha + sum
   alignas(64) float alpha[kRows];
