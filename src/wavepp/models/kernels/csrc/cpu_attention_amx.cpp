@@ -521,5 +521,8 @@ void attention(const torch::Tensor& query, const torch::Tensor& key_cache, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &amx_ready, "whether the AMX attention kernel runs on this machine");
-  m.def("attention", &attention, "causal attention over a paged KV cache on AMX tiles");
+  // the GIL is released while a kernel runs: the leader and I/O threads of a stage process
+  // go on beside it
+  m.def("attention", &attention, "causal attention over a paged KV cache on AMX tiles",
+        py::call_guard<py::gil_scoped_release>());
 }

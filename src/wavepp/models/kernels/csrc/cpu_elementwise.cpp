@@ -160,8 +160,8 @@ at::Tensor rotary(at::Tensor x, at::Tensor cos, at::Tensor sin) {
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rotary", &rotary, "rotate-half RoPE of [T, H, D] bf16, rounded as torch's ops");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up from [T, 2I] gate_up, bf16, rounded as torch");
-  m.def("rms_norm", &rms_norm, "RMSNorm of [T, D] bf16 rows, statistics in fp32");
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {  // the GIL is released while a kernel runs
+  m.def("rotary", &rotary, "rotate-half RoPE of [T, H, D] bf16, rounded as torch's ops", py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up from [T, 2I] gate_up, bf16, rounded as torch", py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "RMSNorm of [T, D] bf16 rows, statistics in fp32", py::call_guard<py::gil_scoped_release>());
 }

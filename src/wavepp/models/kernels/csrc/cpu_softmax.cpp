@@ -246,9 +246,9 @@ void softmax_unnormalized_(at::Tensor scores, int64_t causal_rows, at::Tensor ro
                row_max.size(1), row_max.stride(0), row_max.stride(1), vectorized);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("softmax_", &softmax_, "row softmax in place, causal blocks of rows");
-  m.def("softmax_unnormalized_", &softmax_unnormalized_, "exp(s - row max) in place, with row max and sum");
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {  // the GIL is released while a kernel runs
+  m.def("softmax_", &softmax_, "row softmax in place, causal blocks of rows", py::call_guard<py::gil_scoped_release>());
+  m.def("softmax_unnormalized_", &softmax_unnormalized_, "exp(s - row max) in place, with row max and sum", py::call_guard<py::gil_scoped_release>());
 #ifdef WAVEPP_AVX512
   m.attr("avx512") = true;
 #else
