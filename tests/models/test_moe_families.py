@@ -17,6 +17,7 @@ import torch
 from tests.models.conftest import random_prompt
 from wavepp.make_model import MOE_ARCHS
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, stage_specs
+from wavepp.models.kernels import Kernels, cpp
 
 FP32_ATOL = 1e-4
 BLOCK_SIZE = 4
@@ -226,3 +227,38 @@ def test_moe_runs_one_matmul_pair_per_active_expert(moe_models, monkeypatch):
     hf_block = _REFERENCES[str(moe_models["minimax_m2"])].model.layers[1].mlp
     with torch.no_grad():
         torch.testing.assert_close(out, hf_block(x[None])[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(cpp.amx_attention_kernels() is None,
+                    reason="no AMX-BF16 on this CPU: the latent form runs on the AMX attention kernel only")
+def test_mla_latent_form_on_amx_close_to_fp32_reference(moe_models, monkeypatch):
+    """DeepSeek-V3's MLA layers (no DSA) in bf16 with the `amx` kernel attend in latent form
+    (each head's query absorbed into the latent space, one KV head read from the cache in
+    place): every layer takes that path, and each chunk's logprobs stay near the fp32
+    reference (the bf16 test's criteria) and near the MHA form's in bf16."""
+    from wavepp.models import LocalPipeline
+    from wavepp.models.layers.mla import MLAttention
+
+    calls = []
+    latent = MLAttention._latent_attention
+    monkeypatch.setattr(MLAttention, "_latent_attention", lambda self, *a: calls.append(self.layer) or latent(self, *a))
+    prompt = random_prompt(37, seed=31)
+    runs = {}
+    for attention in ("chunked", "amx"):
+        pipe = LocalPipeline(moe_models["deepseek_v3"], dtype=torch.bfloat16, num_blocks=16, block_size=BLOCK_SIZE,
+                             kernels=Kernels(attention=attention))
+        start, logits = 0, []
+        for size in (13, 11, 13):
+            logits.append(pipe.prefill_chunks([("r", prompt[start:start + size])])[0].float().log_softmax(-1))
+            start += size
+        runs[attention] = torch.stack(logits)
+    num_layers = load_model_config(moe_models["deepseek_v3"]).num_layers
+    assert sorted(set(calls)) == list(range(num_layers)) and len(calls) == 3 * num_layers
+    reference = reference_logits(moe_models["deepseek_v3"], prompt)[[12, 23, 36]].log_softmax(-1)
+    for got, mha, expected in zip(runs["amx"], runs["chunked"], reference):
+        best, runner_up = expected.topk(2).values
+        if best - runner_up > 0.2:
+            assert int(got.argmax()) == int(expected.argmax())
+        assert abs(float(got.max()) - float(best)) < 0.1
+        top = expected.topk(5).indices
+        assert (got[top] - mha[top]).abs().max() < 0.1

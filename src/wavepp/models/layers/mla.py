@@ -12,6 +12,10 @@ per-head keys and values with kv_b_proj, then attends.
 
 With a DSA indexer (GLM-5) each query attends only to the keys its layer's top-k selects
 (`Indexer`); a "shared" layer takes the selection of the layer before it.
+
+With the `amx` attention kernel (bf16 on a CPU with AMX) a layer without a top-k selection
+attends in latent form instead (`_latent_attention`): nothing is expanded, the heads share one
+KV head of kv_lora_rank + rope dims read from the cache in place.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from wavepp.models.kernels.attention_amx import amx_applies, amx_attention
 from wavepp.models.layers.context import ForwardContext
 from wavepp.models.layers.dsa import Indexer, selection_mask
 from wavepp.models.layers.norm import RMSNorm
@@ -79,6 +84,8 @@ class MLAttention(nn.Module):
         elif ctx.topk is None:
             raise ValueError(f"layer {self.layer} shares the previous layer's top-k, but none was given")
         topk = ctx.topk
+        if topk is None and kernels.attention == "amx" and amx_applies(q):
+            return linear(self._latent_attention(q, latent_cache, batch).reshape(n, heads * self.v_dim), self.o_proj)
         out = x.new_empty(n, heads, self.v_dim)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
@@ -99,6 +106,20 @@ class MLAttention(nn.Module):
             o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope:].transpose(0, 1).float())
             out[t0:t1] = o.transpose(0, 1).to(out.dtype)
         return linear(out.view(n, heads * self.v_dim), self.o_proj)
+
+    def _latent_attention(self, q: torch.Tensor, latent_cache: torch.Tensor, batch) -> torch.Tensor:
+        """Attention in latent form, on the AMX kernel: each head's q_nope taken into the
+        latent space by the key half of kv_b_proj (q_lat = q_nope W_UK), one KV head [c | k_rope]
+        for all heads read straight from the latent cache, the latents c as values, and each
+        head's output brought back by the value half (o = o_lat W_UV^T). The MHA form's result
+        up to rounding, without expanding any context. q: [n, heads, nope + rope] -> [n, heads, v]."""
+        n, heads, rank = q.shape[0], self.num_heads, self.kv_lora_rank
+        w = self.kv_b_proj.view(heads, self.nope + self.v_dim, rank)
+        q_lat = torch.bmm(q[..., :self.nope].transpose(0, 1), w[:, :self.nope])        # [heads, n, rank]
+        query = torch.cat((q_lat.transpose(0, 1), q[..., self.nope:]), -1)             # [n, heads, rank + rope]
+        o_lat = amx_attention(query, latent_cache[:, None], latent_cache[:, None, :rank], batch, self.scale)
+        out = torch.bmm(o_lat.view(n, heads, rank).transpose(0, 1), w[:, self.nope:].transpose(1, 2))
+        return out.transpose(0, 1)
 
 
 def _causal(num_cached: int, num_tokens: int) -> torch.Tensor:
