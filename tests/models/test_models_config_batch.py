@@ -77,6 +77,15 @@ def test_split_layers_balanced_and_contiguous():
         split_layers(3, 4)
 
 
+def test_split_layers_by_given_sizes():
+    assert split_layers(30, 2, [14, 16]) == [(0, 14), (14, 30)]
+    assert split_layers(6, 3, (1, 3, 2)) == [(0, 1), (1, 4), (4, 6)]
+    assert [(s.start_layer, s.end_layer) for s in stage_specs(30, 2, [14, 16])] == [(0, 14), (14, 30)]
+    for sizes in ([15, 14], [30, 0], [10, 10, 10], [31, -1]):
+        with pytest.raises(ValueError, match="must give each of the 2 stages at least one layer and sum to"):
+            split_layers(30, 2, sizes)
+
+
 @pytest.mark.parametrize("start, end", [(-1, 2), (2, 2), (3, 5), (0, 31)])
 def test_stage_range_outside_model(start, end):
     with pytest.raises(ValueError, match=rf"\[{start}, {end}\) is outside the model's \d+ layers"):

@@ -153,3 +153,17 @@ def test_two_nodes_under_torchrun_on_loopback(tiny, tmp_path):
     ref = reference(tiny, prompts)
     assert [r["first_token_id"] for r in results] == [int(lp.argmax()) for lp in ref]
     assert all(abs(r["first_token_logprob"] - float(lp.max())) < 1e-3 for r, lp in zip(results, ref))
+
+
+def test_an_uneven_layer_split_computes_the_same(tiny):
+    """layer_split moves layers between stages, not results: [1, 5] gives transformers' first
+    tokens as the balanced split does; a split that does not fit the model is refused before
+    any process starts."""
+    prompts = workload(seed=5, num_groups=2, per_group=3)
+    ref = reference(tiny, prompts)
+    with Engine(str(tiny), pp=2, dtype="float32", layer_split=[1, 5]) as engine:
+        check(engine.prefill(prompts), ref, tol=1e-3)
+    with pytest.raises(ValueError, match="sum to the model's 6 layers"):
+        Engine(str(tiny), pp=2, dtype="float32", layer_split=[2, 2])
+    with pytest.raises(ValueError, match="one positive layer count per stage"):
+        Engine(str(tiny), pp=2, dtype="float32", layer_split=[6])

@@ -24,6 +24,7 @@ class RuntimeConfig:
     snapshot_align_frac: float = 0.125    # hybrid models: PlannerConfig.snapshot_align_frac
     profile_waves: bool = True            # time waves of varied shape at start-up (runtime/profile.py)
     kv_store: str = ""                    # KV hand-off: the directory store every stage writes to
+    layer_split: tuple[int, ...] = ()     # layers per stage, in order; empty: balanced (models/spec)
 
     def __post_init__(self) -> None:
         from wavepp.sched.policy import get_policy
@@ -39,6 +40,9 @@ class RuntimeConfig:
         if self.stage_num_blocks and len(self.stage_num_blocks) != self.num_stages:
             raise ValueError(f"stage_num_blocks has {len(self.stage_num_blocks)} entries for "
                              f"{self.num_stages} stages")
+        if self.layer_split and (len(self.layer_split) != self.num_stages or min(self.layer_split) < 1):
+            raise ValueError(f"layer_split {list(self.layer_split)} needs one positive layer count per stage "
+                             f"({self.num_stages} stages)")
         if any(n < 1 for n in self.stage_num_blocks):
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:

@@ -44,7 +44,7 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
     the available memory over the stages)."""
     if config.stage_num_blocks:
         return config.stage_num_blocks[stage_id]
-    spec = stage_specs(model_config.num_layers, config.num_stages)[stage_id]
+    spec = stage_specs(model_config.num_layers, config.num_stages, config.layer_split)[stage_id]
     layout = page_layout(model_config)
     dtype_bytes = _DTYPES[config.dtype].itemsize
     bytes_per_token = layout.bytes_per_block(spec.start_layer, spec.end_layer, 1, dtype_bytes)
@@ -93,7 +93,7 @@ class StageRuntime:
         self.stage_id = stage_id
         self.device = torch.device(device)
         self.model_config = load_model_config(config.model_path)
-        self.spec = stage_specs(self.model_config.num_layers, config.num_stages)[stage_id]
+        self.spec = stage_specs(self.model_config.num_layers, config.num_stages, config.layer_split)[stage_id]
         self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(self.device)
         # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first
         # stage, passed to every forward of this stage

@@ -13,6 +13,7 @@ stage also owns the token embedding, the last the final norm and the LM head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 from functools import cached_property
 
 from wavepp.models.spec.attention import AttentionSpec
@@ -119,12 +120,21 @@ class StageSpec:
         return cls(0, num_layers, num_layers)
 
 
-def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
-    """Balanced contiguous split: stage sizes differ by at most one, the larger ones first
-    (the last stage also runs the final norm and LM head)."""
+def split_layers(num_layers: int, num_stages: int, sizes: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Contiguous split. Default: balanced, stage sizes differ by at most one, the larger ones
+    first (the last stage also runs the final norm and LM head). `sizes`: each stage's layer
+    count, in order (vLLM's VLLM_PP_LAYER_PARTITION): for a stage that carries more than its
+    layers (rank 0 also runs the leader), fewer layers there balance the pipeline."""
     if num_stages < 1 or num_stages > num_layers:
         raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages "
                          f"(need 1 <= num_stages <= {num_layers})")
+    if sizes:
+        sizes = [int(n) for n in sizes]
+        if len(sizes) != num_stages or min(sizes) < 1 or sum(sizes) != num_layers:
+            raise ValueError(f"layer split {sizes} must give each of the {num_stages} stages at least one "
+                             f"layer and sum to the model's {num_layers} layers")
+        starts = [sum(sizes[:i]) for i in range(num_stages)]
+        return [(start, start + n) for start, n in zip(starts, sizes)]
     base, extra = divmod(num_layers, num_stages)
     ranges, start = [], 0
     for stage in range(num_stages):
@@ -134,5 +144,5 @@ def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def stage_specs(num_layers: int, num_stages: int) -> list[StageSpec]:
-    return [StageSpec(start, end, num_layers) for start, end in split_layers(num_layers, num_stages)]
+def stage_specs(num_layers: int, num_stages: int, sizes: Sequence[int] = ()) -> list[StageSpec]:
+    return [StageSpec(start, end, num_layers) for start, end in split_layers(num_layers, num_stages, sizes)]
