@@ -104,7 +104,7 @@ inline __m512 exp2_finite(__m512 t) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Horizontal reductions of 16 vectors at once: lane i of the result is v[i]'s max (sum).
+// A horizontal reduction of 16 vectors at once: lane i of the result is op over v[i]'s lanes.
 // Four halving steps (256-, 128-, 64-, 32-bit halves) leave the rows out of order; one
 // permute puts them back.
 template <typename Op>
@@ -120,11 +120,53 @@ inline __m512 reduce16(__m512 v[16], Op op) {
   const __m512i lanes = _mm512_set_epi32(15, 13, 14, 12, 7, 5, 6, 4, 11, 9, 10, 8, 3, 1, 2, 0);
   return _mm512_permutexvar_ps(lanes, r);
 }
-inline __m512 reduce16_max(__m512 v[16]) {
-  return reduce16(v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
-}
 inline __m512 reduce16_add(__m512 v[16]) {
   return reduce16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+
+// exps of one row of scores against `reference * c` (its max, or a smaller reference; see
+// step): P in bf16 (0 from `visible` to nb), returns the vector of partial sums, or, where a
+// visible score passes `limit`, a vector with a negative lane (the caller redoes the row).
+constexpr float kLazyExp = 8.0f;
+
+inline __m512 one_pass(const float* row, uint16_t* prow, int64_t visible, int64_t nb, __m512 vc,
+                       float reference_c, float limit) {
+  const __m512 vmc = _mm512_set1_ps(-reference_c), vlimit = _mm512_set1_ps(limit);
+  const int64_t full = visible / 32 * 32;
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  __m512 hi = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < full; j += 32) {
+    const __m512 a = _mm512_loadu_ps(row + j), b = _mm512_loadu_ps(row + j + 16);
+    hi = _mm512_max_ps(hi, _mm512_max_ps(a, b));
+    const __m512 e0 = exp2_finite(_mm512_fmadd_ps(a, vc, vmc));
+    const __m512 e1 = exp2_finite(_mm512_fmadd_ps(b, vc, vmc));
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+    _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  }
+  for (int64_t j = full; j < nb; j += 32) {   // the tail: masked, then zeros to nb
+    const int64_t n0 = std::clamp<int64_t>(visible - j, 0, 16), n1 = std::clamp<int64_t>(visible - j - 16, 0, 16);
+    const __mmask16 k0 = __mmask16((1u << n0) - 1u), k1 = __mmask16((1u << n1) - 1u);
+    const __m512 a = _mm512_loadu_ps(row + j), b = _mm512_loadu_ps(row + j + 16);
+    hi = _mm512_mask_max_ps(hi, k0, hi, a);
+    hi = _mm512_mask_max_ps(hi, k1, hi, b);
+    const __m512 e0 = _mm512_maskz_mov_ps(k0, exp2_finite(_mm512_fmadd_ps(a, vc, vmc)));
+    const __m512 e1 = _mm512_maskz_mov_ps(k1, exp2_finite(_mm512_fmadd_ps(b, vc, vmc)));
+    s0 = _mm512_add_ps(s0, e0);
+    s1 = _mm512_add_ps(s1, e1);
+    _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  }
+  if (_mm512_cmp_ps_mask(hi, vlimit, _CMP_GT_OQ)) return _mm512_set1_ps(-1.0f);
+  return _mm512_add_ps(s0, s1);
+}
+
+inline float row_max(const float* row, int64_t visible) {
+  __m512 hi = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < visible; j += 16) {
+    const __mmask16 mask = visible - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (visible - j)) - 1u);
+    hi = _mm512_mask_max_ps(hi, mask, hi, _mm512_maskz_loadu_ps(mask, row + j));
+  }
+  return _mm512_reduce_max_ps(hi);
 }
 
 // Where one operand's rows live: row i of a segment is at base + slots[i] * slot_stride.
@@ -260,62 +302,39 @@ void step(const Segment& seg, int64_t k0, int64_t nb, const Block& b, const uint
     _tile_stored(6, s + 16 * ls + g, ls * 4);
     _tile_stored(7, s + 16 * ls + g + 16, ls * 4);
   }
-  // the softmax, 16 rows at a time: each row's max and sum kept as a vector of partials and
-  // the 16 reduced together (no horizontal reduction per row); P = exp(s - m_new) in bf16,
-  // 0 where not visible. Scores are finite, so the visible span needs no clamp.
+  // the softmax in one pass over the scores: each row's exps are taken against a reference
+  // max, the larger of its running max and its first 32 visible scores of this step, not the
+  // step's true max. The exps may then exceed 1, by up to 2^kLazyExp: fp32 and bf16 hold that,
+  // and acc and l carry the same factor, which cancels. A row whose scores rise further (the
+  // pass checks its maxima as it goes) is redone against its true max. P is 0 where not
+  // visible; the 16 rows' sums are reduced together.
   const __m512 vc = _mm512_set1_ps(c);
   for (int r0 = 0; r0 < kRows; r0 += 16) {
-    alignas(64) __m512 part_max[16], part_sum[16];
-    int64_t visible[16];
+    alignas(64) __m512 part_sum[16];
     for (int i = 0; i < 16; ++i) {
       const int r = r0 + i;
-      visible[i] = std::clamp<int64_t>(b.limit[r] - seg.start - k0, 0, std::min(nb, seg.n - k0));
-      const float* row = s + r * ls;
-      const int64_t full = visible[i] / 32 * 32;
-      __m512 m0 = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), m1 = m0;
-      for (int64_t j = 0; j < full; j += 32) {
-        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row + j));
-        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row + j + 16));
-      }
-      for (int64_t j = full; j < visible[i]; j += 16) {
-        const __mmask16 mask = visible[i] - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (visible[i] - j)) - 1u);
-        m0 = _mm512_mask_max_ps(m0, mask, m0, _mm512_maskz_loadu_ps(mask, row + j));
-      }
-      part_max[i] = _mm512_max_ps(m0, m1);
-    }
-    // m_new = max(m_old, this step's max); a row that sees nothing here keeps m_old
-    const __m512 mn = _mm512_max_ps(_mm512_loadu_ps(m + r0), reduce16_max(part_max));
-    _mm512_storeu_ps(m_new + r0, mn);
-    for (int i = 0; i < 16; ++i) {
-      const int r = r0 + i;
+      const int64_t visible = std::clamp<int64_t>(b.limit[r] - seg.start - k0, 0, std::min(nb, seg.n - k0));
       const float* row = s + r * ls;
       uint16_t* prow = p + r * lp;
-      if (visible[i] == 0) {
+      if (visible == 0) {
         std::memset(prow, 0, nb * 2);
+        m_new[r] = m[r];
         part_sum[i] = _mm512_setzero_ps();
         continue;
       }
-      const __m512 vmc = _mm512_set1_ps(-m_new[r] * c);
-      const int64_t full = visible[i] / 32 * 32;
-      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-      for (int64_t j = 0; j < full; j += 32) {
-        const __m512 e0 = exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vc, vmc));
-        const __m512 e1 = exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vc, vmc));
-        s0 = _mm512_add_ps(s0, e0);
-        s1 = _mm512_add_ps(s1, e1);
-        _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+      const int64_t first = std::min<int64_t>(visible, 32);
+      const __mmask16 f0 = __mmask16((1u << std::min<int64_t>(first, 16)) - 1u);
+      const __mmask16 f1 = __mmask16((1u << std::max<int64_t>(first - 16, 0)) - 1u);
+      const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      const __m512 head = _mm512_max_ps(_mm512_mask_loadu_ps(lowest, f0, row), _mm512_mask_loadu_ps(lowest, f1, row + 16));
+      float reference = std::max(m[r], _mm512_reduce_max_ps(head));
+      __m512 total = one_pass(row, prow, visible, nb, vc, reference * c, reference + kLazyExp / c);
+      if (_mm512_cmp_ps_mask(total, _mm512_setzero_ps(), _CMP_LT_OQ)) {   // a score rose past the margin
+        reference = std::max(m[r], row_max(row, visible));
+        total = one_pass(row, prow, visible, nb, vc, reference * c, std::numeric_limits<float>::infinity());
       }
-      for (int64_t j = full; j < nb; j += 32) {   // the tail: masked, then zeros to nb
-        const int64_t n0 = std::clamp<int64_t>(visible[i] - j, 0, 16), n1 = std::clamp<int64_t>(visible[i] - j - 16, 0, 16);
-        const __m512 e0 = _mm512_maskz_mov_ps(__mmask16((1u << n0) - 1u),
-                                              exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vc, vmc)));
-        const __m512 e1 = _mm512_maskz_mov_ps(__mmask16((1u << n1) - 1u),
-                                              exp2_finite(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vc, vmc)));
-        s0 = _mm512_add_ps(s0, e0);
-        s1 = _mm512_add_ps(s1, e1);
-        _mm512_storeu_si512(prow + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-      }
-      part_sum[i] = _mm512_add_ps(s0, s1);
+      m_new[r] = reference;
+      part_sum[i] = total;
     }
     _mm512_storeu_ps(sum + r0, reduce16_add(part_sum));
   }
