@@ -4,11 +4,13 @@ a byte-level tokenizer (256 tokens: one per byte), so text prompts work too."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,24 @@ def hf_logprobs(path, token_ids):
     with torch.no_grad():
         logits = _HF[str(path)](torch.tensor([token_ids])).logits[0].float()
     return torch.log_softmax(logits, dim=-1)
+
+
+@contextlib.contextmanager
+def app_in_thread(app, timeout_s: float = 30):
+    """Serve an ASGI `app` with uvicorn on a free loopback port in a daemon thread: yields its
+    URL once the server has started, stops it on exit."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

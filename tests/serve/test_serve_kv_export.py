@@ -8,15 +8,13 @@ fault is injected where stage 0 runs: its store's write fails while `fail` is se
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
+from tests.serve.conftest import app_in_thread
 from wavepp.engine import Engine
 from wavepp.kv_transfer import DirectoryStore, TransferError
-from wavepp.runtime.launch import free_port
 from wavepp.serve import ServeConfig, build_app
 
 HAND_OFF = {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
@@ -37,20 +35,10 @@ def served(tiny_model, tmp_path_factory):
         write_part(transfer_id, stage_id, data, manifest)
 
     exporter.store.write_part = write
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, ServeConfig("tiny")), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", DirectoryStore(store), fail, engine
+        with app_in_thread(build_app(engine, ServeConfig("tiny"))) as url:
+            yield url, DirectoryStore(store), fail, engine
     finally:
-        server.should_exit = True
-        thread.join(10)
         engine.shutdown()
 
 

@@ -14,10 +14,9 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-import uvicorn
 
+from tests.serve.conftest import app_in_thread
 from wavepp.engine import PrefillResult
-from wavepp.runtime.launch import free_port
 from wavepp.runtime.stats import EngineLoad
 from wavepp.serve import ServeConfig, build_app
 
@@ -78,18 +77,8 @@ class LockedEngine:
 @pytest.fixture
 def served():
     engine = LockedEngine()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, ServeConfig("fake")), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield engine, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with app_in_thread(build_app(engine, ServeConfig("fake")), timeout_s=20) as url:
+        yield engine, url
 
 
 def test_a_blocked_submit_does_not_block_other_requests(served):

@@ -74,19 +74,6 @@ bool request_amx() {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// 2^t for t <= 0 (clamped at -126, where the result is below fp32's normals anyway)
-inline __m512 exp2_nonpositive(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-126.0f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.001327644451521337f), f, _mm512_set1_ps(0.00967553723603487f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05550713464617729f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
-  return _mm512_scalef_ps(p, n);
-}
-
 inline uint16_t float_to_bf16(float f) {   // round to nearest even, as torch's conversion
   uint32_t u = __builtin_bit_cast(uint32_t, f);
   return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
@@ -343,7 +330,7 @@ void step(const Segment& seg, int64_t k0, int64_t nb, const Block& b, const uint
   for (int h = 0; h < kRows; h += 16) {
     const __m512 mo = _mm512_loadu_ps(m + h), mn = _mm512_loadu_ps(m_new + h);
     const __mmask16 seen = _mm512_cmp_ps_mask(mo, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_NEQ_OQ);
-    const __m512 a = _mm512_maskz_mov_ps(seen, exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(mo, _mm512_maskz_mov_ps(seen, mn)), _mm512_set1_ps(c))));
+    const __m512 a = _mm512_maskz_mov_ps(seen, exp2_finite(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(mo, _mm512_maskz_mov_ps(seen, mn)), _mm512_set1_ps(c)), _mm512_set1_ps(-126.0f))));
     _mm512_store_ps(alpha + h, a);
     _mm512_storeu_ps(l + h, _mm512_fmadd_ps(_mm512_loadu_ps(l + h), a, _mm512_loadu_ps(sum + h)));
     _mm512_storeu_ps(m + h, mn);
