@@ -260,3 +260,40 @@ def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, re
         written, failed = engine.kv_export_counts()
         assert written + failed == 4 and failed >= 1
         assert_clean(engine)
+
+
+def test_mla_latents_exported_are_the_prompts_latent_cache(tmp_path):
+    """DeepSeek-V3 (MLA): each stage exports its layers' latent rows [c | k_rope]; they are what
+    transformers caches for the whole prompt (its MLA caches the normalized latent c as the
+    layer's keys and the rotated RoPE key as its values), reused blocks included. (The vLLM
+    connector refuses latent transfers: docs/disaggregation.md.)"""
+    from wavepp.make_model import make_model
+
+    path = make_model(tmp_path / "deepseek", arch="deepseek_v3", seed=3)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    cfg = reference.config
+    rng = random.Random(9)
+    prefix = [rng.randrange(cfg.vocab_size) for _ in range(40)]
+    prompts = [prefix + [rng.randrange(cfg.vocab_size) for _ in range(n)] for n in (11, 5)]
+    store_dir = tmp_path / "store"
+    with Engine(str(path), pp=2, dtype="float32", kv_store=str(store_dir), profile_waves=False,
+                block_size=16) as engine:
+        results = [engine.submit(p, kv_transfer=True).result(timeout=120) for p in prompts]
+        assert results[1].num_cached_tokens == 32
+        store = DirectoryStore(store_dir)
+        rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        for prompt, result in zip(prompts, results):
+            transfer = wait_for(store, result.kv_transfer["transfer_id"])
+            latents = {}
+            for part in transfer.parts:
+                tensors = load_file(str(part.path))
+                for j, layer in enumerate(part.manifest["pools"]["latent"]["layers"]):
+                    latents[layer] = tensors["latent"][j]                    # [tokens, rank + rope]
+            assert sorted(latents) == list(range(cfg.num_hidden_layers))
+            with torch.no_grad():
+                ref = reference(torch.tensor([prompt]), use_cache=True).past_key_values
+            for layer, rows in latents.items():
+                assert rows.shape == (len(prompt), rank + rope)
+                torch.testing.assert_close(rows[:, :rank], ref.layers[layer].keys[0, 0], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(rows[:, rank:], ref.layers[layer].values[0, 0], atol=1e-4, rtol=1e-4)
+        assert_clean(engine)
