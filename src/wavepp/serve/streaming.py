@@ -36,31 +36,29 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def completion_events(runner: Runner, responses: Responses, request: Request, req: CompletionRequest,
+def completion_events(runner: Runner, responses: Responses, request: Request, req: CompletionRequest,
                             token_lists, submission: Submission) -> AsyncIterator[str]:
     head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
             "model": responses.model_name}
     results = [None] * len(token_lists)
-    try:
+
+    async def events():
         async for index, result in _as_finished(request, submission):
             results[index] = result
             choice = responses.completion_choice(req, index, req.prompts[index], token_lists[index], result)
             yield sse({**head, "choices": [choice]})
         if req.include_usage:
             yield sse({**head, "choices": [], "usage": usage(token_lists, results, req.max_tokens)})
-        yield DONE
-    except APIError as exc:
-        yield sse(exc.body())
-        yield DONE
-    finally:
-        runner.abort(submission)
+
+    return _ended(events(), runner, submission)
 
 
-async def chat_events(runner: Runner, responses: Responses, request: Request, req: ChatRequest,
+def chat_events(runner: Runner, responses: Responses, request: Request, req: ChatRequest,
                       ids: list[int], submission: Submission) -> AsyncIterator[str]:
     head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": int(time.time()),
             "model": responses.model_name}
-    try:
+
+    async def events():
         async for _, result in _as_finished(request, submission):
             yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
@@ -70,12 +68,24 @@ async def chat_events(runner: Runner, responses: Responses, request: Request, re
                                             "finish_reason": "length", "stop_reason": None}]})
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": usage([ids], [result], req.max_tokens)})
+
+    return _ended(events(), runner, submission)
+
+
+async def _ended(events: AsyncIterator[str], runner: Runner, submission: Submission) -> AsyncIterator[str]:
+    """A stream's events, then [DONE]; an APIError on the way becomes its error event and
+    [DONE]. However the stream ends (done, failed, the client gone), the submission's prompts
+    still running are aborted and `events` is closed."""
+    try:
+        async for event in events:
+            yield event
         yield DONE
     except APIError as exc:
         yield sse(exc.body())
         yield DONE
     finally:
         runner.abort(submission)
+        await events.aclose()
 
 
 async def _as_finished(request: Request, submission: Submission):
