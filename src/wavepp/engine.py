@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
-from wavepp.runtime.launch import LocalCluster
+from wavepp.runtime.launch import LocalCluster, stage_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
@@ -75,7 +76,7 @@ class Engine:
                  snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
                  profile_waves: bool = True, device: str = "cpu", kv_store: str | None = None,
                  kv_store_max_gib: float | None = None, kv_ttl_s: float = 600.0,
-                 layer_split: Sequence[int] | None = None):
+                 layer_split: Sequence[int] | None = None, pin_cpus: bool | None = None):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
@@ -98,6 +99,11 @@ class Engine:
         `layer_split`: each stage's number of layers, in order (default: balanced). Rank 0 also
         runs the leader; with PP = 2 on SmolLM2, [14, 16] kept both stages busy where the
         balanced [15, 15] left stage 1 idle 5-15% of the time (docs/kernels.md).
+
+        `pin_cpus`: pin each stage's process to CPUs of its own (runtime/launch.py
+        `stage_cpu_sets`: equal, disjoint sets of the CPUs this process may use; rank 0's
+        threads to the first set until shutdown). None: on a CPU pipeline of pp > 1 where there
+        are at least pp CPUs; True where there are not is an error. `stage_cpus` says what ran.
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
         self._closed = True
@@ -126,7 +132,12 @@ class Engine:
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
-        self._cluster = LocalCluster(pp, backend, device)
+        pin = device == "cpu" if pin_cpus is None else pin_cpus
+        cpu_sets = stage_cpu_sets(pp) if pin and pp > 1 else None
+        if pin_cpus and pp > 1 and cpu_sets is None:
+            raise ValueError(f"pin_cpus needs a CPU per stage: pp={pp}, and this process may run on "
+                             f"{len(os.sched_getaffinity(0))} CPU(s)")
+        self._cluster = LocalCluster(pp, backend, device, cpu_sets=cpu_sets)
         try:
             self.config = dataclasses.replace(config, model_path=str(self.model_path),
                                               run_dir=self._cluster.run_dir)
@@ -209,6 +220,12 @@ class Engine:
         """Each stage's kernel paths, e.g. ("linear=packed attention=chunked_cpp", ...): measured
         at start-up on this machine (`WAVEPP_LINEAR_KERNEL` / `WAVEPP_ATTENTION_KERNEL` pin them)."""
         return self._core.stage_kernels()
+
+    @property
+    def stage_cpus(self) -> tuple[tuple[int, ...], ...] | None:
+        """The CPUs each stage's process is pinned to, or None (not pinned: `pin_cpus`)."""
+        sets = self._cluster.cpu_sets
+        return None if sets is None else tuple(sets)
 
     @property
     def max_prompt_tokens(self) -> int:

@@ -50,3 +50,46 @@ def test_stale_run_dirs_of_dead_owners_are_removed(tmp_path):
     other.mkdir()
     assert remove_stale_run_dirs(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_stage_cpu_sets_split_the_cpus_in_equal_disjoint_sets():
+    from wavepp.runtime.launch import stage_cpu_sets
+
+    assert stage_cpu_sets(2, [1, 0]) == [(0,), (1,)]
+    assert stage_cpu_sets(2, [0, 1, 2, 4, 5]) == [(0, 1), (2, 4)]     # the remainder (5) unused
+    assert stage_cpu_sets(3, range(7)) == [(0, 1), (2, 3), (4, 5)]
+    assert stage_cpu_sets(3, [0, 1]) is None                          # two stages would share a core
+    assert stage_cpu_sets(1, [3]) == [(3,)]
+
+
+def _cpus_of(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning two stages needs two CPUs")
+def test_engine_pins_each_stage_to_its_own_cpus_and_restores_rank_0(tiny):
+    from wavepp.engine import Engine
+    from wavepp.runtime.launch import stage_cpu_sets
+
+    before = os.sched_getaffinity(0)
+    expected = stage_cpu_sets(2)
+    with Engine(str(tiny), pp=2, dtype="float32", profile_waves=False) as engine:
+        assert engine.stage_cpus == tuple(expected)
+        assert _cpus_of(engine._cluster.procs[0].pid) == set(expected[1])
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        assert all(_cpus_of(t) == set(expected[0]) for t in tids if os.path.exists(f"/proc/self/task/{t}"))
+        assert engine.prefill([[1, 2, 3, 4, 5]])[0].error is None
+    assert os.sched_getaffinity(0) == before
+    with Engine(str(tiny), pp=2, dtype="float32", profile_waves=False, pin_cpus=False) as engine:
+        assert engine.stage_cpus is None
+        assert _cpus_of(engine._cluster.procs[0].pid) == before
+
+
+def test_pinning_more_stages_than_cpus_is_refused_before_any_process_starts(tiny):
+    from wavepp.engine import Engine
+
+    pp = len(os.sched_getaffinity(0)) + 1
+    children = set(mp.active_children())
+    with pytest.raises(ValueError, match=rf"pin_cpus needs a CPU per stage: pp={pp}"):
+        Engine(str(tiny), pp=pp, dtype="float32", profile_waves=False, pin_cpus=True)
+    assert set(mp.active_children()) == children

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from wavepp.cli.args import comma_list, layer_split
+from wavepp.cli.args import add_stage_args, comma_list, layer_split
 from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
 
@@ -30,8 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2; "
                                                  "with --url: the served model's name)")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2; with --url: the server's)")
-    p.add_argument("--layer-split", default=None, metavar="N,N,...",
-                   help="layers per stage, comma separated (default: balanced)")
+    add_stage_args(p)
     p.add_argument("--workload", default="short-suffix,reuse",
                    help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)")
     p.add_argument("--policy", default=None,
@@ -240,7 +239,7 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
         if pipeline_policies:
             engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
                                    snapshot_interval_blocks=intervals[0], device=args.device or "cpu",
-                                   layer_split=layer_split(args.layer_split))
+                                   layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
         if SINGLE_STAGE in policies:
             engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
                                        snapshot_interval_blocks=intervals[0], device=args.device or "cpu")
@@ -252,8 +251,10 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
         for name, engine in engines.items():   # after every start-up: rank 0's choice is per process
             kernels[name] = list(engine.stage_kernels)
             split = f" (layers per stage {','.join(map(str, engine.config.layer_split))})" if engine.config.layer_split else ""
+            cpus = engine.stage_cpus
             progress.console.print(f"  kernels ({name}){split}: " + "; ".join(
-                f"stage {i} {k}" for i, k in enumerate(kernels[name])))
+                f"stage {i} {k}" + (f" cpus {','.join(map(str, cpus[i]))}" if cpus else "")
+                for i, k in enumerate(kernels[name])))
         for rep in range(args.repeat):
             for index in range(len(first)):
                 for c, interval in itertools.product(concurrencies, intervals):

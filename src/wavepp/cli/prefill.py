@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from wavepp.cli.args import comma_list, layer_split
+from wavepp.cli.args import add_stage_args, comma_list, layer_split
 from wavepp.sched.policy import runtime_policies
 
 
@@ -19,8 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--token-ids", metavar="FILE", help="a JSON list of token-id lists")
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
     p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
-    p.add_argument("--layer-split", default=None, metavar="N,N,...",
-                   help="layers per stage, comma separated (default: balanced)")
+    add_stage_args(p)
     p.add_argument("--policy", default="wavepp", choices=runtime_policies(),
                    help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -57,7 +56,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     with Engine(args.model or DEFAULT_MODEL, pp=args.pp, policy=args.policy, dtype=args.dtype,
                 block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
-                device=args.device, layer_split=layer_split(args.layer_split)) as engine:
+                device=args.device, layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus) as engine:
         prompts = [engine.tokenize(p) for p in prompts]   # the tokenizer loads outside the timing
         t1 = time.perf_counter()
         results = engine.prefill(prompts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wavepp.cli.args import comma_list, layer_split
+from wavepp.cli.args import add_stage_args, comma_list, layer_split
 from wavepp.sched.policy import runtime_policies
 
 
@@ -16,8 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
-    p.add_argument("--layer-split", default=None, metavar="N,N,...",
-                   help="layers per stage, comma separated (default: balanced)")
+    add_stage_args(p)
     p.add_argument("--policy", default="wavepp", choices=runtime_policies(),
                    help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
     p.add_argument("--host", default="127.0.0.1")
@@ -62,7 +61,7 @@ def run(args) -> int:
     engine_kwargs = dict(model=model, pp=args.pp, policy=args.policy, dtype=args.dtype,
                          block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
                          device=args.device, kv_store=args.kv_store, kv_store_max_gib=args.kv_store_max_gib,
-                         kv_ttl_s=args.kv_ttl_s, layer_split=layer_split(args.layer_split))
+                         kv_ttl_s=args.kv_ttl_s, layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
     config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug)
     run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

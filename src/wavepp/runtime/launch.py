@@ -7,6 +7,12 @@ the other ranks run `run_worker` (the `wavepp` command does this by itself).
 
 A spawned stage dies with rank 0 (PR_SET_PDEATHSIG), and rank 0's watchdog turns a stage
 that exits into a clear error naming it.
+
+A local pipeline may pin each stage to CPUs of its own (`stage_cpu_sets`; the Engine does it
+by default on the CPU): rank r's process runs on the r-th of equal, disjoint sets of the CPUs
+this process may use, rank 0's threads (the leader's among them) on the first. Unpinned, the OS
+moves a stage's compute thread between cores whenever rank 0's other threads wake, and its
+caches start cold on the new core.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import torch.distributed as dist
 
@@ -78,13 +85,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def stage_cpu_sets(num_stages: int, cpus: Iterable[int] | None = None) -> list[tuple[int, ...]] | None:
+    """The CPUs each stage of a local pipeline is pinned to: `cpus` (default: the CPUs this
+    process may run on), in order, split into `num_stages` contiguous sets of equal size (a
+    remainder stays unused). None when there are fewer CPUs than stages: two stages would share
+    a core whatever the pinning."""
+    ordered = sorted(os.sched_getaffinity(0) if cpus is None else set(cpus))
+    per_stage = len(ordered) // num_stages
+    if per_stage == 0:
+        return None
+    return [tuple(ordered[r * per_stage:(r + 1) * per_stage]) for r in range(num_stages)]
+
+
+def pin_threads(cpus: Iterable[int]) -> None:
+    """Pin every thread of this process to `cpus` (threads started later inherit the mask of
+    the thread that starts them)."""
+    cpus = set(cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:     # the thread ended meanwhile
+            pass
+
+
 class LocalCluster:
     """Ranks 1..S-1 as child processes of this one; rank 0's Channels. `device`: "cpu" or
-    "cuda" (resolved, runtime/device.py); each rank's Channels.device is its own."""
+    "cuda" (resolved, runtime/device.py); each rank's Channels.device is its own. `cpu_sets`:
+    one CPU set per rank (`stage_cpu_sets`) to pin each rank's process to, rank 0's threads
+    until close(); None: no pinning (and none under torchrun, which places its own ranks)."""
 
-    def __init__(self, num_stages: int, backend: str = "gloo", device: str = "cpu"):
+    def __init__(self, num_stages: int, backend: str = "gloo", device: str = "cpu",
+                 cpu_sets: Sequence[Sequence[int]] | None = None):
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, got {num_stages!r}")
+        if cpu_sets is not None and len(cpu_sets) != num_stages:
+            raise ValueError(f"cpu_sets needs one CPU set per stage ({num_stages}), got {len(cpu_sets)}")
+        self.cpu_sets = None if cpu_sets is None else [tuple(c) for c in cpu_sets]
+        self._unpinned: set[int] | None = None     # rank 0's CPUs before pinning, restored by close()
         remove_stale_run_dirs()
         self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         self.procs: list[mp.Process] = []
@@ -99,10 +136,12 @@ class LocalCluster:
             rank, world = torchrun_rank()
             if world != num_stages:
                 raise ValueError(f"torchrun started {world} ranks but pp={num_stages}")
+            self.cpu_sets = None
             self.channels = Channels(rank, world, backend, init_method="env://",
                                      device=stage_device(device, torchrun_local_rank()))
             return
         if num_stages == 1:
+            self.cpu_sets = None
             self.channels = Channels(0, 1, device=stage_device(device, 0))
             return
         if dist.is_available() and dist.is_initialized():
@@ -111,13 +150,18 @@ class LocalCluster:
         init = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         for rank in range(1, num_stages):
-            proc = ctx.Process(target=_worker_main, args=(rank, num_stages, backend, device, init, self.run_dir),
+            cpus = None if self.cpu_sets is None else self.cpu_sets[rank]
+            proc = ctx.Process(target=_worker_main,
+                               args=(rank, num_stages, backend, device, init, self.run_dir, cpus),
                                name=f"wavepp-stage{rank}", daemon=True)
             proc.start()
             self.procs.append(proc)
         self._joining = True     # from here on, a failure may leave a half-made process group
         self.channels = self._rendezvous(lambda: Channels(0, num_stages, backend, init_method=init,
                                                           device=stage_device(device, 0)))
+        if self.cpu_sets is not None:
+            self._unpinned = os.sched_getaffinity(0)
+            pin_threads(self.cpu_sets[0])
 
     def _rendezvous(self, connect, poll_s: float = 0.2) -> Channels:
         """Join the process group while watching the children: a stage that dies before it
@@ -206,6 +250,9 @@ class LocalCluster:
             if proc.is_alive():
                 proc.kill()
                 proc.join(2)
+        if self._unpinned is not None:
+            pin_threads(self._unpinned)
+            self._unpinned = None
         if hasattr(self, "channels"):
             self.channels.close()
         elif getattr(self, "_joining", False) and dist.is_initialized():   # a rendezvous that failed half-way
@@ -213,8 +260,11 @@ class LocalCluster:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-def _worker_main(rank: int, world: int, backend: str, device: str, init: str, run_dir: str) -> None:
+def _worker_main(rank: int, world: int, backend: str, device: str, init: str, run_dir: str,
+                 cpus: tuple[int, ...] | None = None) -> None:
     _die_with_parent()
+    if cpus is not None:     # before torch starts its thread pools: they inherit the mask
+        os.sched_setaffinity(0, cpus)
     from wavepp.runtime.worker import run_worker
     try:
         channels = Channels(rank, world, backend, init_method=init, device=stage_device(device, rank))
