@@ -2,7 +2,7 @@
 --kv-store`, decoded by vLLM's CPU build loading the latent pools through the WavePPConnector,
 `wavepp route` in front. The loaded prompts decode the same greedy tokens, with the same
 logprobs, as vLLM computing them itself; vLLM reports the loaded tokens as cached; poisoned
-latents change its output.
+latents change its output; latents of another width are refused, the reason logged.
 
 vLLM runs fp32 on its CPU_MLA backend (the AMX_MLA backend it would pick on an AMX machine is
 bf16 only; both keep one [c | k_pe] row per slot, written by the backend's
@@ -18,6 +18,7 @@ import time
 
 import httpx
 import pytest
+from safetensors.torch import load_file, save
 
 from tests.connectors.helpers import (loaded_tokens, needs_vllm, poison, start_route, start_vllm, stop,
                                       wait_for_transfer, wait_healthy)
@@ -40,6 +41,17 @@ def make_deepseek(path):
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_byte_tokenizer(path)
     return path
+
+
+def narrow_latents(store: DirectoryStore, transfer_id: str, width: int) -> None:
+    """Cut every stage's latent rows to `width`, manifests and checksums to match: a transfer of
+    another MLA model."""
+    for part in store.read(transfer_id).parts:
+        tensors = load_file(str(part.path))
+        tensors["latent"] = tensors["latent"][..., :width].contiguous()
+        manifest = {k: v for k, v in part.manifest.items() if k not in ("stage_id", "file", "bytes", "sha256")}
+        manifest["pools"]["latent"]["width"] = width
+        store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
 
 
 def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
@@ -84,6 +96,10 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
             shutil.copytree(store / transfer_id, store / "poisoned")
             poison(kv, "poisoned", pools=("latent",))
             poisoned = complete(vllm_url, prompts[2], kv_transfer_params={"transfer_id": "poisoned"})
+            # latents of another width (another model's) are refused: vLLM computes, and logs why
+            shutil.copytree(store / transfer_id, store / "narrow")
+            narrow_latents(kv, "narrow", 24)
+            narrow = complete(vllm_url, prompts[2], kv_transfer_params={"transfer_id": "narrow"})
 
         def logprobs(answer):
             return answer["choices"][0]["logprobs"]
@@ -98,6 +114,9 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
         assert logprobs(first)["tokens"][0] == logprobs(alone[2])["tokens"][0]
         assert poisoned["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
         assert logprobs(poisoned)["tokens"] != logprobs(alone[2])["tokens"]
+        assert narrow["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert logprobs(narrow)["tokens"] == logprobs(alone[2])["tokens"]
+        assert "its latent rows are 24 wide; this model's are 576" in (tmp_path / "vllm.log").read_text()
     finally:
         stop(procs)
         prefill.stop()
