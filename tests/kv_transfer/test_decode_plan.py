@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from wavepp.kv_transfer import DirectoryStore
-from wavepp.kv_transfer.decode_plan import DecodePlanner, plan_load
+from wavepp.kv_transfer.decode_plan import LATENT_POOLS, DecodePlanner, plan_load
 
 PROMPT = list(range(100, 170))          # 70 tokens
 
@@ -72,6 +72,21 @@ def test_refusals_compute_the_prompt(tmp_path, case, needle):
     transfer_id = {"unknown": "nope", "bad id": "../t"}.get(case, "t")
     result = plan(store, transfer_id, prompt)
     assert result.num_tokens == 0 and needle in result.reason
+
+
+def test_an_mla_engine_loads_latents_of_its_width_only(tmp_path):
+    """An MLA decode engine takes one `latent` pool per layer, kv_lora_rank + qk_rope_head_dim
+    wide: a latent transfer of that width loads; K/V pools or another width are refused."""
+    store = DirectoryStore(tmp_path)
+    write(store, "latent", width=576, pools=LATENT_POOLS)
+    write(store, "narrow", width=24, pools=LATENT_POOLS)
+    write(store, "kv", width=576)
+    mla = dict(kv_width=576, pools=LATENT_POOLS)
+    assert plan(store, "latent", **mla).num_tokens == 64
+    narrow, kv = plan(store, "narrow", **mla), plan(store, "kv", **mla)
+    assert narrow.num_tokens == 0 and "its latent rows are 24 wide; this model's are 576" in narrow.reason
+    assert kv.num_tokens == 0 and "holds the pools ['key', 'value']; this model's layers take ['latent']" in kv.reason
+    assert planner(store, **mla).num_new_tokens("r", {"transfer_id": "latent"}, PROMPT, 0) == 64
 
 
 def test_incomplete_asks_again_until_the_last_stage_wrote(tmp_path):

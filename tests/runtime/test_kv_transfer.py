@@ -265,8 +265,8 @@ def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, re
 def test_mla_latents_exported_are_the_prompts_latent_cache(tmp_path):
     """DeepSeek-V3 (MLA): each stage exports its layers' latent rows [c | k_rope]; they are what
     transformers caches for the whole prompt (its MLA caches the normalized latent c as the
-    layer's keys and the rotated RoPE key as its values), reused blocks included. (The vLLM
-    connector refuses latent transfers: docs/disaggregation.md.)"""
+    layer's keys and the rotated RoPE key as its values), reused blocks included. (vLLM
+    decoding from them: tests/connectors/test_pd_mla.py.)"""
     from wavepp.make_model import make_model
 
     path = make_model(tmp_path / "deepseek", arch="deepseek_v3", seed=3)

@@ -24,18 +24,23 @@ MAX_POSITIONS = 512
 
 
 def make_tiny(path: Path) -> Path:
+    path = make_model(path, arch="llama", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
+                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
+    save_byte_tokenizer(path)
+    return path
+
+
+def save_byte_tokenizer(path: Path) -> None:
+    """A byte-level tokenizer (token id = byte, 256 tokens) with a chat template, into `path`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    path = make_model(path, arch="llama", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
-                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
     tok = Tokenizer(models.BPE({ch: b for b, ch in _bytes_to_unicode().items()}, []))   # token id = byte
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
-    return path
 
 
 # SmolLM2's template, in ASCII (no special tokens in a byte-level vocabulary)

@@ -12,14 +12,18 @@ last token always left for vLLM to compute (it needs its logits). It reads and v
 transfer once per request, however often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those
 tokens' K and V into each attention layer through the layer's own `do_kv_cache_update`, so the
 cache takes the layout of the backend that runs (on the CPU: K and V rows per block, repacked
-for AMX or the vector ISA). A transfer that is missing, expired, incomplete past `wait_s`,
-failed (kv_transfer_params with "error": a stage could not write its part), corrupt, or of
-another model makes vLLM compute the prompt itself (logged, counted in `num_misses`): slower,
-never a wrong token. The transfer is dropped once its request finishes.
+for AMX or the vector ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer
+instead, rows [c | k_rope] (kv_lora_rank + qk_rope_head_dim: the latent after kv_a_layernorm,
+the RoPE key after rotation), written through the MLA backend's own
+`do_kv_cache_update(kv_c_normed, k_pe, ...)` (CPU_MLA and AMX_MLA keep one [c | k_pe] row per
+slot: [num_blocks, block_size, kv_lora_rank + rope]). A transfer that is missing, expired,
+incomplete past `wait_s`, failed (kv_transfer_params with "error": a stage could not write
+its part), corrupt, or of another model (other pools or widths) makes vLLM compute the prompt
+itself (logged, counted in `num_misses`): slower, never a wrong token. The transfer is dropped once its request finishes.
 
 This module imports vLLM, torch, safetensors and the store only (no wavepp module that pulls
 in the server's packages): it runs inside vLLM's own environment with wavepp's `src/` on the
-path. Attention layers of the Llama family (GQA K/V pools); MLA latents are not loaded.
+path. Attention layers of the Llama family (GQA K/V pools) and MLA layers (latent pool).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import torch
 from safetensors.torch import load_file
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                               KVConnectorRole)
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from wavepp.kv_transfer.decode_plan import DecodePlanner
+from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
 from wavepp.kv_transfer.store import DirectoryStore
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -66,10 +71,20 @@ class WavePPConnector(KVConnectorBase_V1):
         self.store = DirectoryStore(extra["store"])
         self.block_size = vllm_config.cache_config.block_size
         model = vllm_config.model_config
+        if model.use_mla:
+            hf = model.hf_text_config
+            pools, kv_width = LATENT_POOLS, hf.kv_lora_rank + hf.qk_rope_head_dim
+            # wavepp (like transformers) rotates DeepSeek's interleaved RoPE pairs (2i, 2i+1) as
+            # the de-interleaved vector (x[0::2] | x[1::2]), and exports k_rope in that order;
+            # vLLM's DeepSeek MLA rotates in place (is_neox_style=False), so its cache holds the
+            # interleaved order
+            self._rope_interleave = bool(getattr(hf, "rope_interleave", True))
+        else:
+            pools, self._rope_interleave = KV_POOLS, False
+            kv_width = model.get_num_kv_heads(vllm_config.parallel_config) * model.get_head_size()
         self.planner = DecodePlanner(
             self.store, block_size=self.block_size, num_layers=model.get_num_layers(vllm_config.parallel_config),
-            kv_width=model.get_num_kv_heads(vllm_config.parallel_config) * model.get_head_size(),
-            wait_s=float(extra.get("wait_s", 5.0)))
+            kv_width=kv_width, pools=pools, wait_s=float(extra.get("wait_s", 5.0)))
         self.num_loaded_tokens = 0
         self._plans: dict[str, tuple[str, int, int]] = {}    # request id -> (transfer, start, end)
         self._scheduled: dict[str, str] = {}                 # request id -> transfer, until it ends
@@ -131,7 +146,11 @@ class WavePPConnector(KVConnectorBase_V1):
                 match = _LAYER.search(name)
                 if cache is None or not cache.numel() or match is None or int(match.group(1)) not in rows:
                     continue
-                key, value = rows[int(match.group(1))]
+                pools = rows[int(match.group(1))]
+                if isinstance(layer, MLAAttention):
+                    self._load_latents(layer, pools["latent"][load.start:load.end], cache, slots)
+                    continue
+                key, value = pools["key"], pools["value"]
                 num_kv_heads = layer.num_kv_heads
                 # [tokens, kv_heads * head_dim] -> [tokens, kv_heads, head_dim], the cache's dtype
                 key = key[load.start:load.end].view(-1, num_kv_heads, key.shape[-1] // num_kv_heads)
@@ -149,13 +168,27 @@ class WavePPConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         return
 
-    def _read_rows(self, transfer_id: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """model layer -> (key rows, value rows) [tokens, kv_heads * head_dim], from every part."""
-        out = {}
+    def _load_latents(self, layer: MLAAttention, latent: torch.Tensor, cache: torch.Tensor,
+                      slots: torch.Tensor) -> None:
+        """latent: [tokens, kv_lora_rank + rope] rows [c | k_rope] -> the layer's cache at `slots`."""
+        rank = layer.kv_lora_rank
+        latent = latent.to(cache.device, cache.dtype)
+        kv_c_normed = latent[:, :rank].contiguous()          # [tokens, kv_lora_rank]
+        k_pe = latent[:, rank:]                              # [tokens, rope]
+        if self._rope_interleave:
+            # (x[0::2] | x[1::2]) -> x: [tokens, 2, rope / 2] -> [tokens, rope / 2, 2] -> [tokens, rope]
+            k_pe = k_pe.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
+        k_pe = k_pe.contiguous()[:, None]                   # [tokens, 1, rope], as the layer passes it
+        layer.impl.do_kv_cache_update(kv_c_normed, k_pe, cache, slots.to(cache.device), layer.kv_cache_dtype,
+                                      layer._k_scale)
+
+    def _read_rows(self, transfer_id: str) -> dict[int, dict[str, torch.Tensor]]:
+        """model layer -> pool -> rows [tokens, width], from every part: `key` and `value`
+        [tokens, kv_heads * head_dim], or MLA's `latent` [tokens, kv_lora_rank + rope]."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
         for part in self.store.read(transfer_id, verify=False).parts:
             tensors = load_file(str(part.path))
-            key_layers = part.manifest["pools"]["key"]["layers"]
-            value_layers = part.manifest["pools"]["value"]["layers"]
-            for j, layer in enumerate(key_layers):
-                out[layer] = (tensors["key"][j], tensors["value"][value_layers.index(layer)])
+            for pool, held in part.manifest["pools"].items():
+                for j, layer in enumerate(held["layers"]):
+                    out.setdefault(layer, {})[pool] = tensors[pool][j]
         return out

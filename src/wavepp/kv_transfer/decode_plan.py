@@ -11,6 +11,10 @@
 A decode engine computes at least the prompt's last token (it needs its logits) and takes whole
 blocks of its own, so at most `(len(prompt) - 1) // block_size * block_size` tokens load.
 
+The engine names the pools its layers take and their row width: an attention layer's `key` and
+`value` (kv heads x head dim each), or MLA's one `latent` pool (kv_lora_rank + qk_rope_head_dim);
+a transfer of other pools or widths is another model's and is refused.
+
 `DecodePlanner` is the connector's scheduler side around it, per request: the transfer is read
 and its checksums verified once per request, however often the engine asks (vLLM asks again
 each step a request waits: no room for it yet, or the stages still writing), and the decision
@@ -35,37 +39,44 @@ class LoadPlan:
     reason: str = ""
 
 
+KV_POOLS = ("key", "value")     # an attention layer's pools
+LATENT_POOLS = ("latent",)       # an MLA layer's
+
+
 def plan_load(store: DirectoryStore, transfer_id, prompt: list[int], *, block_size: int, num_computed: int,
-              num_layers: int, kv_width: int) -> LoadPlan:
-    """How many tokens past `num_computed` a decode engine of `num_layers` attention layers with
-    K/V rows `kv_width` wide (kv heads x head dim) may load from `transfer_id` for `prompt`."""
+              num_layers: int, kv_width: int, pools: Sequence[str] = KV_POOLS) -> LoadPlan:
+    """How many tokens past `num_computed` a decode engine of `num_layers` layers, each taking
+    `pools` of rows `kv_width` wide (K/V: kv heads x head dim; MLA's latent: kv_lora_rank +
+    qk_rope_head_dim), may load from `transfer_id` for `prompt`."""
     try:
         transfer = store.read(transfer_id)
     except TransferError as err:
         return LoadPlan(None if err.reason == "incomplete" else 0, str(err))
     except ValueError as err:          # an id that cannot name a transfer
         return LoadPlan(0, str(err))
-    reason = mismatch(transfer, prompt, num_layers, kv_width)
+    reason = mismatch(transfer, prompt, num_layers, kv_width, pools)
     if reason:
         return LoadPlan(0, f"KV transfer {transfer_id!r} does not fit this request: {reason}")
     end = (len(prompt) - 1) // block_size * block_size
     return LoadPlan(max(0, end - num_computed))
 
 
-def mismatch(transfer: Transfer, prompt: list[int], num_layers: int, kv_width: int) -> str | None:
+def mismatch(transfer: Transfer, prompt: list[int], num_layers: int, kv_width: int,
+             pools: Sequence[str] = KV_POOLS) -> str | None:
     """Why `transfer` cannot serve `prompt` on this engine, or None."""
     ids = transfer.token_ids
     if len(ids) < len(prompt) - 1 or ids[:len(prompt)] != prompt[:len(ids)]:
         return "its prompt is not this request's"
     layers = set()
     for part in transfer.parts:
-        pools = part.manifest.get("pools", {})
-        if set(pools) != {"key", "value"}:
-            return f"stage {part.stage_id} holds the pools {sorted(pools)}, not an attention layer's key and value"
-        for pool in pools.values():
+        held = part.manifest.get("pools", {})
+        if set(held) != set(pools):
+            return (f"stage {part.stage_id} holds the pools {sorted(held)}; this model's layers take "
+                    f"{sorted(pools)}")
+        for name, pool in held.items():
             if pool["width"] != kv_width:
-                return f"its K/V rows are {pool['width']} wide; this model's are {kv_width} (another model?)"
-        layers.update(pools["key"]["layers"])
+                return f"its {name} rows are {pool['width']} wide; this model's are {kv_width} (another model?)"
+        layers.update(held[pools[0]]["layers"])
     if layers != set(range(num_layers)):
         return f"it covers {len(layers)} layers; this model has {num_layers} (another model?)"
     return None
@@ -85,9 +96,10 @@ class DecodePlanner:
     to its `forget`: bounded by the requests the engine holds."""
 
     def __init__(self, store: DirectoryStore, *, block_size: int, num_layers: int, kv_width: int,
-                 wait_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+                 pools: Sequence[str] = KV_POOLS, wait_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.block_size, self.num_layers, self.kv_width = block_size, num_layers, kv_width
+        self.pools = tuple(pools)
         self.wait_s = wait_s
         self.clock = clock
         self.num_misses = 0
@@ -121,7 +133,7 @@ class DecodePlanner:
             end = 0
         else:
             plan = plan_load(self.store, transfer_id, list(prompt), block_size=self.block_size, num_computed=0,
-                             num_layers=self.num_layers, kv_width=self.kv_width)
+                             num_layers=self.num_layers, kv_width=self.kv_width, pools=self.pools)
             if plan.num_tokens is None:          # the stages are still writing: ask again, up to wait_s
                 first = self._waiting_since.setdefault(request_id, self.clock())
                 if self.clock() - first < self.wait_s:

@@ -1,0 +1,99 @@
+"""The processes of the disaggregation tests: vLLM's OpenAI server (its CPU build, in `.venv-vllm`)
+with the WavePPConnector, `wavepp route`, and what the tests do to a transfer in the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save
+
+from wavepp.bench.http import wait_until_healthy
+from wavepp.kv_transfer import DirectoryStore, Transfer, TransferError
+from wavepp.runtime.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM venv (.venv-vllm): `make test` makes it")
+
+
+def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+
+def start_vllm(model: str, store: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """vLLM's OpenAI server on `model` with the connector reading `store` (no prefix caching: a
+    cached token is one the connector loaded); `args` are more of its options. -> (process, url)"""
+    port = free_port()
+    config = {"kv_connector": "WavePPConnector", "kv_connector_module_path": "wavepp.connectors.vllm",
+              "kv_role": "kv_consumer", "kv_connector_extra_config": {"store": str(store)}}
+    proc = start([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                  "--port", str(port), "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+                  "--kv-transfer-config", json.dumps(config), *args],
+                 {"PYTHONPATH": str(ROOT / "src"), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                  "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}, log)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_route(prefill_url: str, decode_url: str, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = start([sys.executable, "-m", "wavepp.cli", "route", "--prefill", prefill_url, "--decode", decode_url,
+                  "--port", str(port)], {}, log)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(procs: list[tuple[subprocess.Popen, str, Path]], timeout_s: float = 900) -> None:
+    """Each (process, url, log) answers /health; else RuntimeError with the end of its log."""
+    for proc, url, log in procs:
+        try:
+            wait_until_healthy(url, proc, timeout_s=timeout_s)
+        except RuntimeError as err:
+            raise RuntimeError(f"{err}\n{log.read_text()[-4000:]}") from None
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_for_transfer(store: DirectoryStore, transfer_id: str, timeout_s: float = 30) -> Transfer:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return store.read(transfer_id)
+        except TransferError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def poison(store: DirectoryStore, transfer_id: str, pools: tuple[str, ...] = ("value",)) -> None:
+    """Replace every stage's rows of `pools` with noise, the files well formed and their checksums
+    right: only the decode's output can tell."""
+    gen = torch.Generator().manual_seed(0)
+    for part in store.read(transfer_id).parts:
+        tensors = load_file(str(part.path))
+        for pool in pools:
+            tensors[pool] = torch.randn(tensors[pool].shape, generator=gen, dtype=tensors[pool].dtype) * 4
+        manifest = {k: v for k, v in part.manifest.items() if k not in ("stage_id", "file", "bytes", "sha256")}
+        store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
+
+
+def loaded_tokens(metrics: str) -> float:
+    """vLLM's count of prompt tokens loaded from outside, from its /metrics text."""
+    lines = [line for line in metrics.splitlines()
+             if line.startswith("vllm:prompt_tokens_by_source_total") and "external_kv_transfer" in line]
+    assert lines, "vLLM's /metrics has no vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}"
+    return float(lines[0].rsplit(" ", 1)[1])
