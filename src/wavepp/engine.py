@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
-from wavepp.runtime.launch import LocalCluster, stage_cpu_sets
+from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
@@ -96,14 +95,9 @@ class Engine:
         until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first),
         and those this engine wrote are removed at its shutdown.
 
-        `layer_split`: each stage's number of layers, in order (default: balanced). Rank 0 also
-        runs the leader; with PP = 2 on SmolLM2, [14, 16] kept both stages busy where the
-        balanced [15, 15] left stage 1 idle 5-15% of the time (docs/kernels.md).
-
-        `pin_cpus`: pin each stage's process to CPUs of its own (runtime/launch.py
-        `stage_cpu_sets`: equal, disjoint sets of the CPUs this process may use; rank 0's
-        threads to the first set until shutdown). None: on a CPU pipeline of pp > 1 where there
-        are at least pp CPUs; True where there are not is an error. `stage_cpus` says what ran.
+        `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also
+        runs the leader, docs/kernels.md). `pin_cpus`: each stage's process on CPUs of its own
+        (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is one per stage).
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""
         self._closed = True
@@ -132,12 +126,7 @@ class Engine:
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
-        pin = device == "cpu" if pin_cpus is None else pin_cpus
-        cpu_sets = stage_cpu_sets(pp) if pin and pp > 1 else None
-        if pin_cpus and pp > 1 and cpu_sets is None:
-            raise ValueError(f"pin_cpus needs a CPU per stage: pp={pp}, and this process may run on "
-                             f"{len(os.sched_getaffinity(0))} CPU(s)")
-        self._cluster = LocalCluster(pp, backend, device, cpu_sets=cpu_sets)
+        self._cluster = LocalCluster(pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, pin_cpus))
         try:
             self.config = dataclasses.replace(config, model_path=str(self.model_path),
                                               run_dir=self._cluster.run_dir)

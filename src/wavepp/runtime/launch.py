@@ -97,6 +97,19 @@ def stage_cpu_sets(num_stages: int, cpus: Iterable[int] | None = None) -> list[t
     return [tuple(ordered[r * per_stage:(r + 1) * per_stage]) for r in range(num_stages)]
 
 
+def pinned_cpu_sets(num_stages: int, device: str, pin_cpus: bool | None) -> list[tuple[int, ...]] | None:
+    """The CPU sets a local pipeline of `num_stages` pins its stages to (`stage_cpu_sets`), or
+    None: a single stage, `pin_cpus` False, or None (the default) on a GPU or where there are
+    fewer CPUs than stages. `pin_cpus` True there is a ValueError."""
+    if num_stages < 2 or pin_cpus is False or (pin_cpus is None and device != "cpu"):
+        return None
+    sets = stage_cpu_sets(num_stages)
+    if sets is None and pin_cpus:
+        raise ValueError(f"pin_cpus needs a CPU per stage: pp={num_stages}, and this process may run on "
+                         f"{len(os.sched_getaffinity(0))} CPU(s)")
+    return sets
+
+
 def pin_threads(cpus: Iterable[int]) -> None:
     """Pin every thread of this process to `cpus` (threads started later inherit the mask of
     the thread that starts them)."""
