@@ -45,6 +45,7 @@ from collections.abc import Hashable, Sequence
 
 from wavepp.cache.block import BlockEntry
 from wavepp.cache.errors import InvalidArgumentError
+from wavepp.cache.host_tier import HostTier
 from wavepp.cache.pool import BlockPool
 from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
 from wavepp.cache.snapshot_integrity import check_snapshots
@@ -55,7 +56,8 @@ class HybridPool(BlockPool):
     """A `BlockPool` whose blocks may carry recurrent-state snapshots; see the module docstring."""
 
     def __init__(self, num_blocks: int, block_size: int, *, num_slots: int, interval_blocks: int,
-                 bytes_per_snapshot: int = 0, max_leased_blocks: int | None = None) -> None:
+                 bytes_per_snapshot: int = 0, max_leased_blocks: int | None = None,
+                 host_tier: HostTier | None = None) -> None:
         if num_slots < 1 or interval_blocks < 1:
             raise InvalidArgumentError(f"HybridPool needs num_slots >= 1 and interval_blocks >= 1, "
                                        f"got {num_slots}, {interval_blocks}")
@@ -65,7 +67,7 @@ class HybridPool(BlockPool):
         self._snapshots: dict[int, Snapshot] = {}     # block hash -> snapshot after that block
         self._free_slots: list[int] = list(range(num_slots))
         self._plans: dict[Hashable, SnapshotPlan] = {}
-        super().__init__(num_blocks, block_size, max_leased_blocks=max_leased_blocks)
+        super().__init__(num_blocks, block_size, max_leased_blocks=max_leased_blocks, host_tier=host_tier)
 
     # ---- hints ------------------------------------------------------------------------------
 
@@ -268,6 +270,10 @@ class HybridPool(BlockPool):
         if snapshot.parent is not None:
             snapshot.parent.num_grid_children -= 1
         heapq.heappush(self._free_slots, snapshot.slot)
+
+    def _has_snapshot(self, entry: BlockEntry) -> bool:
+        snapshot = self._snapshots.get(entry.block_hash)  # type: ignore[arg-type]
+        return snapshot is not None and snapshot.computed
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         # a block leaves the index: its snapshot goes with it (deeper ones went before); a
