@@ -29,6 +29,17 @@ def test_lru_by_bytes_drops_the_least_recently_used_first():
     tier.check_integrity()
 
 
+def test_a_snapshot_offloaded_alone_is_joined_by_its_block_later():
+    tier = HostTier(10 * BLOCK_BYTES, BLOCK_BYTES, snapshot_bytes=300)
+    tier.offload_snapshot(21)               # the GPU pool kept block 21, freed its state's slot
+    assert 21 not in tier and len(tier) == 0 and tier.used_bytes == 300
+    assert tier.snapshot_boundaries([21], 0, 1) == ()
+    tier.offload(21)                        # the block follows: only its bytes move now
+    assert 21 in tier and tier.snapshot_boundaries([21], 0, 1) == (1,)
+    assert tier.used_bytes == tier.transferred_bytes == BLOCK_BYTES + 300
+    tier.check_integrity()
+
+
 def test_match_and_snapshot_boundaries_run_from_a_start():
     tier = HostTier(10 * BLOCK_BYTES, BLOCK_BYTES, snapshot_bytes=100)
     chain = [101, 102, 103, 104, 105]
@@ -127,3 +138,66 @@ def test_a_hybrid_prefix_resumes_from_a_state_in_the_host_tier():
     assert report.seconds == pytest.approx(T + (4 * BLOCK_BYTES + 2 * snapshot_bytes) / BW, rel=1e-12)
     pool = sim.servers[0].pool
     assert pool.num_snapshots == 2              # the loaded states are the GPU pool's again
+
+
+def test_two_hybrid_stages_of_different_pools_reuse_a_prefix_split_between_gpu_and_host():
+    # stage 0 holds 7 blocks, stage 1 ten: a's prefix stays on stage 1's GPU, while stage 0
+    # keeps part of it and gets the rest back from its host tier; the agreed prefix is the same
+    tiers = [HostTier(100 * BLOCK_BYTES, BLOCK_BYTES, 300), HostTier(100 * BLOCK_BYTES, BLOCK_BYTES, 300)]
+    costs = SimCosts(wave_seconds=lambda stage, chunks: T, host_link_bytes_s=BW)
+    pcfg = PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=64)
+    sim = build_sim("static", 2, costs, stage_num_blocks=[7, 10], block_size=BS, planner_config=pcfg,
+                    check_integrity=True, host_tiers=tiers, hybrid=True, snapshot_interval_blocks=2)
+    a, b = list(range(17)), list(range(100, 113))
+    report = run_closed_loop(sim, [a, b, a, b, a], 1)
+    assert report.num_failed == 0
+    assert [sim.records[i].num_cached_tokens for i in range(5)] == [0, 0, 16, 12, 16]
+    assert tiers[0].num_loaded > 0 and tiers[1].num_loaded == 0
+
+
+def test_blocks_are_loaded_before_the_escrow_offloads_into_a_full_tier():
+    # the tier holds exactly a's 4 blocks; making room for a evicts b's 4, whose offload pushes
+    # a's out of the tier: a's copy must be taken first
+    a, b = list(range(17)), list(range(100, 116))
+    tier = HostTier(4 * BLOCK_BYTES, BLOCK_BYTES)
+    for h in hash_blocks(a, BS):
+        tier.offload(h)
+    tier.take_transferred_bytes()
+    sim = _sim(tier, num_blocks=5)
+    report = run_closed_loop(sim, [b, a], 1)
+    assert report.num_failed == 0 and report.cached_tokens == 16
+    assert set(tier._blocks) == set(hash_blocks(b, BS))
+    spans = sorted((s, e) for _, _, s, e in sim.wave_spans)
+    assert spans[1][1] - spans[1][0] == pytest.approx(T + (4 + 4) * BLOCK_BYTES / BW, rel=1e-12)
+
+
+def test_a_load_is_taken_before_reserve_evicts_a_snapshot_into_a_full_tier():
+    # one stage, 3 snapshot slots: c's state after block 2 holds one; a needs 3 (two boundaries
+    # and its working slot), so reserve evicts c's alone and offloads it into a tier that holds
+    # exactly a's 4 blocks and 2 states, dropping a's first block: a's copy is taken before
+    from wavepp.cache import HybridPool
+    from wavepp.sched.messages import LeaseItem, LeaseMsg, ProbeItem, ProbeMsg
+    from wavepp.sched.stage_server import StageServer
+    S = 300
+    a, c = list(range(17)), list(range(200, 209))
+    tier = HostTier(4 * BLOCK_BYTES + 2 * S, BLOCK_BYTES, S)
+    for i, h in enumerate(hash_blocks(a, BS)):
+        tier.offload(h, has_snapshot=(i + 1) % 2 == 0)
+    tier.take_transferred_bytes()
+    pool = HybridPool(8, BS, num_slots=3, interval_blocks=2, host_tier=tier)
+    assert pool.reserve("c", 3).ok and pool.reserve_snapshots("c", (2,)).ok
+    assert pool.commit("c", hash_blocks(c, BS)).ok
+    pool.materialize("c")
+    pool.publish("c", len(c))
+    pool.free("c")
+    assert pool.num_snapshots == 1
+    stage = StageServer(0, pool)
+    hashes = tuple(hash_blocks(a, BS))
+    hint, = stage.handle(ProbeMsg(1, (ProbeItem(7, hashes, len(a)),))).hints
+    assert hint.num_blocks == 4 and hint.snapshot_set() == {2, 4}
+    result, = stage.handle(LeaseMsg(1, (LeaseItem(7, 4, 1),))).results
+    assert result.ok, result.reason
+    assert pool.match(hashes).num_computed_blocks == 4 and hashes[0] not in tier
+    assert stage.take_host_bytes() == 4 * BLOCK_BYTES + 2 * S + S     # a's copy, then c's state out
+    pool.check_integrity()
+    tier.check_integrity()

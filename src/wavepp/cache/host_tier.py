@@ -9,11 +9,13 @@ tier holds after it, at the price of copying them back:
     host tier  [g, g + h)     loaded back into new GPU blocks (onboard), then reused
     computed   [g + h, ...)
 
-The tier is an LRU over whole blocks, by bytes: each block costs `block_bytes`, plus
-`snapshot_bytes` if it carries a recurrent-state snapshot (hybrid models: the state after
-that block, offloaded with it). Past its capacity it drops the least recently used block.
-Keys are the chain hashes of the blocks, so a key names its whole prefix; a chain found here
-is the consecutive run of keys present.
+The tier is an LRU over entries keyed by block, by bytes: a block costs `block_bytes`, its
+recurrent-state snapshot (hybrid models: the state after that block) `snapshot_bytes`. A
+snapshot comes with its block, or alone, earlier, when the GPU pool evicted the snapshot to
+free its slot while keeping the block (`offload_snapshot`); the block joins it when it is
+evicted in turn. Past its capacity the tier drops the least recently used entry. Keys are the
+chain hashes of the blocks, so a key names its whole prefix; a chain found here is the
+consecutive run of keys whose block is present.
 
 A copy stays in the tier after it is loaded back (a second eviction of that block moves no
 bytes). `transferred_bytes` counts every byte that crossed the host link, both directions;
@@ -50,54 +52,49 @@ class HostTier:
         self.capacity_bytes = capacity_bytes
         self.block_bytes = block_bytes
         self.snapshot_bytes = snapshot_bytes
-        self._blocks: OrderedDict[int, bool] = OrderedDict()   # hash -> has a snapshot; LRU first
+        # block hash -> (block held, snapshot held); least recently used first
+        self._blocks: OrderedDict[int, tuple[bool, bool]] = OrderedDict()
         self.used_bytes = 0
         self.transferred_bytes = 0
         self.num_offloaded = 0          # blocks copied in
         self.num_loaded = 0             # blocks copied back out
-        self.num_dropped = 0            # blocks the LRU let go
+        self.num_dropped = 0            # blocks the LRU let go (snapshots held alone not counted)
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        """Blocks held (snapshots held alone not counted)."""
+        return sum(1 for block, _ in self._blocks.values() if block)
 
     def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._blocks
+        return self._blocks.get(block_hash, (False, False))[0]
 
     def offload(self, block_hash: int, has_snapshot: bool = False) -> None:
         """Keep a copy of an evicted block (and its snapshot). Mutates: the LRU order; copies
-        and counts the bytes unless the tier holds that block already; drops the least
-        recently used blocks past capacity (a block larger than the whole tier is not kept)."""
-        held = self._blocks.get(block_hash)
-        if held is not None:
-            self._blocks.move_to_end(block_hash)
-            if has_snapshot and not held:
-                self._blocks[block_hash] = True
-                self._grow(self.snapshot_bytes)
-            return
-        size = self._size(has_snapshot)
-        if size > self.capacity_bytes:
-            return
-        self._blocks[block_hash] = has_snapshot
-        self.num_offloaded += 1
-        self._grow(size)
+        and counts the bytes of what the tier does not hold yet; drops the least recently used
+        entries past capacity (an entry larger than the whole tier is not kept)."""
+        self._add(block_hash, True, has_snapshot)
+
+    def offload_snapshot(self, block_hash: int) -> None:
+        """Keep a copy of a snapshot the GPU pool evicted alone (its block stays there)."""
+        self._add(block_hash, False, True)
 
     def match(self, block_hashes: Sequence[int], start: int) -> int:
         """How many consecutive blocks from `start` the tier holds. Mutates nothing."""
         n = start
-        while n < len(block_hashes) and block_hashes[n] in self._blocks:
+        while n < len(block_hashes) and block_hashes[n] in self:
             n += 1
         return n - start
 
     def snapshot_boundaries(self, block_hashes: Sequence[int], start: int, end: int) -> tuple[int, ...]:
         """Boundaries b in (start, end] (in blocks) whose block b - 1 the tier holds with its
         snapshot. Mutates nothing."""
-        return tuple(b for b in range(start + 1, end + 1) if self._blocks.get(block_hashes[b - 1]))
+        return tuple(b for b in range(start + 1, end + 1)
+                     if self._blocks.get(block_hashes[b - 1], (False, False)) == (True, True))
 
     def onboard(self, block_hashes: Sequence[int], num_snapshots: int) -> HostLoad:
         """Copy `block_hashes` (all held here) and `num_snapshots` snapshots back to the GPU.
         Mutates: touches the blocks (most recently used), counts the bytes."""
         for block_hash in block_hashes:
-            if block_hash not in self._blocks:
+            if block_hash not in self:
                 raise InvalidArgumentError(f"onboard: block {block_hash} is not in the host tier")
             self._blocks.move_to_end(block_hash)
         num_bytes = len(block_hashes) * self.block_bytes + num_snapshots * self.snapshot_bytes
@@ -111,7 +108,7 @@ class HostTier:
         return num_bytes
 
     def check_integrity(self) -> None:
-        used = sum(self._size(s) for s in self._blocks.values())
+        used = sum(self._size(*held) for held in self._blocks.values())
         if used != self.used_bytes:
             raise IntegrityError(f"host tier: {self.used_bytes} bytes counted, {used} held")
         if used > self.capacity_bytes:
@@ -119,13 +116,22 @@ class HostTier:
 
     # ---- private helpers --------------------------------------------------------------------
 
-    def _size(self, has_snapshot: bool) -> int:
-        return self.block_bytes + (self.snapshot_bytes if has_snapshot else 0)
+    def _size(self, block: bool, snapshot: bool) -> int:
+        return self.block_bytes * block + self.snapshot_bytes * snapshot
 
-    def _grow(self, num_bytes: int) -> None:
+    def _add(self, block_hash: int, block: bool, snapshot: bool) -> None:
+        old = self._blocks.pop(block_hash, (False, False))
+        new = (old[0] or block, old[1] or snapshot)
+        if self._size(*new) > self.capacity_bytes:
+            if old != (False, False):
+                self._blocks[block_hash] = old
+            return
+        self._blocks[block_hash] = new     # most recently used
+        self.num_offloaded += new[0] and not old[0]
+        num_bytes = self._size(*new) - self._size(*old)
         self.used_bytes += num_bytes
         self.transferred_bytes += num_bytes
         while self.used_bytes > self.capacity_bytes:
-            _, had_snapshot = self._blocks.popitem(last=False)
-            self.used_bytes -= self._size(had_snapshot)
-            self.num_dropped += 1
+            _, held = self._blocks.popitem(last=False)
+            self.used_bytes -= self._size(*held)
+            self.num_dropped += held[0]

@@ -34,7 +34,8 @@ checks the one at k itself.
 
 A snapshot leaves with its block (leaf-only block eviction: the deeper snapshots are gone
 before) or before it, alone, when reserve needs slots: the least recently used unpinned
-computed one that no grid snapshot hangs below. Reserve evicts its victims at once (not at
+computed one that no grid snapshot hangs below. With a host tier, either way it leaves a copy
+there (`HostTier.offload` with its block, `offload_snapshot` alone). Reserve evicts its victims at once (not at
 materialize as blocks do): a snapshot is small and one round seldom needs many.
 """
 
@@ -135,6 +136,8 @@ class HybridPool(BlockPool):
             return ReserveResult(False, 0, (), f"need {needed} snapshot slots, "
                                  f"{len(self._free_slots)} free and too few evictable")
         for victim in victims:
+            if self.host_tier is not None:      # its block stays here; the state goes to the host
+                self.host_tier.offload_snapshot(victim.block_hash)
             self._drop_snapshot(victim)
         slots = [heapq.heappop(self._free_slots) for _ in range(needed)]
         plan.working_slot = slots[0]

@@ -163,19 +163,19 @@ class StageServer:
         if match.num_computed_blocks < g or self._host_blocks(hashes, match) < n - g:
             return ItemResult(rid, False, f"stage {self.stage_id}: blocks [{g}, {n}) are no longer in the host tier")
         k = pool.match_snapshots(hashes, g).num_blocks if self._hybrid_pool else g
-        lease = pool.lease(rid, hashes, k)
-        reserve = pool.reserve(rid, n - k + item.num_new_blocks) if lease.ok else lease
-        boundaries = ()
-        if reserve.ok and self._hybrid_pool:
-            boundaries = snapshot_boundaries(k, probed.num_tokens, bs, pool.interval_blocks)
-            reserve = pool.reserve_snapshots(rid, boundaries)
-        commit = pool.commit(rid, hashes[k:]) if reserve.ok else reserve
-        if not commit.ok:
-            self._drop(rid)
-            return ItemResult(rid, False, f"stage {self.stage_id}: host load: {commit.reason}")
+        boundaries = snapshot_boundaries(k, probed.num_tokens, bs, pool.interval_blocks) if self._hybrid_pool else ()
         # states written back: the boundaries in (k, n], and the one it resumes from at n
         num_states = sum(1 for b in boundaries if b <= n) + int(self._hybrid_pool and n not in boundaries)
+        # copied out first: the escrow below may offload to the tier and make it drop entries
         pool.host_tier.onboard(hashes[g:n], num_states)
+        lease = pool.lease(rid, hashes, k)
+        reserve = pool.reserve(rid, n - k + item.num_new_blocks) if lease.ok else lease
+        if reserve.ok and self._hybrid_pool:
+            reserve = pool.reserve_snapshots(rid, boundaries)
+        commit = pool.commit(rid, hashes[k:]) if reserve.ok else reserve
+        if not commit.ok:     # (the copy is spent)
+            self._drop(rid)
+            return ItemResult(rid, False, f"stage {self.stage_id}: host load: {commit.reason}")
         num_cached = n * bs
         block_table = pool.materialize(rid)
         pool.publish(rid, num_cached)
