@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from wavepp.cache.results import CommitResult
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.sched.messages import (
     Chunk, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg, ProbeReply, ReleaseMsg,
@@ -166,16 +167,18 @@ class StageServer:
         boundaries = snapshot_boundaries(k, probed.num_tokens, bs, pool.interval_blocks) if self._hybrid_pool else ()
         # states written back: the boundaries in (k, n], and the one it resumes from at n
         num_states = sum(1 for b in boundaries if b <= n) + int(self._hybrid_pool and n not in boundaries)
-        # copied out first: the escrow below may offload to the tier and make it drop entries
-        pool.host_tier.onboard(hashes[g:n], num_states)
         lease = pool.lease(rid, hashes, k)
         reserve = pool.reserve(rid, n - k + item.num_new_blocks) if lease.ok else lease
         if reserve.ok and self._hybrid_pool:
             reserve = pool.reserve_snapshots(rid, boundaries)
         commit = pool.commit(rid, hashes[k:]) if reserve.ok else reserve
-        if not commit.ok:     # (the copy is spent)
+        if commit.ok and pool.host_tier.match(hashes, g) < n - g:
+            # the states reserve evicted alone went to the tier, and it dropped some of these
+            commit = CommitResult(False, reason=f"blocks [{g}, {n}) left the host tier while room was made")
+        if not commit.ok:
             self._drop(rid)
             return ItemResult(rid, False, f"stage {self.stage_id}: host load: {commit.reason}")
+        pool.host_tier.onboard(hashes[g:n], num_states)
         num_cached = n * bs
         block_table = pool.materialize(rid)
         pool.publish(rid, num_cached)
