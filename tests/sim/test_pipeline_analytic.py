@@ -61,7 +61,7 @@ def test_per_stage_times_are_paced_by_the_slowest_stage():
 
 def test_transfers_and_result_return_add_to_the_critical_path():
     t, hop, back = 1e-3, 2e-4, 5e-5
-    costs = SimCosts(wave_seconds=lambda stage, chunks: t, transfer_seconds=lambda n: hop,
+    costs = SimCosts(wave_seconds=lambda stage, chunks: t, transfer_seconds=lambda stage_id, n: hop,
                      result_seconds=back)
     _, report = one_request_in_waves("static", 4, 1, 64, costs)
     assert report.seconds == pytest.approx(4 * t + 3 * hop + back, rel=1e-12)

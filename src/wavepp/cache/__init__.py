@@ -2,7 +2,8 @@
 
 `BlockPool` keeps the stage's blocks (ref counts, leaf-only LRU eviction on a logical clock,
 a prefix index of chained hashes, leases and capacity escrow); `HybridPool` adds the
-recurrent-state snapshots of hybrid models as attachments of blocks; `hash_blocks` names full
+recurrent-state snapshots of hybrid models as attachments of blocks; `HostTier` keeps the
+blocks eviction takes, in host memory, for a later request to load back; `hash_blocks` names full
 blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
 """
 
@@ -16,6 +17,7 @@ from wavepp.cache.errors import (
     UnknownRequestError,
 )
 from wavepp.cache.hashing import hash_blocks
+from wavepp.cache.host_tier import HostLoad, HostTier
 from wavepp.cache.pool import BlockPool
 from wavepp.cache.snapshot_plan import default_interval_blocks, snapshot_boundaries
 from wavepp.cache.snapshot_records import SnapshotMatch
@@ -45,6 +47,8 @@ __all__ = [
     "ReserveResult",
     "UnknownRequestError",
     "hash_blocks",
+    "HostLoad",
+    "HostTier",
     "HybridPool",
     "SnapshotMatch",
     "default_interval_blocks",

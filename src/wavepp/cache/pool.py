@@ -33,6 +33,7 @@ from wavepp.cache.errors import (
     UnknownRequestError,
 )
 from wavepp.cache.escrow import Escrow, Victim, pick_victims, unmark_victim
+from wavepp.cache.host_tier import HostTier
 from wavepp.cache.request import PoolRequest
 from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
 from wavepp.cache.chain import RequestChains
@@ -47,12 +48,14 @@ class BlockPool(RequestChains):
     """The block pool of one pipeline stage. See the module docstring for the round.
 
     num_blocks blocks of block_size tokens; max_leased_blocks caps the blocks held by leases
-    alone (None: no cap). match, match_linear and capacity come from `BlockStore`, the
-    linking of a request's entries into the index from `RequestChains`.
+    alone (None: no cap); host_tier keeps the computed blocks eviction takes (None: dropped).
+    match, match_linear and capacity come from `BlockStore`, the linking of a request's
+    entries into the index from `RequestChains`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None) -> None:
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None,
+                 host_tier: HostTier | None = None) -> None:
+        super().__init__(num_blocks, block_size, host_tier)
         if max_leased_blocks is not None and max_leased_blocks < 0:
             raise InvalidArgumentError(f"max_leased_blocks must be >= 0, got {max_leased_blocks}")
         self.max_leased_blocks = max_leased_blocks

@@ -34,7 +34,8 @@ checks the one at k itself.
 
 A snapshot leaves with its block (leaf-only block eviction: the deeper snapshots are gone
 before) or before it, alone, when reserve needs slots: the least recently used unpinned
-computed one that no grid snapshot hangs below. Reserve evicts its victims at once (not at
+computed one that no grid snapshot hangs below. With a host tier, either way it leaves a copy
+there (`HostTier.offload` with its block, `offload_snapshot` alone). Reserve evicts its victims at once (not at
 materialize as blocks do): a snapshot is small and one round seldom needs many.
 """
 
@@ -45,6 +46,7 @@ from collections.abc import Hashable, Sequence
 
 from wavepp.cache.block import BlockEntry
 from wavepp.cache.errors import InvalidArgumentError
+from wavepp.cache.host_tier import HostTier
 from wavepp.cache.pool import BlockPool
 from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
 from wavepp.cache.snapshot_integrity import check_snapshots
@@ -55,7 +57,8 @@ class HybridPool(BlockPool):
     """A `BlockPool` whose blocks may carry recurrent-state snapshots; see the module docstring."""
 
     def __init__(self, num_blocks: int, block_size: int, *, num_slots: int, interval_blocks: int,
-                 bytes_per_snapshot: int = 0, max_leased_blocks: int | None = None) -> None:
+                 bytes_per_snapshot: int = 0, max_leased_blocks: int | None = None,
+                 host_tier: HostTier | None = None) -> None:
         if num_slots < 1 or interval_blocks < 1:
             raise InvalidArgumentError(f"HybridPool needs num_slots >= 1 and interval_blocks >= 1, "
                                        f"got {num_slots}, {interval_blocks}")
@@ -65,7 +68,7 @@ class HybridPool(BlockPool):
         self._snapshots: dict[int, Snapshot] = {}     # block hash -> snapshot after that block
         self._free_slots: list[int] = list(range(num_slots))
         self._plans: dict[Hashable, SnapshotPlan] = {}
-        super().__init__(num_blocks, block_size, max_leased_blocks=max_leased_blocks)
+        super().__init__(num_blocks, block_size, max_leased_blocks=max_leased_blocks, host_tier=host_tier)
 
     # ---- hints ------------------------------------------------------------------------------
 
@@ -133,6 +136,8 @@ class HybridPool(BlockPool):
             return ReserveResult(False, 0, (), f"need {needed} snapshot slots, "
                                  f"{len(self._free_slots)} free and too few evictable")
         for victim in victims:
+            if self.host_tier is not None:      # its block stays here; the state goes to the host
+                self.host_tier.offload_snapshot(victim.block_hash)
             self._drop_snapshot(victim)
         slots = [heapq.heappop(self._free_slots) for _ in range(needed)]
         plan.working_slot = slots[0]
@@ -268,6 +273,10 @@ class HybridPool(BlockPool):
         if snapshot.parent is not None:
             snapshot.parent.num_grid_children -= 1
         heapq.heappush(self._free_slots, snapshot.slot)
+
+    def _has_snapshot(self, entry: BlockEntry) -> bool:
+        snapshot = self._snapshots.get(entry.block_hash)  # type: ignore[arg-type]
+        return snapshot is not None and snapshot.computed
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         # a block leaves the index: its snapshot goes with it (deeper ones went before); a

@@ -19,19 +19,21 @@ from collections.abc import Sequence
 from wavepp.cache.block import BlockEntry, LeafQueue
 from wavepp.cache.errors import InvalidArgumentError
 from wavepp.cache.escrow import Victim, forget_victim_child, num_cached, unmark_victim
+from wavepp.cache.host_tier import HostTier
 from wavepp.cache.results import CapacityView, MatchResult
 
 
 class BlockStore:
     """Blocks, entries and counters of one stage's pool; see the module docstring."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, host_tier: HostTier | None = None) -> None:
         if num_blocks <= 0:
             raise InvalidArgumentError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
             raise InvalidArgumentError(f"block_size must be positive, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.host_tier = host_tier  # evicted computed blocks go there (offload victims); None: dropped
         self._index: dict[int, BlockEntry] = {}  # hash -> linked entry
         self._block_entries: list[BlockEntry | None] = [None] * num_blocks  # block id -> owner entry
         self._free_ids: list[int] = list(range(num_blocks))  # a heap: lowest id first
@@ -188,12 +190,15 @@ class BlockStore:
 
     def _evict(self, entry: BlockEntry) -> None:
         """Take a cached, unreferenced entry out of the index with its subtree (all victims:
-        they keep their blocks, held by their escrows). Deepest first."""
+        they keep their blocks, held by their escrows). Deepest first. With a host tier, each
+        computed entry leaves a copy there (an offload victim)."""
         subtree = [entry]
         for node in subtree:  # grows while we walk it: breadth first
             if node.victim_children:
                 subtree.extend(node.victim_children)
         for node in reversed(subtree):
+            if self.host_tier is not None and node.computed:
+                self.host_tier.offload(node.block_hash, self._has_snapshot(node))  # type: ignore[arg-type]
             self._unlink(node)
 
     def _unlink(self, entry: BlockEntry) -> None:
@@ -208,6 +213,11 @@ class BlockStore:
             parent.num_children -= 1
             if not parent.ref_count:
                 self._leaves.offer(parent)
+
+    def _has_snapshot(self, entry: BlockEntry) -> bool:
+        """Whether the entry carries an attachment the host tier keeps with it (a computed
+        recurrent-state snapshot, `HybridPool`)."""
+        return False
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         """An entry left the index (evicted, or dropped uncomputed). Attachments of blocks

@@ -25,9 +25,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=["paper", "kimi", "kimi-k3", "ablation", "all"], help="run a reconstructed paper grid")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
-    p.add_argument("--setup", choices=["paper", "legacy"], default="paper",
+    p.add_argument("--setup", choices=["paper", "legacy", "nvlink"], default="paper",
                    help="--grid paper: the paper's setup (NVFP4 weights, trtllm-pp as TensorRT-LLM 1.3.0rc26) "
-                        "or the earlier one (FP8 weights, the earlier trtllm-pp)")
+                        "or legacy, the earlier one (FP8 weights, the earlier trtllm-pp); --grid kimi-k3: the "
+                        "paper's (two nodes of 4, a 128 GiB host KV tier per rank) or nvlink, the earlier one "
+                        "(one NVLink domain, no host tier)")
     p.add_argument("--weights", choices=["bf16", "fp8", "nvfp4"], default=None,
                    help="linear layers' weight format (default: the model's own; --grid: the grid's)")
     p.add_argument("--trtllm", choices=["legacy", "rc26"], default=None,
@@ -58,6 +60,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-wave-tokens", type=int, default=0,
                    help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)")
     p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
+    p.add_argument("--gpus-per-node", type=int, default=0,
+                   help="GPUs per node (0: one NVLink domain): stage boundaries between nodes and tp-ep's "
+                        "collectives across them go over the NICs")
+    p.add_argument("--host-kv-gib", type=float, default=0.0,
+                   help="a host (CPU) KV tier of this many GiB per rank for wavepp's systems (0: none)")
+    p.add_argument("--host-tier-baselines", action="store_true",
+                   help="give the host KV tier to the baselines too (sglang-pp, trtllm-pp, tp-ep)")
     p.add_argument("--snapshot-interval-blocks", type=int, default=0,
                    help="hybrid models: real state snapshots every this many blocks (0: a stand-in that "
                         "resumes only where a chunk ended)")
@@ -125,6 +134,8 @@ def _run_settings(args) -> tuple[list[dict], list]:
     setup = SimSetup(with_weights(get_model(args.model), args.weights or ""), get_hardware(args.hardware), args.pp,
                      token_scale=16 if args.token_scale is None else args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode,
+                     gpus_per_node=args.gpus_per_node, host_kv_gib=args.host_kv_gib,
+                     host_tier_for_baselines=args.host_tier_baselines,
                      trtllm=get_trtllm(args.trtllm or "legacy"),
                      snapshot_interval_blocks=args.snapshot_interval_blocks)
     policies = _policies(args.policy or "wavepp,lockstep")

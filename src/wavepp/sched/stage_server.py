@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from wavepp.cache.results import CommitResult
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.sched.messages import (
-    Chunk, Hint, ItemResult, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg, ProbeReply, ReleaseMsg, Wave)
+    Chunk, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg, ProbeReply, ReleaseMsg,
+    Wave)
 
 if TYPE_CHECKING:
     from wavepp.cache import BlockPool
@@ -35,6 +37,7 @@ class StageRequest:
     num_cached_tokens: int
     num_computed_tokens: int
     block_table: list[int] | None = None     # None until the first chunk reaches this stage
+    num_loaded_blocks: int = 0               # of the cached prefix, loaded from the host tier
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,22 @@ class StageServer:
         hints = []
         for item in msg.items:
             self._probed[item.request_id] = item
-            num_blocks = self.pool.match(item.block_hashes).num_blocks
+            match = self.pool.match(item.block_hashes)
+            num_blocks = match.num_blocks
+            # the host tier's run of blocks after a GPU prefix that is all computed here
+            num_host = self._host_blocks(item.block_hashes, match)
             if self._hybrid_pool:
                 # O(log n): the grid snapshots of a chain (pending ones too: they will be
                 # written before a chunk after them runs here) form a prefix of the grid
-                limit = min(num_blocks, (item.num_tokens - 1) // self.block_size)
+                last_reusable = (item.num_tokens - 1) // self.block_size
+                limit = min(num_blocks, last_reusable)
                 found = self.pool.match_snapshots(item.block_hashes, limit)
-                hints.append(Hint(item.request_id, num_blocks, (), self.pool.interval_blocks,
-                                  found.num_grid_blocks, found.num_end_blocks))
+                host_points = () if not num_host else self.pool.host_tier.snapshot_boundaries(
+                    item.block_hashes, num_blocks, min(num_blocks + num_host, last_reusable))
+                hints.append(Hint(item.request_id, num_blocks + num_host, host_points,
+                                  self.pool.interval_blocks, found.num_grid_blocks, found.num_end_blocks))
                 continue
-            hints.append(Hint(item.request_id, num_blocks))
+            hints.append(Hint(item.request_id, num_blocks + num_host))
         return ProbeReply(msg.round_id, self.stage_id, tuple(hints))
 
     def lease(self, msg: LeaseMsg) -> LeaseReply:
@@ -100,6 +109,10 @@ class StageServer:
             if probed is None:
                 results.append(ItemResult(item.request_id, False,
                                           f"stage {self.stage_id}: lease before probe"))
+                continue
+            if self.pool.host_tier is not None and \
+                    item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks:
+                results.append(self._lease_from_host(item, probed))
                 continue
             lease = self.pool.lease(item.request_id, probed.block_hashes, item.num_leased_blocks)
             if not lease.ok:
@@ -131,6 +144,61 @@ class StageServer:
         # probed again if it comes back
         self._probed.clear()
         return LeaseReply(msg.round_id, self.stage_id, tuple(results), self.pool.capacity())
+
+    def _lease_from_host(self, item: LeaseItem, probed: ProbeItem) -> ItemResult:
+        """The agreed prefix runs past the blocks this stage's GPU pool holds: lease the GPU
+        part, load the rest from the host tier into new blocks now (onboard), escrow room for
+        the prompt after it. On failure hold nothing.
+
+            [0, k)   leased (hybrid: k is the last snapshot boundary <= g, where it resumes)
+            [k, g)   on the GPU beyond that boundary: pinned (borrowed) at commit
+            [g, n)   loaded from the host tier; with the states of the boundaries in (k, n]
+            [n, ...) computed by the request's chunks
+
+        The loaded blocks are published at once (their KV is there before any wave reads
+        them), so the request's own round is the last to see them pending."""
+        pool, bs, hashes = self.pool, self.block_size, probed.block_hashes
+        n, rid = item.num_leased_blocks, item.request_id
+        match = pool.match(hashes)
+        g = match.num_blocks
+        if match.num_computed_blocks < g or self._host_blocks(hashes, match) < n - g:
+            return ItemResult(rid, False, f"stage {self.stage_id}: blocks [{g}, {n}) are no longer in the host tier")
+        k = pool.match_snapshots(hashes, g).num_blocks if self._hybrid_pool else g
+        boundaries = snapshot_boundaries(k, probed.num_tokens, bs, pool.interval_blocks) if self._hybrid_pool else ()
+        # states written back: the boundaries in (k, n], and the one it resumes from at n
+        num_states = sum(1 for b in boundaries if b <= n) + int(self._hybrid_pool and n not in boundaries)
+        lease = pool.lease(rid, hashes, k)
+        reserve = pool.reserve(rid, n - k + item.num_new_blocks) if lease.ok else lease
+        if reserve.ok and self._hybrid_pool:
+            reserve = pool.reserve_snapshots(rid, boundaries)
+        commit = pool.commit(rid, hashes[k:]) if reserve.ok else reserve
+        if commit.ok and pool.host_tier.match(hashes, g) < n - g:
+            # the states reserve evicted alone went to the tier, and it dropped some of these
+            commit = CommitResult(False, reason=f"blocks [{g}, {n}) left the host tier while room was made")
+        if not commit.ok:
+            self._drop(rid)
+            return ItemResult(rid, False, f"stage {self.stage_id}: host load: {commit.reason}")
+        pool.host_tier.onboard(hashes[g:n], num_states)
+        num_cached = n * bs
+        block_table = pool.materialize(rid)
+        pool.publish(rid, num_cached)
+        self.requests[rid] = StageRequest(rid, probed.num_tokens, hashes, num_cached, num_cached,
+                                          block_table, num_loaded_blocks=n - g)
+        return ItemResult(rid, True)
+
+    def _host_blocks(self, block_hashes, match) -> int:
+        """Blocks the host tier holds right after the GPU prefix of `match`; 0 without a tier
+        or when that prefix is not all computed here (a load lands after a computed block)."""
+        host = self.pool.host_tier
+        if host is None or match.num_computed_blocks < match.num_blocks:
+            return 0
+        return host.match(block_hashes, match.num_blocks)
+
+    def take_host_bytes(self) -> int:
+        """Bytes this stage moved over its host link (loads and offloads) since the last call:
+        the next wave here waits for them."""
+        host = self.pool.host_tier
+        return 0 if host is None else host.take_transferred_bytes()
 
     def release(self, msg: ReleaseMsg) -> None:
         """Give back everything the requests hold here. Unknown ids are ignored: a stage that
@@ -185,7 +253,9 @@ class StageServer:
             start ... planned boundaries in (start, end] ... end (-> working slot, unless last)
         """
         plan = self.pool.snapshot_plan(chunk.request_id)
-        if chunk.start == req.num_cached_tokens:
+        if chunk.start == req.num_cached_tokens and req.num_loaded_blocks:
+            state_in = self.pool.snapshot_slot(req.block_hashes[chunk.start // self.block_size - 1])
+        elif chunk.start == req.num_cached_tokens:
             state_in = plan.leased.slot if plan.leased is not None else None
         else:
             state_in = plan.working_slot

@@ -101,7 +101,7 @@ class CpuHardware:
             return models[stage_id].wave_time(chunks)
 
         return SimCosts(wave_seconds=wave_seconds,
-                        transfer_seconds=lambda n: self.transfer_latency_s + self.transfer_s_per_token * n,
+                        transfer_seconds=lambda stage_id, n: self.transfer_latency_s + self.transfer_s_per_token * n,
                         result_seconds=self.result_latency_s, round_latency_s=adm.round_latency_s,
                         round_msg_s=adm.msg_s, round_item_s=adm.item_s,
                         round_leased_block_s=adm.leased_block_s * blocks,

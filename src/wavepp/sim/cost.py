@@ -19,7 +19,8 @@ A GEMM runs at peak * efficiency * rows / (rows + half_rows) (tiles fill poorly 
 the per-expert token count of a small wave) and never faster than reading its weights from
 HBM (roofline). Attention runs at its own efficiency, lower for chunks of few queries, and
 never faster than reading the cached KV. `degree` > 1 models tensor/expert parallelism: work
-and weights split over `degree` devices, plus per-layer collectives over the links.
+and weights split over `degree` devices, plus per-layer collectives over the links (over the
+NICs where the devices span `num_nodes` > 1 nodes).
 """
 
 from __future__ import annotations
@@ -57,14 +58,18 @@ class StageCostModel:
 
     def __init__(self, model: ModelShape, hw: HardwareSpec, start: int, end: int, *,
                  first: bool = False, last: bool = False, degree: int = 1,
-                 overheads: ExecOverheads = ExecOverheads(), snapshot_interval_tokens: int = 0):
+                 overheads: ExecOverheads = ExecOverheads(), snapshot_interval_tokens: int = 0,
+                 num_nodes: int = 1):
         if not 0 <= start < end <= model.num_layers:
             raise ValueError(f"layers [{start}, {end}) outside the model's {model.num_layers}")
         if degree <= 0:
             raise ValueError(f"degree must be positive, got {degree}")
+        if not 1 <= num_nodes <= degree:
+            raise ValueError(f"num_nodes must be in [1, degree={degree}], got {num_nodes}")
         self.model, self.hw = model, hw
         self.start, self.end = start, end
         self.first, self.last, self.degree = first, last, degree
+        self.num_nodes = num_nodes     # nodes the `degree` devices span (collectives cross NICs)
         self.overheads = overheads
         # hybrid models: a chunk loads the state it resumes from and saves one at every
         # snapshot boundary it crosses and at its end (0: snapshots not charged)
@@ -201,6 +206,8 @@ class StageCostModel:
     def _collectives(self, layer: int, T: int) -> float:
         """TP attention: all-reduce of its output; EP MoE: all-to-all dispatch (FP8) and combine
         (bf16) of each token's k expert copies. No overlap with compute is assumed."""
+        if self.num_nodes > 1:
+            return self._collectives_across_nodes(layer, T)
         m, hw, n = self.model, self.hw, self.degree
         bw, lat = hw.link_bytes_s, hw.link_latency_s
         hidden_bytes = T * m.hidden_size * 2.0
@@ -213,6 +220,30 @@ class StageCostModel:
             seconds += (dispatch + combine + gather) / bw + 3 * lat
         else:
             seconds += 2.0 * (n - 1) / n * hidden_bytes / bw + lat       # MLP all-reduce
+        return seconds
+
+
+    def _collectives_across_nodes(self, layer: int, T: int) -> float:
+        """The collectives of `_collectives` when the devices span `num_nodes` nodes, each
+        device with its own NIC (`internode_gb_s`, one direction). A ring (all-reduce,
+        all-gather) passes every byte over every hop, so its slowest hop, the NIC, sets the
+        rate: NCCL's bus bandwidth across nodes is the NIC's (nccl-tests doc/PERFORMANCE.md).
+        An all-to-all sends each peer its share at once: the shares to the other nodes' devices
+        over the NIC, the rest over NVLink, the two side by side. Each step pays the NIC's
+        latency."""
+        m, hw, n = self.model, self.hw, self.degree
+        nic, lat = hw.internode_bytes_s, hw.internode_latency_s
+        hidden_bytes = T * m.hidden_size * 2.0
+        seconds = 2.0 * (n - 1) / n * hidden_bytes / nic + lat           # ring all-reduce
+        if m.is_moe(layer):
+            k, per_node = m.num_experts_per_tok, n / self.num_nodes
+            sent = T / n * k * m.hidden_size * (1.0 + 2.0)                 # dispatch FP8 + combine bf16
+            remote = sent * (n - per_node) / n                             # to the other nodes' devices
+            local = sent * (per_node - 1) / n                              # to this node's others
+            gather = (n - 1) / n * hidden_bytes
+            seconds += max(remote / nic, local / hw.link_bytes_s) + gather / nic + 3 * lat
+        else:
+            seconds += 2.0 * (n - 1) / n * hidden_bytes / nic + lat      # MLP all-reduce
         return seconds
 
 
@@ -231,5 +262,5 @@ def transfer_seconds(model: ModelShape, hw: HardwareSpec, num_tokens: int, *, in
     """Hidden states [num_tokens, hidden] in bf16 from one stage to the next."""
     data = num_tokens * model.hidden_size * 2.0
     if internode:
-        return hw.internode_latency_s + data / (hw.internode_gb_s * 1e9)
+        return hw.internode_latency_s + data / hw.internode_bytes_s
     return hw.link_latency_s + data / hw.link_bytes_s

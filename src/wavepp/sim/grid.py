@@ -72,12 +72,15 @@ class GridSetting:
     weights: str = ""                       # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
     trtllm: str = "legacy"                  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
     snapshot_interval_blocks: int = 0       # hybrid models: real snapshots every this many blocks
+    gpus_per_node: int = 0                  # 0: one NVLink domain (sim/scenario.py SimSetup)
+    host_kv_gib: float = 0.0                # a host KV tier per rank (0: none)
 
     def setup(self) -> SimSetup:
         return SimSetup(with_weights(get_model(self.model), self.weights), get_hardware(self.hardware),
                         self.pp, token_scale=self.token_scale, block_size=self.block_size,
                         max_wave_tokens=self.max_wave_tokens, trtllm=get_trtllm(self.trtllm),
-                        snapshot_interval_blocks=self.snapshot_interval_blocks)
+                        snapshot_interval_blocks=self.snapshot_interval_blocks,
+                        gpus_per_node=self.gpus_per_node, host_kv_gib=self.host_kv_gib)
 
     @property
     def requests(self) -> int:
@@ -115,15 +118,24 @@ def kimi_grid() -> list[GridSetting]:
 
 # Kimi K3 on 8 GB300 (sim/model_shapes.py "kimi-k3"): the kimi grid's prompts and concurrencies,
 # the paper's chunk budget and M of 16,384 tokens; stages keep state snapshots every 4 blocks
-# (16,384 tokens at the grid's token scale of 256), a chunk's worth
+# (16,384 tokens at the grid's token scale of 256), a chunk's worth. The paper's machine: two
+# nodes of 4 GPUs (the boundary between stages 3 and 4, and tp-ep's collectives, over the
+# ConnectX-8 NICs) and a host KV cache of 128 GiB per rank (wavepp's systems: the paper does not
+# say the baselines ran with theirs). `kimi_k3_grid("nvlink")`: the earlier setup, one NVLink
+# domain and no host tier.
 K3_SNAPSHOT_BLOCKS = 4
+K3_SETUPS = {"paper": (4, 128.0), "nvlink": (0, 0.0)}   # (gpus_per_node, host_kv_gib)
 
 
-def kimi_k3_grid() -> list[GridSetting]:
+def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
+    if setup not in K3_SETUPS:
+        raise ValueError(f"unknown kimi-k3 setup {setup!r}; choose one of {', '.join(K3_SETUPS)}")
+    gpus_per_node, host_kv_gib = K3_SETUPS[setup]
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
     return [GridSetting("kimi-k3", "kimi-k3", "GB300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
                         c, policies, token_scale=256, max_wave_tokens=16384,
-                        snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS)
+                        snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS, gpus_per_node=gpus_per_node,
+                        host_kv_gib=host_kv_gib)
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
 
 
@@ -140,12 +152,15 @@ GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "kimi-k3": kimi_k3_grid, "ablat
 
 
 def get_grid(name: str, paper_setup: str = "paper") -> list[GridSetting]:
-    """The settings of grid `name` (or "all": paper and kimi); the paper grid in `paper_setup`."""
+    """The settings of grid `name` (or "all": paper and kimi); the paper and kimi-k3 grids in
+    `paper_setup` ("legacy" for the paper grid's earlier setup, "nvlink" for kimi-k3's)."""
     if name == "all":
         return paper_grid(paper_setup) + kimi_grid() + kimi_k3_grid()
     if name not in GRIDS:
         raise ValueError(f"unknown grid {name!r}; choose one of {', '.join(GRIDS)}, all")
-    return paper_grid(paper_setup) if name == "paper" else GRIDS[name]()
+    if name in ("paper", "kimi-k3"):
+        return GRIDS[name](paper_setup)
+    return GRIDS[name]()
 
 
 def run_grid(settings: Sequence[GridSetting], *, jobs: int = 1) -> list[dict]:
@@ -172,7 +187,10 @@ def run_one(setting: GridSetting) -> list[dict]:
                      "ideal_hit_rate": result.ideal_hit_rate, "ttft_p50_s": result.ttft_p50_s,
                      "ttft_p95_s": result.ttft_p95_s, "stage_utilization": result.stage_utilization,
                      "idle_admission_frac": result.idle_admission_frac,
-                     "num_waves": result.num_waves, "seconds": result.seconds})
+                     "num_waves": result.num_waves, "seconds": result.seconds,
+                     "gpus_per_node": setting.gpus_per_node, "host_kv_gib": setting.host_kv_gib,
+                     "host_offloaded_blocks": result.host_offloaded_blocks,
+                     "host_loaded_blocks": result.host_loaded_blocks})
     return rows
 
 

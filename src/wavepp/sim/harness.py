@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from wavepp.cache import BlockPool, HybridPool
+from wavepp.cache import BlockPool, HostTier, HybridPool
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.planners import PlannerConfig, make_planner
@@ -55,25 +55,30 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
               check_integrity: bool = False, hybrid: bool = False,
               central_pool: bool = False, snapshot_interval_blocks: int | None = None,
               loop: str | None = None, loop_costs=None, planner=None, serial_chunks: bool | None = None,
-              trtllm=None) -> PipelineSim:
+              trtllm=None, host_tiers: Sequence[HostTier] | None = None) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
     `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops.py) with
     `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
     `serial_chunks`: a request's next chunk waits for its chunk in flight (default: under the
     trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/trtllm.py
-    `TrtllmScheduling`)."""
+    `TrtllmScheduling`); `host_tiers`: one host KV tier per stage pool, which keeps what the
+    pool evicts (cache/host_tier.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
     if central_pool:
         stage_num_blocks = [min(stage_num_blocks)]
-    pools = [BlockPool(n, block_size) for n in stage_num_blocks]
+    tiers = list(host_tiers) if host_tiers is not None else [None] * len(stage_num_blocks)
+    if len(tiers) != len(stage_num_blocks):
+        raise ValueError(f"build_sim: {len(tiers)} host tiers for {len(stage_num_blocks)} pools")
+    pools = [BlockPool(n, block_size, host_tier=t) for n, t in zip(stage_num_blocks, tiers)]
     if hybrid:   # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
         if not snapshot_interval_blocks:
             raise ValueError("build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)")
         pools = [HybridPool(n, block_size, num_slots=n // snapshot_interval_blocks + 16,
-                            interval_blocks=snapshot_interval_blocks) for n in stage_num_blocks]
+                            interval_blocks=snapshot_interval_blocks, host_tier=t)
+                 for n, t in zip(stage_num_blocks, tiers)]
     servers = [StageServer(s, pool) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
     if hybrid:   # chunk ends move onto the stages' snapshot grid

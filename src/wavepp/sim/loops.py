@@ -176,6 +176,7 @@ class LoopSim(PipelineSim):
         self.servers[rank].prepare(wave)
         shapes = [(c.start, c.num_tokens) for c in wave.chunks]
         seconds = self.costs.wave_seconds(rank, shapes) if shapes else 0.0
+        seconds += self.costs.host_seconds(self.servers[rank].take_host_bytes())
         start = self.loop.now
         self._gpu_busy[rank] = True
         self.stats[rank].busy_s += seconds
@@ -191,7 +192,7 @@ class LoopSim(PipelineSim):
                 def arrive():
                     batch.ready[rank + 1] = True
                     self._gpu_run(rank + 1)
-                self.loop.after(self.costs.transfer_seconds(wave.num_tokens), arrive)
+                self.loop.after(self.costs.transfer_seconds(rank, wave.num_tokens), arrive)
             for resume in batch.waiters.pop(rank, []):
                 resume()
             self._gpu_run(rank)

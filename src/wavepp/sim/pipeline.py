@@ -36,14 +36,21 @@ ChunkShape = tuple[int, int]   # (num_cached, num_new)
 @dataclass(frozen=True)
 class SimCosts:
     wave_seconds: Callable[[int, Sequence[ChunkShape]], float]   # (stage id, chunks) -> compute s
-    transfer_seconds: Callable[[int], float] = lambda num_tokens: 0.0   # activations between stages
+    # activations of a wave of num_tokens from stage `stage_id` to the next: (stage id, tokens)
+    transfer_seconds: Callable[[int, int], float] = lambda stage_id, num_tokens: 0.0
     result_seconds: float = 0.0          # last stage -> rank 0
+    host_link_bytes_s: float = 0.0       # a stage's host (CPU) link, one direction; 0: no host tier
     round_latency_s: float = 0.0         # one way, rounds plane
     round_msg_s: float = 0.0             # a stage's work per round message
     round_item_s: float = 0.0            # ... plus per request in it
     round_leased_block_s: float = 0.0    # lease: per block pinned (the lease message)
     round_new_block_s: float = 0.0       # escrow + commit: per new block (the lease message)
     leader_item_s: float = 0.0           # the leader's work per request per phase
+
+    def host_seconds(self, num_bytes: int) -> float:
+        """Time of `num_bytes` over a stage's host link: the blocks it loaded from its host
+        tier and offloaded to it since its last wave, which the next wave waits for."""
+        return num_bytes / self.host_link_bytes_s if num_bytes else 0.0
 
     def message_seconds(self, msg, reply=None) -> float:
         """A stage's work to answer one rounds-plane message. Lease items pay per block only
@@ -240,6 +247,8 @@ class PipelineSim:
             server.prepare(wave)
         shapes = [(c.start, c.num_tokens) for c in wave.chunks]
         seconds = self.costs.wave_seconds(sid, shapes) if shapes else 0.0
+        if server is not None:
+            seconds += self.costs.host_seconds(server.take_host_bytes())
         start = self.loop.now
         self.stats[sid].busy_s += seconds
         self.stats[sid].num_waves += 1
@@ -252,7 +261,7 @@ class PipelineSim:
             st.idle_since = self.loop.now
             self._wave_seconds[wave.wave_id].append(seconds)
             if sid + 1 < self.num_stages:
-                delay = self.costs.transfer_seconds(wave.num_tokens)
+                delay = self.costs.transfer_seconds(sid, wave.num_tokens)
                 self.loop.after(delay, lambda: self._enqueue(sid + 1, ("wave", wave)))
             else:
                 self.loop.after(self.costs.result_seconds, lambda: self._wave_done(wave))
@@ -299,3 +308,5 @@ class PipelineSim:
     def _check_all(self) -> None:
         for server in self.servers:
             server.pool.check_integrity()
+            if server.pool.host_tier is not None:
+                server.pool.host_tier.check_integrity()

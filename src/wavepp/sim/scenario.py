@@ -9,9 +9,9 @@ reported in real tokens per second.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from wavepp.cache import default_interval_blocks
+from wavepp.cache import HostTier, default_interval_blocks
 from wavepp.sched.cost_model import (
     CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
     profile_wave_shapes)
@@ -70,7 +70,14 @@ class SimSetup:
     min_wave_tokens: int = 1024      # real tokens: the smallest budget (mpu)
     max_round_requests: int = 64
     max_pool_blocks: int = 1 << 22   # cap on blocks per pool (memory may allow more)
-    internode: bool = False          # stages on different nodes: activations cross the NIC
+    internode: bool = False          # every stage on its own node: every boundary crosses the NIC
+    # GPUs per node (0: all in one NVLink domain): a stage boundary between nodes and a TP/EP
+    # group spanning nodes go over the NICs (ConnectX), the rest over NVLink
+    gpus_per_node: int = 0
+    # a host (CPU) KV tier of this many GiB per rank (0: none), for the systems that run
+    # wavepp's own caches (`SystemSpec.host_tier`), or every system with `host_tier_for_baselines`
+    host_kv_gib: float = 0.0
+    host_tier_for_baselines: bool = False
     admission: AdmissionCosts = field(default_factory=AdmissionCosts)
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
     memory: MemoryBudget = field(default_factory=MemoryBudget)
@@ -86,12 +93,30 @@ class SimSetup:
             raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
         if self.snapshot_interval_blocks < 0:
             raise ValueError(f"SimSetup.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}")
+        if self.gpus_per_node < 0 or self.host_kv_gib < 0:
+            raise ValueError(f"SimSetup.gpus_per_node and host_kv_gib must be >= 0, "
+                             f"got {self.gpus_per_node}, {self.host_kv_gib}")
+        if self.host_kv_gib and not self.hardware.host_link_gb_s:
+            raise ValueError(f"SimSetup.host_kv_gib: {self.hardware.name} has no host link bandwidth")
         for name in ("num_devices", "token_scale", "block_size",
                      "min_wave_tokens", "max_round_requests", "max_pool_blocks"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SimSetup.{name} must be positive, got {getattr(self, name)}")
         if self.num_devices > self.model.num_layers:
             raise ValueError(f"SimSetup: {self.num_devices} stages for {self.model.num_layers} layers")
+
+    def crosses_nodes(self, stage_id: int) -> bool:
+        """Whether the boundary from pipeline stage `stage_id` to the next (the last: back to
+        rank 0) crosses nodes; GPU i holds stage i."""
+        if self.internode:
+            return True
+        nxt = (stage_id + 1) % self.num_devices
+        return bool(self.gpus_per_node) and stage_id // self.gpus_per_node != nxt // self.gpus_per_node
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes the devices span."""
+        return -(-self.num_devices // self.gpus_per_node) if self.gpus_per_node else 1
 
     def sim_tokens(self, real_tokens: int) -> int:
         """Simulated tokens for `real_tokens`, at least one block's worth."""
@@ -120,6 +145,9 @@ class SimResult:
     round_latency_p50_s: float
     # hybrid models: what an infinite cache could reuse at the snapshot grid's resolution
     ideal_hit_rate_on_grid: float | None = None
+    # host KV tier, summed over the stages: blocks offloaded to it, and loaded back from it
+    host_offloaded_blocks: int = 0
+    host_loaded_blocks: int = 0
 
     def row(self) -> dict:
         return asdict(self)
@@ -133,7 +161,8 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         bounds, degree = [(0, m.num_layers)], setup.num_devices
     else:
         bounds, degree = partition_layers(m, hw, setup.num_devices), 1
-    stages = stage_models(m, hw, bounds, degree=degree, overheads=setup.overheads)
+    stages = stage_models(m, hw, bounds, degree=degree, overheads=setup.overheads,
+                          num_nodes=setup.num_nodes if spec.topology == "tp" else 1)
     last = len(bounds) - 1
     kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
@@ -163,7 +192,10 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens, token_scale=s)
         if trt.budget_charge != "static":
             planner = MicroBatchPlanner(pcfg, trt, chunk)
-    return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
+    host_tiers = None
+    if setup.host_kv_gib and (spec.host_tier or setup.host_tier_for_baselines) and spec.topology != "central":
+        host_tiers = [host_tier(m, setup, a, b, degree) for a, b in bounds]
+    return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs, host_tiers=host_tiers,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
@@ -171,6 +203,17 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      snapshot_interval_blocks=model_interval_blocks(setup) if m.hybrid else None,
                      loop=spec.loop, loop_costs=loop_costs, planner=planner, trtllm=hooks,
                      serial_chunks=None if trt is None else not trt.overlap_chunks)
+
+
+def host_tier(model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1) -> HostTier:
+    """The host KV tier of one rank holding layers [start, end): `setup.host_kv_gib` of host
+    memory; a simulated block costs the KV bytes of `block_size * token_scale` real tokens of
+    those layers (one device's share), a snapshot the states of its linear layers."""
+    split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
+    per_token = sum(model.kv_bytes_per_token(i) for i in range(start, end)) / split
+    block_bytes = per_token * setup.block_size * setup.token_scale
+    snapshot_bytes = sum(model.snapshot_bytes(i) for i in range(start, end)) / degree if model.hybrid else 0
+    return HostTier(int(setup.host_kv_gib * 2**30), max(1, int(block_bytes)), int(snapshot_bytes))
 
 
 def model_interval_blocks(setup: SimSetup) -> int:
@@ -197,10 +240,13 @@ def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,
     def wave_seconds(stage_id, chunks):
         return stages[stage_id].wave_seconds([(L * s, x * s) for L, x in chunks])
 
+    last = len(stages) - 1
     return SimCosts(wave_seconds=wave_seconds,
-                    transfer_seconds=lambda num_tokens: transfer_seconds(
-                        m, hw, num_tokens * s, internode=setup.internode),
-                    result_seconds=hw.link_latency_s,
+                    transfer_seconds=lambda stage_id, num_tokens: transfer_seconds(
+                        m, hw, num_tokens * s, internode=setup.crosses_nodes(stage_id)),
+                    result_seconds=hw.internode_latency_s if setup.crosses_nodes(last) and last
+                    else hw.link_latency_s,
+                    host_link_bytes_s=hw.host_link_bytes_s,
                     round_latency_s=0.0 if local else adm.round_latency_s,
                     round_msg_s=adm.msg_s, round_item_s=adm.item_s,
                     round_leased_block_s=adm.leased_block_s * runtime_blocks * lease_escrow,
@@ -240,7 +286,11 @@ def run_setting(system: str, setup: SimSetup, workload: Workload, concurrency: i
     `concurrency` outstanding requests, or open loop at its arrival times if it has them."""
     sim = build_system(system, setup, check_integrity=check_integrity)
     rep = drive(sim, workload, concurrency)
-    return to_result(rep, system, setup, workload, concurrency), sim
+    tiers = [sv.pool.host_tier for sv in sim.servers if sv.pool.host_tier is not None]
+    result = replace(to_result(rep, system, setup, workload, concurrency),
+                     host_offloaded_blocks=sum(t.num_offloaded for t in tiers),
+                     host_loaded_blocks=sum(t.num_loaded for t in tiers))
+    return result, sim
 
 
 def drive(sim: PipelineSim, workload: Workload, concurrency: int) -> SimReport:

@@ -63,10 +63,12 @@ def partition_layers(model: ModelShape, hw: HardwareSpec, num_stages: int) -> li
 
 
 def stage_models(model: ModelShape, hw: HardwareSpec, bounds: Sequence[tuple[int, int]], *,
-                 degree: int = 1, overheads: ExecOverheads = ExecOverheads()) -> list[StageCostModel]:
+                 degree: int = 1, overheads: ExecOverheads = ExecOverheads(),
+                 num_nodes: int = 1) -> list[StageCostModel]:
+    """One cost model per stage; `degree` devices per stage, spanning `num_nodes` nodes."""
     last = len(bounds) - 1
     return [StageCostModel(model, hw, a, b, first=s == 0, last=s == last, degree=degree,
-                           overheads=overheads) for s, (a, b) in enumerate(bounds)]
+                           overheads=overheads, num_nodes=num_nodes) for s, (a, b) in enumerate(bounds)]
 
 
 def stage_weight_bytes(model: ModelShape, start: int, end: int, *, first: bool, last: bool,

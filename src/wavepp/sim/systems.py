@@ -49,6 +49,9 @@ class SystemSpec:
     description: str
     lease_escrow: bool = True     # charge the stages' lease and escrow work in admission rounds
     loop: str | None = None       # an outside executor loop (sim/loops.py): trtllm | sglang
+    # wavepp's own runtime (its stage caches and escrow): offloads to a host KV tier where the
+    # setup has one (`SimSetup.host_kv_gib`); the baselines only with `host_tier_for_baselines`
+    host_tier: bool = False
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -59,12 +62,13 @@ class SystemSpec:
 
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
     SystemSpec("wavepp", get_policy("wavepp"), "pp", 2, None,
-               "asynchronous admission, cost-balanced waves, 2S waves in flight"),
+               "asynchronous admission, cost-balanced waves, 2S waves in flight", host_tier=True),
     SystemSpec("wavepp-mpu", get_policy("wavepp-mpu"), "pp", 2, None,
-               "asynchronous admission, the paper's MPU budget halving"),
+               "asynchronous admission, the paper's MPU budget halving", host_tier=True),
     SystemSpec("lockstep", get_policy("lockstep"), "pp", 2, None,
-               "admission rounds inline between waves"),
-    SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget"),
+               "admission rounds inline between waves", host_tier=True),
+    SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget",
+               host_tier=True),
     SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
                "SGLang's event_loop_pp, dynamic chunking (sigma 0.75), S micro-batches",
                loop="sglang"),
@@ -76,11 +80,12 @@ SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
                "all devices on every layer: TP attention, EP experts"),
     # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
     SystemSpec("fixed-lockstep", get_policy("fixed-lockstep"), "pp", 2, 16384,
-               "ablation base: admission inline between waves, fixed 16,384-token waves"),
+               "ablation base: admission inline between waves, fixed 16,384-token waves", host_tier=True),
     SystemSpec("fixed-wave", get_policy("fixed-wave"), "pp", 2, 16384,
-               "ablation: + wave admission (lease and escrow work not charged)", lease_escrow=False),
+               "ablation: + wave admission (lease and escrow work not charged)", lease_escrow=False,
+               host_tier=True),
     SystemSpec("fixed-lease", get_policy("fixed-lease"), "pp", 2, 16384,
-               "ablation: + lease and escrow (their work charged)"),
+               "ablation: + lease and escrow (their work charged)", host_tier=True),
 )}
 
 ABLATION = ("fixed-lockstep", "fixed-wave", "fixed-lease", "wavepp-mpu", "wavepp")

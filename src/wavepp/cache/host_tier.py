@@ -1,0 +1,137 @@
+"""The second tier of one stage's cache: copies of evicted blocks in host (CPU) memory.
+
+When eviction takes a computed block out of the stage's GPU pool (an escrow materializes
+its victims), the block goes to the host tier instead of vanishing: an *offload victim*. A
+later request whose prefix runs past what the GPU pool holds may reuse the blocks the host
+tier holds after it, at the price of copying them back:
+
+    GPU pool   [0, g)         leased as usual
+    host tier  [g, g + h)     loaded back into new GPU blocks (onboard), then reused
+    computed   [g + h, ...)
+
+The tier is an LRU over entries keyed by block, by bytes: a block costs `block_bytes`, its
+recurrent-state snapshot (hybrid models: the state after that block) `snapshot_bytes`. A
+snapshot comes with its block, or alone, earlier, when the GPU pool evicted the snapshot to
+free its slot while keeping the block (`offload_snapshot`); the block joins it when it is
+evicted in turn. Past its capacity the tier drops the least recently used entry. Keys are the
+chain hashes of the blocks, so a key names its whole prefix; a chain found here is the
+consecutive run of keys whose block is present.
+
+A copy stays in the tier after it is loaded back (a second eviction of that block moves no
+bytes). `transferred_bytes` counts every byte that crossed the host link, both directions;
+`take_transferred_bytes` hands the count to whoever charges it and starts it again.
+Pure Python, no tensors, deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from wavepp.cache.errors import IntegrityError, InvalidArgumentError
+
+
+@dataclass(frozen=True, slots=True)
+class HostLoad:
+    """What one onboard moved: blocks and snapshots copied from the host tier to the GPU."""
+
+    num_blocks: int
+    num_snapshots: int
+    num_bytes: int
+
+
+class HostTier:
+    """An LRU of offloaded blocks, by bytes; see the module docstring."""
+
+    def __init__(self, capacity_bytes: int, block_bytes: int, snapshot_bytes: int = 0) -> None:
+        if capacity_bytes < 0 or block_bytes <= 0 or snapshot_bytes < 0:
+            raise InvalidArgumentError(
+                f"HostTier needs capacity_bytes >= 0, block_bytes > 0 and snapshot_bytes >= 0, "
+                f"got {capacity_bytes}, {block_bytes}, {snapshot_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.block_bytes = block_bytes
+        self.snapshot_bytes = snapshot_bytes
+        # block hash -> (block held, snapshot held); least recently used first
+        self._blocks: OrderedDict[int, tuple[bool, bool]] = OrderedDict()
+        self.used_bytes = 0
+        self.transferred_bytes = 0
+        self.num_offloaded = 0          # blocks copied in
+        self.num_loaded = 0             # blocks copied back out
+        self.num_dropped = 0            # blocks the LRU let go (snapshots held alone not counted)
+
+    def __len__(self) -> int:
+        """Blocks held (snapshots held alone not counted)."""
+        return sum(1 for block, _ in self._blocks.values() if block)
+
+    def __contains__(self, block_hash: int) -> bool:
+        return self._blocks.get(block_hash, (False, False))[0]
+
+    def offload(self, block_hash: int, has_snapshot: bool = False) -> None:
+        """Keep a copy of an evicted block (and its snapshot). Mutates: the LRU order; copies
+        and counts the bytes of what the tier does not hold yet; drops the least recently used
+        entries past capacity (an entry larger than the whole tier is not kept)."""
+        self._add(block_hash, True, has_snapshot)
+
+    def offload_snapshot(self, block_hash: int) -> None:
+        """Keep a copy of a snapshot the GPU pool evicted alone (its block stays there)."""
+        self._add(block_hash, False, True)
+
+    def match(self, block_hashes: Sequence[int], start: int) -> int:
+        """How many consecutive blocks from `start` the tier holds. Mutates nothing."""
+        n = start
+        while n < len(block_hashes) and block_hashes[n] in self:
+            n += 1
+        return n - start
+
+    def snapshot_boundaries(self, block_hashes: Sequence[int], start: int, end: int) -> tuple[int, ...]:
+        """Boundaries b in (start, end] (in blocks) whose block b - 1 the tier holds with its
+        snapshot. Mutates nothing."""
+        return tuple(b for b in range(start + 1, end + 1)
+                     if self._blocks.get(block_hashes[b - 1], (False, False)) == (True, True))
+
+    def onboard(self, block_hashes: Sequence[int], num_snapshots: int) -> HostLoad:
+        """Copy `block_hashes` (all held here) and `num_snapshots` snapshots back to the GPU.
+        Mutates: touches the blocks (most recently used), counts the bytes."""
+        for block_hash in block_hashes:
+            if block_hash not in self:
+                raise InvalidArgumentError(f"onboard: block {block_hash} is not in the host tier")
+            self._blocks.move_to_end(block_hash)
+        num_bytes = len(block_hashes) * self.block_bytes + num_snapshots * self.snapshot_bytes
+        self.num_loaded += len(block_hashes)
+        self.transferred_bytes += num_bytes
+        return HostLoad(len(block_hashes), num_snapshots, num_bytes)
+
+    def take_transferred_bytes(self) -> int:
+        """Bytes moved over the host link since the last call; the count starts again."""
+        num_bytes, self.transferred_bytes = self.transferred_bytes, 0
+        return num_bytes
+
+    def check_integrity(self) -> None:
+        used = sum(self._size(*held) for held in self._blocks.values())
+        if used != self.used_bytes:
+            raise IntegrityError(f"host tier: {self.used_bytes} bytes counted, {used} held")
+        if used > self.capacity_bytes:
+            raise IntegrityError(f"host tier: {used} bytes held past a capacity of {self.capacity_bytes}")
+
+    # ---- private helpers --------------------------------------------------------------------
+
+    def _size(self, block: bool, snapshot: bool) -> int:
+        return self.block_bytes * block + self.snapshot_bytes * snapshot
+
+    def _add(self, block_hash: int, block: bool, snapshot: bool) -> None:
+        old = self._blocks.pop(block_hash, (False, False))
+        new = (old[0] or block, old[1] or snapshot)
+        if self._size(*new) > self.capacity_bytes:
+            if old != (False, False):
+                self._blocks[block_hash] = old
+            return
+        self._blocks[block_hash] = new     # most recently used
+        self.num_offloaded += new[0] and not old[0]
+        num_bytes = self._size(*new) - self._size(*old)
+        self.used_bytes += num_bytes
+        self.transferred_bytes += num_bytes
+        while self.used_bytes > self.capacity_bytes:
+            _, held = self._blocks.popitem(last=False)
+            self.used_bytes -= self._size(*held)
+            self.num_dropped += held[0]
