@@ -74,7 +74,7 @@ class Engine:
                  top_k: int = 5, num_threads: int = 1, backend: str | None = None,
                  snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
                  profile_waves: bool = True, device: str = "cpu", kv_store: str | None = None,
-                 kv_store_max_gib: float | None = None, kv_ttl_s: float = 600.0,
+                 kv_store_max_gib: float | None = None, kv_ttl_s: float = 600.0, kv_export_wait_s: float = 60.0,
                  layer_split: Sequence[int] | None = None, pin_cpus: bool | None = None):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
@@ -93,7 +93,8 @@ class Engine:
         `kv_store`: a directory where every stage writes its layers' KV of the requests
         submitted with `kv_transfer`, for a decode engine to load (kv_transfer/); transfers live
         until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first),
-        and those this engine wrote are removed at its shutdown.
+        and those this engine wrote are removed at its shutdown. An answer waits at most
+        `kv_export_wait_s` after the prefill for the stages' parts (then names them failed).
 
         `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also
         runs the leader, docs/kernels.md). `pin_cpus`: each stage's process on CPUs of its own
@@ -121,7 +122,7 @@ class Engine:
                                  f"{model_config.model_type} cannot take kv_store")
             max_bytes = None if kv_store_max_gib is None else int(kv_store_max_gib * 2**30)
             self._kv_store = DirectoryStore(kv_store, max_bytes=max_bytes, ttl_s=kv_ttl_s)
-            config = dataclasses.replace(config, kv_store=str(self._kv_store.root))
+            config = dataclasses.replace(config, kv_store=str(self._kv_store.root), kv_export_wait_s=kv_export_wait_s)
         self._kv_owner = f"{uuid.uuid4().hex}"
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "

@@ -262,6 +262,48 @@ def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, re
         assert_clean(engine)
 
 
+def test_a_stuck_writer_does_not_hold_the_answer(tiny, reference, tmp_path):
+    """Stage 0's writer hangs on one transfer (held here), and with it every part queued behind
+    it on that stage: both answers come `kv_export_wait_s` after the prefill, first tokens right,
+    naming stage 0 as not reported; both transfers are refused (failed) even after the writer
+    wakes and writes them late; a hand-off after it woke is whole."""
+    rng = random.Random(13)
+    prompts = {name: [rng.randrange(VOCAB) for _ in range(40)] for name in ("stuck", "behind", "later")}
+    store_dir = tmp_path / "store"
+    with Engine(str(tiny), pp=2, dtype="float32", kv_store=str(store_dir), profile_waves=False,
+                kv_export_wait_s=1.0) as engine:
+        exporter = engine._core.stage.exporter
+        write_part, release = exporter.store.write_part, threading.Event()
+
+        def write(transfer_id, stage_id, data, manifest):
+            if transfer_id == "stuck":
+                assert release.wait(60)
+            write_part(transfer_id, stage_id, data, manifest)
+
+        exporter.store.write_part = write
+        t0 = time.perf_counter()
+        futures = {name: engine.submit(prompts[name], kv_transfer=name) for name in ("stuck", "behind")}
+        results = {name: fut.result(timeout=30) for name, fut in futures.items()}
+        assert time.perf_counter() - t0 >= 1.0
+        for name, result in results.items():
+            assert result.first_token_id == _first_token(reference, prompts[name])
+            assert result.kv_transfer["error"].startswith("stage 0: no report within 1 s"), result.kv_transfer
+        release.set()
+        later = engine.submit(prompts["later"], kv_transfer="later").result(timeout=30)
+        assert "error" not in later.kv_transfer
+        deadline = time.monotonic() + 30
+        while sum(engine.kv_export_counts()) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.kv_export_counts() == (6, 0)          # the late parts were written and counted
+        store = DirectoryStore(store_dir)
+        for name in ("stuck", "behind"):
+            with pytest.raises(TransferError) as err:
+                store.read(name)
+            assert err.value.reason == "failed"
+        assert [p.stage_id for p in store.read("later").parts] == [0, 1]
+        assert_clean(engine)
+
+
 def test_mla_latents_exported_are_the_prompts_latent_cache(tmp_path):
     """DeepSeek-V3 (MLA): each stage exports its layers' latent rows [c | k_rope]; they are what
     transformers caches for the whole prompt (its MLA caches the normalized latent c as the

@@ -60,3 +60,23 @@ def test_a_failing_answer_fails_the_future_instead_of_leaving_it_waiting():
         raise RuntimeError("cannot build the answer")
     live.report(ExportOutcome(a, "t", 0), broken)
     assert isinstance(fut.exception(0), RuntimeError) and len(live) == 0
+
+
+def test_a_held_answer_expires_naming_the_stages_that_never_reported():
+    live = LiveRequests(num_stages=3)
+    a, fut_a = live.add(1, exports=True)
+    b, fut_b = live.add(2, exports=True)
+    live.report(ExportOutcome(a, "ta", 0), on_done)
+    live.finish(done(a), on_done, now=10.0)
+    live.finish(done(b), on_done, now=12.0)
+    assert live.expire_held(14.9, 5.0, on_done) == 15.0 and not fut_a.done()   # a comes due first
+    assert live.expire_held(15.0, 5.0, on_done) == 17.0
+    stages, why = zip(*fut_a.result(0)[1].items())
+    assert fut_a.result(0)[0] == 1 and stages == (1, 2) and all("no report within 5 s" in w for w in why)
+    live.report(ExportOutcome(b, "tb", 0), on_done)
+    live.report(ExportOutcome(b, "tb", 1), on_done)
+    live.report(ExportOutcome(b, "tb", 2, "disk full"), on_done)                # b's last report in time
+    assert fut_b.result(0) == (2, {2: "disk full"})
+    assert live.expire_held(100.0, 5.0, on_done) is None
+    live.report(ExportOutcome(a, "ta", 1), on_done)                            # late: counted, dropped
+    assert live.num_exports_written == 4 and live._exports == {} and live._held == {}

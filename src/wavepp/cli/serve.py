@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
                    help="with --kv-store: the store's size beyond which the oldest transfers go")
     p.add_argument("--kv-ttl-s", type=float, default=600.0,
                    help="with --kv-store: seconds a transfer not taken lives (default 600)")
+    p.add_argument("--kv-export-wait-s", type=float, default=60.0,
+                   help="with --kv-store: seconds an answer waits for the stages' KV parts after the "
+                        "prefill; parts not written by then are named failed (default 60)")
     p.add_argument("--debug", action="store_true",
                    help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
                         "`wavepp bench --url` uses between runs)")
@@ -61,7 +64,8 @@ def run(args) -> int:
     engine_kwargs = dict(model=model, pp=args.pp, policy=args.policy, dtype=args.dtype,
                          block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
                          device=args.device, kv_store=args.kv_store, kv_store_max_gib=args.kv_store_max_gib,
-                         kv_ttl_s=args.kv_ttl_s, layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
+                         kv_ttl_s=args.kv_ttl_s, kv_export_wait_s=args.kv_export_wait_s,
+                         layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
     config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug)
     run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

@@ -24,6 +24,7 @@ class RuntimeConfig:
     snapshot_align_frac: float = 0.125    # hybrid models: PlannerConfig.snapshot_align_frac
     profile_waves: bool = True            # time waves of varied shape at start-up (runtime/profile.py)
     kv_store: str = ""                    # KV hand-off: the directory store every stage writes to
+    kv_export_wait_s: float = 60.0        # a hand-off's answer waits this long for the stages' reports
     layer_split: tuple[int, ...] = ()     # layers per stage, in order; empty: balanced (models/spec)
 
     def __post_init__(self) -> None:
@@ -47,6 +48,8 @@ class RuntimeConfig:
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if not self.kv_export_wait_s > 0:
+            raise ValueError(f"kv_export_wait_s must be positive, got {self.kv_export_wait_s}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.backend not in ("gloo", "nccl"):

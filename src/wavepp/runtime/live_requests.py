@@ -9,7 +9,9 @@ whatever of it is still being released on the stages.
 A request that hands its KV on (an export id) ends when the leader finished it and every stage
 reported its part (kv_transfer/export.py: written, or failed and why): its future waits for
 the last report, so the answer says whether the hand-off is whole. Reports of a request that
-ended otherwise (failed, aborted) are counted and dropped.
+ended otherwise (failed, aborted) are counted and dropped. A writer that never reports (stuck
+on its file system) does not hold the answer for ever: `expire_held` answers it after a wait,
+the stages that did not report named failed; their later reports are counted and dropped.
 
 Not thread-safe: the engine core calls it under its lock.
 """
@@ -17,6 +19,7 @@ Not thread-safe: the engine core calls it under its lock.
 from __future__ import annotations
 
 import itertools
+import math
 from concurrent.futures import Future
 from typing import Callable
 
@@ -31,7 +34,7 @@ class LiveRequests:
         self._internal_ids = itertools.count()
         self._auto_ids = itertools.count()
         self._exports: dict[int, dict[int, str | None]] = {}  # internal id -> {stage: error or None}
-        self._held: dict[int, object] = {}                   # finished, waiting for export reports
+        self._held: dict[int, tuple[object, float]] = {}     # finished (when), waiting for export reports
         self.num_exports_written = 0                          # parts, every report since start
         self.num_exports_failed = 0
 
@@ -69,13 +72,13 @@ class LiveRequests:
         self._held.pop(internal_id, None)
         return request_id, fut
 
-    def finish(self, req, on_done: Callable) -> None:
-        """The leader finished `req`: resolve its future with on_done(caller's id, req, {stage:
-        why} of its KV parts that failed), now, or for a done request whose stages still write
-        its KV, at the last report."""
+    def finish(self, req, on_done: Callable, now: float = 0.0) -> None:
+        """The leader finished `req` at `now` (seconds, the caller's clock): resolve its future
+        with on_done(caller's id, req, {stage: why} of its KV parts that failed), now, or for a
+        done request whose stages still write its KV, at the last report (or `expire_held`)."""
         reports = self._exports.get(req.request_id)
         if reports is not None and req.state == RequestState.DONE and len(reports) < self.num_stages:
-            self._held[req.request_id] = req
+            self._held[req.request_id] = (req, now)
             return
         self._resolve(req, on_done)
 
@@ -89,9 +92,25 @@ class LiveRequests:
         if reports is None:        # it ended already (failed, aborted) or never exported
             return
         reports[outcome.stage_id] = outcome.error
-        req = self._held.get(outcome.request_id)
-        if req is not None and len(reports) >= self.num_stages:
+        held = self._held.get(outcome.request_id)
+        if held is not None and len(reports) >= self.num_stages:
+            self._resolve(held[0], on_done)
+
+    def expire_held(self, now: float, wait_s: float, on_done: Callable) -> float | None:
+        """Resolve every request that finished `wait_s` or more before `now` and still waits for
+        stage reports, each stage that did not report named failed. Returns when the next held
+        request comes due (same clock), or None when none is held."""
+        due = math.inf
+        for internal_id, (req, since) in list(self._held.items()):
+            if now - since < wait_s:
+                due = min(due, since + wait_s)
+                continue
+            reports = self._exports[internal_id]
+            for stage in range(self.num_stages):
+                reports.setdefault(stage, f"no report within {wait_s:g} s of the prefill's end "
+                                          f"(its KV writer is stuck or slow)")
             self._resolve(req, on_done)
+        return None if due == math.inf else due
 
     def remove_all(self) -> list[Future]:
         """Every live request's future; none is live afterwards."""
