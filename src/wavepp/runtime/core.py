@@ -65,12 +65,12 @@ class EngineCore:
             self.stage.exporter.on_outcome = lambda outcome: self.on_export_report(ExportReport((outcome,)))
         self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
-        self._threads = [threading.Thread(target=self._guard(fn), name=name, daemon=True)
-                         for name, fn in (("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
-                                          ("wavepp-results", self._result_loop))]
-        if config.kv_store:     # after the results thread: shutdown joins the threads in order
-            self._threads.append(threading.Thread(target=self._guard(self._export_deadlines),
-                                                  name="wavepp-export-deadlines", daemon=True))
+        loops = [("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
+                 ("wavepp-results", self._result_loop)]
+        if config.kv_store:     # last: shutdown joins the threads in this order
+            loops.append(("wavepp-export-deadlines", lambda: self._requests.answer_overdue(
+                self.cond, self.now, config.kv_export_wait_s, lambda *a: self._on_done(*a), lambda: self._stopping)))
+        self._threads = [threading.Thread(target=self._guard(fn), name=name, daemon=True) for name, fn in loops]
 
     def start(self, on_done: Callable) -> None:
         """Start the threads; `on_done(request_id, request, export_errors)` gives each future
@@ -339,16 +339,6 @@ class EngineCore:
                 self._outside.hold(msg)
             else:
                 self.on_wave_result(msg)
-
-    def _export_deadlines(self) -> None:
-        """Answer a hand-off whose stages have not all reported their KV parts
-        `kv_export_wait_s` after it finished (LiveRequests.expire_held): a stuck writer must not
-        hold the answer, and its transfer is marked failed like any failed part."""
-        wait_s = self.config.kv_export_wait_s
-        with self.cond:
-            while not self._stopping:
-                due = self._requests.expire_held(self.now(), wait_s, self._on_done)
-                self.cond.wait(wait_s if due is None else min(wait_s, max(0.0, due - self.now()) + 1e-3))
 
     # ---- helpers -----------------------------------------------------------------------------
 

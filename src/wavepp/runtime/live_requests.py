@@ -13,7 +13,7 @@ ended otherwise (failed, aborted) are counted and dropped. A writer that never r
 on its file system) does not hold the answer for ever: `expire_held` answers it after a wait,
 the stages that did not report named failed; their later reports are counted and dropped.
 
-Not thread-safe: the engine core calls it under its lock.
+Not thread-safe: the engine core calls it under its lock (`answer_overdue` takes it itself).
 """
 
 from __future__ import annotations
@@ -111,6 +111,15 @@ class LiveRequests:
                                           f"(its KV writer is stuck or slow)")
             self._resolve(req, on_done)
         return None if due == math.inf else due
+
+    def answer_overdue(self, cond, now: Callable[[], float], wait_s: float, on_done: Callable,
+                       stopping: Callable[[], bool]) -> None:
+        """A thread's loop (the one method that takes the core's lock, `cond`, itself): answer
+        what `expire_held` finds overdue, waking at the next due time, until `stopping()`."""
+        with cond:
+            while not stopping():
+                due = self.expire_held(now(), wait_s, on_done)
+                cond.wait(wait_s if due is None else min(wait_s, max(0.0, due - now()) + 1e-3))
 
     def remove_all(self) -> list[Future]:
         """Every live request's future; none is live afterwards."""
