@@ -1,4 +1,4 @@
-"""Rank 0: the leader and stage 0, in three threads.
+"""Rank 0: the leader and stage 0, in three threads (four with a KV store).
 
     WAVE     admission rounds with every stage, beside execution (asynchronous policies)
     LOOP     plans the next wave and runs stage 0 on it; under lockstep it first runs a
@@ -7,6 +7,7 @@
              (outside_loop.py)
     RESULTS  receives first tokens from the last stage and completes requests, and the stages'
              KV export reports (a request that exports ends at its last report; live_requests.py)
+    DEADLINES answers a hand-off whose parts are not all reported kv_export_wait_s after it ended
 
 Leader state is shared under one lock (`cond`); the stage's pool has its own lock
 (StageRuntime). Every change a waiting thread may care about notifies `cond`.
