@@ -225,6 +225,21 @@ def test_a_failed_export_is_reported_and_never_loads(tiny, reference, tmp_path, 
         assert_clean(engine)
 
 
+def hold_stage0_writes(engine, held_id: str) -> threading.Event:
+    """Stage 0 (this process) writes transfer `held_id`'s part only once the event returned is
+    set (at most a minute): a writer held mid-export."""
+    store = engine._core.stage.exporter.store
+    write_part, release = store.write_part, threading.Event()
+
+    def write(transfer_id, stage_id, data, manifest):
+        if transfer_id == held_id:
+            assert release.wait(60)
+        write_part(transfer_id, stage_id, data, manifest)
+
+    store.write_part = write
+    return release
+
+
 def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, reference, tmp_path):
     """A store capped below one transfer: the next request's submit drops the oldest, whose
     stage 0 is still writing (held here until then). That request's answer is right and says its
@@ -236,15 +251,7 @@ def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, re
     cfg = reference.config
     with Engine(str(tiny), pp=2, dtype="float32", kv_store=str(store_dir), kv_store_max_gib=100 / 2**30,
                 profile_waves=False) as engine:
-        exporter = engine._core.stage.exporter
-        write_part, release = exporter.store.write_part, threading.Event()
-
-        def write(transfer_id, stage_id, data, manifest):
-            if transfer_id == "old":
-                assert release.wait(30)
-            write_part(transfer_id, stage_id, data, manifest)
-
-        exporter.store.write_part = write
+        release = hold_stage0_writes(engine, "old")
         old = engine.submit(prompts["old"], kv_transfer="old")
         new = engine.submit(prompts["new"], kv_transfer="new")     # sweeps: "old" is over the cap
         assert not (store_dir / "old").exists()
@@ -272,15 +279,7 @@ def test_a_stuck_writer_does_not_hold_the_answer(tiny, reference, tmp_path):
     store_dir = tmp_path / "store"
     with Engine(str(tiny), pp=2, dtype="float32", kv_store=str(store_dir), profile_waves=False,
                 kv_export_wait_s=1.0) as engine:
-        exporter = engine._core.stage.exporter
-        write_part, release = exporter.store.write_part, threading.Event()
-
-        def write(transfer_id, stage_id, data, manifest):
-            if transfer_id == "stuck":
-                assert release.wait(60)
-            write_part(transfer_id, stage_id, data, manifest)
-
-        exporter.store.write_part = write
+        release = hold_stage0_writes(engine, "stuck")
         t0 = time.perf_counter()
         futures = {name: engine.submit(prompts[name], kv_transfer=name) for name in ("stuck", "behind")}
         results = {name: fut.result(timeout=30) for name, fut in futures.items()}
