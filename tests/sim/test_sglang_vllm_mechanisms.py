@@ -115,6 +115,16 @@ def test_a_pass_walks_what_it_takes_and_where_it_stops():
     assert admitted.considered_match_s(leader, 1, lambda r: cached[r.request_id]) == 0.0
 
 
+def test_a_walk_counts_blocks_of_real_tokens():
+    """At 16 real tokens per simulated one, 64 matched simulated tokens are 1,024 real: 32 blocks
+    of 32 tokens matched and the miss; a walk never counts past the prompt's last block."""
+    planner = sglang_planner(SGLANG_V0518, PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
+                             CostModel())
+    hooks = SglangScheduling(SGLANG_V0518, planner, BS, 32, 1e-6, token_scale=16)
+    assert hooks.walk_s(64, 128) == pytest.approx(33e-6)
+    assert hooks.walk_s(128, 128) == pytest.approx(64e-6)
+
+
 def test_the_walks_delay_the_first_launch_on_every_rank():
     """Two cold 4-block prompts, 4-block budget, walks of 1 s per block: the first pass walks
     both (one block each, 2 s) before rank 0 launches, and rank 1 walks again before it runs:

@@ -171,7 +171,8 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
             planner = MicroBatchPlanner(pcfg, trt, chunk)
     if sg is not None:     # SGLang's PrefillAdder: dynamic chunking, or the same budget every batch
         planner = sglang_planner(sg, pcfg, CostModel(prior))
-        hooks = SglangScheduling(sg, planner, bs, loop_costs.block_tokens, loop_costs.match_block_s)
+        hooks = SglangScheduling(sg, planner, bs, setup.loop_costs.block_tokens, loop_costs.match_block_s,
+                                 token_scale=s)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),

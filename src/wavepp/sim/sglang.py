@@ -87,13 +87,15 @@ def sglang_planner(mechanisms: SglangMechanisms, config: PlannerConfig, cost_mod
 
 class SglangScheduling:
     """The mechanisms' state in one `LoopSim` run (`loop="sglang"`): how many waiting requests
-    the next batch takes, and what the walks over them cost. Token counts in simulated tokens;
-    `match_block_tokens` is the block of `LoopCosts.match_block_s` at that scale."""
+    the next batch takes, and what the walks over them cost. Token counts in simulated tokens
+    (`token_scale` real tokens each); `match_block_tokens` is the block of
+    `LoopCosts.match_block_s` in real tokens."""
 
     def __init__(self, mechanisms: SglangMechanisms, planner, block_size: int, match_block_tokens: int,
-                 match_block_s: float):
+                 match_block_s: float, token_scale: int = 1):
         self.mech, self.planner, self.block_size = mechanisms, planner, block_size
         self.match_block_tokens, self.match_block_s = max(1, match_block_tokens), match_block_s
+        self.token_scale = token_scale
 
     def round_size(self, leader, matched_tokens) -> int | None:
         """How many waiting requests PrefillAdder takes into the next batch (None: all, the
@@ -130,5 +132,8 @@ class SglangScheduling:
         return sum(self.walk_s(matched_tokens(r), r.num_tokens) for r in looked)
 
     def walk_s(self, num_cached: int, num_tokens: int) -> float:
-        blocks = min(num_cached // self.match_block_tokens + 1, -(-num_tokens // self.match_block_tokens))
+        """One walk down a prompt of `num_tokens` with `num_cached` matched (simulated tokens):
+        each matched block and the one where it misses, blocks of real tokens."""
+        s, unit = self.token_scale, self.match_block_tokens
+        blocks = min(num_cached * s // unit + 1, -(-num_tokens * s // unit))
         return self.match_block_s * blocks
