@@ -26,8 +26,8 @@ sgl-project/sglang, python/sglang/srt/ (v0.5.18 is the paper's version).
                          rank schedules over its own tree), before the launch;   mem_cache/radix_cache.py
                          "admitted": once per request, when first scheduled      RadixCache.match_prefix
 
-The cost of a walk is `LoopCosts.match_block_s` per KV block matched, plus the block where it
-stops: this project's BlockPool per block, an assumption for SGLang's Python radix tree (no
+The cost of a walk is `LoopCosts.match_block_s` (0.5 us) per block of `LoopCosts.block_tokens`
+(32) real tokens matched, plus the block where it stops: this project's BlockPool per block, an assumption for SGLang's Python radix tree (no
 measurement of it is cited). `SGLANG_LEGACY` is this simulator's earlier `sglang-pp`;
 `SGLANG_V0518` SGLang v0.5.18 with its default server arguments (the paper names no flags).
 """
