@@ -152,7 +152,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                else min(efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs),
                         peak_wave_tokens(samples)))
     if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
-        prior = sglang_warmup_fit(stages[0], setup, spec.chunk_tokens)
+        prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
     sg = setup.sglang if spec.loop == "sglang" else None
     chunk_tokens = (trt.max_num_tokens if trt is not None else sg.chunked_prefill_size if sg is not None
                     else setup.vllm.max_num_batched_tokens if spec.name == "vllm-pp" else spec.chunk_tokens)
