@@ -34,6 +34,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="linear layers' weight format (default: the model's own; --grid: the grid's)")
     p.add_argument("--trtllm", choices=["legacy", "rc26"], default=None,
                    help="TensorRT-LLM's mechanisms in trtllm-pp (default legacy; --grid: the grid's)")
+    p.add_argument("--sglang", choices=["legacy", "v0.5.18", "v0.5.18-dynamic"], default=None,
+                   help="SGLang's mechanisms in sglang-pp (sim/sglang.py; default legacy; --grid: the grid's)")
+    p.add_argument("--vllm", choices=["legacy", "v0.28.0"], default=None,
+                   help="vLLM's mechanisms in vllm-pp (sim/vllm_pp.py; default legacy; --grid: the grid's)")
     p.add_argument("--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3")
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
@@ -95,6 +99,10 @@ def run(args) -> int:
             settings = with_overrides(settings, weights=args.weights)
         if args.trtllm:
             settings = with_overrides(settings, trtllm=args.trtllm)
+        if args.sglang:
+            settings = with_overrides(settings, sglang=args.sglang)
+        if args.vllm:
+            settings = with_overrides(settings, vllm=args.vllm)
         if args.policy:
             settings = with_overrides(settings, policies=tuple(_policies(args.policy)))
         if args.token_scale is not None:
@@ -129,14 +137,17 @@ def _run_settings(args) -> tuple[list[dict], list]:
     from wavepp.sim.scenario import SimSetup, run_setting
 
     from wavepp.sim.precision import with_weights
+    from wavepp.sim.sglang import get_sglang
     from wavepp.sim.trtllm import get_trtllm
+    from wavepp.sim.vllm_pp import get_vllm
 
     setup = SimSetup(with_weights(get_model(args.model), args.weights or ""), get_hardware(args.hardware), args.pp,
                      token_scale=16 if args.token_scale is None else args.token_scale, block_size=args.block_size,
                      max_wave_tokens=args.max_wave_tokens, internode=args.internode,
                      gpus_per_node=args.gpus_per_node, host_kv_gib=args.host_kv_gib,
                      host_tier_for_baselines=args.host_tier_baselines,
-                     trtllm=get_trtllm(args.trtllm or "legacy"),
+                     trtllm=get_trtllm(args.trtllm or "legacy"), sglang=get_sglang(args.sglang or "legacy"),
+                     vllm=get_vllm(args.vllm or "legacy"),
                      snapshot_interval_blocks=args.snapshot_interval_blocks)
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]

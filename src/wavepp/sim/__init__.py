@@ -15,8 +15,10 @@ from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats
 from wavepp.sim.scenario import (
     AdmissionCosts, SimResult, SimSetup, build_system, fit_prior, run_setting, scaled_costs)
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.sglang import SGLANG_LEGACY, SGLANG_PRESETS, SGLANG_V0518, SglangMechanisms, get_sglang
 from wavepp.sim.systems import SYSTEMS, SystemSpec, get_system
 from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_PRESETS, TRTLLM_RC26, TrtllmMechanisms, get_trtllm
+from wavepp.sim.vllm_pp import VLLM_LEGACY, VLLM_PRESETS, VLLM_V0280, VllmMechanisms, get_vllm
 
 __all__ = [
     "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "loop_costs_from_rounds", "ExecOverheads",
@@ -28,4 +30,6 @@ __all__ = [
     "build_system", "fit_prior", "run_setting", "scaled_costs", "MemoryBudget", "partition_layers",
     "stage_kv_tokens", "stage_models", "SYSTEMS", "SystemSpec", "get_system", "WEIGHT_FORMATS",
     "with_weights", "TRTLLM_LEGACY", "TRTLLM_PRESETS", "TRTLLM_RC26", "TrtllmMechanisms", "get_trtllm",
+    "SGLANG_LEGACY", "SGLANG_PRESETS", "SGLANG_V0518", "SglangMechanisms", "get_sglang",
+    "VLLM_LEGACY", "VLLM_PRESETS", "VLLM_V0280", "VllmMechanisms", "get_vllm",
 ]

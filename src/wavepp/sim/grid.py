@@ -28,7 +28,9 @@ from wavepp.sim.hardware import get_hardware
 from wavepp.sim.model_shapes import get_model
 from wavepp.sim.precision import weight_format, with_weights
 from wavepp.sim.scenario import SimSetup, run_setting
+from wavepp.sim.sglang import get_sglang
 from wavepp.sim.trtllm import get_trtllm
+from wavepp.sim.vllm_pp import get_vllm
 from wavepp.workloads import Workload, WorkloadOptions, workload_from_options
 
 
@@ -74,13 +76,16 @@ class GridSetting:
     snapshot_interval_blocks: int = 0       # hybrid models: real snapshots every this many blocks
     gpus_per_node: int = 0                  # 0: one NVLink domain (sim/scenario.py SimSetup)
     host_kv_gib: float = 0.0                # a host KV tier per rank (0: none)
+    sglang: str = "legacy"                  # SGLang's mechanisms in sglang-pp (sim/sglang.py presets)
+    vllm: str = "legacy"                    # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py presets)
 
     def setup(self) -> SimSetup:
         return SimSetup(with_weights(get_model(self.model), self.weights), get_hardware(self.hardware),
                         self.pp, token_scale=self.token_scale, block_size=self.block_size,
                         max_wave_tokens=self.max_wave_tokens, trtllm=get_trtllm(self.trtllm),
                         snapshot_interval_blocks=self.snapshot_interval_blocks,
-                        gpus_per_node=self.gpus_per_node, host_kv_gib=self.host_kv_gib)
+                        gpus_per_node=self.gpus_per_node, host_kv_gib=self.host_kv_gib,
+                        sglang=get_sglang(self.sglang), vllm=get_vllm(self.vllm))
 
     @property
     def requests(self) -> int:
@@ -180,6 +185,7 @@ def run_one(setting: GridSetting) -> list[dict]:
         result, _ = run_setting(policy, setup, workload, setting.concurrency)
         rows.append({"grid": setting.grid, "model": setting.model, "hardware": setting.hardware,
                      "weights": weight_format(setup.model), "trtllm": setting.trtllm,
+                     "sglang": setting.sglang, "vllm": setting.vllm,
                      "pp": setting.pp, "workload": setting.workload.label,
                      "concurrency": setting.concurrency, "policy": policy,
                      "input_tok_s": result.input_tok_s, "num_requests": result.num_requests,

@@ -55,14 +55,15 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
               check_integrity: bool = False, hybrid: bool = False,
               central_pool: bool = False, snapshot_interval_blocks: int | None = None,
               loop: str | None = None, loop_costs=None, planner=None, serial_chunks: bool | None = None,
-              trtllm=None, host_tiers: Sequence[HostTier] | None = None) -> PipelineSim:
+              trtllm=None, sglang=None, host_tiers: Sequence[HostTier] | None = None) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
     `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops.py) with
     `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
     `serial_chunks`: a request's next chunk waits for its chunk in flight (default: under the
     trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/trtllm.py
-    `TrtllmScheduling`); `host_tiers`: one host KV tier per stage pool, which keeps what the
+    `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop (sim/sglang.py
+    `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which keeps what the
     pool evicts (cache/host_tier.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
@@ -94,7 +95,7 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
     if loop is not None:
         from wavepp.sim.loops import LoopCosts, LoopSim
         return LoopSim(leader, servers, costs, loop=loop, loop_costs=loop_costs or LoopCosts(),
-                       check_integrity=check_integrity, trtllm=trtllm)
+                       check_integrity=check_integrity, trtllm=trtllm, sglang=sglang)
     return PipelineSim(leader, servers, costs, inline_admission=pol.inline_admission,
                        check_integrity=check_integrity, num_stages=num_stages)
 

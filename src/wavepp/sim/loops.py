@@ -55,6 +55,7 @@ from wavepp.sched.request import RequestState
 from wavepp.sched.rounds import run_round
 from wavepp.sim.loop_costs import LoopCosts
 from wavepp.sim.pipeline import PipelineSim
+from wavepp.sim.sglang import SglangScheduling
 from wavepp.sim.trtllm import TrtllmScheduling
 
 
@@ -72,18 +73,21 @@ class _Batch:
         self.waiters: dict[int, list] = collections.defaultdict(list)   # rank -> coroutines
         self.fresh: list[tuple[int, int]] = []    # (cached, prompt) tokens of its new requests
         self.rank0_probe_s = 0.0                  # rank 0's scheduler walks (probe_scope "waiting")
+        self.match_s = 0.0                        # every rank's radix walks (SGLang, "considered")
 
 
 class LoopSim(PipelineSim):
     """A PipelineSim whose ranks run an outside executor loop (`loop`: trtllm | sglang)."""
 
     def __init__(self, leader, servers, costs, *, loop: str, loop_costs: LoopCosts,
-                 check_integrity: bool = False, trtllm: TrtllmScheduling | None = None):
+                 check_integrity: bool = False, trtllm: TrtllmScheduling | None = None,
+                 sglang: SglangScheduling | None = None):
         if loop not in LOOPS:
             raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
         super().__init__(leader, servers, costs, inline_admission=True, check_integrity=check_integrity)
         self.kind, self.lc = loop, loop_costs
         self.trtllm = trtllm if loop == "trtllm" else None     # TensorRT-LLM's mechanisms (sim/trtllm.py)
+        self.sglang = sglang if loop == "sglang" else None     # SGLang's mechanisms (sim/sglang.py)
         n = self.num_stages
         self._chan: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
         self._chan_waiter: dict[tuple, Callable] = {}
@@ -202,10 +206,14 @@ class LoopSim(PipelineSim):
 
     def _schedule(self) -> _Batch | None:
         """Admit what waits (one round, at once) and plan the next microbatch."""
-        leader, now, hooks = self.leader, self.loop.now, self.trtllm
+        leader, now, hooks, sg = self.leader, self.loop.now, self.trtllm, self.sglang
         rank0_probe_s = hooks.waiting_probe_s(leader) if hooks else 0.0
+        match_s = 0.0
         if leader.has_waiting and leader.round is None:
             limit = hooks.round_size(leader) if hooks else None
+            if sg is not None:      # PrefillAdder walks each waiting request it looks at
+                limit = sg.round_size(leader, self._matched_tokens)
+                match_s = sg.considered_match_s(leader, limit, self._matched_tokens)
             if limit != 0:
                 if hooks:
                     hooks.hide_unretired(leader, limit)
@@ -216,10 +224,14 @@ class LoopSim(PipelineSim):
             return None
         self.waves_sent.append(wave)
         batch = _Batch(wave, self.num_stages)
-        batch.rank0_probe_s = rank0_probe_s
+        batch.rank0_probe_s, batch.match_s = rank0_probe_s, match_s
         batch.fresh = [(c.start, leader.requests[c.request_id].num_tokens)
                        for c in wave.chunks if c.request_id in fresh]
         return batch
+
+    def _matched_tokens(self, req) -> int:
+        """Tokens of `req`'s prefix that rank 0's cache holds (computed or being computed)."""
+        return self.servers[0].pool.match(req.block_hashes).num_blocks * self.leader.config.block_size
 
     def _admit(self, limit: int | None) -> None:
         """One round over (at most `limit` of) the waiting requests, at once."""
@@ -265,6 +277,8 @@ class LoopSim(PipelineSim):
         if hooks is not None and hooks.mech.probe != "none":
             seconds += hooks.scheduled_probe_s(batch.fresh) + (batch.rank0_probe_s if rank == 0 else 0.0)
             return seconds
+        if self.sglang is not None and self.sglang.mech.match_scope == "considered":
+            return seconds + batch.match_s
         for c in batch.wave.chunks:
             if c.start and self.leader.requests.get(c.request_id) is not None \
                     and c.start == self.leader.requests[c.request_id].num_cached_tokens:

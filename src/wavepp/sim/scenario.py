@@ -25,7 +25,9 @@ from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
+from wavepp.sim.sglang import SGLANG_LEGACY, SglangMechanisms, SglangScheduling, sglang_planner
 from wavepp.sim.trtllm import TRTLLM_LEGACY, MicroBatchPlanner, TrtllmMechanisms, TrtllmScheduling
+from wavepp.sim.vllm_pp import VLLM_LEGACY, VllmMechanisms
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
@@ -83,6 +85,8 @@ class SimSetup:
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
     trtllm: TrtllmMechanisms = TRTLLM_LEGACY   # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py)
+    sglang: SglangMechanisms = SGLANG_LEGACY   # SGLang's mechanisms in sglang-pp (sim/sglang.py)
+    vllm: VllmMechanisms = VLLM_LEGACY         # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py)
     # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
     # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
     # (`model_interval_blocks`)
@@ -177,8 +181,10 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                else min(efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs),
                         peak_wave_tokens(samples)))
     if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
-        prior = sglang_warmup_fit(stages[0], setup, spec.chunk_tokens)
-    chunk_tokens = trt.max_num_tokens if trt is not None else spec.chunk_tokens
+        prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
+    sg = setup.sglang if spec.loop == "sglang" else None
+    chunk_tokens = (trt.max_num_tokens if trt is not None else sg.chunked_prefill_size if sg is not None
+                    else setup.vllm.max_num_batched_tokens if spec.name == "vllm-pp" else spec.chunk_tokens)
     chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
     pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
@@ -195,13 +201,18 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     host_tiers = None
     if setup.host_kv_gib and (spec.host_tier or setup.host_tier_for_baselines) and spec.topology != "central":
         host_tiers = [host_tier(m, setup, a, b, degree) for a, b in bounds]
+    if sg is not None:     # SGLang's PrefillAdder: dynamic chunking, or the same budget every batch
+        planner = sglang_planner(sg, pcfg, CostModel(prior))
+        hooks = SglangScheduling(sg, planner, bs, setup.loop_costs.block_tokens, loop_costs.match_block_s,
+                                 token_scale=s)
     return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs, host_tiers=host_tiers,
                      planner_config=pcfg, cost_model=CostModel(prior),
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
                      hybrid=m.hybrid, central_pool=spec.topology == "central",
                      snapshot_interval_blocks=model_interval_blocks(setup) if m.hybrid else None,
-                     loop=spec.loop, loop_costs=loop_costs, planner=planner, trtllm=hooks,
+                     loop=spec.loop, loop_costs=loop_costs, planner=planner,
+                     trtllm=hooks if trt is not None else None, sglang=hooks if sg is not None else None,
                      serial_chunks=None if trt is None else not trt.overlap_chunks)
 
 

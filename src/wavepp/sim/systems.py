@@ -29,7 +29,9 @@ their per-iteration host costs (`LoopCosts`). The fixed budgets are the framewor
 TensorRT-LLM's max_num_tokens of 8192 per microbatch (tensorrt_llm/llmapi/llm_args.py); vLLM's max_num_batched_tokens of 8192 for its
 OpenAI server on large GPUs (vllm/engine/arg_utils.py); SGLang's chunked_prefill_size of 16384
 on GPUs with the most memory (sglang/srt/server_args.py), also the base chunk of its dynamic
-chunking.
+chunking. Those are the `legacy` presets of `SimSetup.sglang` and `SimSetup.vllm`; the paper's
+versions are presets too (sim/sglang.py `SGLANG_V0518`: fixed chunks, admission and radix walks
+on schedule; sim/vllm_pp.py `VLLM_V0280`: 16,384 tokens on GPUs of 160 GiB or more).
 """
 
 from __future__ import annotations
