@@ -97,7 +97,7 @@ class Engine:
         `kv_export_wait_s` after the prefill for the stages' parts (then names them failed).
 
         `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also
-        runs the leader, docs/kernels.md). `pin_cpus`: each stage's process on CPUs of its own
+        runs the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of its own
         (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is one per stage).
         Everything is validated before a process is spawned; a start that fails leaves no
         stage process, no process group and no run directory behind."""

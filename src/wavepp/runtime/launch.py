@@ -10,9 +10,9 @@ that exits into a clear error naming it.
 
 A local pipeline may pin each stage to CPUs of its own (`stage_cpu_sets`; the Engine does it
 by default on the CPU): rank r's process runs on the r-th of equal, disjoint sets of the CPUs
-this process may use, rank 0's threads (the leader's among them) on the first. Unpinned, the OS
-moves a stage's compute thread between cores whenever rank 0's other threads wake, and its
-caches start cold on the new core.
+this process may use, rank 0's threads (the leader's among them) on the first. Unpinned, with
+other work on the machine the scheduler let two stages share a core while the other work held
+the rest (docs/benchmarks/2026-12-04-pinned-stages.md: 1.2-2x slower); pinned, each keeps its own.
 """
 
 from __future__ import annotations
