@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
 from wavepp.cache.results import CommitResult
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.sched.messages import (
