@@ -41,6 +41,7 @@ from wavepp.sched.cost_model import CostModel
 from wavepp.sched.planners.base import PlannerConfig
 from wavepp.sched.planners.dynamic import DynamicChunkPlanner
 from wavepp.sched.request import Request
+from wavepp.sim.trtllm import blocks_walked
 
 MATCH_SCOPES = ("admitted", "considered")
 
@@ -134,6 +135,5 @@ class SglangScheduling:
     def walk_s(self, num_cached: int, num_tokens: int) -> float:
         """One walk down a prompt of `num_tokens` with `num_cached` matched (simulated tokens):
         each matched block and the one where it misses, blocks of real tokens."""
-        s, unit = self.token_scale, self.match_block_tokens
-        blocks = min(num_cached * s // unit + 1, -(-num_tokens * s // unit))
-        return self.match_block_s * blocks
+        s = self.token_scale
+        return self.match_block_s * blocks_walked(num_cached * s, num_tokens * s, self.match_block_tokens)

@@ -134,6 +134,12 @@ def get_trtllm(name: str) -> TrtllmMechanisms:
 
 # ---- the micro-batch scheduler's budget ------------------------------------------------------
 
+def blocks_walked(num_cached: int, num_tokens: int, block: int) -> int:
+    """Blocks a radix walk down a prompt of `num_tokens` visits when `num_cached` of them match:
+    each matched block and the one where it misses (none past the prompt's last)."""
+    return min(num_cached // block + 1, -(-num_tokens // block))
+
+
 def budget_chunk(remaining: int, capacity: int, unit: int) -> int:
     """FCFS chunk sizing: the remaining context, cut to the capacity left and then floored to
     the chunk unit (only when cut)."""
@@ -284,8 +290,7 @@ class TrtllmScheduling:
             matched = max(num_cached, self.block_tokens) * self.token_scale
             return self.mech.probe_s * matched / self.mech.probe_ref_tokens
         if self.mech.probe == "blocks":
-            blocks = min(num_cached // self.block_tokens + 1, -(-num_tokens // self.block_tokens))
-            return self.mech.probe_block_s * blocks
+            return self.mech.probe_block_s * blocks_walked(num_cached, num_tokens, self.block_tokens)
         return 0.0
 
     def _charge(self) -> str:
