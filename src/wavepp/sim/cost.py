@@ -222,7 +222,6 @@ class StageCostModel:
             seconds += 2.0 * (n - 1) / n * hidden_bytes / bw + lat       # MLP all-reduce
         return seconds
 
-
     def _collectives_across_nodes(self, layer: int, T: int) -> float:
         """The collectives of `_collectives` when the devices span `num_nodes` nodes, each
         device with its own NIC (`internode_gb_s`, one direction). A ring (all-reduce,
