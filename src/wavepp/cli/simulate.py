@@ -95,14 +95,9 @@ def run(args) -> int:
             raise ValueError("--trace records single settings; drop --grid or --trace")
         from wavepp.sim.grid import get_grid, run_grid, with_overrides
         settings = get_grid(args.grid, paper_setup=args.setup)
-        if args.weights:
-            settings = with_overrides(settings, weights=args.weights)
-        if args.trtllm:
-            settings = with_overrides(settings, trtllm=args.trtllm)
-        if args.sglang:
-            settings = with_overrides(settings, sglang=args.sglang)
-        if args.vllm:
-            settings = with_overrides(settings, vllm=args.vllm)
+        for name in ("weights", "trtllm", "sglang", "vllm"):     # the grid's unless given
+            if getattr(args, name):
+                settings = with_overrides(settings, **{name: getattr(args, name)})
         if args.policy:
             settings = with_overrides(settings, policies=tuple(_policies(args.policy)))
         if args.token_scale is not None:
