@@ -127,6 +127,18 @@ def test_paged_attention_runs_it_and_falls_back():
                                paged_attention(q32, k32, v32, batch, 0.125, kernel="chunked_cpp"), rtol=0, atol=0)
 
 
+def test_tile_buffers_start_on_cache_lines():
+    """Every buffer a tile loads or stores starts on a 64-byte line (a tile row is one line;
+    malloc's 16-byte alignment would split rows across two lines by chance), also after the
+    buffers grow for longer waves and are reallocated."""
+    rng = random.Random(4)
+    for specs, shared in ([(1536, 64), (1536, 64)], 1536), ([(0, 700)], 0), ([(4000, 9), (4000, 300)], 4000):
+        batch, query, key_cache, value_cache = wave(rng, specs, shared, 2, 3, 64)
+        amx_attention(query, key_cache, value_cache, batch, 0.125)
+        addresses = cpp.amx_attention_kernels().scratch_addresses()   # this thread's: the kernel ran here
+        assert len(addresses) >= 7 and all(a % 64 == 0 for a in addresses), [a % 64 for a in addresses]
+
+
 def test_bad_shapes_are_refused():
     rng = random.Random(3)
     batch, query, key_cache, value_cache = wave(rng, [(10, 5)], 0, 2, 2, 64)
