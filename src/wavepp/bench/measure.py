@@ -16,6 +16,10 @@ from wavepp.workloads import Workload
 from wavepp.sched.stats import quantile
 
 
+class BenchError(RuntimeError):
+    """Requests of a run failed: its figures would describe the rest only."""
+
+
 @dataclass(frozen=True)
 class Measurement:
     workload: str
@@ -50,7 +54,8 @@ def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_labe
                     submit_options: dict | None = None) -> Measurement:
     """Keep `concurrency` requests outstanding until every prompt is done (or, with
     `open_loop`, submit at the workload's arrival times). `submit_options`: keyword arguments
-    of every `engine.submit` (e.g. kv_transfer=True)."""
+    of every `engine.submit` (e.g. kv_transfer=True). Raises BenchError, naming the first
+    failure, if any request failed (a throughput of the others would read as a result)."""
     prompts = workload.prompts
     results = [None] * len(prompts)
     lock = threading.Lock()
@@ -93,6 +98,11 @@ def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_labe
             submit_next()
     done.wait()
     seconds = time.perf_counter() - t0
+    failed = [f"{type(r).__name__}: {r}" if isinstance(r, Exception) else r.error
+              for r in results if isinstance(r, Exception) or not r.ok]
+    if failed:
+        raise BenchError(f"{workload.name} c={concurrency} {policy_label}: {len(failed)} of {len(prompts)} "
+                         f"requests failed; the first: {failed[0]}")
     return summarize(engine, workload, results, seconds, policy_label, concurrency, repeat)
 
 
