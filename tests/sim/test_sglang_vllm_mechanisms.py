@@ -146,8 +146,9 @@ def test_presets_and_validation():
     assert get_sglang("legacy") == SglangMechanisms()
     assert (SGLANG_LEGACY.dynamic_chunking, SGLANG_LEGACY.admit_on_schedule, SGLANG_LEGACY.match_scope) == (
         True, False, "admitted")
-    assert (SGLANG_V0518.dynamic_chunking, SGLANG_V0518.admit_on_schedule, SGLANG_V0518.match_scope) == (
-        False, True, "considered")
+    assert (SGLANG_V0518.dynamic_chunking, SGLANG_V0518.admit_on_schedule, SGLANG_V0518.match_scope,
+            SGLANG_V0518.min_free_memory) == (False, True, "considered", True)
+    assert not SGLANG_LEGACY.min_free_memory
     assert get_sglang("v0.5.18-dynamic").dynamic_chunking
     assert get_vllm("legacy") == VllmMechanisms(8192) and get_vllm("v0.28.0") == VllmMechanisms(16384)
     with pytest.raises(ValueError, match="match_scope"):
@@ -156,6 +157,25 @@ def test_presets_and_validation():
         VllmMechanisms(0)
     with pytest.raises(ValueError, match="unknown sglang preset"):
         get_sglang("v0.4")
+
+
+@pytest.mark.parametrize("model", ["glm-5", "minimax-m2"])
+def test_pools_hold_the_smallest_free_memory_of_the_ranks(model):
+    """v0.5.18 sizes every rank's pool from the free memory after the weights, MIN over the
+    ranks, over the rank's own layers' bytes per token; the legacy preset keeps each rank's own."""
+    from wavepp.sim.stages import partition_layers, stage_kv_tokens
+    m, hw = get_model(model), get_hardware("B300")
+    own = SimSetup(m, hw, 4, token_scale=64, sglang=SGLANG_LEGACY)
+    shared = SimSetup(m, hw, 4, token_scale=64, sglang=SGLANG_V0518)
+    bounds = partition_layers(m, hw, 4)
+    tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == 3) for i, (a, b) in enumerate(bounds)]
+    per_token = [sum(m.kv_bytes_per_token(j) for j in range(a, b)) for a, b in bounds]
+    free = min(t * p for t, p in zip(tokens, per_token))
+    pools = {name: [srv.pool.num_blocks for srv in build_system("sglang-pp", setup).servers]
+             for name, setup in (("own", own), ("shared", shared))}
+    assert pools["own"] == [t // (16 * 64) for t in tokens]
+    assert pools["shared"] == [int(free / p) // (16 * 64) for p in per_token]
+    assert all(a <= b for a, b in zip(pools["shared"], pools["own"])) and pools["shared"] != pools["own"]
 
 
 @pytest.mark.parametrize("vllm, tokens", [(VLLM_LEGACY, 8192), (VLLM_V0280, 16384)])

@@ -48,6 +48,34 @@ class SimReport:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
 
 
+def hybrid_num_slots(num_blocks: int, interval_blocks: int) -> int:
+    """Snapshot slots of a hybrid stage pool of `num_blocks` blocks: one per snapshot interval
+    of the pool's blocks, and 16 more for chunks in flight."""
+    return num_blocks // interval_blocks + 16
+
+
+def hybrid_pool_blocks(num_blocks: int, block_bytes: float, snapshot_bytes: float, interval_blocks: int) -> int:
+    """Blocks of a hybrid stage pool whose memory would hold `num_blocks` blocks alone: its
+    snapshot slots (hybrid_num_slots, `snapshot_bytes` each) take their share of that memory."""
+    if snapshot_bytes <= 0:
+        return num_blocks
+    memory = num_blocks * block_bytes
+
+    def fits(n: int) -> bool:
+        return n * block_bytes + hybrid_num_slots(n, interval_blocks) * snapshot_bytes <= memory
+
+    # a slot per interval on average, then the slot count's floor settles the last blocks
+    blocks = int((memory - 16 * snapshot_bytes) / (block_bytes + snapshot_bytes / interval_blocks))
+    while blocks > 0 and not fits(blocks):
+        blocks -= 1
+    while fits(blocks + 1):
+        blocks += 1
+    if blocks < 1:
+        raise ValueError(f"a hybrid stage's memory ({num_blocks} blocks of {block_bytes / 1e6:.1f} MB) does not "
+                         f"hold 17 snapshot slots of {snapshot_bytes / 1e6:.1f} MB")
+    return blocks
+
+
 def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
               stage_num_blocks: Sequence[int] | int = 1024, block_size: int = 16,
               planner_config: PlannerConfig | None = None, cost_model: CostModel | None = None,
@@ -77,7 +105,7 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
     if hybrid:   # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
         if not snapshot_interval_blocks:
             raise ValueError("build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)")
-        pools = [HybridPool(n, block_size, num_slots=n // snapshot_interval_blocks + 16,
+        pools = [HybridPool(n, block_size, num_slots=hybrid_num_slots(n, snapshot_interval_blocks),
                             interval_blocks=snapshot_interval_blocks, host_tier=t)
                  for n, t in zip(stage_num_blocks, tiers)]
     servers = [StageServer(s, pool) for s, pool in enumerate(pools)]

@@ -18,7 +18,7 @@ from wavepp.sched.cost_model import (
 from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
 from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
-from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
+from wavepp.sim.harness import SimReport, build_sim, hybrid_pool_blocks, report, run_closed_loop
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.loops import LoopCosts
 from wavepp.sim.model_shapes import ModelShape
@@ -170,7 +170,15 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     last = len(bounds) - 1
     kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
                                  budget=setup.memory) for i, (a, b) in enumerate(bounds)]
-    blocks = [max(1, min(t // (bs * s), setup.max_pool_blocks)) for t in kv_tokens]
+    sg = setup.sglang if spec.loop == "sglang" else None
+    if sg is not None and sg.min_free_memory:
+        kv_tokens = _min_free_memory_tokens(m, bounds, kv_tokens)
+    blocks = [max(1, t // (bs * s)) for t in kv_tokens]
+    interval = model_interval_blocks(setup) if m.hybrid else None
+    if m.hybrid:    # the snapshot slots share the stage's cache memory with the blocks
+        blocks = [hybrid_pool_blocks(n, *_block_and_snapshot_bytes(m, setup, a, b, degree), interval)
+                  for n, (a, b) in zip(blocks, bounds)]
+    blocks = [min(n, setup.max_pool_blocks) for n in blocks]
     trt = setup.trtllm if spec.loop == "trtllm" else None
     if trt is not None and trt.min_rank_pools:      # max_tokens allreduced with MIN over the ranks
         blocks = [min(blocks)] * len(blocks)
@@ -182,7 +190,6 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                         peak_wave_tokens(samples)))
     if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
         prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
-    sg = setup.sglang if spec.loop == "sglang" else None
     chunk_tokens = (trt.max_num_tokens if trt is not None else sg.chunked_prefill_size if sg is not None
                     else setup.vllm.max_num_batched_tokens if spec.name == "vllm-pp" else spec.chunk_tokens)
     chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
@@ -210,21 +217,40 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
                      max_waves_in_flight=spec.ring_per_stage * len(stages),
                      max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
                      hybrid=m.hybrid, central_pool=spec.topology == "central",
-                     snapshot_interval_blocks=model_interval_blocks(setup) if m.hybrid else None,
+                     snapshot_interval_blocks=interval,
                      loop=spec.loop, loop_costs=loop_costs, planner=planner,
                      trtllm=hooks if trt is not None else None, sglang=hooks if sg is not None else None,
                      serial_chunks=None if trt is None else not trt.overlap_chunks)
+
+
+def _min_free_memory_tokens(model: ModelShape, bounds: list[tuple[int, int]], kv_tokens: list[int]) -> list[int]:
+    """SGLang's PP pool sizing: the free memory left after the weights, all-reduced with MIN over
+    the ranks, holds each rank's own layers' KV (a stage of linear-attention layers only keeps
+    what it had: no per-token KV)."""
+    per_token = [sum(model.kv_bytes_per_token(i) for i in range(a, b)) for a, b in bounds]
+    free = [t * p for t, p in zip(kv_tokens, per_token) if p > 0]
+    if not free:
+        return kv_tokens
+    return [int(min(free) / p) if p > 0 else t for t, p in zip(kv_tokens, per_token)]
 
 
 def host_tier(model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1) -> HostTier:
     """The host KV tier of one rank holding layers [start, end): `setup.host_kv_gib` of host
     memory; a simulated block costs the KV bytes of `block_size * token_scale` real tokens of
     those layers (one device's share), a snapshot the states of its linear layers."""
+    block_bytes, snapshot_bytes = _block_and_snapshot_bytes(model, setup, start, end, degree)
+    return HostTier(int(setup.host_kv_gib * 2**30), max(1, int(block_bytes)), int(snapshot_bytes))
+
+
+def _block_and_snapshot_bytes(model: ModelShape, setup: SimSetup, start: int, end: int,
+                              degree: int) -> tuple[float, float]:
+    """One device's bytes of a simulated block (the KV of `block_size * token_scale` real
+    tokens of layers [start, end)) and of a snapshot (their linear layers' states; 0 for a
+    model without)."""
     split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
     per_token = sum(model.kv_bytes_per_token(i) for i in range(start, end)) / split
-    block_bytes = per_token * setup.block_size * setup.token_scale
-    snapshot_bytes = sum(model.snapshot_bytes(i) for i in range(start, end)) / degree if model.hybrid else 0
-    return HostTier(int(setup.host_kv_gib * 2**30), max(1, int(block_bytes)), int(snapshot_bytes))
+    snapshot_bytes = sum(model.snapshot_bytes(i) for i in range(start, end)) / degree if model.hybrid else 0.0
+    return per_token * setup.block_size * setup.token_scale, snapshot_bytes
 
 
 def model_interval_blocks(setup: SimSetup) -> int:

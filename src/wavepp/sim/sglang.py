@@ -25,6 +25,12 @@ sgl-project/sglang, python/sglang/srt/ (v0.5.18 is the paper's version).
                          it takes and the one it stops at), on every rank (each  tree_cache.match_prefix;
                          rank schedules over its own tree), before the launch;   mem_cache/radix_cache.py
                          "admitted": once per request, when first scheduled      RadixCache.match_prefix
+    min_free_memory      True: every rank's pool is sized from the free memory   model_executor/
+                         after loading the weights, all-reduced with MIN over    model_runner_kv_cache_mixin.py
+                         the world (`get_available_gpu_memory(distributed=True,  (_profile_available_bytes,
+                         cpu_group=world)`), divided by the rank's own layers'   profile_max_num_token: its
+                         bytes per token: a rank with less weight keeps the      layers, start_layer..end_layer)
+                         free memory of the heaviest. False: each rank's own
 
 The cost of a walk is `LoopCosts.match_block_s` (0.5 us) per block of `LoopCosts.block_tokens`
 (32) real tokens matched, plus the block where it stops: this project's BlockPool per block, an assumption for SGLang's Python radix tree (no
@@ -53,6 +59,7 @@ class SglangMechanisms:
     dynamic_chunking: bool = True
     admit_on_schedule: bool = False
     match_scope: str = "admitted"
+    min_free_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.chunked_prefill_size <= 0:
@@ -65,7 +72,8 @@ class SglangMechanisms:
 
 
 SGLANG_LEGACY = SglangMechanisms()
-SGLANG_V0518 = SglangMechanisms(dynamic_chunking=False, admit_on_schedule=True, match_scope="considered")
+SGLANG_V0518 = SglangMechanisms(dynamic_chunking=False, admit_on_schedule=True, match_scope="considered",
+                                min_free_memory=True)
 # v0.5.18 launched with --enable-dynamic-chunking (SGLang's PP guide suggests it for long prompts;
 # the paper does not say whether it was on)
 SGLANG_V0518_DYNAMIC = SGLANG_V0518.with_changes(dynamic_chunking=True)
