@@ -113,6 +113,15 @@ def test_bad_requests_fail_alone(tiny):
         assert good.result(timeout=30).ok
 
 
+def test_an_error_in_rank_0_names_rank_0_and_its_thread(tiny):
+    with Engine(str(tiny), pp=2, dtype="float32") as engine:
+        def broken(wave, inputs):
+            raise AttributeError("stage 0 broke")
+        engine._core.stage.run = broken          # stage 0 runs in rank 0's process
+        with pytest.raises(EngineError, match=r"rank 0 \(wavepp-\w+\): AttributeError: stage 0 broke"):
+            engine.submit([1, 2, 3, 4, 5]).result(timeout=30)
+
+
 def test_killed_stage_fails_requests_with_a_clear_error(tiny):
     engine = Engine(str(tiny), pp=3, dtype="float32")
     try:
