@@ -74,7 +74,7 @@ class StageCostModel:
         # hybrid models: a chunk loads the state it resumes from and saves one at every
         # snapshot boundary it crosses and at its end (0: snapshots not charged)
         self.snapshot_interval_tokens = snapshot_interval_tokens
-        self.snapshot_bytes = sum(model.snapshot_bytes(i) for i in range(start, end))
+        self.snapshot_bytes = model.layers_snapshot_bytes(start, end)
         # identical layers cost the same: group them as (linear?, moe?) -> count
         kinds: dict[tuple[bool, bool], int] = {}
         for i in range(start, end):

@@ -151,6 +151,14 @@ class ModelShape:
         return self.linear_num_heads * self.linear_head_dim ** 2 * 4 \
             + (self.linear_conv_kernel - 1) * 3 * inner * self.kv_bytes
 
+    def layers_snapshot_bytes(self, start: int, end: int) -> float:
+        """snapshot_bytes summed over layers [start, end): one saved state of all of them."""
+        return sum(self.snapshot_bytes(i) for i in range(start, end))
+
+    def layers_kv_bytes_per_token(self, start: int, end: int) -> float:
+        """kv_bytes_per_token summed over layers [start, end)."""
+        return sum(self.kv_bytes_per_token(i) for i in range(start, end))
+
     def kv_bytes_per_token(self, layer: int) -> float:
         """Cache bytes one token adds to one layer (linear attention: a fixed state instead)."""
         if self.is_linear(layer):

@@ -227,7 +227,7 @@ def _min_free_memory_tokens(model: ModelShape, bounds: list[tuple[int, int]], kv
     """SGLang's PP pool sizing: the free memory left after the weights, all-reduced with MIN over
     the ranks, holds each rank's own layers' KV (a stage of linear-attention layers only keeps
     what it had: no per-token KV)."""
-    per_token = [sum(model.kv_bytes_per_token(i) for i in range(a, b)) for a, b in bounds]
+    per_token = [model.layers_kv_bytes_per_token(a, b) for a, b in bounds]
     free = [t * p for t, p in zip(kv_tokens, per_token) if p > 0]
     if not free:
         return kv_tokens
@@ -248,8 +248,8 @@ def _block_and_snapshot_bytes(model: ModelShape, setup: SimSetup, start: int, en
     tokens of layers [start, end)) and of a snapshot (their linear layers' states; 0 for a
     model without)."""
     split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
-    per_token = sum(model.kv_bytes_per_token(i) for i in range(start, end)) / split
-    snapshot_bytes = sum(model.snapshot_bytes(i) for i in range(start, end)) / degree if model.hybrid else 0.0
+    per_token = model.layers_kv_bytes_per_token(start, end) / split
+    snapshot_bytes = model.layers_snapshot_bytes(start, end) / degree if model.hybrid else 0.0
     return per_token * setup.block_size * setup.token_scale, snapshot_bytes
 
 
@@ -261,8 +261,8 @@ def model_interval_blocks(setup: SimSetup) -> int:
     if setup.snapshot_interval_blocks:
         return setup.snapshot_interval_blocks
     m = setup.model
-    snapshot_bytes = sum(m.snapshot_bytes(i) for i in range(m.num_layers))
-    block_bytes = sum(m.kv_bytes_per_token(i) for i in range(m.num_layers)) * setup.block_size * setup.token_scale
+    snapshot_bytes = m.layers_snapshot_bytes(0, m.num_layers)
+    block_bytes = m.layers_kv_bytes_per_token(0, m.num_layers) * setup.block_size * setup.token_scale
     return default_interval_blocks(int(snapshot_bytes), int(block_bytes))
 
 

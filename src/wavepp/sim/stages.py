@@ -90,7 +90,7 @@ def stage_kv_tokens(model: ModelShape, hw: HardwareSpec, start: int, end: int, *
         raise ValueError(f"{model.name} layers [{start}, {end}) need {weights / 1e9:.0f} GB of "
                          f"weights per device; {hw.name} has {hw.hbm_gb:g} GB")
     split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
-    per_token = sum(model.kv_bytes_per_token(i) for i in range(start, end)) / split
+    per_token = model.layers_kv_bytes_per_token(start, end) / split
     if per_token == 0:      # only linear-attention layers: state, not per-token KV
         return 1 << 40
     return int(free / per_token)
