@@ -205,45 +205,28 @@ class StageCostModel:
 
     def _collectives(self, layer: int, T: int) -> float:
         """TP attention: all-reduce of its output; EP MoE: all-to-all dispatch (FP8) and combine
-        (bf16) of each token's k expert copies. No overlap with compute is assumed."""
-        if self.num_nodes > 1:
-            return self._collectives_across_nodes(layer, T)
+        (bf16) of each token's k expert copies, and an all-gather. No overlap with compute is
+        assumed. On one node every step runs over NVLink. When the devices span `num_nodes`
+        nodes, each device with its own NIC (`internode_gb_s`, one direction): a ring (all-reduce,
+        all-gather) passes every byte over every hop, so its slowest hop, the NIC, sets the rate
+        (NCCL's bus bandwidth across nodes is the NIC's: nccl-tests doc/PERFORMANCE.md); an
+        all-to-all sends each peer its share at once, the shares to the other nodes' devices over
+        the NIC beside the rest over NVLink; each step pays the NIC's latency."""
         m, hw, n = self.model, self.hw, self.degree
-        bw, lat = hw.link_bytes_s, hw.link_latency_s
+        across = self.num_nodes > 1
+        ring, lat = (hw.internode_bytes_s, hw.internode_latency_s) if across else (hw.link_bytes_s, hw.link_latency_s)
         hidden_bytes = T * m.hidden_size * 2.0
-        seconds = 2.0 * (n - 1) / n * hidden_bytes / bw + lat           # ring all-reduce
-        if m.is_moe(layer):
-            k = m.num_experts_per_tok
-            dispatch = T / n * k * (n - 1) / n * m.hidden_size * 1.0
-            combine = T / n * k * (n - 1) / n * m.hidden_size * 2.0
-            gather = (n - 1) / n * hidden_bytes                          # every rank needs all tokens
-            seconds += (dispatch + combine + gather) / bw + 3 * lat
-        else:
-            seconds += 2.0 * (n - 1) / n * hidden_bytes / bw + lat       # MLP all-reduce
-        return seconds
-
-    def _collectives_across_nodes(self, layer: int, T: int) -> float:
-        """The collectives of `_collectives` when the devices span `num_nodes` nodes, each
-        device with its own NIC (`internode_gb_s`, one direction). A ring (all-reduce,
-        all-gather) passes every byte over every hop, so its slowest hop, the NIC, sets the
-        rate: NCCL's bus bandwidth across nodes is the NIC's (nccl-tests doc/PERFORMANCE.md).
-        An all-to-all sends each peer its share at once: the shares to the other nodes' devices
-        over the NIC, the rest over NVLink, the two side by side. Each step pays the NIC's
-        latency."""
-        m, hw, n = self.model, self.hw, self.degree
-        nic, lat = hw.internode_bytes_s, hw.internode_latency_s
-        hidden_bytes = T * m.hidden_size * 2.0
-        seconds = 2.0 * (n - 1) / n * hidden_bytes / nic + lat           # ring all-reduce
-        if m.is_moe(layer):
-            k, per_node = m.num_experts_per_tok, n / self.num_nodes
-            sent = T / n * k * m.hidden_size * (1.0 + 2.0)                 # dispatch FP8 + combine bf16
-            remote = sent * (n - per_node) / n                             # to the other nodes' devices
-            local = sent * (per_node - 1) / n                              # to this node's others
-            gather = (n - 1) / n * hidden_bytes
-            seconds += max(remote / nic, local / hw.link_bytes_s) + gather / nic + 3 * lat
-        else:
-            seconds += 2.0 * (n - 1) / n * hidden_bytes / nic + lat      # MLP all-reduce
-        return seconds
+        seconds = 2.0 * (n - 1) / n * hidden_bytes / ring + lat         # ring all-reduce
+        if not m.is_moe(layer):
+            return seconds + 2.0 * (n - 1) / n * hidden_bytes / ring + lat   # MLP all-reduce
+        k, per_node = m.num_experts_per_tok, n / self.num_nodes
+        sent = T / n * k * m.hidden_size * (1.0 + 2.0)                     # dispatch FP8 + combine bf16
+        remote = sent * (n - per_node) / n                                 # to the other nodes' devices
+        local = sent * (per_node - 1) / n                                  # to this node's others
+        gather = (n - 1) / n * hidden_bytes                                # every rank needs all tokens
+        all_to_all = max(remote / hw.internode_bytes_s, local / hw.link_bytes_s) if across \
+            else local / hw.link_bytes_s
+        return seconds + all_to_all + gather / ring + 3 * lat
 
 
 def sparse_pairs(num_cached: int, num_new: int, topk: int) -> float:
