@@ -242,6 +242,11 @@ class Engine:
         0 once every request ended (what a soak or an abort storm checks for leaks)."""
         return self._core.leader_state_size()
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (any thread may call it: each encodes on a copy of its own)."""
+        return self._tokenizer
+
     def decode(self, token_ids: Sequence[int]) -> str | None:
         """The text of token ids, or None when the model has no tokenizer."""
         try:
@@ -267,9 +272,10 @@ class Engine:
         requests that ended before their parts did included."""
         return self._core.export_counts()
 
-    def stats(self) -> CoreStats:
-        """A consistent snapshot of per-stage time, rounds and waves since the last reset."""
-        return self._core.stats()
+    def stats(self, rounds_since: int | None = None) -> CoreStats:
+        """A consistent snapshot of per-stage time, rounds and waves since the last reset (with
+        `rounds_since`: the totals and the later rounds' latencies only; CoreStats.snapshot)."""
+        return self._core.stats(rounds_since)
 
     def check_integrity(self) -> list[IntegrityReport]:
         """After a workload drains: every stage's check_integrity(), then its capacity view."""
@@ -377,7 +383,7 @@ class Engine:
                 self._kv_store.remove(req.export_id)
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
-        text = self._tokenizer.decode_if_loaded([token.token_id])
+        text = self._tokenizer.token_text_if_loaded(token.token_id)   # cached: never waits
         prompt_logprobs = None
         if req.logprob_start is not None:
             prompt_logprobs = tuple(

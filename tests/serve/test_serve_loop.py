@@ -37,6 +37,7 @@ class LockedEngine:
         self.max_prompt_tokens = 128
         self.submitted = []
         self.aborted = []
+        self.tokenizer = SimpleNamespace(token_text=lambda t: self.decode([t]), max_token_chars=lambda: 1)
 
     def tokenize(self, prompt, *, add_special_tokens=True):
         return list(prompt.encode()) if isinstance(prompt, str) else list(prompt)

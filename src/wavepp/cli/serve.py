@@ -23,6 +23,14 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-waiting", type=int, default=256,
                    help="prompts queued and not yet admitted beyond which requests get 429 (default 256)")
+    p.add_argument("--max-body-bytes", type=int, default=None,
+                   help="largest request body taken; a larger one gets 413 (default 32 MiB)")
+    p.add_argument("--max-prompts-per-request", type=int, default=None,
+                   help="most prompts in one request (a score request: items x labels); more get "
+                        "400 (default 256; never more than --max-waiting)")
+    p.add_argument("--max-streams", type=int, default=None,
+                   help="most streamed answers open at once; beyond them requests get 429 "
+                        "(default 256)")
     p.add_argument("--drain-s", type=float, default=10.0,
                    help="on SIGTERM, seconds to let requests in flight finish before aborting them")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -66,6 +74,10 @@ def run(args) -> int:
                          device=args.device, kv_store=args.kv_store, kv_store_max_gib=args.kv_store_max_gib,
                          kv_ttl_s=args.kv_ttl_s, kv_export_wait_s=args.kv_export_wait_s,
                          layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
-    config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug)
+    limits = {name: getattr(args, name) for name in
+              ("max_body_bytes", "max_prompts_per_request", "max_streams")
+              if getattr(args, name) is not None}     # else ServeConfig's defaults
+    config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting,
+                         debug=args.debug, **limits)
     run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

@@ -166,10 +166,10 @@ class EngineCore:
         they reported at start-up (each its own process)."""
         return (self.stage.kernels(),) + self._worker_kernels[1:]
 
-    def stats(self) -> CoreStats:
-        """A consistent snapshot of the measurements since the last reset."""
+    def stats(self, rounds_since: int | None = None) -> CoreStats:
+        """A consistent snapshot of the measurements since the last reset (CoreStats.snapshot)."""
         with self.cond:
-            return self._stats.snapshot()
+            return self._stats.snapshot(rounds_since)
 
     @property
     def num_live_requests(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 from dataclasses import dataclass, field
 
 from wavepp.sched.stats import StageStats
@@ -81,10 +82,19 @@ class CoreStats:
                 st.idle_admission_s += t.round_s
         self.num_waves += 1
 
-    def snapshot(self) -> "CoreStats":
-        """A consistent copy (take it under the owner's lock); the records become lists."""
+    def snapshot(self, rounds_since: int | None = None) -> "CoreStats":
+        """A consistent copy (take it under the owner's lock); the records become lists.
+
+        rounds_since: the totals only, and the latencies of the rounds after the first
+        `rounds_since` (what a metrics scrape needs): its cost under the lock is bounded by the
+        rounds since the last scrape, not by the whole window of records."""
         out = copy.copy(self)
         out.stages = [copy.copy(s) for s in self.stages]
+        if rounds_since is not None:
+            new = max(0, min(self.num_rounds - rounds_since, len(self.round_latencies_s)))
+            out.round_latencies_s = list(itertools.islice(reversed(self.round_latencies_s), new))[::-1]
+            out.wave_spans, out.round_spans, out.stage_samples = [], [], []
+            return out
         for name in ("round_latencies_s", "wave_spans", "round_spans", "stage_samples"):
             setattr(out, name, list(getattr(self, name)))
         return out

@@ -26,18 +26,27 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from wavepp.engine import Engine, EngineError
 from wavepp.serve.api import API
 from wavepp.serve.errors import APIError
+from wavepp.serve.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS_PER_REQUEST,
+                                 DEFAULT_MAX_STREAMS)
 
 
 @dataclass(frozen=True)
 class ServeConfig:
+    """The server's options; the limits are those of limits.py's table (docs/serving.md)."""
     model_name: str
     max_waiting: int = 256        # prompts queued (not yet admitted) beyond which new ones get 429
     retry_after_s: int = 1
     debug: bool = False           # /debug/integrity and /debug/reset (wait for the pipeline to be idle)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
+    max_streams: int = DEFAULT_MAX_STREAMS
 
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
             raise ValueError(f"ServeConfig.max_waiting must be >= 0, got {self.max_waiting}")
+        for name in ("retry_after_s", "max_body_bytes", "max_prompts_per_request", "max_streams"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServeConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
 def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
@@ -45,7 +54,7 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     connections drained: it is where the engine shuts down."""
     from contextlib import asynccontextmanager
 
-    api = API(engine, config.model_name, config.max_waiting, config.retry_after_s, config.debug)
+    api = API(engine, config)
 
     @asynccontextmanager
     async def lifespan(app):

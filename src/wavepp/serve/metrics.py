@@ -103,13 +103,11 @@ class ServeMetrics:
     def _feed_rounds(self) -> None:
         """Observe the round latencies recorded since the last scrape (the engine keeps a window)."""
         try:
-            stats = self.engine.stats()
+            stats = self.engine.stats(rounds_since=self._rounds_seen)   # no whole-window copy
         except Exception:   # noqa: BLE001 - a dead engine has no new rounds
             return
-        new = stats.num_rounds - self._rounds_seen
-        if new > 0:
-            for latency in stats.round_latencies_s[-new:]:
-                self.rounds.observe(latency)
+        for latency in stats.round_latencies_s:
+            self.rounds.observe(latency)
         self._rounds_seen = stats.num_rounds
         self.last_stats = stats
 

@@ -79,11 +79,13 @@ def parse_kv_transfer(body: dict, stream: bool) -> bool:
 
 
 def parse_json(raw: bytes):
-    """The request body as JSON; 400 if it is not JSON, or nests deeper than the parser goes."""
+    """The request body as JSON; 400 if it is not JSON, nests deeper than the parser goes, or
+    holds an integer longer than Python converts (4,300 digits: a ValueError that is not a
+    JSONDecodeError)."""
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
     except RecursionError:
         raise APIError(400, "the request body is not valid JSON here: it nests too deeply") from None
 

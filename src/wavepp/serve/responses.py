@@ -85,13 +85,15 @@ class Responses:
 
     def first_text(self, r) -> str:
         """The first token's text, as the answer's text."""
-        return self.engine.decode([r.first_token_id]) if self.has_tokenizer else self.token_text(r.first_token_id)
+        if self.has_tokenizer:
+            return self.engine.tokenizer.token_text(r.first_token_id)
+        return self.token_text(r.first_token_id)
 
     def token_text(self, token_id: int) -> str:
-        """A token's text; "token_id:N" when there is no tokenizer or the token alone is not
-        valid text."""
+        """A token's text (decoded alone, cached by the tokenizer); "token_id:N" when there is
+        no tokenizer or the token alone is not valid text."""
         if self.has_tokenizer:
-            text = self.engine.decode([token_id])
+            text = self.engine.tokenizer.token_text(token_id)
             if "\ufffd" not in text:
                 return text
         return f"token_id:{token_id}"

@@ -3,9 +3,12 @@ submitted and awaited, and aborted when its client leaves.
 
 The engine's methods take the leader's lock, which its LOOP thread holds while it plans a
 wave; called on the event loop they would stall every connection for as long. So each call
-(`load`, `submit`, `abort`, `tokenize`, `stats`, ...) runs on a small thread pool of its own,
-and the loop only awaits it. The pool is not the loop's default executor, so a long
-`/debug/integrity` wait cannot starve requests of threads.
+(`load`, `submit`, `abort`, `stats`, ...) runs on a small thread pool of its own (`call`), and
+the loop only awaits it. Work that takes long for a large request and no lock of the engine's
+(tokenizing, detokenizing, parsing a large body, building and serializing an answer) runs on a
+second pool (`work`), so a few large requests cannot take the threads the engine calls of every
+other request need. Neither pool is the loop's default executor, so a long `/debug/integrity`
+wait cannot starve requests of threads.
 
 A prompt's life here:
 
@@ -31,6 +34,7 @@ from wavepp.serve.errors import APIError
 from wavepp.serve.metrics import ServeMetrics
 
 ENGINE_THREADS = 8
+WORK_THREADS = 8
 
 
 @dataclass
@@ -47,13 +51,21 @@ class Runner:
         self.max_waiting = max_waiting
         self.retry_after_s = retry_after_s
         self.pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="wavepp-engine")
+        self.work_pool = ThreadPoolExecutor(WORK_THREADS, thread_name_prefix="wavepp-work")
 
     async def call(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the engine pool; the loop awaits it."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, functools.partial(fn, *args, **kwargs))
+
+    async def work(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the work pool (no engine lock; long for a large request)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.work_pool, functools.partial(fn, *args, **kwargs))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.work_pool.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, token_lists, logprob_start, kv_transfer: bool = False) -> Submission:
         """Check the pipeline is up (503) and has room (429), then queue every prompt, off the

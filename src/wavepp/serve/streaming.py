@@ -45,7 +45,9 @@ def completion_events(runner: Runner, responses: Responses, request: Request, re
     async def events():
         async for index, result in _as_finished(request, submission):
             results[index] = result
-            choice = responses.completion_choice(req, index, req.prompts[index], token_lists[index], result)
+            # built on the work pool: with echo and logprobs it decodes every prompt token
+            choice = await runner.work(responses.completion_choice, req, index, req.prompts[index],
+                                       token_lists[index], result)
             yield sse({**head, "choices": [choice]})
         if req.include_usage:
             yield sse({**head, "choices": [], "usage": usage(token_lists, results, req.max_tokens)})

@@ -1,0 +1,110 @@
+"""The server's bounds on one request, and the two mechanisms that enforce them before any work
+is done: a body read that stops at the byte limit, and the slots of open streams.
+
+    what                      option                       default          beyond it
+    body bytes                --max-body-bytes             32 MiB           413
+    prompts in one request    --max-prompts-per-request    256 (and at      400: it could never
+      (score: items x labels)                              most --max-waiting)  be queued whole
+    prompt tokens             the model's positions and the smallest stage's cache   400
+    prompt characters         prompt tokens x the longest token string x 4           400, before
+                                                                                     tokenizing
+    logprobs, top_logprobs,   --top-k                      20               400
+      prompt_logprobs
+    open streams              --max-streams                256              429, Retry-After
+    prompts waiting           --max-waiting                256              429, Retry-After
+
+A text of n characters has at least n / (longest token string) tokens, so a text past the
+character bound cannot fit in the prompt-token bound whatever it says: it is refused without
+being tokenized (the factor 4 leaves room for a normalizer that joins characters, as NFC does).
+docs/serving.md has the same table for users.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from wavepp.serve.errors import APIError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+MiB = 2**20
+DEFAULT_MAX_BODY_BYTES = 32 * MiB
+DEFAULT_MAX_PROMPTS_PER_REQUEST = 256
+DEFAULT_MAX_STREAMS = 256
+# a normalizer may join characters (NFC: a letter and its combining accent become one), so a
+# text may shrink before it is tokenized; none shrinks it 4 times over
+NORMALIZATION_SLACK = 4
+
+
+async def read_body(request: "Request", max_bytes: int) -> bytes:
+    """The request's body, refused with 413 as soon as it passes `max_bytes` (by its
+    Content-Length, or while it arrives): a larger body is never held in memory whole."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_bytes:
+        raise _too_large(int(length), max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(size, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def max_prompt_chars(max_prompt_tokens: int, max_token_chars: int) -> int:
+    """The most characters a text prompt may have before it is refused untokenized."""
+    return max_prompt_tokens * max_token_chars * NORMALIZATION_SLACK
+
+
+class StreamSlots:
+    """At most `limit` server-sent-event streams open at once. `take` raises 429 when none is
+    free; the slot it returns is given back by `release` (idempotent), or when the stream's
+    generator is collected without ever having run (a client gone before the first event)."""
+
+    def __init__(self, limit: int, retry_after_s: int):
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self._open = 0
+        self._lock = threading.Lock()
+
+    @property
+    def num_open(self) -> int:
+        return self._open
+
+    def take(self) -> "StreamSlot":
+        with self._lock:
+            if self._open >= self.limit:
+                raise APIError(429, f"too many open streams ({self.limit}); retry later",
+                               type_="rate_limit_error",
+                               headers={"Retry-After": str(self.retry_after_s)})
+            self._open += 1
+        return StreamSlot(self)
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._open -= 1
+
+
+class StreamSlot:
+    def __init__(self, slots: StreamSlots):
+        self._slots = slots
+        self._held = True
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, False
+        if held:
+            self._slots._give_back()
+
+    def bind(self, stream) -> None:
+        """Release the slot when `stream` (an async generator) is collected, if not before."""
+        weakref.finalize(stream, self.release)
+
+
+def _too_large(size: int, max_bytes: int) -> APIError:
+    return APIError(413, f"the request body has {size} bytes or more; this server takes at most "
+                         f"{max_bytes} (--max-body-bytes)", type_="invalid_request_error")
