@@ -83,7 +83,7 @@ class StreamSlots:
             self._open += 1
         return StreamSlot(self)
 
-    def _give_back(self) -> None:
+    def give_back(self) -> None:
         with self._lock:
             self._open -= 1
 
@@ -98,7 +98,7 @@ class StreamSlot:
         with self._lock:
             held, self._held = self._held, False
         if held:
-            self._slots._give_back()
+            self._slots.give_back()
 
     def bind(self, stream) -> None:
         """Release the slot when `stream` (an async generator) is collected, if not before."""
