@@ -17,7 +17,6 @@ serialized on the work pool too: the event loop only moves bytes, so one large a
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 
 from wavepp.engine import Engine
 from wavepp.serve.chat import parse_chat, parse_detokenize, parse_tokenize
+from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
 from wavepp.serve.limits import StreamSlots, max_prompt_chars, read_body
 from wavepp.serve.metrics import ServeMetrics
@@ -263,39 +263,10 @@ class API:
 
 
 def answer(build, *args) -> Response:
-    """`build(*args)` serialized to a JSON response (on the work pool: the loop only sends it)."""
-    return Response(json_bytes(build(*args)), media_type="application/json")
-
-
-def json_bytes(value) -> bytes:
-    """`value` as compact JSON, serialized in pieces of at most PIECE_ITEMS list items or dict
-    entries: one C-level json.dumps holds the GIL for the whole value (an answer with 20
-    logprobs at each of 8,000 positions: tens of ms), so the event loop would wait as long."""
-    pieces: list[str] = []
-    _encode(value, pieces)
-    return "".join(pieces).encode()
-
-
-PIECE_ITEMS = 256
-_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-
-
-def _encode(value, pieces: list[str]) -> None:
-    if isinstance(value, dict) and len(value) > 1:
-        pieces.append("{")
-        for i, (key, item) in enumerate(value.items()):
-            pieces.append(("," if i else "") + _dumps(str(key)) + ":")
-            _encode(item, pieces)
-        pieces.append("}")
-    elif isinstance(value, (list, tuple)) and len(value) > PIECE_ITEMS:
-        pieces.append("[")
-        for start in range(0, len(value), PIECE_ITEMS):
-            for i, item in enumerate(value[start:start + PIECE_ITEMS]):
-                pieces.append("," if start or i else "")
-                _encode(item, pieces)
-        pieces.append("]")
-    else:
-        pieces.append(_dumps(value))
+    """`build(*args)` serialized to a JSON response (on the work pool: the loop only sends it),
+    with the cyclic garbage collector paused (encoding.gc_paused)."""
+    with gc_paused():
+        return Response(json_bytes(build(*args)), media_type="application/json")
 
 
 def _parse_body(parse, raw: bytes, *args):

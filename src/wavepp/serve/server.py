@@ -8,6 +8,7 @@ nothing is left behind whichever way the server stops; SIGTERM ends it with stat
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 
@@ -21,6 +22,10 @@ def run_server(engine_kwargs: dict, serve_config: ServeConfig, host: str = "127.
                port: int = 8000, drain_s: float = 10.0, log_level: str = "warning") -> None:
     """Start an Engine(**engine_kwargs), serve it on host:port, shut it down on exit."""
     engine = Engine(**engine_kwargs)
+    # what start-up made (modules, the model's objects, the tokenizer) lives as long as the
+    # server: out of the collector's sight, a full collection walks only what requests make
+    # (before: 100-200 ms a walk, holding the GIL, so every request waited as long)
+    gc.freeze()
     try:
         app = build_app(engine, serve_config, on_shutdown=engine.shutdown)
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,

@@ -24,6 +24,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from wavepp.serve.chat import ChatRequest
+from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
 from wavepp.serve.protocol import CompletionRequest
 from wavepp.serve.responses import Responses, new_id, usage
@@ -46,9 +47,7 @@ def completion_events(runner: Runner, responses: Responses, request: Request, re
         async for index, result in _as_finished(request, submission):
             results[index] = result
             # built on the work pool: with echo and logprobs it decodes every prompt token
-            choice = await runner.work(responses.completion_choice, req, index, req.prompts[index],
-                                       token_lists[index], result)
-            yield sse({**head, "choices": [choice]})
+            yield await runner.work(_chunk, responses, head, req, index, token_lists[index], result)
         if req.include_usage:
             yield sse({**head, "choices": [], "usage": usage(token_lists, results, req.max_tokens)})
 
@@ -72,6 +71,14 @@ def chat_events(runner: Runner, responses: Responses, request: Request, req: Cha
                 yield sse({**head, "choices": [], "usage": usage([ids], [result], req.max_tokens)})
 
     return _ended(events(), runner, submission)
+
+
+def _chunk(responses: Responses, head: dict, req: CompletionRequest, index: int, ids,
+           result) -> str:
+    """One prompt's event, built and serialized (on the work pool, the collector paused)."""
+    with gc_paused():
+        choice = responses.completion_choice(req, index, req.prompts[index], ids, result)
+        return f"data: {json_bytes({**head, 'choices': [choice]}).decode()}\n\n"
 
 
 async def _ended(events: AsyncIterator[str], runner: Runner, submission: Submission) -> AsyncIterator[str]:
