@@ -106,7 +106,7 @@ def test_a_failed_transfer_is_refused_with_its_reason_and_its_parts_dropped(tmp_
     with pytest.raises(TransferError) as err:
         store.read("t")
     assert err.value.reason == "failed" and "stage 1 could not write its part: No space left" in str(err.value)
-    assert sorted(f.name for f in (tmp_path / "t").iterdir()) == ["failed.json", "request.json"]
+    assert sorted(f.name for f in (tmp_path / "t").iterdir()) == [".wavepp-transfer", "failed.json", "request.json"]
     store.write_part("t", 1, b"x", {"num_tokens": 3})     # a late part changes nothing
     assert reason(store, "t") == "failed"
     store.mark_failed("gone", {0: "whatever"})             # a folder already dropped stays dropped
@@ -120,5 +120,69 @@ def test_a_write_that_fails_leaves_no_temporary_file(tmp_path):
     (tmp_path / "t" / "stage1.safetensors").mkdir()      # the rename onto it fails
     with pytest.raises(OSError):
         store.write_part("t", 1, b"x" * 10, {"num_tokens": 3})
-    assert [f.name for f in (tmp_path / "t").iterdir() if f.name.startswith(".")] == []
+    assert [f.name for f in (tmp_path / "t").iterdir() if f.name.endswith(".tmp")] == []
     assert reason(store, "t") == "incomplete"
+
+
+def _others(root):
+    """What a user keeps beside the store: an old folder with a file, one named like a transfer
+    (even with a request.json in it), a loose file, and a link named like a transfer that
+    points at a folder carrying the store's mark."""
+    (root / "my-notes").mkdir()
+    (root / "my-notes" / "todo.txt").write_text("keep me")
+    (root / "wpp-lookalike").mkdir()
+    (root / "wpp-lookalike" / "request.json").write_text('{"num_stages": 1, "owner": "a"}')
+    (root / "notes.txt").write_text("keep me too")
+    target = root.parent / f"{root.name}-elsewhere"
+    target.mkdir()
+    (target / ".wavepp-transfer").touch()
+    (target / "request.json").write_text('{"num_stages": 1, "owner": "a"}')
+    (root / "linked").symlink_to(target)
+    for p in (root / "my-notes", root / "wpp-lookalike", root / "notes.txt"):
+        os.utime(p, (1000, 1000))
+    return {p: p.read_text() for p in [root / "my-notes" / "todo.txt", root / "wpp-lookalike" / "request.json",
+                                        root / "notes.txt", target / "request.json"]}
+
+
+def test_folders_and_files_the_store_did_not_make_are_never_touched(tmp_path):
+    root = tmp_path / "home"
+    root.mkdir()
+    kept = _others(root)
+    store = DirectoryStore(root, ttl_s=1, max_bytes=1)       # everything past the TTL and the cap
+    make(store, "t1", owner="a")
+    assert store.total_bytes() > 0 and [e[0] for e in store._entries()] == ["t1"]
+    assert store.sweep(now=10**10) == ["t1"]
+    assert store.remove_owned("a") == 0
+    for name in ("my-notes", "wpp-lookalike", "linked"):
+        assert not store.remove(name)
+        assert reason(store, name) == "missing"
+        with pytest.raises(TransferError):
+            store.write_part(name, 0, b"x", {})
+        store.mark_failed(name, {0: "x"})
+    assert {p: p.read_text() for p in kept} == kept
+    assert sorted(p.name for p in root.iterdir()) == ["linked", "my-notes", "notes.txt", "wpp-lookalike"]
+    assert sorted(p.name for p in (root / "my-notes").iterdir()) == ["todo.txt"]
+
+
+def test_a_transfer_folder_keeps_files_the_store_did_not_write(tmp_path):
+    store = DirectoryStore(tmp_path)
+    make(store, "t")
+    (tmp_path / "t" / "mine.txt").write_text("not the store's")
+    assert store.remove("t")
+    assert [p.name for p in (tmp_path / "t").iterdir()] == ["mine.txt"]
+    assert store.total_bytes() == 0 and not store.remove("t")     # no longer a transfer
+
+
+def test_a_request_the_disk_cannot_take_leaves_no_folder(tmp_path, monkeypatch):
+    import errno
+
+    from wavepp.kv_transfer import store as store_module
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    store = DirectoryStore(tmp_path)
+    monkeypatch.setattr(store_module, "_write_atomic", full)
+    with pytest.raises(OSError, match="No space left"):
+        store.write_request("t", request())
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,10 @@
 """The directory store: where each stage leaves its layers' KV of a request for a decode engine.
 
     <root>/<transfer_id>/
+        .wavepp-transfer      the store's mark, made with the folder: the store reads, sweeps and
+                              removes only folders that carry it, whatever their names, and
+                              removes only the files it names below (a root shared with other
+                              folders and files is safe: they are never touched)
         request.json          written by rank 0 at submit: the prompt's token ids, the model,
                               the number of stages, the block size, its owner (the engine)
         stage<i>.safetensors  written by stage i after the request's last chunk ran there:
@@ -18,16 +22,17 @@ there, no failed.json, and every checksum holds (`read`). This module imports no
 tensor files are safetensors, packed and read by `export.py` and by the decode side's connector.
 
 Bounds: `sweep` drops transfers older than the TTL, then the oldest until the store holds at
-most `max_bytes`; `remove_owned` drops what one engine wrote (at its shutdown).
+most `max_bytes`; `remove_owned` drops what one engine wrote (at its shutdown). Who calls them,
+and when, is rank 0's hand-off (`handoff.py`), from a thread of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +40,12 @@ from pathlib import Path
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 REQUEST_FILE = "request.json"
 FAILED_FILE = "failed.json"
+MARKER_FILE = ".wavepp-transfer"
+# the files a transfer's folder may hold that the store wrote (the mark apart): removing a
+# transfer removes these and nothing else
+_NAMES = r"(?:request\.json|failed\.json|stage\d+\.(?:safetensors|json))"
+_OWN_FILE = re.compile(rf"^{_NAMES}$|^\.{_NAMES}\.\d+\.tmp$")
+log = logging.getLogger(__name__)
 
 
 class TransferError(Exception):
@@ -94,15 +105,20 @@ class DirectoryStore:
         FileExistsError if the id is taken."""
         folder = self.folder(transfer_id)
         folder.mkdir(parents=True, exist_ok=False)
-        _write_atomic(folder / REQUEST_FILE, json.dumps(request).encode())
+        try:
+            (folder / MARKER_FILE).touch(exist_ok=False)
+            _write_atomic(folder / REQUEST_FILE, json.dumps(request).encode())
+        except BaseException:          # a full disk, say: no folder left behind
+            _remove_folder(folder)
+            raise
 
     def write_part(self, transfer_id: str, stage_id: int, data: bytes, manifest: dict) -> None:
         """Stage `stage_id`'s tensors (safetensors bytes) and its manifest; the manifest goes
         last, with the data's sha256. A transfer whose folder is gone (dropped, or never
         created) raises TransferError("missing")."""
         folder = self.folder(transfer_id)
-        if not folder.is_dir():
-            raise TransferError(transfer_id, "missing", f"no folder {folder} (dropped or never created)")
+        if not is_transfer(folder):
+            raise TransferError(transfer_id, "missing", f"no transfer {transfer_id} (dropped or never created)")
         name = f"stage{stage_id}.safetensors"
         _write_atomic(folder / name, data)
         manifest = {**manifest, "stage_id": stage_id, "file": name, "bytes": len(data),
@@ -114,11 +130,11 @@ class DirectoryStore:
         `read` refuses) and drop the parts written, so the transfer is never read as part of a
         prompt. A folder already gone is left gone; OSError when the folder cannot be written."""
         folder = self.folder(transfer_id)
-        if not folder.is_dir():
+        if not is_transfer(folder):
             return
         _write_atomic(folder / FAILED_FILE, json.dumps({"stages": {str(s): e for s, e in errors.items()}}).encode())
         for f in folder.glob("stage*"):
-            if f.is_file():
+            if _OWN_FILE.match(f.name) and f.is_file():
                 f.unlink(missing_ok=True)
 
     # ---- readers -----------------------------------------------------------------------------
@@ -128,10 +144,12 @@ class DirectoryStore:
         is not there yet), failed (a stage reported its part failed: it never will be),
         corrupt (a checksum or a manifest that fails)."""
         folder = self.folder(transfer_id)
+        if not is_transfer(folder):
+            raise TransferError(transfer_id, "missing", f"no transfer {transfer_id} in the store")
         try:
             request = json.loads((folder / REQUEST_FILE).read_bytes())
         except FileNotFoundError:
-            raise TransferError(transfer_id, "missing", f"nothing under {folder}") from None
+            raise TransferError(transfer_id, "missing", f"{transfer_id} has no {REQUEST_FILE}") from None
         except (OSError, ValueError) as err:
             raise TransferError(transfer_id, "corrupt", f"{REQUEST_FILE}: {err}") from None
         try:
@@ -162,23 +180,33 @@ class DirectoryStore:
             parts.append(StagePart(stage_id, manifest, path))
         return Transfer(transfer_id, request, tuple(parts))
 
-    def remove(self, transfer_id: str) -> bool:
-        """Drop a transfer (taken by the decode side, or given up). True if it was there."""
+    def remove(self, transfer_id: str, *, owner: str | None = None) -> bool:
+        """Drop a transfer (taken by the decode side, or given up): its files, then its folder.
+        Only a folder the store made is touched; with `owner`, only one that owner wrote. True
+        if it was there."""
         folder = self.folder(transfer_id)
-        if not folder.exists():
+        if not is_transfer(folder) or (owner is not None and self.owner_of(transfer_id) != owner):
             return False
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove_folder(folder)
         return True
+
+    def owner_of(self, transfer_id: str) -> str | None:
+        """The engine that wrote the transfer (its request.json's owner), or None."""
+        try:
+            return json.loads((self.folder(transfer_id) / REQUEST_FILE).read_bytes()).get("owner")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     # ---- bounds ------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> list[str]:
         """Drop transfers older than the TTL, then the oldest until the store holds at most
-        max_bytes. Returns the ids dropped, oldest first."""
+        max_bytes; the cap never takes the newest (a cap below one transfer keeps one). Returns
+        the ids dropped, oldest first."""
         now = time.time() if now is None else now
         entries = sorted(self._entries(), key=lambda e: e[1])   # (id, created, bytes), oldest first
         dropped, total = [], sum(size for _, _, size in entries)
-        for transfer_id, created, size in entries:
-            over = self.max_bytes is not None and total > self.max_bytes
+        for i, (transfer_id, created, size) in enumerate(entries):
+            over = self.max_bytes is not None and total > self.max_bytes and i < len(entries) - 1
             if now - created > self.ttl_s or over:
                 self.remove(transfer_id)
                 dropped.append(transfer_id)
@@ -187,28 +215,61 @@ class DirectoryStore:
 
     def remove_owned(self, owner: str) -> int:
         """Drop every transfer whose request.json names `owner`. Returns how many."""
-        n = 0
-        for folder in list(self.root.iterdir()):
-            try:
-                if json.loads((folder / REQUEST_FILE).read_bytes()).get("owner") == owner:
-                    n += self.remove(folder.name)
-            except (OSError, ValueError):
-                continue
-        return n
+        return sum(self.remove(transfer_id, owner=owner) for transfer_id, _, _ in list(self._entries()))
 
     def total_bytes(self) -> int:
         return sum(size for _, _, size in self._entries())
 
     def _entries(self):
-        for folder in self.root.iterdir():
-            if not folder.is_dir() or not _ID.match(folder.name):
+        """(id, created, bytes) of every transfer the store made; other folders are not looked into."""
+        try:
+            folders = list(self.root.iterdir())
+        except FileNotFoundError:
+            return
+        for folder in folders:
+            if not _ID.match(folder.name) or not is_transfer(folder):
                 continue
             try:
-                created = (folder / REQUEST_FILE).stat().st_mtime
-            except OSError:
-                created = folder.stat().st_mtime
-            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+                try:
+                    created = (folder / REQUEST_FILE).stat().st_mtime
+                except FileNotFoundError:
+                    created = (folder / MARKER_FILE).stat().st_mtime
+                size = sum(f.stat().st_size for f in folder.iterdir() if _OWN_FILE.match(f.name))
+            except OSError:          # removed while looked at
+                continue
             yield folder.name, created, size
+
+
+def is_transfer(folder: Path) -> bool:
+    """A folder the store made: a real folder (not a link) holding the store's mark."""
+    try:
+        return not folder.is_symlink() and folder.is_dir() and (folder / MARKER_FILE).is_file() \
+            and not (folder / MARKER_FILE).is_symlink()
+    except OSError:
+        return False
+
+
+def _remove_folder(folder: Path, attempts: int = 3) -> None:
+    """The store's files of a transfer, its mark last, then the folder if that left it empty. A
+    folder that also holds files the store did not write loses the store's files and mark and
+    keeps the rest (logged). A writer racing the removal may add a file between the listing and
+    the rmdir: the listing is tried again."""
+    for _ in range(attempts):
+        try:
+            for f in folder.iterdir():
+                if _OWN_FILE.match(f.name) and not f.is_dir():
+                    f.unlink(missing_ok=True)
+            (folder / MARKER_FILE).unlink(missing_ok=True)
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            continue
+    others = sorted(f.name for f in folder.iterdir()) if folder.is_dir() else []
+    if others:
+        log.warning("KV store: %s holds files the store did not write (%s); they are left there",
+                    folder, ", ".join(others[:5]))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
