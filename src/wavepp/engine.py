@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from wavepp.kv_transfer import DirectoryStore, check_transfer_id
+from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.models import load_model_config, page_layout, stage_specs
+from wavepp.prefill_result import PrefillResult, with_transfer_error
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
@@ -32,39 +31,6 @@ from wavepp.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    request_id: int
-    num_prompt_tokens: int
-    num_cached_tokens: int            # reused from the cache on every stage
-    first_token_id: int | None        # None when the request failed (see error)
-    first_token_logprob: float | None
-    top_logprobs: tuple[tuple[int, float], ...]   # (token id, logprob), best first
-    ttft_s: float | None              # arrival -> first token
-    admission_s: float | None         # arrival -> admitted on every stage
-    error: str | None = None
-    first_token_text: str | None = None
-    # with logprob_start: for each position p from logprob_start to the prompt's last but one,
-    # (logprob of prompt token p + 1, ((token id, logprob), ...) top tokens at p)
-    prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
-    # with kv_transfer: where every stage wrote its layers' KV of the prompt (kv_transfer/store.py);
-    # "error" in it: a stage's part failed ("stage i: why"), and the transfer will not load
-    kv_transfer: dict | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def to_dict(self) -> dict:
-        return {
-            "request_id": self.request_id, "num_prompt_tokens": self.num_prompt_tokens,
-            "num_cached_tokens": self.num_cached_tokens, "first_token_id": self.first_token_id,
-            "first_token_text": self.first_token_text, "first_token_logprob": self.first_token_logprob,
-            "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
-            "admission_s": self.admission_s, "error": self.error, "kv_transfer": self.kv_transfer,
-        }
 
 
 class Engine:
@@ -92,8 +58,9 @@ class Engine:
 
         `kv_store`: a directory where every stage writes its layers' KV of the requests
         submitted with `kv_transfer`, for a decode engine to load (kv_transfer/); transfers live
-        until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first),
-        and those this engine wrote are removed at its shutdown. An answer waits at most
+        until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first;
+        default: half the file system's free space at start, kv_transfer/handoff.py), and those
+        this engine wrote are removed at its shutdown. An answer waits at most
         `kv_export_wait_s` after the prefill for the stages' parts (then names them failed).
 
         `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also
@@ -115,15 +82,14 @@ class Engine:
         self._tokenizer = Tokenizer(self.model_path)
         model_config = load_model_config(self.model_path)
         stage_specs(model_config.num_layers, pp, config.layer_split)   # the layers split into pp stages
-        self._kv_store = None
+        self._handoff = None
         if kv_store is not None:
             if page_layout(model_config).is_hybrid:
                 raise ValueError(f"the KV hand-off does not carry recurrent-state snapshots yet: "
                                  f"{model_config.model_type} cannot take kv_store")
             max_bytes = None if kv_store_max_gib is None else int(kv_store_max_gib * 2**30)
-            self._kv_store = DirectoryStore(kv_store, max_bytes=max_bytes, ttl_s=kv_ttl_s)
-            config = dataclasses.replace(config, kv_store=str(self._kv_store.root), kv_export_wait_s=kv_export_wait_s)
-        self._kv_owner = f"{uuid.uuid4().hex}"
+            self._handoff = KVHandoff(kv_store, max_bytes=max_bytes, ttl_s=kv_ttl_s)
+            config = dataclasses.replace(config, kv_store=str(self._handoff.root), kv_export_wait_s=kv_export_wait_s)
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
@@ -137,6 +103,8 @@ class Engine:
             raise
         self._closed = False
         self._core.start(self._result)
+        if self._handoff is not None:
+            self._handoff.start()
         self._cluster.watch(self._core.fail)
         self.vocab_size = self._core.vocab_size
 
@@ -161,7 +129,8 @@ class Engine:
         `kv_transfer` says where the stages wrote it. The future resolves once every stage
         has written its part, or failed to: then `kv_transfer["error"]` names the stage and
         why (the first token is still the answer; the transfer is marked failed and will not
-        load)."""
+        load). A store that cannot take the transfer (a full disk) is such an error too: the
+        prompt is prefilled without its hand-off."""
         token_ids = self.tokenize(prompt)
         if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
@@ -169,13 +138,24 @@ class Engine:
                                           or not 0 <= logprob_start < len(token_ids)):
             raise ValueError(f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
                              f"got {logprob_start!r}")
-        export_id = None if kv_transfer is False or kv_transfer is None else self._open_transfer(token_ids, kv_transfer)
+        export_id, refused = None, None
+        if kv_transfer is not False and kv_transfer is not None:
+            if self._handoff is None:
+                raise ValueError("kv_transfer needs a KV store: start the engine with kv_store=DIR")
+            try:
+                export_id = self._handoff.open(token_ids, kv_transfer, {
+                    "model": str(self.model_path), "num_stages": self.config.num_stages,
+                    "block_size": self.config.block_size, "dtype": self.config.dtype})
+            except OSError as err:
+                refused = f"the KV store could not take the transfer: {err.strerror or err}"
+                log.warning("KV hand-off refused: %s", refused)
         try:
-            return self._core.submit(request_id, token_ids, logprob_start=logprob_start, export_id=export_id)
+            fut = self._core.submit(request_id, token_ids, logprob_start=logprob_start, export_id=export_id)
         except BaseException:
             if export_id is not None:
-                self._kv_store.remove(export_id)
+                self._handoff.drop(export_id)
             raise
+        return fut if refused is None else with_transfer_error(fut, refused)
 
     def prefill(self, prompts: Sequence[Prompt]) -> list[PrefillResult]:
         """Prefill every prompt; results in order. Every prompt is checked before any is
@@ -292,8 +272,8 @@ class Engine:
             self._core.shutdown()
         finally:
             self._cluster.close()
-            if self._kv_store is not None:   # what this engine wrote goes with it
-                self._kv_store.remove_owned(self._kv_owner)
+            if self._handoff is not None:   # the sweeper stops; what this engine wrote goes
+                self._handoff.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -347,32 +327,10 @@ class Engine:
         except ValueError:
             return None
 
-    def _open_transfer(self, token_ids: list[int], kv_transfer: bool | str) -> str:
-        """Check the transfer asked for, write its request.json, drop expired transfers; the id."""
-        if self._kv_store is None:
-            raise ValueError("kv_transfer needs a KV store: start the engine with kv_store=DIR")
-        if kv_transfer is True:
-            transfer_id = f"wpp-{uuid.uuid4().hex}"
-        elif isinstance(kv_transfer, str):
-            transfer_id = check_transfer_id(kv_transfer)
-        else:
-            raise ValueError(f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}")
-        self._kv_store.sweep()
-        try:
-            self._kv_store.write_request(transfer_id, {
-                "token_ids": token_ids, "model": str(self.model_path), "num_stages": self.config.num_stages,
-                "block_size": self.config.block_size, "dtype": self.config.dtype, "owner": self._kv_owner})
-        except FileExistsError:
-            raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
-        return transfer_id
-
-    def _mark_failed(self, transfer_id: str, errors: dict[int, str]) -> None:
-        """A stage's part failed: the transfer is marked so (the decode side refuses it at once,
-        naming why) and the other parts go. Best effort: an unwritable store stays incomplete."""
-        try:
-            self._kv_store.mark_failed(transfer_id, errors)
-        except OSError as err:
-            log.warning("KV transfer %s: its failure could not be recorded in the store: %s", transfer_id, err)
+    def drop_transfer(self, transfer_id: str) -> bool:
+        """Give up a KV transfer this engine wrote (the decode side failed): removed off this
+        thread. False for an id that is unknown, another engine's, or with no store."""
+        return self._handoff is not None and self._handoff.drop(transfer_id)
 
     def _result(self, request_id: int, req, export_errors: dict[int, str] | None = None) -> PrefillResult:
         ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
@@ -380,7 +338,7 @@ class Engine:
         token = req.result
         if req.state != RequestState.DONE or token is None:
             if req.export_id is not None:
-                self._kv_store.remove(req.export_id)
+                self._handoff.drop(req.export_id)
             return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
                                  error=req.failure or req.state.value)
         text = self._tokenizer.token_text_if_loaded(token.token_id)   # cached: never waits
@@ -392,11 +350,8 @@ class Engine:
                 for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs))
         transfer = None
         if req.export_id is not None:
-            transfer = {"transfer_id": req.export_id, "store": str(self._kv_store.root), "num_tokens": req.num_tokens,
-                        "num_stages": self.config.num_stages, "block_size": self.config.block_size}
-            if export_errors:
-                transfer["error"] = "; ".join(f"stage {stage}: {why}" for stage, why in export_errors.items())
-                self._mark_failed(req.export_id, export_errors)
+            transfer = self._handoff.answer(req.export_id, req.num_tokens, {
+                "num_stages": self.config.num_stages, "block_size": self.config.block_size}, export_errors)
         return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
                              token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
                              first_token_text=text, prompt_logprobs=prompt_logprobs, kv_transfer=transfer)

@@ -149,10 +149,19 @@ def test_kv_transfer_refused_clearly(tiny, tmp_path):
             engine.submit([4, 5, 6], kv_transfer="taken")
         # a prompt no stage can serve fails alone, and leaves no transfer behind
         failed = engine.submit([1] * 600, kv_transfer="too-long").result(timeout=60)
-        assert not failed.ok and not (tmp_path / "too-long").exists()
+        assert not failed.ok and eventually(lambda: not (tmp_path / "too-long").exists())
         assert json.loads((tmp_path / "taken" / "request.json").read_text())["token_ids"] == [1, 2, 3]
         assert_clean(engine)
 
+
+
+def eventually(cond, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _first_token(reference, prompt) -> int:
@@ -211,12 +220,17 @@ def test_a_failed_export_is_reported_and_never_loads(tiny, reference, tmp_path, 
                 stage = int(name[-1])
                 assert transfer["error"].startswith(f"stage {stage}: ") and transfer["transfer_id"] == name
                 assert ("Is a directory" if stage == 1 else "No space left on device (injected)") in transfer["error"]
+                # the decode side refuses params with "error" at once; the store's mark follows,
+                # written off the engine's lock
+                assert eventually(lambda: (store_dir / name / "failed.json").exists())
+                plan = _plan(store, name, prompts[name], cfg)
                 assert plan.num_tokens == 0 and f"stage {stage} could not write its part" in plan.reason, plan
                 with pytest.raises(TransferError) as err:
                     store.read(name)
                 assert err.value.reason == "failed"
                 left = sorted(f.name for f in (store_dir / name).iterdir())
-                assert left == ["failed.json", "request.json"] + (["stage1.safetensors"] if stage == 1 else []), left
+                assert left == [".wavepp-transfer", "failed.json", "request.json"] + (
+                    ["stage1.safetensors"] if stage == 1 else []), left
         kv = exported_kv(store.read("good-b"), cfg.num_hidden_layers, cfg.num_key_value_heads)
         with torch.no_grad():
             ref = reference(torch.tensor([prompts["good-b"]]), use_cache=True).past_key_values
@@ -253,8 +267,8 @@ def test_the_store_cap_drops_the_oldest_transfer_while_its_stage_writes(tiny, re
                 profile_waves=False) as engine:
         release = hold_stage0_writes(engine, "old")
         old = engine.submit(prompts["old"], kv_transfer="old")
-        new = engine.submit(prompts["new"], kv_transfer="new")     # sweeps: "old" is over the cap
-        assert not (store_dir / "old").exists()
+        new = engine.submit(prompts["new"], kv_transfer="new")     # wakes the sweeper: "old" is over the cap
+        assert eventually(lambda: not (store_dir / "old").exists())
         release.set()
         old, new = old.result(timeout=60), new.result(timeout=60)
         store = DirectoryStore(store_dir)

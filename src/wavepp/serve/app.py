@@ -5,6 +5,7 @@ health and metrics.
     POST /v1/chat/completions  the same for chat messages, through the model's chat template
     POST /v1/score             one query, many items: each item's probabilities over label tokens
     POST /tokenize, /detokenize  as vLLM has them
+    DELETE /v1/kv_transfers/{id}  give up a KV hand-off (the decode side failed: the router says so)
     GET  /v1/models, /health, /metrics
     GET  /debug/integrity, POST /debug/reset (with debug=True: both wait for the pipeline to be idle)
 
@@ -89,6 +90,15 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request):
         return await api.detokenize(request)
+
+    @app.delete("/v1/kv_transfers/{transfer_id}")
+    async def drop_transfer(transfer_id: str):
+        """A transfer this server wrote, given up: removed from the store (off the request's
+        path). 404 for one it does not hold (taken, expired, another server's, never made)."""
+        if not await api.runner.work(engine.drop_transfer, transfer_id):
+            raise APIError(404, f"no KV transfer {transfer_id[:140]!r} of this server's is held",
+                           "transfer_id", type_="not_found_error")
+        return {"id": transfer_id, "object": "kv_transfer", "deleted": True}
 
     @app.get("/v1/models")
     async def models():

@@ -1,0 +1,154 @@
+"""Rank 0's side of the KV hand-off: it opens a transfer for a request that asks for one, says
+in the answer where the stages wrote it, drops what is given up, and keeps the store within its
+bounds from a thread of its own.
+
+    handoff = KVHandoff(root, max_bytes=None, ttl_s=600)   # None: the default cap below
+    handoff.start()
+    transfer_id = handoff.open(token_ids, True, meta)       # request.json written (the caller's thread)
+    params = handoff.answer(transfer_id, num_tokens, meta, errors)   # kv_transfer_params
+    handoff.drop(transfer_id)                                # given up: removed by the sweeper
+    handoff.close()                                          # the sweeper stops; our transfers go
+
+Nothing slow runs in the caller's thread but `open`'s one small file: removals, failure marks
+and sweeps are queued to the sweeper, which wakes at least every `sweep_interval_s` (a quarter
+of the TTL, at most 5 s), so a transfer outlives its TTL by at most that with no traffic at all.
+
+The size cap: `max_bytes` when given, else DEFAULT_FREE_FRACTION of the space free on the store's
+file system when the engine starts (a store that fills its disk fails every hand-off, and
+everything else on that disk). Transfers still being written may take the store past it until
+the next sweep; the sweeper drops the oldest first.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from wavepp.kv_transfer.store import DirectoryStore, check_transfer_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FREE_FRACTION = 0.5
+MAX_SWEEP_INTERVAL_S = 5.0
+
+
+def default_max_bytes(root: str | Path) -> int:
+    """DEFAULT_FREE_FRACTION of the free space of the file system `root` is on (at least 1 MiB)."""
+    path = Path(root)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return max(2**20, int(shutil.disk_usage(path).free * DEFAULT_FREE_FRACTION))
+
+
+class KVHandoff:
+    def __init__(self, root: str | Path, *, max_bytes: int | None = None, ttl_s: float = 600.0,
+                 sweep_interval_s: float | None = None):
+        cap = default_max_bytes(root) if max_bytes is None else max_bytes
+        self.store = DirectoryStore(root, max_bytes=cap, ttl_s=ttl_s)
+        self.owner = uuid.uuid4().hex
+        self.sweep_interval_s = (min(MAX_SWEEP_INTERVAL_S, max(0.01, ttl_s / 4))
+                                 if sweep_interval_s is None else sweep_interval_s)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str, dict | None]] = []    # ("drop" | "fail", id, errors)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.num_swept = 0          # transfers dropped by the TTL or the cap
+
+    @property
+    def root(self) -> Path:
+        return self.store.root
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="wavepp-kv-sweeper", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the sweeper (what is queued is done first), then remove what this engine wrote."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._work()
+        self.store.remove_owned(self.owner)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def open(self, token_ids: list[int], kv_transfer: bool | str, meta: dict) -> str:
+        """A new transfer's id, its request.json written (`meta`: model, num_stages, block_size,
+        dtype). ValueError for an id that is bad or in use; OSError when the store cannot take
+        it (a full disk: nothing is left behind)."""
+        if kv_transfer is True:
+            transfer_id = f"wpp-{uuid.uuid4().hex}"
+        elif isinstance(kv_transfer, str):
+            transfer_id = check_transfer_id(kv_transfer)
+        else:
+            raise ValueError(f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}")
+        try:
+            self.store.write_request(transfer_id, {"token_ids": token_ids, **meta, "owner": self.owner})
+        except FileExistsError:
+            raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
+        self._wake.set()            # the cap is checked with every new transfer
+        return transfer_id
+
+    def answer(self, transfer_id: str, num_tokens: int, meta: dict,
+               errors: dict[int, str] | None = None) -> dict:
+        """The answer's kv_transfer_params: which transfer, and what a decode engine checks it
+        against. With `errors` ({stage: why}) the transfer is marked failed (by the sweeper;
+        the decode side refuses params with "error" without reading the store)."""
+        params = {"transfer_id": transfer_id, "num_tokens": num_tokens, **meta}
+        if errors:
+            params["error"] = "; ".join(f"stage {stage}: {why}" for stage, why in errors.items())
+            self._queue("fail", transfer_id, errors)
+        return params
+
+    def drop(self, transfer_id: str) -> bool:
+        """Give up a transfer this engine wrote (its request failed, or the decode side did):
+        queued for the sweeper. False for an id that is bad, unknown or another engine's."""
+        try:
+            check_transfer_id(transfer_id)
+        except ValueError:
+            return False
+        if self.store.owner_of(transfer_id) != self.owner:
+            return False
+        self._queue("drop", transfer_id, None)
+        return True
+
+    def total_bytes(self) -> int:
+        return self.store.total_bytes()
+
+    # ---- the sweeper -------------------------------------------------------------------------
+    def _queue(self, what: str, transfer_id: str, errors: dict | None) -> None:
+        with self._lock:
+            self._pending.append((what, transfer_id, errors))
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.sweep_interval_s)
+            self._wake.clear()
+            try:
+                self._work()
+            except Exception:        # a store that went away: logged, tried again next time
+                log.exception("KV store sweep failed")
+
+    def _work(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for what, transfer_id, errors in pending:
+            if what == "drop":
+                self.store.remove(transfer_id, owner=self.owner)
+                continue
+            try:
+                self.store.mark_failed(transfer_id, errors)
+            except OSError as err:
+                log.warning("KV transfer %s: its failure could not be recorded in the store: %s",
+                            transfer_id, err)
+        dropped = self.store.sweep(time.time())
+        self.num_swept += len(dropped)
+        if dropped:
+            log.info("KV store: %d transfer(s) past the TTL or the size cap dropped", len(dropped))
