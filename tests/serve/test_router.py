@@ -13,7 +13,7 @@ from wavepp.serve.protocol import parse_completion
 from wavepp.serve.router import RouteConfig, build_router, prefill_body
 
 PREFILL, DECODE = "http://prefill", "http://decode"
-PARAMS = {"transfer_id": "wpp-1", "store": "/s", "num_tokens": 5, "num_stages": 2, "block_size": 16}
+PARAMS = {"transfer_id": "wpp-1", "num_tokens": 5, "num_stages": 2, "block_size": 16}
 
 
 def router(prefill_status=200, decode_status=200, prefill_params=PARAMS, stream_chunks=None):

@@ -15,7 +15,10 @@ def add_parser(sub) -> None:
     p.add_argument("--decode", required=True, metavar="URL", help="the vLLM server with the WavePPConnector")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--timeout-s", type=float, default=600.0, help="per upstream request (default 600)")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="per upstream request; past it the client gets 504 (default 600)")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 2**20,
+                   help="a larger request body gets 413 before it is read whole (default 32 MiB)")
     p.set_defaults(func=run)
 
 
@@ -28,7 +31,8 @@ def run(args) -> int:
         url = getattr(args, name)
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--{name} must be an http(s) URL, got {url!r}")
-    app = build_router(RouteConfig(args.prefill.rstrip("/"), args.decode.rstrip("/"), args.timeout_s))
+    app = build_router(RouteConfig(args.prefill.rstrip("/"), args.decode.rstrip("/"), args.timeout_s,
+                                   args.max_body_bytes))
     print(f"wavepp route: prefill {args.prefill}, decode {args.decode} on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
