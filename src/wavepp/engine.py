@@ -88,7 +88,8 @@ class Engine:
                 raise ValueError(f"the KV hand-off does not carry recurrent-state snapshots yet: "
                                  f"{model_config.model_type} cannot take kv_store")
             max_bytes = None if kv_store_max_gib is None else int(kv_store_max_gib * 2**30)
-            self._handoff = KVHandoff(kv_store, max_bytes=max_bytes, ttl_s=kv_ttl_s)
+            self._handoff = KVHandoff(kv_store, num_stages=pp, export_wait_s=kv_export_wait_s,
+                                      max_bytes=max_bytes, ttl_s=kv_ttl_s)
             config = dataclasses.replace(config, kv_store=str(self._handoff.root), kv_export_wait_s=kv_export_wait_s)
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
@@ -97,14 +98,14 @@ class Engine:
         try:
             self.config = dataclasses.replace(config, model_path=str(self.model_path),
                                               run_dir=self._cluster.run_dir)
-            self._core = EngineCore(self.config, self._cluster.channels, self._cluster.dead_stage)
+            self._core = EngineCore(self.config, self._cluster.channels, self._cluster.dead_stage, self._handoff)
         except BaseException:
             self._cluster.close(timeout_s=2)
             raise
         self._closed = False
         self._core.start(self._result)
         if self._handoff is not None:
-            self._handoff.start()
+            self._handoff.start(self._core.answer_overdue)
         self._cluster.watch(self._core.fail)
         self.vocab_size = self._core.vocab_size
 
@@ -250,7 +251,7 @@ class Engine:
     def kv_export_counts(self) -> tuple[int, int]:
         """KV parts the stages reported (written, failed) since the engine started, those of
         requests that ended before their parts did included."""
-        return self._core.export_counts()
+        return (0, 0) if self._handoff is None else self._handoff.counts()
 
     def stats(self, rounds_since: int | None = None) -> CoreStats:
         """A consistent snapshot of per-stage time, rounds and waves since the last reset (with

@@ -64,7 +64,7 @@ def test_ttl_then_size_cap_oldest_first(tmp_path):
     for i, name in enumerate(["old", "mid", "new", "newest"]):
         make(store, name, size=100)
         stamp = 1000 + 10 * i
-        os.utime(tmp_path / name / "request.json", (stamp, stamp))
+        (tmp_path / name / ".wavepp-transfer").write_text(str(stamp * 10**9))   # its creation time
     per_transfer = store.total_bytes() // 4          # request.json, two parts, two manifests
     assert store.total_bytes() == 4 * per_transfer
     store.max_bytes = 2 * per_transfer
@@ -186,3 +186,20 @@ def test_a_request_the_disk_cannot_take_leaves_no_folder(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         store.write_request("t", request())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cap_orders_by_the_marks_time_and_spares_a_transfer_being_made(tmp_path):
+    """Files' mtimes are as coarse as the kernel's tick: two transfers made within one tick have
+    the same. The cap goes by the time in the mark, so the newer is kept whatever the listing's
+    order; and a transfer still being made (its request.json not written yet) is not dropped."""
+    store = DirectoryStore(tmp_path, max_bytes=1)
+    for name in ("b-newer", "a-older"):
+        make(store, name)
+        os.utime(tmp_path / name / "request.json", (5000, 5000))
+    (tmp_path / "a-older" / ".wavepp-transfer").write_text(str(1000 * 10**9))
+    (tmp_path / "b-newer" / ".wavepp-transfer").write_text(str(2000 * 10**9))
+    making = tmp_path / "c-making"
+    making.mkdir()
+    (making / ".wavepp-transfer").write_text(str(1500 * 10**9))
+    assert store.sweep(now=2001) == ["a-older"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b-newer", "c-making"]

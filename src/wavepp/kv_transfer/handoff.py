@@ -1,17 +1,23 @@
-"""Rank 0's side of the KV hand-off: it opens a transfer for a request that asks for one, says
-in the answer where the stages wrote it, drops what is given up, and keeps the store within its
-bounds from a thread of its own.
+"""Rank 0's side of the KV hand-off, one component: it opens a transfer for a request that asks
+for one, tracks which stages have reported their parts (reports.py) and answers a request whose
+stages stay silent past the deadline, says in the answer which transfer the stages wrote, drops
+what is given up, and keeps the store within its bounds, from a thread of its own.
 
-    handoff = KVHandoff(root, max_bytes=None, ttl_s=600)   # None: the default cap below
-    handoff.start()
-    transfer_id = handoff.open(token_ids, True, meta)       # request.json written (the caller's thread)
+    handoff = KVHandoff(root, num_stages=2, export_wait_s=60, max_bytes=None, ttl_s=600)
+    transfer_id = handoff.open(token_ids, True, meta)   # request.json written (the caller's thread)
+    handoff.expect(request_id)                          # the engine core, at submit
+    handoff.start(on_overdue)                           # on_overdue(req, errors): a deadline passed
+    handoff.finished(req) / handoff.report(outcome) / handoff.take_errors(request_id)
     params = handoff.answer(transfer_id, num_tokens, meta, errors)   # kv_transfer_params
-    handoff.drop(transfer_id)                                # given up: removed by the sweeper
-    handoff.close()                                          # the sweeper stops; our transfers go
+    handoff.drop(transfer_id)                           # given up: removed by the thread
+    handoff.close()                                     # the thread stops; our transfers go
 
-Nothing slow runs in the caller's thread but `open`'s one small file: removals, failure marks
-and sweeps are queued to the sweeper, which wakes at least every `sweep_interval_s` (a quarter
-of the TTL, at most 5 s), so a transfer outlives its TTL by at most that with no traffic at all.
+Its state is under its own lock, never held while it calls out: the engine core calls it under
+the core's lock, and its thread calls `on_overdue` (which takes the core's lock) with none of its
+own held. Nothing slow runs in the caller's thread but `open`'s one small file: removals,
+failure marks and sweeps are queued to the thread, which wakes at each new transfer, at the
+next deadline, and at least every `sweep_interval_s` (a quarter of the TTL, at most 5 s), so a
+transfer outlives its TTL by at most that with no traffic at all.
 
 The size cap: `max_bytes` when given, else DEFAULT_FREE_FRACTION of the space free on the store's
 file system when the engine starts (a store that fills its disk fails every hand-off, and
@@ -27,7 +33,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
+from wavepp.kv_transfer.reports import ExportReports
 from wavepp.kv_transfer.store import DirectoryStore, check_transfer_id
 
 log = logging.getLogger(__name__)
@@ -45,10 +53,16 @@ def default_max_bytes(root: str | Path) -> int:
 
 
 class KVHandoff:
-    def __init__(self, root: str | Path, *, max_bytes: int | None = None, ttl_s: float = 600.0,
-                 sweep_interval_s: float | None = None):
+    def __init__(self, root: str | Path, *, num_stages: int = 1, export_wait_s: float = 60.0,
+                 max_bytes: int | None = None, ttl_s: float = 600.0, sweep_interval_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        if not export_wait_s > 0:
+            raise ValueError(f"the wait for the stages' KV parts must be positive, got {export_wait_s} s")
         cap = default_max_bytes(root) if max_bytes is None else max_bytes
         self.store = DirectoryStore(root, max_bytes=cap, ttl_s=ttl_s)
+        self.clock = clock
+        self._reports = ExportReports(num_stages, export_wait_s)
+        self._on_overdue: Callable = lambda req, errors: None
         self.owner = uuid.uuid4().hex
         self.sweep_interval_s = (min(MAX_SWEEP_INTERVAL_S, max(0.01, ttl_s / 4))
                                  if sweep_interval_s is None else sweep_interval_s)
@@ -64,18 +78,60 @@ class KVHandoff:
         return self.store.root
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="wavepp-kv-sweeper", daemon=True)
+    def start(self, on_overdue: Callable | None = None) -> None:
+        """Start the thread; `on_overdue(req, errors)` answers a held request whose deadline
+        passed (called with no lock of this component's held)."""
+        if on_overdue is not None:
+            self._on_overdue = on_overdue
+        self._thread = threading.Thread(target=self._run, name="wavepp-kv-handoff", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the sweeper (what is queued is done first), then remove what this engine wrote."""
+        """Stop the thread (what is queued is done first), forget the hand-offs in flight, then
+        remove what this engine wrote."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self._work()
+        self._store_work()
+        with self._lock:
+            self._reports.clear()
         self.store.remove_owned(self.owner)
+
+    # ---- the stages' reports (the engine core, under its lock) -------------------------------
+    def expect(self, request_id: int) -> None:
+        """The request (the leader's id) exports: its answer waits for every stage's report."""
+        with self._lock:
+            self._reports.expect(request_id)
+
+    def finished(self, req) -> bool:
+        """The leader finished `req`: True while its answer waits for stage reports (then
+        `report` or the deadline answers it); False: answer it now, with `take_errors`."""
+        with self._lock:
+            held = self._reports.finished(req, self.clock())
+        if held:
+            self._wake.set()        # its deadline may be the next one
+        return held
+
+    def report(self, outcome) -> tuple[object, dict[int, str]] | None:
+        """A stage's outcome of one part: counted; the held request it completes, with its errors."""
+        with self._lock:
+            return self._reports.report(outcome)
+
+    def take_errors(self, request_id: int) -> dict[int, str]:
+        """{stage: why} of the request's failed parts; the request is forgotten (also for one
+        that never exported, or ended otherwise)."""
+        with self._lock:
+            return self._reports.take_errors(request_id)
+
+    def counts(self) -> tuple[int, int]:
+        """Parts the stages reported since the engine started: (written, failed)."""
+        with self._lock:
+            return self._reports.num_written, self._reports.num_failed
+
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._reports)
 
     # ---- requests ----------------------------------------------------------------------------
     def open(self, token_ids: list[int], kv_transfer: bool | str, meta: dict) -> str:
@@ -128,15 +184,26 @@ class KVHandoff:
         self._wake.set()
 
     def _run(self) -> None:
+        next_sweep = 0.0
         while not self._stop.is_set():
-            self._wake.wait(self.sweep_interval_s)
-            self._wake.clear()
-            try:
-                self._work()
-            except Exception:        # a store that went away: logged, tried again next time
-                log.exception("KV store sweep failed")
+            with self._lock:
+                overdue, due = self._reports.expire(self.clock())
+            for req, errors in overdue:
+                self._on_overdue(req, errors)
+            now = self.clock()
+            if now >= next_sweep or self._wake.is_set():
+                self._wake.clear()
+                next_sweep = now + self.sweep_interval_s
+                try:
+                    self._store_work()
+                except Exception:        # a store that went away: logged, tried again next time
+                    log.exception("KV store sweep failed")
+            wait = next_sweep - self.clock()
+            if due is not None:
+                wait = min(wait, due - self.clock() + 1e-3)
+            self._wake.wait(max(0.0, wait))
 
-    def _work(self) -> None:
+    def _store_work(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
         for what, transfer_id, errors in pending:

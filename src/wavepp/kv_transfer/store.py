@@ -1,10 +1,12 @@
 """The directory store: where each stage leaves its layers' KV of a request for a decode engine.
 
     <root>/<transfer_id>/
-        .wavepp-transfer      the store's mark, made with the folder: the store reads, sweeps and
-                              removes only folders that carry it, whatever their names, and
-                              removes only the files it names below (a root shared with other
-                              folders and files is safe: they are never touched)
+        .wavepp-transfer      the store's mark, made with the folder, holding its creation time
+                              (ns): the store reads, sweeps and removes only folders that carry
+                              it, whatever their names, and removes only the files it names
+                              below (a root shared with other folders and files is safe: they
+                              are never touched); the time orders the transfers (a file's mtime
+                              is as coarse as the kernel's tick: two transfers may share one)
         request.json          written by rank 0 at submit: the prompt's token ids, the model,
                               the number of stages, the block size, its owner (the engine)
         stage<i>.safetensors  written by stage i after the request's last chunk ran there:
@@ -106,7 +108,8 @@ class DirectoryStore:
         folder = self.folder(transfer_id)
         folder.mkdir(parents=True, exist_ok=False)
         try:
-            (folder / MARKER_FILE).touch(exist_ok=False)
+            with open(folder / MARKER_FILE, "x") as f:
+                f.write(str(time.time_ns()))
             _write_atomic(folder / REQUEST_FILE, json.dumps(request).encode())
         except BaseException:          # a full disk, say: no folder left behind
             _remove_folder(folder)
@@ -200,13 +203,14 @@ class DirectoryStore:
     # ---- bounds ------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> list[str]:
         """Drop transfers older than the TTL, then the oldest until the store holds at most
-        max_bytes; the cap never takes the newest (a cap below one transfer keeps one). Returns
-        the ids dropped, oldest first."""
+        max_bytes; the cap never takes the newest (a cap below one transfer keeps one), nor one
+        still being created (no request.json yet). Returns the ids dropped, oldest first."""
         now = time.time() if now is None else now
         entries = sorted(self._entries(), key=lambda e: e[1])   # (id, created, bytes), oldest first
         dropped, total = [], sum(size for _, _, size in entries)
         for i, (transfer_id, created, size) in enumerate(entries):
-            over = self.max_bytes is not None and total > self.max_bytes and i < len(entries) - 1
+            over = self.max_bytes is not None and total > self.max_bytes and i < len(entries) - 1 \
+                and (self.root / transfer_id / REQUEST_FILE).exists()
             if now - created > self.ttl_s or over:
                 self.remove(transfer_id)
                 dropped.append(transfer_id)
@@ -230,14 +234,20 @@ class DirectoryStore:
             if not _ID.match(folder.name) or not is_transfer(folder):
                 continue
             try:
-                try:
-                    created = (folder / REQUEST_FILE).stat().st_mtime
-                except FileNotFoundError:
-                    created = (folder / MARKER_FILE).stat().st_mtime
+                created = _created(folder)
                 size = sum(f.stat().st_size for f in folder.iterdir() if _OWN_FILE.match(f.name))
             except OSError:          # removed while looked at
                 continue
             yield folder.name, created, size
+
+
+def _created(folder: Path) -> float:
+    """When the transfer was made (s since the epoch): the time in its mark, else its mtime."""
+    marker = folder / MARKER_FILE
+    try:
+        return int(marker.read_text()) / 1e9
+    except ValueError:
+        return marker.stat().st_mtime
 
 
 def is_transfer(folder: Path) -> bool:

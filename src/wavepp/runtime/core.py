@@ -1,4 +1,4 @@
-"""Rank 0: the leader and stage 0, in three threads (four with a KV store).
+"""Rank 0: the leader and stage 0, in three threads (core_loops.py: how they run).
 
     WAVE     admission rounds with every stage, beside execution (asynchronous policies)
     LOOP     plans the next wave and runs stage 0 on it; under lockstep it first runs a
@@ -6,8 +6,8 @@
              under trtllm-pp and sglang-pp it runs those frameworks' iterations instead
              (outside_loop.py)
     RESULTS  receives first tokens from the last stage and completes requests, and the stages'
-             KV export reports (a request that exports ends at its last report; live_requests.py)
-    DEADLINES answers a hand-off whose parts are not all reported kv_export_wait_s after it ended
+             KV export reports, handed to the KV hand-off (kv_transfer/handoff.py: a request
+             that exports ends at its last report, or at its deadline, on the hand-off's thread)
 
 Leader state is shared under one lock (`cond`); the stage's pool has its own lock
 (StageRuntime). Every change a waiting thread may care about notifies `cond`.
@@ -23,34 +23,36 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-import torch
 
 from wavepp.cache import CapacityView
+from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.core_loops import CoreLoops
 from wavepp.runtime.live_requests import LiveRequests
-from wavepp.runtime.loop_host import PlannedWave
 from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.profile import WaveProfile, profile_pipeline
-from wavepp.runtime.protocol import (
-    CheckIntegrity, EngineError, ExportReport, IntegrityReport, Reset, ResultMsg, StageTiming, WaveHeader)
+from wavepp.runtime.protocol import CheckIntegrity, EngineError, ExportReport, IntegrityReport, Reset
 from wavepp.runtime.rounds_plane import RoundsPlane, start_stages
 from wavepp.runtime.runtime_leader import build_runtime_leader
+from wavepp.runtime.stage_runner import StageRunner
 from wavepp.runtime.stats import CoreStats, EngineLoad
-from wavepp.sched import WaveResult, get_policy
-from wavepp.sched.rounds import run_round
+from wavepp.sched import get_policy
 
 
-class EngineCore:
+class EngineCore(CoreLoops):
     def __init__(self, config: RuntimeConfig, channels: Channels,
-                 check_alive: Callable[[float], str | None] = lambda wait_s: None):
-        """Load stage 0 here and wait for every other stage to load. Threads start in start()."""
+                 check_alive: Callable[[float], str | None] = lambda wait_s: None,
+                 handoff: KVHandoff | None = None):
+        """Load stage 0 here and wait for every other stage to load. Threads start in start().
+        `handoff`: the KV hand-off (with a store) the stages' export reports go to."""
         self.config = config
         self.channels = channels
         self.num_stages = config.num_stages
         self._check_alive = check_alive
         self.stage, self.stage_num_blocks, self._worker_kernels = start_stages(config, channels)
         self._plane = RoundsPlane(channels, self.stage, self.num_stages)
+        self._runner = StageRunner(self.stage, channels, self.num_stages)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.vocab_size = self.stage.model_config.vocab_size
         self.profile: WaveProfile | None = None
@@ -60,24 +62,23 @@ class EngineCore:
         self.error: str | None = None
         self._stopping = False
         self._t0 = time.perf_counter()
-        self._requests = LiveRequests(self.num_stages)
+        self._requests = LiveRequests()
+        self._handoff = handoff
         self._on_done: Callable = lambda request_id, req, export_errors: (request_id, req)
         if self.stage.exporter is not None:     # stage 0's parts are reported here, on its writer
             self.stage.exporter.on_outcome = lambda outcome: self.on_export_report(ExportReport((outcome,)))
         self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
-        loops = [("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
-                 ("wavepp-results", self._result_loop)]
-        if config.kv_store:     # last: shutdown joins the threads in this order
-            loops.append(("wavepp-export-deadlines", lambda: self._requests.answer_overdue(
-                self.cond, self.now, config.kv_export_wait_s, lambda *a: self._on_done(*a), lambda: self._stopping)))
-        self._threads = [threading.Thread(target=self._guard(fn), name=name, daemon=True) for name, fn in loops]
+        self._wave_thread, self._loop_thread, self._results_thread = (
+            threading.Thread(target=self._guard(fn), name=name, daemon=True) for name, fn in (
+                ("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
+                ("wavepp-results", self._result_loop)))
 
     def start(self, on_done: Callable) -> None:
         """Start the threads; `on_done(request_id, request, export_errors)` gives each future
         its value (export_errors: {stage: why} of the request's KV parts that failed)."""
         self._on_done = on_done
-        for t in self._threads:
+        for t in (self._wave_thread, self._loop_thread, self._results_thread):
             t.start()
 
     # ---- API (any thread) --------------------------------------------------------------------
@@ -93,13 +94,15 @@ class EngineCore:
         option the prompt cannot take, is refused with ValueError, and nothing is queued."""
         with self.cond:
             self._raise_if_closed()
-            internal_id, fut = self._requests.add(request_id, exports=export_id is not None)
+            internal_id, fut = self._requests.add(request_id)
             try:
                 self.leader.add_request(internal_id, token_ids, self.now(), logprob_start=logprob_start,
                                         export_id=export_id)
             except ValueError:
-                self._requests.remove(internal_id)
+                self._requests.pop(internal_id)
                 raise
+            if export_id is not None:
+                self._handoff.expect(internal_id)
             self._deliver()
             self.cond.notify_all()
         return fut
@@ -177,177 +180,61 @@ class EngineCore:
             return len(self._requests)
 
     def shutdown(self) -> None:
-        """Stop every thread and stage; requests not finished by then fail with EngineError."""
+        """Stop every thread and stage; requests not finished by then fail with EngineError.
+        The order: WAVE and LOOP (nothing new reaches the stages), then the stages are told
+        (rounds plane, then the headers plane, whose shutdown comes back on the results plane),
+        then RESULTS, then stage 0's own writer and pool."""
+        threads = (self._wave_thread, self._loop_thread, self._results_thread)
         with self.cond:
-            if self._stopping and not any(t.is_alive() for t in self._threads):
+            if self._stopping and not any(t.is_alive() for t in threads):
                 self._fail_all("the engine was shut down before the request finished")
                 return
             self._stopping = True
             self.cond.notify_all()
-        started = [t for t in self._threads if t.ident is not None]
-        for t in started[:2]:
-            t.join(timeout=10)
+        for t in (self._wave_thread, self._loop_thread):
+            if t.ident is not None:
+                t.join(timeout=10)
         if self.num_stages > 1 and not self.error:
             try:
                 self._plane.tell_workers(Shutdown())
                 self.channels.send_obj(Shutdown(), 1, "headers")
             except PeerLostError:
                 pass
-        for t in started[2:]:
-            t.join(timeout=10)
+        if self._results_thread.ident is not None:
+            self._results_thread.join(timeout=10)
         self.stage.close()
         with self.cond:
             self._fail_all(self.error or "the engine was shut down before the request finished")
 
-    # ---- the outside loop's host (LoopHost, loop_host.py) ------------------------------------
-
-    def serves(self, loop) -> bool:
-        """Under cond: the engine runs and `loop` is its outside loop."""
-        return not self._stopping and self._outside is loop
-
-    def idle(self) -> bool:
-        """Under cond: nothing is waiting, in a round, planned or in flight."""
-        return self.leader.idle
-
-    def has_waiting(self) -> bool:
-        """Under cond: a request waits that may enter a round now."""
-        return self.leader.has_waiting
-
-    def run_round(self) -> None:
-        """One admission round with every stage (the shared driver; this is its transport)."""
-        t0, t0_unix = self.now(), time.time()
-        outcome = run_round(self.leader, self._plane.exchange, self.now, self.cond)
-        if outcome is None:
-            return
-        with self.cond:
-            self.record_round(outcome.round_id, outcome.latency_s, t0_unix, t0_unix + self.now() - t0)
-            self._deliver()
-            self.cond.notify_all()
-
-    def broadcast_round(self, msg) -> list:
-        """Send a rounds-plane message to every stage (stage 0 locally); their replies in
-        stage order."""
-        return self._plane.broadcast(msg)
-
-    def record_round(self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float) -> None:
-        """Count an exchange as a round in the stats (round id -1: nothing to admit)."""
-        with self.cond:
-            self._stats.record_round(round_id, latency_s, start_unix_s, end_unix_s)
-
-    def plan_wave(self) -> PlannedWave | None:
-        """The leader's next wave and its prompt tokens; None if there is nothing to send or
-        the ring is full."""
-        with self.cond:
-            wave = self.leader.plan_wave(self.now())
-            if wave is None:
-                return None
-            requests = self.leader.requests
-            return PlannedWave(wave, [t for c in wave.chunks
-                                      for t in requests[c.request_id].token_ids[c.start:c.end]])
-
-    def launch(self, planned: PlannedWave, idle_since: float, admission_s: float) -> ResultMsg | None:
-        """Run stage 0 on the wave and send it on; with one stage, its result (see LoopHost)."""
-        wave = planned.wave
-        start, start_unix = time.perf_counter(), time.time()
-        wait_s = max(0.0, start - max(idle_since, self.stage.epoch) - admission_s)
-        output, compute_s = self.stage.run(wave, torch.tensor(planned.token_ids, dtype=torch.int64))
-        timing = StageTiming(0, wait_s, compute_s, admission_s, start_unix)
-        if self.num_stages == 1:
-            return ResultMsg(wave.wave_id, tuple(output), (timing,))
-        self.channels.send_obj(WaveHeader(wave, (timing,)), 1, "headers")
-        if output is not None:
-            self.channels.send_tensor(output, 1)
-        return None
-
-    def on_wave_result(self, msg: ResultMsg) -> None:
-        """A wave back from the last stage: its timings into the stats, its tokens to the
-        leader, and the requests it finished to their futures."""
-        with self.cond:
-            wave = self.leader.waves_in_flight.get(msg.wave_id)
-            shapes = tuple((c.start, c.num_tokens) for c in wave.chunks) if wave is not None else ()
-            self._stats.record_wave(msg.wave_id, shapes, msg.timings)
-            self.leader.on_wave_result(WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings)),
-                                       self.now())
-            self._deliver()
-            self.cond.notify_all()
+    # ---- the KV hand-off's wiring (kv_transfer/handoff.py) ------------------------------------
 
     def on_export_report(self, report: ExportReport) -> None:
-        """Stages' KV export outcomes: counted; a finished request whose parts are all reported
-        ends (its future resolves, naming the parts that failed)."""
+        """Stages' KV export outcomes, to the hand-off; a request they complete ends."""
         with self.cond:
             for outcome in report.outcomes:
-                self._requests.report(outcome, self._on_done)
+                completed = self._handoff.report(outcome)
+                if completed is not None:
+                    self._resolve(*completed)
 
-    def export_counts(self) -> tuple[int, int]:
-        """KV parts the stages reported (written, failed) since the engine started."""
+    def answer_overdue(self, req, errors: dict[int, str]) -> None:
+        """The hand-off's deadline passed for a finished request: it ends, with `errors`."""
         with self.cond:
-            return self._requests.num_exports_written, self._requests.num_exports_failed
-
-    # ---- threads -----------------------------------------------------------------------------
-
-    def _wave_loop(self) -> None:
-        while True:
-            with self.cond:
-                while not self._stopping and (self.policy.inline_admission or self.leader.round is not None
-                                              or not self.leader.has_waiting):
-                    self.cond.wait()
-                if self._stopping:
-                    return
-            self.run_round()
-
-    def _exec_loop(self) -> None:
-        idle_since = time.perf_counter()
-        pending_admission = 0.0
-        while True:
-            with self.cond:
-                if self._stopping:
-                    return
-                outside = self._outside
-                inline = self.policy.inline_admission and self.leader.has_waiting and self.leader.round is None
-            if outside is not None:
-                outside.iterate()
-                continue
-            if inline:
-                t0 = time.perf_counter()
-                self.run_round()
-                pending_admission += time.perf_counter() - t0
-                continue
-            with self.cond:
-                planned = self.plan_wave()
-                if planned is None:
-                    starving = not self.leader.plannable and (self.leader.round is not None or self.leader.waiting)
-                    t0 = time.perf_counter()
-                    self.cond.wait()
-                    if starving:
-                        pending_admission += time.perf_counter() - t0
-                    continue
-            result = self.launch(planned, idle_since, pending_admission)
-            pending_admission = 0.0
-            if result is not None:
-                self.on_wave_result(result)
-            idle_since = time.perf_counter()
-
-    def _result_loop(self) -> None:
-        if self.num_stages == 1:
-            return
-        while True:
-            msg = self.channels.recv_obj(self.num_stages - 1, "results")
-            if isinstance(msg, Shutdown):
-                return
-            if isinstance(msg, ExportReport):
-                self.on_export_report(msg)
-            elif self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
-                self._outside.hold(msg)
-            else:
-                self.on_wave_result(msg)
+            self._resolve(req, errors)
 
     # ---- helpers -----------------------------------------------------------------------------
 
     def _deliver(self) -> None:
         """Under cond: resolve the future of every request the leader finished (one that exports
-        its KV: once every stage reported its part)."""
+        its KV: once every stage reported its part, kv_transfer/handoff.py)."""
         for req in self.leader.take_finished():
-            self._requests.finish(req, self._on_done, self.now())
+            if self._handoff is None:
+                self._resolve(req, {})
+            elif not self._handoff.finished(req):
+                self._resolve(req, self._handoff.take_errors(req.request_id))
+
+    def _resolve(self, req, errors: dict[int, str]) -> None:
+        """Under cond: the request ended; its future gets on_done(caller's id, req, errors)."""
+        self._requests.resolve(req.request_id, lambda request_id: self._on_done(request_id, req, errors))
 
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)
@@ -374,9 +261,7 @@ class EngineCore:
 
     def _fail_all(self, reason: str) -> None:
         """Under cond: every unfinished request's future fails with EngineError(reason)."""
-        for fut in self._requests.remove_all():
-            if not fut.done():
-                fut.set_exception(EngineError(reason))
+        self._requests.fail_all(EngineError(reason))
 
     def fail(self, reason: str) -> None:
         """Fatal: record the first reason, fail every unfinished request with it, stop."""

@@ -56,11 +56,14 @@ class LoopHost(Protocol):
     def plan_wave(self) -> PlannedWave | None:
         """The leader's next wave, or None when there is nothing to send or the ring is full."""
 
-    def launch(self, planned: PlannedWave, idle_since: float, admission_s: float) -> ResultMsg | None:
-        """Run stage 0 on the wave and send it on to stage 1. `idle_since`: when stage 0 last
-        finished a wave; `admission_s`: of the time since, spent on admission (not counted
-        idle for input). With a single stage, the wave's result (for the caller to deliver),
-        else None (the last stage sends it back)."""
+    def launch(self, planned: PlannedWave, admission_s: float = 0.0) -> ResultMsg | None:
+        """Run stage 0 on the wave and send it on to stage 1 (StageRunner.step). `admission_s`:
+        of the time since stage 0 was last idle, spent on admission (not counted idle for
+        input). With a single stage, the wave's result (for the caller to deliver), else None
+        (the last stage sends it back)."""
+
+    def stage_idle(self) -> None:
+        """Stage 0 has nothing to run from now: its wait for input starts here."""
 
     def on_wave_result(self, msg: ResultMsg) -> None:
         """A wave's result: record its timings, let the leader finish its requests, deliver

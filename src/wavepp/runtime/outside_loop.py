@@ -68,7 +68,6 @@ class OutsideLoop:
         self.records: collections.deque[LoopWave] = collections.deque(maxlen=MAX_RECORDS)
         self._launched: dict[int, LoopWave] = {}
         self._results: dict[int, ResultMsg] = {}
-        self._idle_since = time.perf_counter()
 
     def hold(self, msg: ResultMsg) -> None:
         """A result from the last stage: kept until its batch's slot comes round again."""
@@ -83,7 +82,7 @@ class OutsideLoop:
         host = self.host
         with host.cond:
             while host.serves(self) and host.idle() and not any(s is not None for s in self.slots):
-                self._idle_since = time.perf_counter()
+                host.stage_idle()
                 host.cond.wait()
             if not host.serves(self):    # stopped, or reset to a new policy
                 return
@@ -122,10 +121,9 @@ class OutsideLoop:
             self.records.append(record)
             self._launched[wave.wave_id] = record
         self.slots[self.slot] = wave.wave_id
-        result = host.launch(planned, self._idle_since, exchange_s)
+        result = host.launch(planned, exchange_s)
         if result is not None:      # a single stage: its result is here already
             self.hold(result)
-        self._idle_since = time.perf_counter()
 
     def _retire(self, slot: int) -> None:
         """Wait for the result of the batch in `slot`, then hand it to the leader. (A reset

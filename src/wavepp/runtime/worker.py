@@ -24,10 +24,11 @@ import torch
 
 from wavepp.runtime.channels import Channels, Shutdown
 from wavepp.runtime.protocol import (
-    CheckIntegrity, ControlReply, ExportReport, LoadFailed, Reset, ResetDone, ResultMsg, RoundWork, Setup,
-    StageReady, StageTiming, WaveHeader, WaveWork)
+    CheckIntegrity, ControlReply, ExportReport, LoadFailed, Reset, ResetDone, RoundWork, Setup, StageReady,
+    WaveWork)
 from wavepp.runtime.profile import ProfileTimes, ProfileWaves, time_stage_waves
 from wavepp.runtime.stage import StageRuntime
+from wavepp.runtime.stage_runner import StageRunner
 
 
 def run_worker(channels: Channels) -> None:
@@ -46,7 +47,7 @@ def run_worker(channels: Channels) -> None:
         raise
     channels.send_obj(StageReady(rank, stage.num_blocks, stage.kernels()), 0, "replies")
     inbox: queue.Queue = queue.Queue()
-    is_last = rank == config.num_stages - 1
+    runner = StageRunner(stage, channels, config.num_stages)
     input_width = stage.model.input_width    # hidden_size, plus DSA top-k columns where needed
     dtype = stage.model.dtype
     if stage.exporter is not None:    # each part's outcome goes to rank 0 through LOOP
@@ -65,7 +66,7 @@ def run_worker(channels: Channels) -> None:
             elif isinstance(msg, ProfileWaves):   # once, at start-up, before any request
                 times = ProfileTimes(rank, time_stage_waves(stage, msg.shapes))
                 channels.send_obj(ControlReply(rank, times), 0, "replies")
-            elif stage.policy.inline_admission and stage.policy.loop is None:
+            elif runner.rounds_on_loop:
                 inbox.put(RoundWork(msg))
             else:
                 reply = stage.handle_round(msg)
@@ -89,16 +90,14 @@ def run_worker(channels: Channels) -> None:
                for fn in (wave_thread, recv_thread)]
     for t in threads:
         t.start()
-    _guard(lambda: _loop(channels, stage, inbox, is_last), config.run_dir, rank)()
+    _guard(lambda: _loop(runner, inbox), config.run_dir, rank)()
     for t in threads:   # the leader shut WAVE down first; RECV ended with the shutdown header
         t.join(timeout=10)
     stage.close()
 
 
-def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: bool) -> None:
-    rank = channels.rank
-    idle_since = time.perf_counter()
-    round_s = 0.0
+def _loop(runner: StageRunner, inbox: queue.Queue) -> None:
+    channels, rank, is_last = runner.channels, runner.rank, runner.is_last
     while True:
         item = inbox.get()
         if isinstance(item, Shutdown):
@@ -109,28 +108,15 @@ def _loop(channels: Channels, stage: StageRuntime, inbox: queue.Queue, is_last: 
             return
         if isinstance(item, RoundWork):
             t0 = time.perf_counter()
-            reply = stage.handle_round(item.msg)
+            reply = runner.stage.handle_round(item.msg)
             if reply is not None:
                 channels.send_obj(reply, 0, "replies")
-            round_s += time.perf_counter() - t0
+            runner.note_admission(time.perf_counter() - t0)
             continue
         if isinstance(item, ExportReport):   # on towards rank 0, behind the waves sent before it
             channels.send_obj(item, 0 if is_last else rank + 1, "results" if is_last else "headers")
             continue
-        header, hidden = item.header, item.hidden
-        start = time.perf_counter()
-        start_unix = time.time()
-        wait_s = max(0.0, start - max(idle_since, stage.epoch) - round_s)
-        output, compute_s = stage.run(header.wave, hidden)
-        timings = header.timings + (StageTiming(rank, wait_s, compute_s, round_s, start_unix),)
-        round_s = 0.0
-        if is_last:
-            channels.send_obj(ResultMsg(header.wave.wave_id, tuple(output), timings), 0, "results")
-        else:
-            channels.send_obj(WaveHeader(header.wave, timings), rank + 1, "headers")
-            if output is not None:
-                channels.send_tensor(output, rank + 1)
-        idle_since = time.perf_counter()
+        runner.step(item.header.wave, item.hidden, item.header.timings)
 
 
 def _guard(fn, run_dir: str, rank: int):
