@@ -23,7 +23,7 @@ import torch
 import wavepp.models.kernels.choice as choice_module
 from wavepp.models import ChunkSpec, StageBatch, load_stage_model
 from wavepp.models.kernels import Kernels
-from wavepp.store import resolve_model
+from wavepp.model_store import resolve_model
 
 BLOCK_SIZE = 16
 PREFIX, CHUNKS, CHUNK = 1536, 4, 64

@@ -38,7 +38,7 @@ def micro() -> None:
     from wavepp.kv_transfer import DirectoryStore
     from wavepp.models import load_model_config, page_layout, stage_specs
     from wavepp.models.paged_pools import PagedPools
-    from wavepp.store import resolve_model
+    from wavepp.model_store import resolve_model
 
     config = load_model_config(resolve_model("smollm2"))
     spec = stage_specs(config.num_layers, 2)[0]

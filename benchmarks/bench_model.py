@@ -276,7 +276,7 @@ def _matmul_gflops(dtype: torch.dtype, size: int = 1024, runs: int = 20) -> floa
 
 def _model_path(name: str, tmp: str):
     try:
-        from wavepp.store import resolve_model
+        from wavepp.model_store import resolve_model
         return resolve_model(name), name
     except Exception as err:  # built-in model unavailable: a random model of the same shape
         from wavepp.make_model import make_model

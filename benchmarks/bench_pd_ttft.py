@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from wavepp.bench.http import wait_until_healthy   # noqa: E402
 from wavepp.runtime.launch import free_port        # noqa: E402
-from wavepp.store import resolve_model             # noqa: E402
+from wavepp.model_store import resolve_model             # noqa: E402
 
 
 def main() -> None:

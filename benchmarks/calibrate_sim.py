@@ -28,7 +28,7 @@ from wavepp.models import load_model_config
 from wavepp.sched.policy import get_policy
 from wavepp.sim import CpuHardware, StageSample, loop_costs_from_rounds
 from wavepp.sim.harness import run_closed_loop as run_sim
-from wavepp.store import resolve_model
+from wavepp.model_store import resolve_model
 from wavepp.workloads import make_workload
 
 

@@ -28,7 +28,7 @@ import time
 
 def write_workload(args) -> None:
     from wavepp.models import load_model_config
-    from wavepp.store import resolve_model
+    from wavepp.model_store import resolve_model
     from wavepp.workloads import make_workload
 
     path = resolve_model(args.model)

@@ -27,7 +27,7 @@ import random
 
 from wavepp.sim.grid import K3_SNAPSHOT_BLOCKS
 from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_shapes import get_model
+from wavepp.sim.model_catalog import get_model
 from wavepp.sim.precision import with_weights
 from wavepp.sim.scenario import SimSetup, build_system
 from wavepp.workloads import Workload

@@ -32,7 +32,7 @@ from wavepp.cli.bench import build_workloads
 from wavepp.models import load_model_config
 from wavepp.runtime.launch import free_port
 from wavepp.serve.loadgen import run_load
-from wavepp.store import resolve_model
+from wavepp.model_store import resolve_model
 
 
 def main() -> int:

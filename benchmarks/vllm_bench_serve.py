@@ -48,7 +48,7 @@ ROWS = (("completed", "successful requests", "{:.0f}"), ("failed", "failed reque
 
 def main() -> None:
     args = _parse_args()
-    from wavepp.store import resolve_model
+    from wavepp.model_store import resolve_model
 
     model_dir = str(resolve_model(args.model))
     runs = {}

@@ -17,16 +17,16 @@ from typing import Sequence
 import numpy as np
 
 from wavepp.kv_transfer.handoff import KVHandoff
+from wavepp.engine_config import EngineConfig
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.prefill_result import PrefillResult, with_transfer_error
-from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
-from wavepp.store import DEFAULT_MODEL, resolve_model
+from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
@@ -34,16 +34,10 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, model: str = DEFAULT_MODEL, *, pp: int = 2, policy: str = "wavepp",
-                 dtype: str = "bfloat16", block_size: int = 16,
-                 stage_num_blocks: Sequence[int] | None = None, kv_cache_gib: float | None = None,
-                 top_k: int = 5, num_threads: int = 1, backend: str | None = None,
-                 snapshot_interval_blocks: int | None = None, snapshot_align_frac: float = 0.125,
-                 profile_waves: bool = True, device: str = "cpu", kv_store: str | None = None,
-                 kv_store_max_gib: float | None = None, kv_ttl_s: float = 600.0, kv_export_wait_s: float = 60.0,
-                 layer_split: Sequence[int] | None = None, pin_cpus: bool | None = None):
+    def __init__(self, model: str | EngineConfig = DEFAULT_MODEL, **options):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
-        directory). `stage_num_blocks` sets each stage's cache size in blocks (stages may
+        directory), with `options` as EngineConfig names them; or `Engine(config)` with an
+        EngineConfig. `stage_num_blocks` sets each stage's cache size in blocks (stages may
         differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
         full-length prompts within 1 GiB and a quarter of the available memory. A hybrid model
         (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks (default:
@@ -64,40 +58,42 @@ class Engine:
         `kv_export_wait_s` after the prefill for the stages' parts (then names them failed).
 
         `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also
-        runs the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of its own
-        (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is one per stage).
-        Everything is validated before a process is spawned; a start that fails leaves no
-        stage process, no process group and no run directory behind."""
+        runs the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on
+        CPUs of its own (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is
+        one per stage). Everything is validated before a process is spawned (EngineConfig); a
+        start that fails leaves no stage process, no process group and no run directory behind."""
         self._closed = True
-        device = resolve_device(device)
-        backend = default_backend(device, pp) if backend is None else backend
+        if isinstance(model, EngineConfig):
+            if options:
+                raise TypeError(f"Engine(config) takes no other options, got {sorted(options)}")
+            opts = model
+        else:
+            opts = EngineConfig(model, **options)
+        self.engine_config = opts
+        pp = opts.pp
+        device = resolve_device(opts.device)
+        backend = default_backend(device, pp) if opts.backend is None else opts.backend
         check_backend(device, backend, pp)
-        config = RuntimeConfig(
-            model_path="", num_stages=pp, policy=policy, dtype=dtype, block_size=block_size,
-            stage_num_blocks=tuple(stage_num_blocks or ()), kv_cache_gib=kv_cache_gib, top_k=top_k,
-            num_threads=num_threads, backend=backend, snapshot_interval_blocks=snapshot_interval_blocks,
-            snapshot_align_frac=snapshot_align_frac, profile_waves=profile_waves, device=device,
-            layer_split=tuple(layer_split or ()))
-        self.model_path = resolve_model(model)
+        self.model_path = resolve_model(opts.model)
         self._tokenizer = Tokenizer(self.model_path)
         model_config = load_model_config(self.model_path)
-        stage_specs(model_config.num_layers, pp, config.layer_split)   # the layers split into pp stages
+        stage_specs(model_config.num_layers, pp, opts.layer_split)   # the layers split into pp stages
         self._handoff = None
-        if kv_store is not None:
+        if opts.kv_store is not None:
             if page_layout(model_config).is_hybrid:
                 raise ValueError(f"the KV hand-off does not carry recurrent-state snapshots yet: "
                                  f"{model_config.model_type} cannot take kv_store")
-            max_bytes = None if kv_store_max_gib is None else int(kv_store_max_gib * 2**30)
-            self._handoff = KVHandoff(kv_store, num_stages=pp, export_wait_s=kv_export_wait_s,
-                                      max_bytes=max_bytes, ttl_s=kv_ttl_s)
-            config = dataclasses.replace(config, kv_store=str(self._handoff.root), kv_export_wait_s=kv_export_wait_s)
+            max_bytes = None if opts.kv_store_max_gib is None else int(opts.kv_store_max_gib * 2**30)
+            self._handoff = KVHandoff(opts.kv_store, num_stages=pp, export_wait_s=opts.kv_export_wait_s,
+                                      max_bytes=max_bytes, ttl_s=opts.kv_ttl_s)
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                              f"{model_config.model_type} runs on device='cpu'")
-        self._cluster = LocalCluster(pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, pin_cpus))
+        self._cluster = LocalCluster(pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus))
         try:
-            self.config = dataclasses.replace(config, model_path=str(self.model_path),
-                                              run_dir=self._cluster.run_dir)
+            self.config = opts.runtime_config(
+                str(self.model_path), device, backend, run_dir=self._cluster.run_dir,
+                kv_store="" if self._handoff is None else str(self._handoff.root))
             self._core = EngineCore(self.config, self._cluster.channels, self._cluster.dead_stage, self._handoff)
         except BaseException:
             self._cluster.close(timeout_s=2)
@@ -358,4 +354,4 @@ class Engine:
                              first_token_text=text, prompt_logprobs=prompt_logprobs, kv_transfer=transfer)
 
 
-__all__ = ["Engine", "EngineError", "EngineLoad", "PrefillResult"]
+__all__ = ["Engine", "EngineConfig", "EngineError", "EngineLoad", "PrefillResult"]

@@ -1,7 +1,7 @@
 """BlockPool with tiny numbers (block size 4, eight blocks): exact block ids, exact eviction order."""
 
 
-from wavepp.cache import BlockPool, RequestState, hash_blocks
+from wavepp.cache import BlockPool, PoolRequestState, hash_blocks
 
 B = 4
 
@@ -128,14 +128,14 @@ def test_states_of_a_request_through_its_round():
     pool = BlockPool(8, B)
     hashes = hash_blocks(tokens(0, 2), B)
     assert pool.lease("a", hashes, 0).ok
-    assert pool.request_state("a") is RequestState.LEASED
+    assert pool.request_state("a") is PoolRequestState.LEASED
     pool.reserve("a", 2)
-    assert pool.request_state("a") is RequestState.RESERVED
+    assert pool.request_state("a") is PoolRequestState.RESERVED
     pool.commit("a", hashes)
-    assert pool.request_state("a") is RequestState.COMMITTED
+    assert pool.request_state("a") is PoolRequestState.COMMITTED
     assert pool.capacity().num_pending == 2 and pool.capacity().num_escrowed == 2
     pool.materialize("a")
-    assert pool.request_state("a") is RequestState.MATERIALIZED
+    assert pool.request_state("a") is PoolRequestState.MATERIALIZED
     assert pool.block_table("a") == [0, 1]
     cap = pool.capacity()
     assert (cap.num_in_use, cap.num_escrowed, cap.num_pending) == (2, 0, 2)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from wavepp.cache import BlockPool, PendingBlockError, RequestState, hash_blocks
+from wavepp.cache import BlockPool, PendingBlockError, PoolRequestState, hash_blocks
 
 B = 4
 
@@ -53,7 +53,7 @@ def test_commit_that_cannot_replace_fails_and_holds_nothing():
     assert pool.lease("reader", x, 1).ok  # claims block 0, and 1 has no other replacement
     result = pool.commit("r", [])
     assert not result.ok and result.num_replaced == 0 and "claimed" in result.reason
-    assert pool.request_state("r") is RequestState.LEASED
+    assert pool.request_state("r") is PoolRequestState.LEASED
     cap = pool.capacity()
     assert (cap.num_escrowed, cap.num_evictable, cap.num_leased) == (0, 1, 7)
     pool.check_integrity()
@@ -111,7 +111,7 @@ def test_cancel_gives_back_the_escrow_and_pending_entries_but_keeps_the_lease():
     assert pool.commit("r", hash_blocks(tokens(900, 2), B)).ok
     assert pool.capacity().num_pending == 2
     pool.cancel("r")
-    assert pool.request_state("r") is RequestState.LEASED
+    assert pool.request_state("r") is PoolRequestState.LEASED
     cap = pool.capacity()
     assert (cap.num_escrowed, cap.num_pending, cap.num_leased, cap.num_evictable) == (0, 0, 4, 4)
     assert pool.match(x).num_blocks == 2

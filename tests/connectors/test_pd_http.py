@@ -19,7 +19,7 @@ from tests.connectors.helpers import (loaded_tokens, needs_vllm, poison, start_r
                                       wait_for_transfer, wait_healthy)
 from tests.serve.conftest import ServerProcess
 from wavepp.kv_transfer import DirectoryStore
-from wavepp.store import resolve_model
+from wavepp.model_store import resolve_model
 
 VLLM_BLOCK = 32
 

@@ -104,7 +104,7 @@ class Counting:
     def __init__(self, store, monkeypatch):
         import hashlib
 
-        from wavepp.kv_transfer import store as store_module
+        from wavepp.kv_transfer import directory_store as store_module
 
         self.reads = self.hashes = 0
         read, sha256 = store.read, hashlib.sha256

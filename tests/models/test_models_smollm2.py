@@ -22,7 +22,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def smollm2():
     try:
-        from wavepp.store import resolve_model
+        from wavepp.model_store import resolve_model
 
         path = resolve_model("smollm2")
     except (ImportError, FileNotFoundError) as err:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from wavepp.engine import Engine
 from wavepp.kv_transfer import DirectoryStore, TransferError
 from wavepp.models import stage_specs
-from wavepp.store import resolve_model
+from wavepp.model_store import resolve_model
 
 from .helpers import VOCAB, assert_clean
 

@@ -9,7 +9,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from wavepp.serve.chat import parse_chat
-from wavepp.serve.protocol import parse_completion
+from wavepp.serve.completion_request import parse_completion
 from wavepp.serve.router import RouteConfig, build_router, prefill_body
 
 PREFILL, DECODE = "http://prefill", "http://decode"

@@ -118,7 +118,7 @@ def test_a_full_disk_still_answers_and_leaves_no_folder(served, monkeypatch):
     url, store, _, engine = served
     before = sorted(p.name for p in store.root.iterdir())
     ok = httpx.post(f"{url}/v1/completions", json={"prompt": [5, 6, 7] * 5, "max_tokens": 1}, timeout=60).json()
-    from wavepp.kv_transfer import store as store_module
+    from wavepp.kv_transfer import directory_store as store_module
 
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")

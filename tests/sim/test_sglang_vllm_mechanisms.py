@@ -15,7 +15,7 @@ from wavepp.sched.request import Request
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
 from wavepp.sim.hardware import get_hardware
 from wavepp.sim.loops import LoopCosts
-from wavepp.sim.model_shapes import get_model
+from wavepp.sim.model_catalog import get_model
 from wavepp.sim.scenario import SimSetup, build_system
 from wavepp.sim.sglang import (
     SGLANG_LEGACY, SGLANG_V0518, SglangMechanisms, SglangScheduling, get_sglang, sglang_planner)

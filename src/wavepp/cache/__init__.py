@@ -27,7 +27,7 @@ from wavepp.cache.results import (
     CommitResult,
     LeaseResult,
     MatchResult,
-    RequestState,
+    PoolRequestState,
     ReserveResult,
 )
 
@@ -42,7 +42,7 @@ __all__ = [
     "LeaseResult",
     "MatchResult",
     "PendingBlockError",
-    "RequestState",
+    "PoolRequestState",
     "RequestStateError",
     "ReserveResult",
     "UnknownRequestError",

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from wavepp.cache.block import BlockEntry
-from wavepp.cache.request import PoolRequest
-from wavepp.cache.store import BlockStore
+from wavepp.cache.pool_request import PoolRequest
+from wavepp.cache.prefix_index import BlockStore
 
 
 class RequestChains(BlockStore):

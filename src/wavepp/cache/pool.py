@@ -34,14 +34,14 @@ from wavepp.cache.errors import (
 )
 from wavepp.cache.escrow import Escrow, Victim, pick_victims, unmark_victim
 from wavepp.cache.host_tier import HostTier
-from wavepp.cache.request import PoolRequest
-from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
+from wavepp.cache.pool_request import PoolRequest
+from wavepp.cache.results import CommitResult, LeaseResult, PoolRequestState, ReserveResult
 from wavepp.cache.chain import RequestChains
 
 _NUM_RETIRED_REMEMBERED = 1 << 16  # released ids kept to tell "released twice" from "unknown"
-_RESERVED = (RequestState.RESERVED,)
-_COMMITTED = (RequestState.COMMITTED,)
-_MATERIALIZED = (RequestState.MATERIALIZED,)
+_RESERVED = (PoolRequestState.RESERVED,)
+_COMMITTED = (PoolRequestState.COMMITTED,)
+_MATERIALIZED = (PoolRequestState.MATERIALIZED,)
 
 
 class BlockPool(RequestChains):
@@ -51,7 +51,13 @@ class BlockPool(RequestChains):
     alone (None: no cap); host_tier keeps the computed blocks eviction takes (None: dropped).
     match, match_linear and capacity come from `BlockStore`, the linking of a request's
     entries into the index from `RequestChains`.
+
+    `keeps_snapshots`: the pool's declared capability (as a layer declares its cache spec):
+    a hybrid model's pool (HybridPool) also keeps recurrent-state snapshots, and a request
+    resumes only where one is held; its users read this, never probe for methods.
     """
+
+    keeps_snapshots = False
 
     def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None,
                  host_tier: HostTier | None = None) -> None:
@@ -124,7 +130,7 @@ class BlockPool(RequestChains):
         if num_blocks < 0:
             raise InvalidArgumentError(f"reserve: num_blocks must be >= 0, got {num_blocks}")
         request = self._requests.get(request_id)
-        if request is not None and request.state is not RequestState.LEASED:
+        if request is not None and request.state is not PoolRequestState.LEASED:
             detail = "it already holds an escrow or blocks"
             raise RequestStateError(request_id, "reserve", request.state.value, detail)
         picks = pick_victims(self._free_ids, self._leaves, num_blocks, request_id)
@@ -273,7 +279,7 @@ class BlockPool(RequestChains):
     def has_request(self, request_id: Hashable) -> bool:
         return request_id in self._requests
 
-    def request_state(self, request_id: Hashable) -> RequestState:
+    def request_state(self, request_id: Hashable) -> PoolRequestState:
         return self._get(request_id, "request_state").state
 
     def block_table(self, request_id: Hashable) -> list[int]:
@@ -288,7 +294,7 @@ class BlockPool(RequestChains):
     # ---- private helpers --------------------------------------------------------------------
 
     def _get(
-        self, request_id: Hashable, operation: str, states: tuple[RequestState, ...] = (), detail: str = ""
+        self, request_id: Hashable, operation: str, states: tuple[PoolRequestState, ...] = (), detail: str = ""
     ) -> PoolRequest:
         """The request's record; raises if unknown, or if `states` are given and it is in none."""
         request = self._requests.get(request_id)

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 
 
-class RequestState(enum.Enum):
+class PoolRequestState(enum.Enum):
     """Where one request stands on one stage.
 
     LEASED -(reserve)-> RESERVED -(commit)-> COMMITTED -(materialize)-> MATERIALIZED

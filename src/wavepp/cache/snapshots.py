@@ -48,13 +48,15 @@ from wavepp.cache.block import BlockEntry
 from wavepp.cache.errors import InvalidArgumentError
 from wavepp.cache.host_tier import HostTier
 from wavepp.cache.pool import BlockPool
-from wavepp.cache.results import CommitResult, LeaseResult, RequestState, ReserveResult
+from wavepp.cache.results import CommitResult, LeaseResult, PoolRequestState, ReserveResult
 from wavepp.cache.snapshot_integrity import check_snapshots
 from wavepp.cache.snapshot_records import Snapshot, SnapshotMatch, SnapshotPlan
 
 
 class HybridPool(BlockPool):
     """A `BlockPool` whose blocks may carry recurrent-state snapshots; see the module docstring."""
+
+    keeps_snapshots = True
 
     def __init__(self, num_blocks: int, block_size: int, *, num_slots: int, interval_blocks: int,
                  bytes_per_snapshot: int = 0, max_leased_blocks: int | None = None,
@@ -142,7 +144,7 @@ class HybridPool(BlockPool):
         slots = [heapq.heappop(self._free_slots) for _ in range(needed)]
         plan.working_slot = slots[0]
         plan.slots = dict(zip(boundaries, slots[1:]))
-        if self._requests[request_id].state is RequestState.COMMITTED:
+        if self._requests[request_id].state is PoolRequestState.COMMITTED:
             self._register_pending(request_id)
         return ReserveResult(True, needed, tuple(slots))
 

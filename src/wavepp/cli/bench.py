@@ -89,7 +89,7 @@ def run(args) -> int:
     from wavepp.bench.measure import median_rows
     from wavepp.bench.report import machine, print_table, write_json, write_plot, write_trace
     from wavepp.models import load_model_config
-    from wavepp.store import DEFAULT_MODEL, resolve_model
+    from wavepp.model_store import DEFAULT_MODEL, resolve_model
     from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
     console = Console(width=max(Console().width, 160))

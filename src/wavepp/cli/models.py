@@ -12,7 +12,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from wavepp.store import DEFAULT_MODEL, list_models, wavepp_home
+    from wavepp.model_store import DEFAULT_MODEL, list_models, wavepp_home
 
     table = Table(title=f"wavepp models (WAVEPP_HOME={wavepp_home()})")
     for col in ("name", "status", "path", "description"):

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from wavepp.runtime import torchrun_rank
-    from wavepp.store import DEFAULT_MODEL
+    from wavepp.model_store import DEFAULT_MODEL
 
     ranks = torchrun_rank()
     if ranks is not None and ranks[0] != 0:

@@ -59,9 +59,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from wavepp.cli.prefill import serve_stage
+    from wavepp.engine_config import EngineConfig
     from wavepp.runtime import torchrun_rank
     from wavepp.serve import ServeConfig, run_server
-    from wavepp.store import DEFAULT_MODEL
+    from wavepp.model_store import DEFAULT_MODEL
 
     ranks = torchrun_rank()
     if ranks is not None and ranks[0] != 0:
@@ -69,15 +70,16 @@ def run(args) -> int:
 
     model = args.model or DEFAULT_MODEL
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
-    engine_kwargs = dict(model=model, pp=args.pp, policy=args.policy, dtype=args.dtype,
-                         block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
-                         device=args.device, kv_store=args.kv_store, kv_store_max_gib=args.kv_store_max_gib,
-                         kv_ttl_s=args.kv_ttl_s, kv_export_wait_s=args.kv_export_wait_s,
-                         layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
+    engine_config = EngineConfig(model, pp=args.pp, policy=args.policy, dtype=args.dtype,
+                                 block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
+                                 device=args.device, kv_store=args.kv_store,
+                                 kv_store_max_gib=args.kv_store_max_gib, kv_ttl_s=args.kv_ttl_s,
+                                 kv_export_wait_s=args.kv_export_wait_s,
+                                 layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
     limits = {name: getattr(args, name) for name in
               ("max_body_bytes", "max_prompts_per_request", "max_streams")
               if getattr(args, name) is not None}     # else ServeConfig's defaults
     config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting,
                          debug=args.debug, **limits)
-    run_server(engine_kwargs, config, host=args.host, port=args.port, drain_s=args.drain_s)
+    run_server(engine_config, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

@@ -128,7 +128,7 @@ def run(args) -> int:
 
 def _run_settings(args) -> tuple[list[dict], list]:
     from wavepp.sim.hardware import get_hardware
-    from wavepp.sim.model_shapes import get_model
+    from wavepp.sim.model_catalog import get_model
     from wavepp.sim.scenario import SimSetup, run_setting
 
     from wavepp.sim.precision import with_weights

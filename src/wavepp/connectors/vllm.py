@@ -6,7 +6,7 @@
 
 A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
 returned ({"transfer_id", ...}). The scheduler side finds the transfer in the directory store
-(`wavepp.kv_transfer.store`: every stage's part there, every checksum good, the same prompt, the
+(`wavepp.kv_transfer.directory_store`: every stage's part there, every checksum good, the same prompt, the
 same layer shapes) and tells vLLM how many prompt tokens it can load: whole vLLM blocks, the
 last token always left for vLLM to compute (it needs its logits). It reads and verifies a
 transfer once per request, however often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those
@@ -40,7 +40,7 @@ from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
-from wavepp.kv_transfer.store import DirectoryStore
+from wavepp.kv_transfer.directory_store import DirectoryStore
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from wavepp.kv_transfer.store import DirectoryStore, Transfer, TransferError
+from wavepp.kv_transfer.directory_store import DirectoryStore, Transfer, TransferError
 
 log = logging.getLogger("wavepp.connectors.vllm")
 

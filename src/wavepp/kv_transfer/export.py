@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from safetensors.torch import save
 
-from wavepp.kv_transfer.store import DirectoryStore, TransferError
+from wavepp.kv_transfer.directory_store import DirectoryStore, TransferError
 
 log = logging.getLogger(__name__)
 _STOP = object()

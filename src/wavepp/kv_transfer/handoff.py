@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from wavepp.kv_transfer.reports import ExportReports
-from wavepp.kv_transfer.store import DirectoryStore, check_transfer_id
+from wavepp.kv_transfer.directory_store import DirectoryStore, check_transfer_id
 
 log = logging.getLogger(__name__)
 

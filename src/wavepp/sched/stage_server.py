@@ -60,7 +60,7 @@ class StageServer:
         self.block_size = pool.block_size
         self.requests: dict[int, StageRequest] = {}
         self._probed: dict[int, ProbeItem] = {}
-        self._hybrid_pool = hasattr(pool, "match_snapshots")
+        self._hybrid_pool = pool.keeps_snapshots
 
     def handle(self, msg):
         """Answer one rounds-plane message; ReleaseMsg has no reply."""
@@ -151,41 +151,43 @@ class StageServer:
         part, load the rest from the host tier into new blocks now (onboard), escrow room for
         the prompt after it. On failure hold nothing.
 
-            [0, k)   leased (hybrid: k is the last snapshot boundary <= g, where it resumes)
-            [k, g)   on the GPU beyond that boundary: pinned (borrowed) at commit
-            [g, n)   loaded from the host tier; with the states of the boundaries in (k, n]
-            [n, ...) computed by the request's chunks
+            [0, resume)          leased (hybrid: the last snapshot boundary <= on_gpu, where it
+                                 resumes; else on_gpu)
+            [resume, on_gpu)     on the GPU beyond that boundary: pinned (borrowed) at commit
+            [on_gpu, agreed)     loaded from the host tier; with the states of the boundaries
+                                 in (resume, agreed]
+            [agreed, ...)        computed by the request's chunks
 
         The loaded blocks are published at once (their KV is there before any wave reads
         them), so the request's own round is the last to see them pending."""
-        pool, bs, hashes = self.pool, self.block_size, probed.block_hashes
-        n, rid = item.num_leased_blocks, item.request_id
+        pool, block_size, hashes = self.pool, self.block_size, probed.block_hashes
+        agreed, request_id = item.num_leased_blocks, item.request_id
         match = pool.match(hashes)
-        g = match.num_blocks
-        if match.num_computed_blocks < g or self._host_blocks(hashes, match) < n - g:
-            return ItemResult(rid, False, f"stage {self.stage_id}: blocks [{g}, {n}) are no longer in the host tier")
-        k = pool.match_snapshots(hashes, g).num_blocks if self._hybrid_pool else g
-        boundaries = snapshot_boundaries(k, probed.num_tokens, bs, pool.interval_blocks) if self._hybrid_pool else ()
-        # states written back: the boundaries in (k, n], and the one it resumes from at n
-        num_states = sum(1 for b in boundaries if b <= n) + int(self._hybrid_pool and n not in boundaries)
-        lease = pool.lease(rid, hashes, k)
-        reserve = pool.reserve(rid, n - k + item.num_new_blocks) if lease.ok else lease
+        on_gpu = match.num_blocks
+        if match.num_computed_blocks < on_gpu or self._host_blocks(hashes, match) < agreed - on_gpu:
+            return ItemResult(request_id, False, f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the host tier")
+        resume = pool.match_snapshots(hashes, on_gpu).num_blocks if self._hybrid_pool else on_gpu
+        boundaries = snapshot_boundaries(resume, probed.num_tokens, block_size, pool.interval_blocks) if self._hybrid_pool else ()
+        # states written back: the boundaries in (resume, agreed], and the one it resumes from at agreed
+        num_states = sum(1 for b in boundaries if b <= agreed) + int(self._hybrid_pool and agreed not in boundaries)
+        lease = pool.lease(request_id, hashes, resume)
+        reserve = pool.reserve(request_id, agreed - resume + item.num_new_blocks) if lease.ok else lease
         if reserve.ok and self._hybrid_pool:
-            reserve = pool.reserve_snapshots(rid, boundaries)
-        commit = pool.commit(rid, hashes[k:]) if reserve.ok else reserve
-        if commit.ok and pool.host_tier.match(hashes, g) < n - g:
+            reserve = pool.reserve_snapshots(request_id, boundaries)
+        commit = pool.commit(request_id, hashes[resume:]) if reserve.ok else reserve
+        if commit.ok and pool.host_tier.match(hashes, on_gpu) < agreed - on_gpu:
             # the states reserve evicted alone went to the tier, and it dropped some of these
-            commit = CommitResult(False, reason=f"blocks [{g}, {n}) left the host tier while room was made")
+            commit = CommitResult(False, reason=f"blocks [{on_gpu}, {agreed}) left the host tier while room was made")
         if not commit.ok:
-            self._drop(rid)
-            return ItemResult(rid, False, f"stage {self.stage_id}: host load: {commit.reason}")
-        pool.host_tier.onboard(hashes[g:n], num_states)
-        num_cached = n * bs
-        block_table = pool.materialize(rid)
-        pool.publish(rid, num_cached)
-        self.requests[rid] = StageRequest(rid, probed.num_tokens, hashes, num_cached, num_cached,
-                                          block_table, num_loaded_blocks=n - g)
-        return ItemResult(rid, True)
+            self._drop(request_id)
+            return ItemResult(request_id, False, f"stage {self.stage_id}: host load: {commit.reason}")
+        pool.host_tier.onboard(hashes[on_gpu:agreed], num_states)
+        num_cached = agreed * block_size
+        block_table = pool.materialize(request_id)
+        pool.publish(request_id, num_cached)
+        self.requests[request_id] = StageRequest(request_id, probed.num_tokens, hashes, num_cached, num_cached,
+                                          block_table, num_loaded_blocks=agreed - on_gpu)
+        return ItemResult(request_id, True)
 
     def _host_blocks(self, block_hashes, match) -> int:
         """Blocks the host tier holds right after the GPU prefix of `match`; 0 without a tier

@@ -29,7 +29,7 @@ from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
 from wavepp.serve.limits import StreamSlots, max_prompt_chars, read_body
 from wavepp.serve.metrics import ServeMetrics
-from wavepp.serve.protocol import parse_completion, parse_json, parse_score
+from wavepp.serve.completion_request import parse_completion, parse_json, parse_score
 from wavepp.serve.responses import Responses
 from wavepp.serve.runner import Runner
 from wavepp.serve.scoring import score_prompts, score_response

@@ -1,5 +1,5 @@
 """Request bodies of /v1/chat/completions, /tokenize and /detokenize, checked by hand so that
-every refusal names its field (as protocol.py does for completions and scoring).
+every refusal names its field (as completion_request.py does for completions and scoring).
 
 A chat's prompt is its messages rendered by the model's chat template (the tokenizer's, as
 transformers applies it), with the assistant's turn opened (add_generation_prompt); the first
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wavepp.serve.errors import APIError, short
-from wavepp.serve.protocol import check_model, optional_bool, parse_kv_transfer, parse_max_tokens, parse_stream
+from wavepp.serve.completion_request import check_model, optional_bool, parse_kv_transfer, parse_max_tokens, parse_stream
 from wavepp.serve.sampling import check_sampling
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

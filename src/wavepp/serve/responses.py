@@ -12,7 +12,7 @@ import uuid
 
 from wavepp.engine import Engine
 from wavepp.serve.chat import ChatRequest
-from wavepp.serve.protocol import CompletionRequest
+from wavepp.serve.completion_request import CompletionRequest
 
 
 class Responses:

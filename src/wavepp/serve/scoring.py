@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from wavepp.serve.protocol import ScoreRequest
+from wavepp.serve.completion_request import ScoreRequest
 
 
 @dataclass(frozen=True)

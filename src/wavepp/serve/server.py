@@ -14,14 +14,14 @@ import sys
 
 import uvicorn
 
-from wavepp.engine import Engine
+from wavepp.engine import Engine, EngineConfig
 from wavepp.serve.app import ServeConfig, build_app
 
 
-def run_server(engine_kwargs: dict, serve_config: ServeConfig, host: str = "127.0.0.1",
+def run_server(engine_config: EngineConfig, serve_config: ServeConfig, host: str = "127.0.0.1",
                port: int = 8000, drain_s: float = 10.0, log_level: str = "warning") -> None:
-    """Start an Engine(**engine_kwargs), serve it on host:port, shut it down on exit."""
-    engine = Engine(**engine_kwargs)
+    """Start an Engine(engine_config), serve it on host:port, shut it down on exit."""
+    engine = Engine(engine_config)
     # what start-up made (modules, the model's objects, the tokenizer) lives as long as the
     # server: out of the collector's sight, a full collection walks only what requests make
     # (before: 100-200 ms a walk, holding the GIL, so every request waited as long)
@@ -31,7 +31,7 @@ def run_server(engine_kwargs: dict, serve_config: ServeConfig, host: str = "127.
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                                 timeout_graceful_shutdown=drain_s, lifespan="on")
         server = uvicorn.Server(config)
-        print(f"wavepp serve: {serve_config.model_name} pp={engine_kwargs.get('pp')} "
+        print(f"wavepp serve: {serve_config.model_name} pp={engine_config.pp} "
               f"policy={engine.policy} on http://{host}:{port}", file=sys.stderr, flush=True)
         # uvicorn re-raises the stop signal once it has shut down; by then the engine is down
         # too, and a SIGTERM that drained cleanly ends the process with status 0

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from wavepp.serve.chat import ChatRequest
 from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
-from wavepp.serve.protocol import CompletionRequest
+from wavepp.serve.completion_request import CompletionRequest
 from wavepp.serve.responses import Responses, new_id, usage
 from wavepp.serve.runner import Runner, Submission, disconnected, raise_if_failed
 

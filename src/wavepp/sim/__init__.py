@@ -8,7 +8,8 @@ from wavepp.sim.grid import GRIDS, GridSetting, WorkloadShape, get_grid, kimi_gr
 from wavepp.sim.hardware import HARDWARE, HardwareSpec, get_hardware
 from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
 from wavepp.sim.loops import LoopCosts, LoopSim
-from wavepp.sim.model_shapes import MODELS, ModelShape, get_model
+from wavepp.sim.model_catalog import MODELS, get_model
+from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.precision import WEIGHT_FORMATS, with_weights
 from wavepp.sim.output import chrome_trace, grid_summary, print_table, write_json, write_plot, write_trace
 from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats

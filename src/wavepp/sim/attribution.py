@@ -15,7 +15,7 @@ from typing import Sequence
 
 from wavepp.sim.grid import K3_SNAPSHOT_BLOCKS, GridSetting, WorkloadShape, ablation_grid, run_grid
 from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_shapes import get_model
+from wavepp.sim.model_catalog import get_model
 from wavepp.sim.output import PAPER_FIGURES
 from wavepp.sim.precision import with_weights
 from wavepp.sim.scenario import SimSetup, run_setting

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_shapes import get_model
+from wavepp.sim.model_catalog import get_model
 from wavepp.sim.precision import weight_format, with_weights
 from wavepp.sim.scenario import SimSetup, run_setting
 from wavepp.sim.sglang import get_sglang
@@ -121,7 +121,7 @@ def kimi_grid() -> list[GridSetting]:
             for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
 
 
-# Kimi K3 on 8 GB300 (sim/model_shapes.py "kimi-k3"): the kimi grid's prompts and concurrencies,
+# Kimi K3 on 8 GB300 (sim/model_catalog.py "kimi-k3"): the kimi grid's prompts and concurrencies,
 # the paper's chunk budget and M of 16,384 tokens; stages keep state snapshots every 4 blocks
 # (16,384 tokens at the grid's token scale of 256), a chunk's worth. The paper's machine: two
 # nodes of 4 GPUs (the boundary between stages 3 and 4, and tp-ep's collectives, over the

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from wavepp.cache.block import BlockEntry
 from wavepp.cache.escrow import Escrow
-from wavepp.cache.results import RequestState
+from wavepp.cache.results import PoolRequestState
 
 
 @dataclass(slots=True, eq=False)
@@ -38,12 +38,12 @@ class PoolRequest:
     num_computed_tokens: int = 0
 
     @property
-    def state(self) -> RequestState:
+    def state(self) -> PoolRequestState:
         if self.block_table is not None:
-            return RequestState.MATERIALIZED
+            return PoolRequestState.MATERIALIZED
         if self.escrow is None:
-            return RequestState.LEASED
-        return RequestState.COMMITTED if self.escrow.committed else RequestState.RESERVED
+            return PoolRequestState.LEASED
+        return PoolRequestState.COMMITTED if self.escrow.committed else PoolRequestState.RESERVED
 
     @property
     def num_blocks(self) -> int:

@@ -1,0 +1,77 @@
+"""An Engine's options: one frozen record, checked once where it is built.
+
+    config = EngineConfig("smollm2", pp=2, kv_store="/dev/shm/kv")   # a bad option raises here
+    engine = Engine(config)            # or Engine("smollm2", pp=2, ...), which builds the same
+
+The command line and the server build it from their flags; the engine turns it into the
+`RuntimeConfig` every rank receives (runtime/config.py) once the model's path, the device and
+the run directory are known. Every check runs before a process is spawned or a model is
+converted: the engine-only options here, the options every rank shares by building their
+RuntimeConfig (whose checks are the one place they are written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from wavepp.model_store import DEFAULT_MODEL
+from wavepp.runtime.config import RuntimeConfig
+from wavepp.runtime.device import DEVICES
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL            # a built-in name or an HF-format directory
+    pp: int = 2
+    policy: str = "wavepp"
+    dtype: str = "bfloat16"
+    block_size: int = 16
+    stage_num_blocks: tuple[int, ...] = ()     # one per stage; empty: from kv_cache_gib or memory
+    kv_cache_gib: float | None = None
+    top_k: int = 5
+    num_threads: int = 1
+    backend: str | None = None            # None: nccl when every stage has its own GPU, else gloo
+    snapshot_interval_blocks: int | None = None
+    snapshot_align_frac: float = 0.125
+    profile_waves: bool = True
+    device: str = "cpu"                   # "cpu" | "cuda" | "auto"
+    kv_store: str | None = None           # the KV hand-off's directory; None: no hand-off
+    kv_store_max_gib: float | None = None  # None: half the store's file system's free space
+    kv_ttl_s: float = 600.0
+    kv_export_wait_s: float = 60.0
+    layer_split: tuple[int, ...] = ()     # layers per stage; empty: balanced
+    pin_cpus: bool | None = None          # None: pinned on the CPU where there is a CPU per stage
+
+    def __post_init__(self) -> None:
+        for name in ("stage_num_blocks", "layer_split"):      # any sequence (or None) -> a tuple
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        if isinstance(self.model, Path):
+            object.__setattr__(self, "model", str(self.model))
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a built-in name or a directory, got {self.model!r}")
+        if self.kv_store_max_gib is not None and not self.kv_store_max_gib > 0:
+            raise ValueError(f"kv_store_max_gib must be positive, got {self.kv_store_max_gib}")
+        if not self.kv_ttl_s > 0:
+            raise ValueError(f"kv_ttl_s must be positive, got {self.kv_ttl_s}")
+        if self.kv_store is not None and not str(self.kv_store):
+            raise ValueError("kv_store must name a directory")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        self.runtime_config("", "cpu", self.backend or "gloo")   # the options every rank shares
+
+    def runtime_config(self, model_path: str, device: str, backend: str, *, kv_store: str = "",
+                       run_dir: str = "") -> RuntimeConfig:
+        """What every rank receives, for the resolved model path, device and backend."""
+        return RuntimeConfig(
+            model_path=model_path, num_stages=self.pp, policy=self.policy, dtype=self.dtype,
+            block_size=self.block_size, stage_num_blocks=self.stage_num_blocks,
+            kv_cache_gib=self.kv_cache_gib, top_k=self.top_k, num_threads=self.num_threads,
+            backend=backend, device=device, run_dir=run_dir,
+            snapshot_interval_blocks=self.snapshot_interval_blocks,
+            snapshot_align_frac=self.snapshot_align_frac, profile_waves=self.profile_waves,
+            kv_store=kv_store, kv_export_wait_s=self.kv_export_wait_s, layer_split=self.layer_split)
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
