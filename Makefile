@@ -37,6 +37,8 @@ bench: $(STAMP)
 	$(VENV)/bin/wavepp bench
 
 test: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests
 	$(PY) -m pytest -q
 
 clean:

@@ -34,7 +34,8 @@ def _modules() -> dict[str, tuple[Path, bool]]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST):
@@ -70,7 +71,7 @@ def import_graph() -> dict[str, set[str]]:
                 deps.update(r for a in node.names if (r := resolve(a.name)))
                 continue
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -131,13 +132,25 @@ def test_no_import_cycle_between_modules():
 
 
 def test_no_source_file_over_the_limit():
-    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
-@pytest.mark.parametrize("package", ["wavepp.models", "wavepp.cache", "wavepp.sched", "wavepp.sim",
-                                     "wavepp.workloads", "wavepp.env"])
+@pytest.mark.parametrize(
+    "package",
+    [
+        "wavepp.models",
+        "wavepp.cache",
+        "wavepp.sched",
+        "wavepp.sim",
+        "wavepp.workloads",
+        "wavepp.env",
+    ],
+)
 def test_pure_python_layers_import_no_torch(package):
     code = f"import sys, {package}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -153,7 +166,9 @@ def test_the_simulator_reads_the_model_spec_not_hf_configs():
     for path in (SRC / "sim").glob("*.py"):
         text = path.read_text()
         assert "import transformers" not in text and "from transformers" not in text, path.name
-        assert "config.json" not in text or path.name in ("model_shapes.py", "model_catalog.py"), path.name
+        assert "config.json" not in text or path.name in ("model_shapes.py", "model_catalog.py"), (
+            path.name
+        )
 
 
 def test_every_environment_switch_is_read_in_env_py():
@@ -193,19 +208,42 @@ def test_design_layer_map_names_modules_that_exist():
 
 def _doc_paths(text: str) -> set[str]:
     """Backquoted relative paths of source, test or benchmark files and folders in a document."""
-    return {m for m in re.findall(r"`([\w./-]+/[\w.-]*)`", text)
-            if not m.startswith(("http", "/", "../", "~")) and (m.endswith("/") or "." in m.rsplit("/", 1)[-1])}
+    return {
+        m
+        for m in re.findall(r"`([\w./-]+/[\w.-]*)`", text)
+        if not m.startswith(("http", "/", "../", "~"))
+        and (m.endswith("/") or "." in m.rsplit("/", 1)[-1])
+    }
 
 
 def _exists(path: str) -> bool:
     path = path.rstrip("/")
-    return any((base / path).exists() for base in (ROOT, ROOT / "src", SRC, SRC / "models", SRC / "models" / "kernels",
-                                                   ROOT / "docs"))
+    return any(
+        (base / path).exists()
+        for base in (
+            ROOT,
+            ROOT / "src",
+            SRC,
+            SRC / "models",
+            SRC / "models" / "kernels",
+            ROOT / "docs",
+        )
+    )
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/design.md", "docs/models.md", "docs/kernels.md",
-                                 "docs/simulator.md", "docs/serving.md", "docs/hybrid.md",
-                                 "docs/disaggregation.md"])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "README.md",
+        "docs/design.md",
+        "docs/models.md",
+        "docs/kernels.md",
+        "docs/simulator.md",
+        "docs/serving.md",
+        "docs/hybrid.md",
+        "docs/disaggregation.md",
+    ],
+)
 def test_documents_name_files_that_exist(doc):
     """The living documents (not the dated records under docs/benchmarks/) name only paths that
     exist: a module that moved makes this fail until the document follows."""

@@ -1,10 +1,10 @@
 """The Engine: wavepp's Python API (rank 0).
 
-    engine = Engine("smollm2", pp=2, policy="wavepp")
-    results = engine.prefill(["The capital of France is", [1, 2, 3, 4]])
-    results[0].first_token_id, results[0].first_token_logprob, results[0].num_cached_tokens
-    fut = engine.submit(prompt); fut.result()      # asynchronous
-    engine.abort(request_id); engine.shutdown()    # or use it as a context manager
+engine = Engine("smollm2", pp=2, policy="wavepp")
+results = engine.prefill(["The capital of France is", [1, 2, 3, 4]])
+results[0].first_token_id, results[0].first_token_logprob, results[0].num_cached_tokens
+fut = engine.submit(prompt); fut.result()      # asynchronous
+engine.abort(request_id); engine.shutdown()    # or use it as a context manager
 """
 
 from __future__ import annotations
@@ -14,54 +14,29 @@ import logging
 from concurrent.futures import Future
 from typing import Sequence
 
-import numpy as np
-
-from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.engine_config import EngineConfig
+from wavepp.kv_transfer.handoff import KVHandoff
+from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.prefill_result import PrefillResult, with_transfer_error
-from wavepp.runtime.device import check_backend, default_backend, resolve_device
+from wavepp.prompts import Prompt, prompt_token_ids
 from wavepp.runtime.core import EngineCore, EngineError
+from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
-from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.tokenizer import Tokenizer
 
-Prompt = str | Sequence[int]
 log = logging.getLogger(__name__)
 
 
 class Engine:
     def __init__(self, model: str | EngineConfig = DEFAULT_MODEL, **options):
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
-        directory), with `options` as EngineConfig names them; or `Engine(config)` with an
-        EngineConfig. `stage_num_blocks` sets each stage's cache size in blocks (stages may
-        differ); else each stage gets `kv_cache_gib` of KV blocks, or by default room for 32
-        full-length prompts within 1 GiB and a quarter of the available memory. A hybrid model
-        (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks (default:
-        from memory, `models.stage_pool`), and its planner moves chunk ends onto that grid when
-        one is within `snapshot_align_frac` of the chunk (0: never; `PlannerConfig`).
-        `profile_waves`: time waves of varied shape on every stage at start-up and start the
-        planner's cost model from their fit (runtime/profile.py).
-
-        `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or
-        "auto" (cuda when there is one). `backend`: the data plane's, for activations between
-        stages (None: nccl when every stage has a GPU of its own, else gloo; runtime/device.py).
-
-        `kv_store`: a directory where every stage writes its layers' KV of the requests
-        submitted with `kv_transfer`, for a decode engine to load (kv_transfer/); transfers live
-        until taken, `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first;
-        default: half the file system's free space at start, kv_transfer/handoff.py), and those
-        this engine wrote are removed at its shutdown. An answer waits at most
-        `kv_export_wait_s` after the prefill for the stages' parts (then names them failed).
-
-        `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also
-        runs the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on
-        CPUs of its own (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is
-        one per stage). Everything is validated before a process is spawned (EngineConfig); a
-        start that fails leaves no stage process, no process group and no run directory behind."""
+        directory), with `options` as EngineConfig names and documents them; or `Engine(config)`
+        with an EngineConfig. Everything is validated before a process is spawned; a start that
+        fails leaves no stage process, no process group and no run directory behind."""
         self._closed = True
         if isinstance(model, EngineConfig):
             if options:
@@ -77,24 +52,45 @@ class Engine:
         self.model_path = resolve_model(opts.model)
         self._tokenizer = Tokenizer(self.model_path)
         model_config = load_model_config(self.model_path)
-        stage_specs(model_config.num_layers, pp, opts.layer_split)   # the layers split into pp stages
+        stage_specs(
+            model_config.num_layers, pp, opts.layer_split
+        )  # the layers split into pp stages
         self._handoff = None
         if opts.kv_store is not None:
             if page_layout(model_config).is_hybrid:
-                raise ValueError(f"the KV hand-off does not carry recurrent-state snapshots yet: "
-                                 f"{model_config.model_type} cannot take kv_store")
-            max_bytes = None if opts.kv_store_max_gib is None else int(opts.kv_store_max_gib * 2**30)
-            self._handoff = KVHandoff(opts.kv_store, num_stages=pp, export_wait_s=opts.kv_export_wait_s,
-                                      max_bytes=max_bytes, ttl_s=opts.kv_ttl_s)
+                raise ValueError(
+                    f"the KV hand-off does not carry recurrent-state snapshots yet: "
+                    f"{model_config.model_type} cannot take kv_store"
+                )
+            max_bytes = (
+                None if opts.kv_store_max_gib is None else int(opts.kv_store_max_gib * 2**30)
+            )
+            self._handoff = KVHandoff(
+                opts.kv_store,
+                num_stages=pp,
+                export_wait_s=opts.kv_export_wait_s,
+                max_bytes=max_bytes,
+                ttl_s=opts.kv_ttl_s,
+            )
         if device == "cuda" and not model_config.runs_on_cuda:
-            raise ValueError(f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
-                             f"{model_config.model_type} runs on device='cpu'")
-        self._cluster = LocalCluster(pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus))
+            raise ValueError(
+                f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
+                f"{model_config.model_type} runs on device='cpu'"
+            )
+        self._cluster = LocalCluster(
+            pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus)
+        )
         try:
             self.config = opts.runtime_config(
-                str(self.model_path), device, backend, run_dir=self._cluster.run_dir,
-                kv_store="" if self._handoff is None else str(self._handoff.root))
-            self._core = EngineCore(self.config, self._cluster.channels, self._cluster.dead_stage, self._handoff)
+                str(self.model_path),
+                device,
+                backend,
+                run_dir=self._cluster.run_dir,
+                kv_store="" if self._handoff is None else str(self._handoff.root),
+            )
+            self._core = EngineCore(
+                self.config, self._cluster.channels, self._cluster.dead_stage, self._handoff
+            )
         except BaseException:
             self._cluster.close(timeout_s=2)
             raise
@@ -107,8 +103,14 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def submit(self, prompt: Prompt, request_id: int | None = None, *,
-               logprob_start: int | None = None, kv_transfer: bool | str = False) -> Future:
+    def submit(
+        self,
+        prompt: Prompt,
+        request_id: int | None = None,
+        *,
+        logprob_start: int | None = None,
+        kv_transfer: bool | str = False,
+    ) -> Future:
         """Queue one prompt (text or token ids); the future resolves to a PrefillResult, and
         its `request_id` attribute is the request's id.
 
@@ -129,25 +131,41 @@ class Engine:
         load). A store that cannot take the transfer (a full disk) is such an error too: the
         prompt is prefilled without its hand-off."""
         token_ids = self.tokenize(prompt)
-        if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
+        if request_id is not None and (
+            not isinstance(request_id, int) or isinstance(request_id, bool)
+        ):
             raise ValueError(f"request_id must be an int, got {request_id!r}")
-        if logprob_start is not None and (isinstance(logprob_start, bool) or not isinstance(logprob_start, int)
-                                          or not 0 <= logprob_start < len(token_ids)):
-            raise ValueError(f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
-                             f"got {logprob_start!r}")
+        if logprob_start is not None and (
+            isinstance(logprob_start, bool)
+            or not isinstance(logprob_start, int)
+            or not 0 <= logprob_start < len(token_ids)
+        ):
+            raise ValueError(
+                f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
+                f"got {logprob_start!r}"
+            )
         export_id, refused = None, None
         if kv_transfer is not False and kv_transfer is not None:
             if self._handoff is None:
                 raise ValueError("kv_transfer needs a KV store: start the engine with kv_store=DIR")
             try:
-                export_id = self._handoff.open(token_ids, kv_transfer, {
-                    "model": str(self.model_path), "num_stages": self.config.num_stages,
-                    "block_size": self.config.block_size, "dtype": self.config.dtype})
+                export_id = self._handoff.open(
+                    token_ids,
+                    kv_transfer,
+                    {
+                        "model": str(self.model_path),
+                        "num_stages": self.config.num_stages,
+                        "block_size": self.config.block_size,
+                        "dtype": self.config.dtype,
+                    },
+                )
             except OSError as err:
                 refused = f"the KV store could not take the transfer: {err.strerror or err}"
                 log.warning("KV hand-off refused: %s", refused)
         try:
-            fut = self._core.submit(request_id, token_ids, logprob_start=logprob_start, export_id=export_id)
+            fut = self._core.submit(
+                request_id, token_ids, logprob_start=logprob_start, export_id=export_id
+            )
         except BaseException:
             if export_id is not None:
                 self._handoff.drop(export_id)
@@ -197,7 +215,9 @@ class Engine:
     @property
     def max_prompt_tokens(self) -> int:
         """The longest prompt every stage can hold and the model's positions allow."""
-        return min(self._core.max_prompt_tokens, min(self.stage_num_blocks) * self.config.block_size)
+        return min(
+            self._core.max_prompt_tokens, min(self.stage_num_blocks) * self.config.block_size
+        )
 
     def load(self) -> EngineLoad:
         """Waiting and running counts, and the pipeline's fatal error (a dead stage) if any.
@@ -231,8 +251,13 @@ class Engine:
         except ValueError:
             return None
 
-    def reset(self, policy: str | None = None, *, snapshot_interval_blocks: int | None = None,
-              snapshot_align_frac: float | None = None) -> None:
+    def reset(
+        self,
+        policy: str | None = None,
+        *,
+        snapshot_interval_blocks: int | None = None,
+        snapshot_align_frac: float | None = None,
+    ) -> None:
         """Wait for idle, empty every stage's cache, and switch policy if one is given. A hybrid
         model takes snapshots every `snapshot_interval_blocks` blocks from now on, on every
         stage, and its planner aligns chunk ends to that grid within `snapshot_align_frac`
@@ -264,12 +289,12 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        self._cluster.unwatch()       # the stages exit on purpose from here on
+        self._cluster.unwatch()  # the stages exit on purpose from here on
         try:
             self._core.shutdown()
         finally:
             self._cluster.close()
-            if self._handoff is not None:   # the sweeper stops; what this engine wrote goes
+            if self._handoff is not None:  # the sweeper stops; what this engine wrote goes
                 self._handoff.close()
 
     def __enter__(self) -> "Engine":
@@ -281,40 +306,25 @@ class Engine:
     # ---- internals ---------------------------------------------------------------------------
 
     def tokenize(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a text (the model's tokenizer; `add_special_tokens` as transformers has
-        it) or of a sequence of ints, checked against the vocabulary. Anything else (bytes,
-        floats, bools, nested lists) is refused."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("empty prompt: at least one token is needed")
-            token_ids = self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        elif isinstance(prompt, (bytes, bytearray, memoryview)):
-            raise ValueError("a prompt is a str or a sequence of int token ids, not bytes")
-        else:
-            try:
-                token_ids = list(prompt)
-            except TypeError:
-                raise ValueError(f"a prompt is a str or a sequence of int token ids, "
-                                 f"got {type(prompt).__name__}") from None
-            for i, t in enumerate(token_ids):
-                if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                    raise ValueError(f"token {i} of the prompt is {t!r} ({type(t).__name__}); "
-                                     f"token ids must be ints")
-            token_ids = [int(t) for t in token_ids]
-        if not token_ids:
-            raise ValueError("empty prompt: at least one token is needed")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        return token_ids
+        """Token ids of a text or a sequence of ints, checked against the vocabulary
+        (prompts.prompt_token_ids: anything else is refused with ValueError)."""
+        return prompt_token_ids(prompt, self._tokenizer, self.vocab_size, add_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                            continue_final_message: bool = False) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[int]:
         """The token ids of chat messages ({"role", "content"}) rendered by the model's chat
         template, with no special tokens added beyond the template's. ValueError when the
         model has no tokenizer or no template, or the template refuses the messages."""
-        text = self._tokenizer.chat_text(messages, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message)
+        text = self._tokenizer.chat_text(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
         return self.tokenize(text, add_special_tokens=False)
 
     def token_strs(self, token_ids: Sequence[int]) -> list[str] | None:
@@ -329,29 +339,55 @@ class Engine:
         thread. False for an id that is unknown, another engine's, or with no store."""
         return self._handoff is not None and self._handoff.drop(transfer_id)
 
-    def _result(self, request_id: int, req, export_errors: dict[int, str] | None = None) -> PrefillResult:
+    def _result(
+        self, request_id: int, req, export_errors: dict[int, str] | None = None
+    ) -> PrefillResult:
         ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
         adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
         token = req.result
         if req.state != RequestState.DONE or token is None:
             if req.export_id is not None:
                 self._handoff.drop(req.export_id)
-            return PrefillResult(request_id, req.num_tokens, 0, None, None, (), ttft, adm,
-                                 error=req.failure or req.state.value)
-        text = self._tokenizer.token_text_if_loaded(token.token_id)   # cached: never waits
+            return PrefillResult(
+                request_id,
+                req.num_tokens,
+                0,
+                None,
+                None,
+                (),
+                ttft,
+                adm,
+                error=req.failure or req.state.value,
+            )
+        text = self._tokenizer.token_text_if_loaded(token.token_id)  # cached: never waits
         prompt_logprobs = None
         if req.logprob_start is not None:
             prompt_logprobs = tuple(
                 (lp, tuple(zip(ids, lps)))
                 for part in sorted(req.prompt_logprobs, key=lambda p: p.start)
-                for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs))
+                for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs)
+            )
         transfer = None
         if req.export_id is not None:
-            transfer = self._handoff.answer(req.export_id, req.num_tokens, {
-                "num_stages": self.config.num_stages, "block_size": self.config.block_size}, export_errors)
-        return PrefillResult(request_id, req.num_tokens, req.num_cached_tokens, token.token_id,
-                             token.logprob, tuple(zip(token.top_ids, token.top_logprobs)), ttft, adm,
-                             first_token_text=text, prompt_logprobs=prompt_logprobs, kv_transfer=transfer)
+            transfer = self._handoff.answer(
+                req.export_id,
+                req.num_tokens,
+                {"num_stages": self.config.num_stages, "block_size": self.config.block_size},
+                export_errors,
+            )
+        return PrefillResult(
+            request_id,
+            req.num_tokens,
+            req.num_cached_tokens,
+            token.token_id,
+            token.logprob,
+            tuple(zip(token.top_ids, token.top_logprobs)),
+            ttft,
+            adm,
+            first_token_text=text,
+            prompt_logprobs=prompt_logprobs,
+            kv_transfer=transfer,
+        )
 
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineLoad", "PrefillResult"]

@@ -23,29 +23,54 @@ from wavepp.runtime.device import DEVICES
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = DEFAULT_MODEL            # a built-in name or an HF-format directory
+    """`pp` stage processes for `model`. `stage_num_blocks` sets each stage's cache size in
+    blocks (stages may differ); else each stage gets `kv_cache_gib` of KV blocks, or by default
+    room for 32 full-length prompts within 1 GiB and a quarter of the available memory. A
+    hybrid model (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks
+    (default: from memory, `models.stage_pool`), and its planner moves chunk ends onto that grid
+    when one is within `snapshot_align_frac` of the chunk (0: never; `PlannerConfig`).
+    `profile_waves`: time waves of varied shape on every stage at start-up and start the
+    planner's cost model from their fit (runtime/profile.py).
+
+    `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or "auto"
+    (cuda when there is one). `backend`: the data plane's, for activations between stages
+    (None: nccl when every stage has a GPU of its own, else gloo; runtime/device.py).
+
+    `kv_store`: a directory where every stage writes its layers' KV of the requests submitted
+    with `kv_transfer`, for a decode engine to load (kv_transfer/); transfers live until taken,
+    `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first; default: half the
+    file system's free space at start, kv_transfer/handoff.py), and those the engine wrote are
+    removed at its shutdown. An answer waits at most `kv_export_wait_s` after the prefill for
+    the stages' parts (then names them failed).
+
+    `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also runs
+    the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of
+    its own (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is one per
+    stage)."""
+
+    model: str = DEFAULT_MODEL  # a built-in name or an HF-format directory
     pp: int = 2
     policy: str = "wavepp"
     dtype: str = "bfloat16"
     block_size: int = 16
-    stage_num_blocks: tuple[int, ...] = ()     # one per stage; empty: from kv_cache_gib or memory
+    stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib or memory
     kv_cache_gib: float | None = None
     top_k: int = 5
     num_threads: int = 1
-    backend: str | None = None            # None: nccl when every stage has its own GPU, else gloo
+    backend: str | None = None  # None: nccl when every stage has its own GPU, else gloo
     snapshot_interval_blocks: int | None = None
     snapshot_align_frac: float = 0.125
     profile_waves: bool = True
-    device: str = "cpu"                   # "cpu" | "cuda" | "auto"
-    kv_store: str | None = None           # the KV hand-off's directory; None: no hand-off
+    device: str = "cpu"  # "cpu" | "cuda" | "auto"
+    kv_store: str | None = None  # the KV hand-off's directory; None: no hand-off
     kv_store_max_gib: float | None = None  # None: half the store's file system's free space
     kv_ttl_s: float = 600.0
     kv_export_wait_s: float = 60.0
-    layer_split: tuple[int, ...] = ()     # layers per stage; empty: balanced
-    pin_cpus: bool | None = None          # None: pinned on the CPU where there is a CPU per stage
+    layer_split: tuple[int, ...] = ()  # layers per stage; empty: balanced
+    pin_cpus: bool | None = None  # None: pinned on the CPU where there is a CPU per stage
 
     def __post_init__(self) -> None:
-        for name in ("stage_num_blocks", "layer_split"):      # any sequence (or None) -> a tuple
+        for name in ("stage_num_blocks", "layer_split"):  # any sequence (or None) -> a tuple
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
         if isinstance(self.model, Path):
             object.__setattr__(self, "model", str(self.model))
@@ -59,19 +84,32 @@ class EngineConfig:
             raise ValueError("kv_store must name a directory")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        self.runtime_config("", "cpu", self.backend or "gloo")   # the options every rank shares
+        self.runtime_config("", "cpu", self.backend or "gloo")  # the options every rank shares
 
-    def runtime_config(self, model_path: str, device: str, backend: str, *, kv_store: str = "",
-                       run_dir: str = "") -> RuntimeConfig:
+    def runtime_config(
+        self, model_path: str, device: str, backend: str, *, kv_store: str = "", run_dir: str = ""
+    ) -> RuntimeConfig:
         """What every rank receives, for the resolved model path, device and backend."""
         return RuntimeConfig(
-            model_path=model_path, num_stages=self.pp, policy=self.policy, dtype=self.dtype,
-            block_size=self.block_size, stage_num_blocks=self.stage_num_blocks,
-            kv_cache_gib=self.kv_cache_gib, top_k=self.top_k, num_threads=self.num_threads,
-            backend=backend, device=device, run_dir=run_dir,
+            model_path=model_path,
+            num_stages=self.pp,
+            policy=self.policy,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            stage_num_blocks=self.stage_num_blocks,
+            kv_cache_gib=self.kv_cache_gib,
+            top_k=self.top_k,
+            num_threads=self.num_threads,
+            backend=backend,
+            device=device,
+            run_dir=run_dir,
             snapshot_interval_blocks=self.snapshot_interval_blocks,
-            snapshot_align_frac=self.snapshot_align_frac, profile_waves=self.profile_waves,
-            kv_store=kv_store, kv_export_wait_s=self.kv_export_wait_s, layer_split=self.layer_split)
+            snapshot_align_frac=self.snapshot_align_frac,
+            profile_waves=self.profile_waves,
+            kv_store=kv_store,
+            kv_export_wait_s=self.kv_export_wait_s,
+            layer_split=self.layer_split,
+        )
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

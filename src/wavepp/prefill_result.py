@@ -11,12 +11,12 @@ from dataclasses import dataclass
 class PrefillResult:
     request_id: int
     num_prompt_tokens: int
-    num_cached_tokens: int            # reused from the cache on every stage
-    first_token_id: int | None        # None when the request failed (see error)
+    num_cached_tokens: int  # reused from the cache on every stage
+    first_token_id: int | None  # None when the request failed (see error)
     first_token_logprob: float | None
-    top_logprobs: tuple[tuple[int, float], ...]   # (token id, logprob), best first
-    ttft_s: float | None              # arrival -> first token
-    admission_s: float | None         # arrival -> admitted on every stage
+    top_logprobs: tuple[tuple[int, float], ...]  # (token id, logprob), best first
+    ttft_s: float | None  # arrival -> first token
+    admission_s: float | None  # arrival -> admitted on every stage
     error: str | None = None
     first_token_text: str | None = None
     # with logprob_start: for each position p from logprob_start to the prompt's last but one,
@@ -32,11 +32,17 @@ class PrefillResult:
 
     def to_dict(self) -> dict:
         return {
-            "request_id": self.request_id, "num_prompt_tokens": self.num_prompt_tokens,
-            "num_cached_tokens": self.num_cached_tokens, "first_token_id": self.first_token_id,
-            "first_token_text": self.first_token_text, "first_token_logprob": self.first_token_logprob,
-            "top_logprobs": [[i, lp] for i, lp in self.top_logprobs], "ttft_s": self.ttft_s,
-            "admission_s": self.admission_s, "error": self.error, "kv_transfer": self.kv_transfer,
+            "request_id": self.request_id,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_cached_tokens": self.num_cached_tokens,
+            "first_token_id": self.first_token_id,
+            "first_token_text": self.first_token_text,
+            "first_token_logprob": self.first_token_logprob,
+            "top_logprobs": [[i, lp] for i, lp in self.top_logprobs],
+            "ttft_s": self.ttft_s,
+            "admission_s": self.admission_s,
+            "error": self.error,
+            "kv_transfer": self.kv_transfer,
         }
 
 
@@ -51,7 +57,9 @@ def with_transfer_error(fut: Future, error: str) -> Future:
         except BaseException as exc:
             out.set_exception(exc)
             return
-        out.set_result(dataclasses.replace(result, kv_transfer={"error": error}) if result.ok else result)
+        out.set_result(
+            dataclasses.replace(result, kv_transfer={"error": error}) if result.ok else result
+        )
 
     fut.add_done_callback(settle)
     return out

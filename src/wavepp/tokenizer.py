@@ -24,7 +24,7 @@ from typing import Sequence
 class Tokenizer:
     def __init__(self, model_path: Path):
         self.model_path = model_path
-        self._loaded = None             # the instance loaded from disk; copied, never used
+        self._loaded = None  # the instance loaded from disk; copied, never used
         self._load_lock = threading.Lock()
         self._local = threading.local()
         self._token_texts: dict[int, str] = {}
@@ -57,8 +57,9 @@ class Tokenizer:
             self._max_token_chars = max(map(len, self._own().get_vocab()), default=1) or 1
         return self._max_token_chars
 
-    def chat_text(self, messages: Sequence[dict], *, add_generation_prompt: bool,
-                  continue_final_message: bool) -> str:
+    def chat_text(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool, continue_final_message: bool
+    ) -> str:
         """Chat messages rendered by the model's chat template. ValueError when there is no
         template, or the template refuses the messages (its own raise_exception)."""
         import jinja2
@@ -67,9 +68,12 @@ class Tokenizer:
         if not getattr(hf, "chat_template", None):
             raise ValueError(f"the model at {self.model_path} has no chat template")
         try:
-            return hf.apply_chat_template(list(messages), tokenize=False,
-                                          add_generation_prompt=add_generation_prompt,
-                                          continue_final_message=continue_final_message)
+            return hf.apply_chat_template(
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
         except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
             raise ValueError(f"the chat template refused the messages: {exc}") from None
 
@@ -99,6 +103,8 @@ class Tokenizer:
                 try:
                     self._loaded = transformers.AutoTokenizer.from_pretrained(self.model_path)
                 except (OSError, ValueError) as exc:
-                    raise ValueError(f"the model at {self.model_path} has no usable tokenizer; "
-                                     f"pass token ids instead of text ({exc})") from None
+                    raise ValueError(
+                        f"the model at {self.model_path} has no usable tokenizer; "
+                        f"pass token ids instead of text ({exc})"
+                    ) from None
             return self._loaded

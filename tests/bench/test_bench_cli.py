@@ -5,9 +5,23 @@ import json
 from wavepp.cli import main
 from wavepp.make_model import make_model
 
-KEYS = {"workload", "policy", "pp", "concurrency", "num_requests", "input_tokens", "cached_tokens",
-        "seconds", "input_tok_s", "computed_tok_s", "hit_rate", "ideal_hit_rate", "ttft_p50_ms",
-        "ttft_p95_ms", "stage_utilization"}
+KEYS = {
+    "workload",
+    "policy",
+    "pp",
+    "concurrency",
+    "num_requests",
+    "input_tokens",
+    "cached_tokens",
+    "seconds",
+    "input_tok_s",
+    "computed_tok_s",
+    "hit_rate",
+    "ideal_hit_rate",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "stage_utilization",
+}
 
 
 def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys, monkeypatch):
@@ -17,11 +31,39 @@ def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys, monkeypat
     out = tmp_path / "b.json"
     plot = tmp_path / "b.png"
     trace = tmp_path / "b.trace.json"
-    rc = main(["bench", "--model", str(model), "--pp", "2", "--workload", "short-suffix,cold",
-               "--policy", "wavepp,lockstep,static,single-stage", "--concurrency", "2,8",
-               "--num-requests", "12", "--prefix-len", "96", "--suffix-len", "16", "--prompt-len", "64",
-               "--num-groups", "3", "--dtype", "float32", "--json", str(out), "--plot", str(plot),
-               "--trace", str(trace)])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(model),
+            "--pp",
+            "2",
+            "--workload",
+            "short-suffix,cold",
+            "--policy",
+            "wavepp,lockstep,static,single-stage",
+            "--concurrency",
+            "2,8",
+            "--num-requests",
+            "12",
+            "--prefix-len",
+            "96",
+            "--suffix-len",
+            "16",
+            "--prompt-len",
+            "64",
+            "--num-groups",
+            "3",
+            "--dtype",
+            "float32",
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+            "--trace",
+            str(trace),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "short_suffix" in printed and "lockstep" in printed
@@ -33,16 +75,19 @@ def test_tiny_bench_writes_table_json_plot_and_trace(tmp_path, capsys, monkeypat
         assert k.startswith("linear=matmul attention="), k
     assert "kernels (pp): stage 0 linear=matmul" in printed
     rows = data["rows"]
-    assert len(rows) == 2 * 2 * 4                          # workloads x concurrencies x policies
+    assert len(rows) == 2 * 2 * 4  # workloads x concurrencies x policies
     for row in rows:
         assert KEYS <= set(row), KEYS - set(row)
         assert row["num_failed"] == 0 and row["num_requests"] == 12
         assert len(row["stage_utilization"]) == (1 if row["policy"] == "single-stage" else 2)
         assert 0 <= row["hit_rate"] <= row["ideal_hit_rate"] + 1e-9
-        assert abs(row["input_tok_s"] * row["seconds"] - row["input_tokens"]) < 1e-6 * row["input_tokens"] + 1
+        assert (
+            abs(row["input_tok_s"] * row["seconds"] - row["input_tokens"])
+            < 1e-6 * row["input_tokens"] + 1
+        )
         if row["workload"] == "cold":
             assert row["cached_tokens"] == 0 and row["ideal_hit_rate"] == 0
-        else:   # 3 groups x 96-token prefixes: every later prompt of a group reuses 96 tokens
+        else:  # 3 groups x 96-token prefixes: every later prompt of a group reuses 96 tokens
             assert row["ideal_hit_rate"] > 0.5
             assert row["hit_rate"] >= 0.98 * row["ideal_hit_rate"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -24,8 +24,19 @@ class FakeEngine:
             fut.set_exception(RuntimeError(f"stage 1 died at request {i}"))
             return fut
         error = f"request {i}: the stage failed" if i in self.fail else None
-        fut.set_result(PrefillResult(i, len(token_ids), 0, None if error else 7, None if error else -0.1, (),
-                                     0.01, 0.0, error=error))
+        fut.set_result(
+            PrefillResult(
+                i,
+                len(token_ids),
+                0,
+                None if error else 7,
+                None if error else -0.1,
+                (),
+                0.01,
+                0.0,
+                error=error,
+            )
+        )
         return fut
 
 
@@ -34,17 +45,22 @@ def workload():
 
 
 def test_a_failed_request_ends_the_run_with_its_reason():
-    with pytest.raises(BenchError, match=r"2 of 8 requests failed; the first: request 3: the stage failed"):
+    with pytest.raises(
+        BenchError, match=r"2 of 8 requests failed; the first: request 3: the stage failed"
+    ):
         run_closed_loop(FakeEngine(fail={3, 5}), workload(), 4, policy_label="wavepp")
 
 
 def test_an_exception_on_a_future_ends_it_too():
-    with pytest.raises(BenchError, match=r"1 of 8 requests failed; the first: RuntimeError: stage 1 died"):
+    with pytest.raises(
+        BenchError, match=r"1 of 8 requests failed; the first: RuntimeError: stage 1 died"
+    ):
         run_closed_loop(FakeEngine(raise_at={6}), workload(), 4, policy_label="wavepp")
 
 
 def test_all_answered_gives_the_summary(monkeypatch):
     import wavepp.bench.measure as measure
+
     monkeypatch.setattr(measure, "summarize", lambda engine, wl, results, *a: results)
     results = run_closed_loop(FakeEngine(), workload(), 4, policy_label="wavepp")
     assert [r.request_id for r in results] == list(range(8)) and all(r.ok for r in results)

@@ -21,5 +21,5 @@ class Model:
     hashes: list[int]
     num_tokens: int
     num_leased: int
-    phase: str   # committed | materialized
+    phase: str  # committed | materialized
     num_published: int = 0

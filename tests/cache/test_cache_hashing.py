@@ -47,7 +47,9 @@ def test_extra_keys_and_salt_change_every_hash():
     salted = hash_blocks(tokens, B, salt=b"tenant-a")
     for other in (keyed, salted):
         assert all(x != y for x, y in zip(base, other))
-    assert hash_blocks(tokens, B, extra_keys=b"ab") != hash_blocks(tokens, B, extra_keys=b"a", salt=b"b")
+    assert hash_blocks(tokens, B, extra_keys=b"ab") != hash_blocks(
+        tokens, B, extra_keys=b"a", salt=b"b"
+    )
     assert hash_blocks(tokens, B, salt=b"tenant-a") == salted
 
 
@@ -77,7 +79,9 @@ def test_rejects_bad_input():
 
 def test_same_hashes_in_another_process():
     code = "from wavepp.cache import hash_blocks; print(hash_blocks(list(range(40)), 4, salt=b'x'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == str(hash_blocks(list(range(40)), 4, salt=b"x"))
 
 
@@ -87,7 +91,9 @@ def test_32k_token_prompt_hashes_in_well_under_a_millisecond():
     hash_blocks(tokens, 16)  # warm up
     array_s = statistics.median(_timed(lambda: hash_blocks(tokens, 16)) for _ in range(9))
     list_s = statistics.median(_timed(lambda: hash_blocks(as_list, 16)) for _ in range(5))
-    print(f"\n32k tokens, block 16: numpy array {array_s * 1e6:.0f} us, list {list_s * 1e6:.0f} us (median)")
+    print(
+        f"\n32k tokens, block 16: numpy array {array_s * 1e6:.0f} us, list {list_s * 1e6:.0f} us (median)"
+    )
     assert array_s < 2e-3
 
 

@@ -1,6 +1,5 @@
 """BlockPool with tiny numbers (block size 4, eight blocks): exact block ids, exact eviction order."""
 
-
 from wavepp.cache import BlockPool, PoolRequestState, hash_blocks
 
 B = 4

@@ -28,19 +28,19 @@ def cache_chain(pool: BlockPool, request_id, prompt: list[int]) -> None:
 
 def test_new_blocks_link_under_cached_blocks_past_the_lease():
     pool = BlockPool(16, B)
-    cache_chain(pool, "x", tokens(0, 4))                     # blocks 0..3
+    cache_chain(pool, "x", tokens(0, 4))  # blocks 0..3
     prompt = tokens(0, 4) + tokens(500, 2)
     hashes = hash_blocks(prompt, B)
     assert pool.match(hashes).num_blocks == 4
-    assert pool.lease("r", hashes, 1).ok                      # the prefix every stage holds
+    assert pool.lease("r", hashes, 1).ok  # the prefix every stage holds
     assert pool.reserve("r", 5).ok
     result = pool.commit("r", hashes[1:])
-    assert result.ok and result.num_registered == 2           # the two blocks past x
-    assert pool.capacity().num_leased == 4                    # block 0 leased, 1..3 held
+    assert result.ok and result.num_registered == 2  # the two blocks past x
+    assert pool.capacity().num_leased == 4  # block 0 leased, 1..3 held
     pool.check_integrity()
     table = pool.materialize("r")
-    assert table[0] == 0 and not set(table[1:]) & {1, 2, 3}   # recomputed privately
-    assert pool.match(hashes).num_blocks == 6                 # pending, findable already
+    assert table[0] == 0 and not set(table[1:]) & {1, 2, 3}  # recomputed privately
+    assert pool.match(hashes).num_blocks == 6  # pending, findable already
     pool.publish("r", len(prompt))
     pool.free("r")
     pool.check_integrity()
@@ -52,17 +52,17 @@ def test_new_blocks_link_under_cached_blocks_past_the_lease():
 
 def test_borrowed_blocks_stay_pinned_until_the_request_ends():
     pool = BlockPool(10, B)
-    cache_chain(pool, "x", tokens(0, 4))                     # blocks 0..3, the rest free
+    cache_chain(pool, "x", tokens(0, 4))  # blocks 0..3, the rest free
     hashes = hash_blocks(tokens(0, 4) + tokens(500, 2), B)
     assert pool.lease("r", hashes, 1).ok
     assert pool.reserve("r", 5).victims == (4, 5, 6, 7, 8)
     assert pool.commit("r", hashes[1:]).ok
-    other = pool.reserve("other", 2)                          # block 9, and nothing evictable
+    other = pool.reserve("other", 2)  # block 9, and nothing evictable
     assert not other.ok and "only 1" in other.reason
     pool.materialize("r")
     pool.publish("r", 6 * B)
     pool.free("r")
-    assert pool.reserve("other", 2).ok                        # now x's and r's blocks may go
+    assert pool.reserve("other", 2).ok  # now x's and r's blocks may go
     pool.check_integrity()
 
 
@@ -72,13 +72,13 @@ def test_cancel_and_release_let_go_of_borrowed_blocks():
     hashes = hash_blocks(tokens(0, 4) + tokens(500, 2), B)
     assert pool.lease("r", hashes, 1).ok
     assert pool.reserve("r", 5).ok and pool.commit("r", hashes[1:]).ok
-    pool.cancel("r")                                          # the lease stays
+    pool.cancel("r")  # the lease stays
     cap = pool.capacity()
     assert (cap.num_leased, cap.num_evictable, cap.num_pending) == (1, 3, 0)
     assert pool.match(hashes).num_blocks == 4
     pool.check_integrity()
     assert pool.reserve("r", 5).ok and pool.commit("r", hashes[1:]).num_registered == 2
-    pool.release("r")                                         # never computed: the new ones go
+    pool.release("r")  # never computed: the new ones go
     cap = pool.capacity()
     assert (cap.num_leased, cap.num_evictable, cap.num_pending, cap.num_free) == (0, 4, 0, 12)
     assert pool.match(hashes).num_blocks == 4
@@ -87,18 +87,18 @@ def test_cancel_and_release_let_go_of_borrowed_blocks():
 
 def test_no_borrowing_of_an_escrow_victim():
     pool = BlockPool(12, B)
-    cache_chain(pool, "x", tokens(0, 4))                     # blocks 0..3
-    cache_chain(pool, "y", tokens(100, 4))                   # blocks 4..7: x is older
+    cache_chain(pool, "x", tokens(0, 4))  # blocks 0..3
+    cache_chain(pool, "y", tokens(100, 4))  # blocks 4..7: x is older
     hashes = hash_blocks(tokens(0, 4) + tokens(500, 1), B)
     assert pool.lease("r", hashes, 1).ok
-    assert pool.reserve("r", 4).victims == (8, 9, 10, 11)     # the free blocks
-    assert pool.reserve("other", 1).victims == (3,)           # x's leaf
+    assert pool.reserve("r", 4).victims == (8, 9, 10, 11)  # the free blocks
+    assert pool.reserve("other", 1).victims == (3,)  # x's leaf
     result = pool.commit("r", hashes[1:])
-    assert result.ok and result.num_registered == 0           # 1, 2 held; 3 is taken: private
+    assert result.ok and result.num_registered == 0  # 1, 2 held; 3 is taken: private
     assert pool.capacity().num_leased == 3
     pool.check_integrity()
     assert pool.commit("other", hash_blocks(tokens(900, 1), B)).ok
-    pool.materialize("other")                                 # evicts 3; 2 stays, held by r
+    pool.materialize("other")  # evicts 3; 2 stays, held by r
     assert pool.match(hashes).num_blocks == 3
     pool.release("r")
     pool.release("other")

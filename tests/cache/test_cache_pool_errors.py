@@ -24,23 +24,43 @@ def pool() -> BlockPool:
 
 
 def test_every_error_is_a_cache_error():
-    for error in (AlreadyReleasedError, UnknownRequestError, RequestStateError, InvalidArgumentError,
-                  PendingBlockError, IntegrityError):
+    for error in (
+        AlreadyReleasedError,
+        UnknownRequestError,
+        RequestStateError,
+        InvalidArgumentError,
+        PendingBlockError,
+        IntegrityError,
+    ):
         assert issubclass(error, CacheError)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(num_blocks=0, block_size=4), "num_blocks"),
-    (dict(num_blocks=8, block_size=0), "block_size"),
-    (dict(num_blocks=8, block_size=4, max_leased_blocks=-1), "max_leased_blocks"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(num_blocks=0, block_size=4), "num_blocks"),
+        (dict(num_blocks=8, block_size=0), "block_size"),
+        (dict(num_blocks=8, block_size=4, max_leased_blocks=-1), "max_leased_blocks"),
+    ],
+)
 def test_constructor_names_the_bad_field(kwargs, field):
     with pytest.raises(InvalidArgumentError, match=field):
         BlockPool(**kwargs)
 
 
-@pytest.mark.parametrize("call", ["commit", "cancel", "materialize", "publish", "free", "release",
-                                  "request_state", "block_table"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "commit",
+        "cancel",
+        "materialize",
+        "publish",
+        "free",
+        "release",
+        "request_state",
+        "block_table",
+    ],
+)
 def test_unknown_request(pool, call):
     args = {"commit": ([],), "publish": (4,)}.get(call, ())
     with pytest.raises(UnknownRequestError, match=f"{call}: unknown request 'ghost'"):
@@ -65,7 +85,9 @@ def test_a_released_id_may_start_over(pool):
 
 def test_leasing_twice_or_after_reserve(pool):
     pool.lease("a", HASHES, 0)
-    with pytest.raises(RequestStateError, match="lease: request 'a' is leased: a request leases once"):
+    with pytest.raises(
+        RequestStateError, match="lease: request 'a' is leased: a request leases once"
+    ):
         pool.lease("a", HASHES, 0)
     pool.reserve("b", 1)
     with pytest.raises(RequestStateError, match="'b' is reserved"):

@@ -82,7 +82,10 @@ class PoolMachine(RuleBasedStateMachine):
             model = self.requests[request_id]
             phase, num_published = model.phase, model.num_published
             self._advance(data, request_id, publish_all=True)
-            if request_id in self.requests and (model.phase, model.num_published) == (phase, num_published):
+            if request_id in self.requests and (model.phase, model.num_published) == (
+                phase,
+                num_published,
+            ):
                 return  # stuck: no room, or waiting on another request
 
     @rule(prompt=prompts)
@@ -133,7 +136,7 @@ class PoolMachine(RuleBasedStateMachine):
                 assert len(result.victims) == model.num_new
                 model.phase = "reserved"
         elif model.phase == "reserved":
-            result = self.pool.commit(request_id, model.hashes[model.num_leased:])
+            result = self.pool.commit(request_id, model.hashes[model.num_leased :])
             model.phase = "committed" if result.ok else "leased"
         elif model.phase == "committed":
             self._materialize(request_id, model)
@@ -179,7 +182,9 @@ class PoolMachine(RuleBasedStateMachine):
         present = self.pool.match(hashes).num_blocks
         request_id, self.next_id = self.next_id, self.next_id + 1
         result = self.pool.lease(request_id, hashes, num_leased)
-        assert result.ok or present < num_leased or "cap" in result.reason or "escrow" in result.reason
+        assert (
+            result.ok or present < num_leased or "cap" in result.reason or "escrow" in result.reason
+        )
         if result.ok:
             self.requests[request_id] = Model(prompt, hashes, num_leased, "leased")
 
@@ -192,7 +197,9 @@ class PoolMachine(RuleBasedStateMachine):
             if model.table is not None:
                 for i, block_id in enumerate(model.table):
                     expected = self._expected(model, request_id, i)  # leased: the hash, too
-                    assert self.content[block_id] == expected, f"block {block_id} of {request_id} reused"
+                    assert self.content[block_id] == expected, (
+                        f"block {block_id} of {request_id} reused"
+                    )
 
     def teardown(self):
         if not hasattr(self, "pool"):
@@ -211,6 +218,9 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 PoolMachine.TestCase.settings = settings(
-    max_examples=500, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=500,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 test_pool_machine = PoolMachine.TestCase

@@ -25,12 +25,16 @@ class PendingSnapshotMachine(RuleBasedStateMachine):
         super().__init__()
         self.requests: dict[int, Model] = {}
         self.next_id = 0
-        self.slot_content: dict[int, int] = {}   # slot -> hash of the block whose state it holds
+        self.slot_content: dict[int, int] = {}  # slot -> hash of the block whose state it holds
         self.num_pending_leases = 0
 
-    @initialize(num_blocks=st.integers(6, 48), num_slots=st.integers(3, 14), interval=st.integers(1, 3))
+    @initialize(
+        num_blocks=st.integers(6, 48), num_slots=st.integers(3, 14), interval=st.integers(1, 3)
+    )
     def setup(self, num_blocks, num_slots, interval):
-        self.pool = HybridPool(num_blocks, B, num_slots=num_slots, interval_blocks=interval, bytes_per_snapshot=8)
+        self.pool = HybridPool(
+            num_blocks, B, num_slots=num_slots, interval_blocks=interval, bytes_per_snapshot=8
+        )
 
     @rule(prompt=prompts)
     def admit(self, prompt):
@@ -40,12 +44,15 @@ class PendingSnapshotMachine(RuleBasedStateMachine):
         k = pool.match_snapshots(hashes, k).num_blocks
         request_id, self.next_id = self.next_id, self.next_id + 1
         lease = pool.lease(request_id, hashes, k)
-        if not lease.ok:   # the blocks are escrow victims of committed requests
+        if not lease.ok:  # the blocks are escrow victims of committed requests
             assert not pool.has_request(request_id) and "escrow" in lease.reason, lease.reason
             return
         boundaries = snapshot_boundaries(k, len(prompt), B, pool.interval_blocks)
-        if not pool.reserve(request_id, -(-len(prompt) // B) - k).ok \
-                or not pool.reserve_snapshots(request_id, boundaries).ok or not pool.commit(request_id, hashes[k:]).ok:
+        if (
+            not pool.reserve(request_id, -(-len(prompt) // B) - k).ok
+            or not pool.reserve_snapshots(request_id, boundaries).ok
+            or not pool.commit(request_id, hashes[k:]).ok
+        ):
             pool.release(request_id)
             return
         leased = pool.snapshot_plan(request_id).leased
@@ -71,17 +78,21 @@ class PendingSnapshotMachine(RuleBasedStateMachine):
             end = data.draw(st.integers(model.num_published + 1, model.num_tokens))
             plan = pool.snapshot_plan(request_id)
             first = model.num_published == model.num_leased * B
-            saves = {slot: model.hashes[b - 1] for b, slot in plan.save_slots().items()
-                     if model.num_published < b * B <= end}
+            saves = {
+                slot: model.hashes[b - 1]
+                for b, slot in plan.save_slots().items()
+                if model.num_published < b * B <= end
+            }
             try:
                 pool.publish(request_id, end)
-            except PendingBlockError:   # the state or blocks it starts from are not written
+            except PendingBlockError:  # the state or blocks it starts from are not written
                 return
             if first and model.num_leased:
                 # the chunk ran: it read the state after its leased prefix from its snapshot's slot
                 assert plan.leased.computed
-                assert self.slot_content[plan.leased.slot] == model.hashes[model.num_leased - 1], \
+                assert self.slot_content[plan.leased.slot] == model.hashes[model.num_leased - 1], (
                     "resumed from a slot holding another state"
+                )
             self.slot_content.update(saves)
             model.num_published = end
         else:
@@ -102,7 +113,9 @@ class PendingSnapshotMachine(RuleBasedStateMachine):
         self.pool.check_integrity()
         for block_hash, snap in self.pool._snapshots.items():
             if snap.computed:
-                assert self.slot_content.get(snap.slot) == block_hash, "a snapshot's slot holds another state"
+                assert self.slot_content.get(snap.slot) == block_hash, (
+                    "a snapshot's slot holds another state"
+                )
         for request_id in self.requests:
             leased = self.pool.snapshot_plan(request_id).leased
             if leased is not None and not leased.dead:
@@ -120,7 +133,11 @@ class PendingSnapshotMachine(RuleBasedStateMachine):
 
 
 PendingSnapshotMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_pending_snapshot_machine = PendingSnapshotMachine.TestCase
 
 

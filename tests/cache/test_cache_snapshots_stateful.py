@@ -23,11 +23,15 @@ class SnapshotMachine(RuleBasedStateMachine):
         super().__init__()
         self.requests: dict[int, Model] = {}
         self.next_id = 0
-        self.slot_content: dict[int, int] = {}   # slot -> hash of the block whose state it holds
+        self.slot_content: dict[int, int] = {}  # slot -> hash of the block whose state it holds
 
-    @initialize(num_blocks=st.integers(4, 40), num_slots=st.integers(2, 12), interval=st.integers(1, 3))
+    @initialize(
+        num_blocks=st.integers(4, 40), num_slots=st.integers(2, 12), interval=st.integers(1, 3)
+    )
     def setup(self, num_blocks, num_slots, interval):
-        self.pool = HybridPool(num_blocks, B, num_slots=num_slots, interval_blocks=interval, bytes_per_snapshot=10)
+        self.pool = HybridPool(
+            num_blocks, B, num_slots=num_slots, interval_blocks=interval, bytes_per_snapshot=10
+        )
 
     @rule(prompt=prompts)
     def admit(self, prompt):
@@ -38,13 +42,16 @@ class SnapshotMachine(RuleBasedStateMachine):
         k = pool.match_snapshots(hashes, k).num_blocks
         request_id, self.next_id = self.next_id, self.next_id + 1
         lease = pool.lease(request_id, hashes, k)
-        if not lease.ok:   # the blocks are escrow victims of committed requests
+        if not lease.ok:  # the blocks are escrow victims of committed requests
             assert not pool.has_request(request_id) and "escrow" in lease.reason, lease.reason
             return
         num_new = -(-len(prompt) // B) - k
         boundaries = snapshot_boundaries(k, len(prompt), B, pool.interval_blocks)
-        if not pool.reserve(request_id, num_new).ok or not pool.reserve_snapshots(request_id, boundaries).ok \
-                or not pool.commit(request_id, hashes[k:]).ok:
+        if (
+            not pool.reserve(request_id, num_new).ok
+            or not pool.reserve_snapshots(request_id, boundaries).ok
+            or not pool.commit(request_id, hashes[k:]).ok
+        ):
             pool.release(request_id)
             return
         if k:
@@ -67,7 +74,7 @@ class SnapshotMachine(RuleBasedStateMachine):
         elif model.num_published < model.num_tokens:
             end = data.draw(st.integers(model.num_published + 1, model.num_tokens))
             plan = self.pool.snapshot_plan(request_id)
-            for boundary, slot in plan.save_slots().items():   # what the model writes in the chunk
+            for boundary, slot in plan.save_slots().items():  # what the model writes in the chunk
                 if model.num_published < boundary * B <= end:
                     self.slot_content[slot] = model.hashes[boundary - 1]
             try:
@@ -93,7 +100,9 @@ class SnapshotMachine(RuleBasedStateMachine):
         self.pool.check_integrity()
         for block_hash, snap in self.pool._snapshots.items():
             if snap.computed:
-                assert self.slot_content.get(snap.slot) == block_hash, "a snapshot's slot holds another state"
+                assert self.slot_content.get(snap.slot) == block_hash, (
+                    "a snapshot's slot holds another state"
+                )
 
     def teardown(self):
         if not hasattr(self, "pool"):
@@ -106,5 +115,9 @@ class SnapshotMachine(RuleBasedStateMachine):
 
 
 SnapshotMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_snapshot_machine = SnapshotMachine.TestCase

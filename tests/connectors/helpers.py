@@ -21,31 +21,71 @@ from wavepp.runtime.launch import free_port
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
-needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM venv (.venv-vllm): `make test` makes it")
+needs_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON.exists(), reason="no vLLM venv (.venv-vllm): `make test` makes it"
+)
 
 
 def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **env})
+    return subprocess.Popen(
+        cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **env}
+    )
 
 
 def start_vllm(model: str, store: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server on `model` with the connector reading `store` (no prefix caching: a
     cached token is one the connector loaded); `args` are more of its options. -> (process, url)"""
     port = free_port()
-    config = {"kv_connector": "WavePPConnector", "kv_connector_module_path": "wavepp.connectors.vllm",
-              "kv_role": "kv_consumer", "kv_connector_extra_config": {"store": str(store)}}
-    proc = start([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                  "--port", str(port), "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
-                  "--kv-transfer-config", json.dumps(config), *args],
-                 {"PYTHONPATH": str(ROOT / "src"), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-                  "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}, log)
+    config = {
+        "kv_connector": "WavePPConnector",
+        "kv_connector_module_path": "wavepp.connectors.vllm",
+        "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"store": str(store)},
+    }
+    proc = start(
+        [
+            str(VLLM_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--no-enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--kv-transfer-config",
+            json.dumps(config),
+            *args,
+        ],
+        {
+            "PYTHONPATH": str(ROOT / "src"),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+        },
+        log,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
 def start_route(prefill_url: str, decode_url: str, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = start([sys.executable, "-m", "wavepp.cli", "route", "--prefill", prefill_url, "--decode", decode_url,
-                  "--port", str(port)], {}, log)
+    proc = start(
+        [
+            sys.executable,
+            "-m",
+            "wavepp.cli",
+            "route",
+            "--prefill",
+            prefill_url,
+            "--decode",
+            decode_url,
+            "--port",
+            str(port),
+        ],
+        {},
+        log,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -86,14 +126,25 @@ def poison(store: DirectoryStore, transfer_id: str, pools: tuple[str, ...] = ("v
     for part in store.read(transfer_id).parts:
         tensors = load_file(str(part.path))
         for pool in pools:
-            tensors[pool] = torch.randn(tensors[pool].shape, generator=gen, dtype=tensors[pool].dtype) * 4
-        manifest = {k: v for k, v in part.manifest.items() if k not in ("stage_id", "file", "bytes", "sha256")}
+            tensors[pool] = (
+                torch.randn(tensors[pool].shape, generator=gen, dtype=tensors[pool].dtype) * 4
+            )
+        manifest = {
+            k: v
+            for k, v in part.manifest.items()
+            if k not in ("stage_id", "file", "bytes", "sha256")
+        }
         store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
 
 
 def loaded_tokens(metrics: str) -> float:
     """vLLM's count of prompt tokens loaded from outside, from its /metrics text."""
-    lines = [line for line in metrics.splitlines()
-             if line.startswith("vllm:prompt_tokens_by_source_total") and "external_kv_transfer" in line]
-    assert lines, "vLLM's /metrics has no vllm:prompt_tokens_by_source_total{source=\"external_kv_transfer\"}"
+    lines = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("vllm:prompt_tokens_by_source_total") and "external_kv_transfer" in line
+    ]
+    assert lines, (
+        'vLLM\'s /metrics has no vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}'
+    )
     return float(lines[0].rsplit(" ", 1)[1])

@@ -15,8 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.connectors.helpers import (loaded_tokens, needs_vllm, poison, start_route, start_vllm, stop,
-                                      wait_for_transfer, wait_healthy)
+from tests.connectors.helpers import (
+    loaded_tokens,
+    needs_vllm,
+    poison,
+    start_route,
+    start_vllm,
+    stop,
+    wait_for_transfer,
+    wait_healthy,
+)
 from tests.serve.conftest import ServerProcess
 from wavepp.kv_transfer import DirectoryStore
 from wavepp.model_store import resolve_model
@@ -32,30 +40,59 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
     prefill = ServerProcess(Path(model), "--kv-store", str(store), start_timeout_s=300, debug=False)
     procs = []
     try:
-        vllm, vllm_url = start_vllm(model, store, tmp_path / "vllm.log", "--dtype", "float32",
-                                    "--block-size", str(VLLM_BLOCK), "--max-model-len", "1024")
+        vllm, vllm_url = start_vllm(
+            model,
+            store,
+            tmp_path / "vllm.log",
+            "--dtype",
+            "float32",
+            "--block-size",
+            str(VLLM_BLOCK),
+            "--max-model-len",
+            "1024",
+        )
         procs.append(vllm)
         route, route_url = start_route(prefill.url, vllm_url, tmp_path / "route.log")
         procs.append(route)
-        wait_healthy([(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")])
+        wait_healthy(
+            [(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")]
+        )
 
         rng = random.Random(5)
         prefixes = [[rng.randrange(100, 40000) for _ in range(150)] for _ in range(4)]
-        prompts = [prefixes[i % 4] + [rng.randrange(100, 40000) for _ in range(10 + 3 * i)] for i in range(16)]
+        prompts = [
+            prefixes[i % 4] + [rng.randrange(100, 40000) for _ in range(10 + 3 * i)]
+            for i in range(16)
+        ]
         with httpx.Client(timeout=600) as client:
+
             def complete(url, prompt):
-                r = client.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 16,
-                                                                "temperature": 0, "logprobs": 1})
+                r = client.post(
+                    f"{url}/v1/completions",
+                    json={
+                        "model": model,
+                        "prompt": prompt,
+                        "max_tokens": 16,
+                        "temperature": 0,
+                        "logprobs": 1,
+                    },
+                )
                 assert r.status_code == 200, r.text
                 return r.json()
+
             routed = [complete(route_url, p) for p in prompts]
             alone = [complete(vllm_url, p) for p in prompts]
             metrics = client.get(f"{vllm_url}/metrics").text
         for p, r, a in zip(prompts, routed, alone):
             assert r["choices"][0]["logprobs"]["tokens"] == a["choices"][0]["logprobs"]["tokens"]
-            assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK
+            assert (
+                r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                == (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK
+            )
             assert (a["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) == 0
-        assert loaded_tokens(metrics) == sum((len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK for p in prompts)
+        assert loaded_tokens(metrics) == sum(
+            (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK for p in prompts
+        )
         # each transfer is dropped once vLLM's request finished
         deadline = time.monotonic() + 10
         while any(store.iterdir()) and time.monotonic() < deadline:
@@ -65,10 +102,20 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
         # vLLM really reads the KV: a poisoned copy (values replaced, checksums rewritten) loads
         # and changes the output; a transfer never written computes the prompt, correctly
         with httpx.Client(timeout=600) as client:
-            r = client.post(f"{prefill.url}/v1/completions", json={
-                "model": model, "prompt": prompts[0], "max_tokens": 1, "logprobs": 1,
-                "kv_transfer_params": {"do_remote_decode": True}}).json()
-            assert r["choices"][0]["logprobs"]["tokens"][0] == alone[0]["choices"][0]["logprobs"]["tokens"][0]
+            r = client.post(
+                f"{prefill.url}/v1/completions",
+                json={
+                    "model": model,
+                    "prompt": prompts[0],
+                    "max_tokens": 1,
+                    "logprobs": 1,
+                    "kv_transfer_params": {"do_remote_decode": True},
+                },
+            ).json()
+            assert (
+                r["choices"][0]["logprobs"]["tokens"][0]
+                == alone[0]["choices"][0]["logprobs"]["tokens"][0]
+            )
             transfer_id = r["kv_transfer_params"]["transfer_id"]
             kv = DirectoryStore(store)
             wait_for_transfer(kv, transfer_id)
@@ -76,14 +123,26 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
             poison(kv, "poisoned")
             decoded = {}
             for name, prompt in (("poisoned", prompts[0]), ("never", prompts[1])):
-                decoded[name] = client.post(f"{vllm_url}/v1/completions", json={
-                    "model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 1,
-                    "kv_transfer_params": {"transfer_id": name}}).json()
+                decoded[name] = client.post(
+                    f"{vllm_url}/v1/completions",
+                    json={
+                        "model": model,
+                        "prompt": prompt,
+                        "max_tokens": 16,
+                        "temperature": 0,
+                        "logprobs": 1,
+                        "kv_transfer_params": {"transfer_id": name},
+                    },
+                ).json()
         tokens = {k: v["choices"][0]["logprobs"]["tokens"] for k, v in decoded.items()}
-        cached = {k: v["usage"]["prompt_tokens_details"]["cached_tokens"] for k, v in decoded.items()}
+        cached = {
+            k: v["usage"]["prompt_tokens_details"]["cached_tokens"] for k, v in decoded.items()
+        }
         assert cached["poisoned"] == (len(prompts[0]) - 1) // VLLM_BLOCK * VLLM_BLOCK
         assert tokens["poisoned"] != alone[0]["choices"][0]["logprobs"]["tokens"]
-        assert cached["never"] == 0 and tokens["never"] == alone[1]["choices"][0]["logprobs"]["tokens"]
+        assert (
+            cached["never"] == 0 and tokens["never"] == alone[1]["choices"][0]["logprobs"]["tokens"]
+        )
     finally:
         stop(procs)
         prefill.stop()

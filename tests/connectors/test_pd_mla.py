@@ -20,20 +20,35 @@ import httpx
 import pytest
 from safetensors.torch import load_file, save
 
-from tests.connectors.helpers import (loaded_tokens, needs_vllm, poison, start_route, start_vllm, stop,
-                                      wait_for_transfer, wait_healthy)
+from tests.connectors.helpers import (
+    loaded_tokens,
+    needs_vllm,
+    poison,
+    start_route,
+    start_vllm,
+    stop,
+    wait_for_transfer,
+    wait_healthy,
+)
 from tests.serve.conftest import ServerProcess, save_byte_tokenizer
 from wavepp.kv_transfer import DirectoryStore
 from wavepp.make_model import make_model
 
-VLLM_BLOCK = 16            # CPU_MLA's only block size
+VLLM_BLOCK = 16  # CPU_MLA's only block size
 
 pytestmark = [pytest.mark.slow, needs_vllm]
 
 
 def make_deepseek(path):
-    path = make_model(path, arch="deepseek_v3", seed=3, kv_lora_rank=512, qk_rope_head_dim=64,
-                      qk_nope_head_dim=32, v_head_dim=32)
+    path = make_model(
+        path,
+        arch="deepseek_v3",
+        seed=3,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+    )
     # vLLM's DeepSeek reads the router's scoring from the config, as DeepSeek-V3's own config.json
     # has it; transformers' DeepseekV3 (and wavepp) always route this way
     config = json.loads((path / "config.json").read_text())
@@ -49,7 +64,11 @@ def narrow_latents(store: DirectoryStore, transfer_id: str, width: int) -> None:
     for part in store.read(transfer_id).parts:
         tensors = load_file(str(part.path))
         tensors["latent"] = tensors["latent"][..., :width].contiguous()
-        manifest = {k: v for k, v in part.manifest.items() if k not in ("stage_id", "file", "bytes", "sha256")}
+        manifest = {
+            k: v
+            for k, v in part.manifest.items()
+            if k not in ("stage_id", "file", "bytes", "sha256")
+        }
         manifest["pools"]["latent"]["width"] = width
         store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
 
@@ -60,12 +79,23 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
     prefill = ServerProcess(model, "--kv-store", str(store), start_timeout_s=300, debug=False)
     procs = []
     try:
-        vllm, vllm_url = start_vllm(model, store, tmp_path / "vllm.log", "--dtype", "float32",
-                                    "--attention-backend", "CPU_MLA", "--max-model-len", "512")
+        vllm, vllm_url = start_vllm(
+            model,
+            store,
+            tmp_path / "vllm.log",
+            "--dtype",
+            "float32",
+            "--attention-backend",
+            "CPU_MLA",
+            "--max-model-len",
+            "512",
+        )
         procs.append(vllm)
         route, route_url = start_route(prefill.url, vllm_url, tmp_path / "route.log")
         procs.append(route)
-        wait_healthy([(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")])
+        wait_healthy(
+            [(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")]
+        )
 
         # two share a 48-token prefix: wavepp reuses its blocks for the second and exports them too
         rng = random.Random(5)
@@ -73,12 +103,23 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
         prompts = [prefix + [rng.randrange(256) for _ in range(n)] for n in (22, 37)]
         prompts += [[rng.randrange(256) for _ in range(n)] for n in (100, 33)]
         with httpx.Client(timeout=600) as client:
+
             def complete(url, prompt, **extra):
-                r = client.post(f"{url}/v1/completions", json={
-                    "model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1,
-                    "return_tokens_as_token_ids": True, **extra})
+                r = client.post(
+                    f"{url}/v1/completions",
+                    json={
+                        "model": model,
+                        "prompt": prompt,
+                        "max_tokens": 12,
+                        "temperature": 0,
+                        "logprobs": 1,
+                        "return_tokens_as_token_ids": True,
+                        **extra,
+                    },
+                )
                 assert r.status_code == 200, r.text
                 return r.json()
+
             routed = [complete(route_url, p) for p in prompts]
             alone = [complete(vllm_url, p) for p in prompts]
             metrics = client.get(f"{vllm_url}/metrics").text
@@ -89,13 +130,17 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
             assert list(store.iterdir()) == []
 
             # poisoned latents (values replaced, checksums rewritten) load and change the output
-            first = complete(prefill.url, prompts[2], max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+            first = complete(
+                prefill.url, prompts[2], max_tokens=1, kv_transfer_params={"do_remote_decode": True}
+            )
             transfer_id = first["kv_transfer_params"]["transfer_id"]
             kv = DirectoryStore(store)
             wait_for_transfer(kv, transfer_id)
             shutil.copytree(store / transfer_id, store / "poisoned")
             poison(kv, "poisoned", pools=("latent",))
-            poisoned = complete(vllm_url, prompts[2], kv_transfer_params={"transfer_id": "poisoned"})
+            poisoned = complete(
+                vllm_url, prompts[2], kv_transfer_params={"transfer_id": "poisoned"}
+            )
             # latents of another width (another model's) are refused: vLLM computes, and logs why
             shutil.copytree(store / transfer_id, store / "narrow")
             narrow_latents(kv, "narrow", 24)
@@ -105,18 +150,28 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
             return answer["choices"][0]["logprobs"]
 
         for p, r, a in zip(prompts, routed, alone):
-            assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK
+            assert (
+                r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                == (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK
+            )
             assert (a["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) == 0
             assert logprobs(r)["tokens"] == logprobs(a)["tokens"]
             # fp32 on both sides: the same logprobs but for summation order
-            assert logprobs(r)["token_logprobs"] == pytest.approx(logprobs(a)["token_logprobs"], abs=1e-3)
-        assert loaded_tokens(metrics) == sum((len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK for p in prompts)
+            assert logprobs(r)["token_logprobs"] == pytest.approx(
+                logprobs(a)["token_logprobs"], abs=1e-3
+            )
+        assert loaded_tokens(metrics) == sum(
+            (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK for p in prompts
+        )
         assert logprobs(first)["tokens"][0] == logprobs(alone[2])["tokens"][0]
         assert poisoned["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
         assert logprobs(poisoned)["tokens"] != logprobs(alone[2])["tokens"]
         assert narrow["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert logprobs(narrow)["tokens"] == logprobs(alone[2])["tokens"]
-        assert "its latent rows are 24 wide; this model's are 576" in (tmp_path / "vllm.log").read_text()
+        assert (
+            "its latent rows are 24 wide; this model's are 576"
+            in (tmp_path / "vllm.log").read_text()
+        )
     finally:
         stop(procs)
         prefill.stop()

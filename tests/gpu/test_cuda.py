@@ -44,25 +44,46 @@ def cuda_kernel_choice(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama", num_layers=4,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, max_position_embeddings=1024, seed=21)
+    return make_model(
+        tmp_path_factory.mktemp("tiny") / "llama",
+        arch="llama",
+        num_layers=4,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=1024,
+        seed=21,
+    )
 
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     """SmolLM2-135M's layer shapes (tied embeddings, rope theta 1e5), 4 layers, a small vocab."""
-    return make_model(tmp_path_factory.mktemp("smol") / "llama", arch="llama", num_layers=4,
-                      hidden_size=576, num_heads=9, num_kv_heads=3, intermediate_size=1536,
-                      vocab_size=SMOL_VOCAB, tie_word_embeddings=True, rope_theta=100000.0,
-                      max_position_embeddings=2048, seed=22)
+    return make_model(
+        tmp_path_factory.mktemp("smol") / "llama",
+        arch="llama",
+        num_layers=4,
+        hidden_size=576,
+        num_heads=9,
+        num_kv_heads=3,
+        intermediate_size=1536,
+        vocab_size=SMOL_VOCAB,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+        max_position_embeddings=2048,
+        seed=22,
+    )
 
 
 def prompts_with_shared_prefixes(vocab: int, seed: int) -> list[list[int]]:
     """Three prefixes, four suffixes each (one a single token), and a repeat (fully cached)."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(vocab) for _ in range(rng.randrange(40, 200))] for _ in range(3)]
-    prompts = [p + [rng.randrange(vocab) for _ in range(n)] for n in (1, 17, 64, 90) for p in prefixes]
+    prompts = [
+        p + [rng.randrange(vocab) for _ in range(n)] for n in (1, 17, 64, 90) for p in prefixes
+    ]
     return prompts + [list(prompts[0])]
 
 
@@ -71,39 +92,68 @@ def transformers_logprobs(model_dir, prompts) -> list[torch.Tensor]:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        return [torch.log_softmax(model(torch.tensor([p])).logits[0, -1].float(), -1) for p in prompts]
+        return [
+            torch.log_softmax(model(torch.tensor([p])).logits[0, -1].float(), -1) for p in prompts
+        ]
 
 
 # ---- kernels ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
 def test_cpu_kernels_on_cuda_tensors_fp32(kernel):
-    batch, query, key_cache, value_cache = random_wave(random.Random(kernel), WAVE, 3, 3, 64, torch.float32)
-    out = paged_attention(query.to(CUDA), key_cache.to(CUDA), value_cache.to(CUDA), batch.to(CUDA), 0.125,
-                          kernel=kernel)
+    batch, query, key_cache, value_cache = random_wave(
+        random.Random(kernel), WAVE, 3, 3, 64, torch.float32
+    )
+    out = paged_attention(
+        query.to(CUDA),
+        key_cache.to(CUDA),
+        value_cache.to(CUDA),
+        batch.to(CUDA),
+        0.125,
+        kernel=kernel,
+    )
     assert out.device == CUDA and out.dtype == torch.float32
-    torch.testing.assert_close(out.cpu().double(), reference(query, key_cache, value_cache, batch, 0.125),
-                               rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        out.cpu().double(),
+        reference(query, key_cache, value_cache, batch, 0.125),
+        rtol=0,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("kernel", ["varlen", "sdpa"])
-@pytest.mark.parametrize("heads", [(3, 3, 64), (2, 4, 128), (1, 1, 32)])   # (kv_heads, group, head_dim)
+@pytest.mark.parametrize(
+    "heads", [(3, 3, 64), (2, 4, 128), (1, 1, 32)]
+)  # (kv_heads, group, head_dim)
 def test_cuda_kernels_bf16(kernel, heads):
     kv_heads, group, head_dim = heads
     if kernel == "varlen" and not varlen_applies(head_dim, torch.bfloat16, CUDA):
         pytest.skip("varlen FlashAttention needs compute capability 8.0 or later")
-    batch, query, key_cache, value_cache = random_wave(random.Random(f"{kernel}{heads}"), WAVE, kv_heads, group,
-                                                       head_dim, torch.bfloat16)
-    scale = head_dim ** -0.5
-    out = paged_attention(query.to(CUDA), key_cache.to(CUDA), value_cache.to(CUDA), batch.to(CUDA), scale,
-                          kernel=kernel)
+    batch, query, key_cache, value_cache = random_wave(
+        random.Random(f"{kernel}{heads}"), WAVE, kv_heads, group, head_dim, torch.bfloat16
+    )
+    scale = head_dim**-0.5
+    out = paged_attention(
+        query.to(CUDA),
+        key_cache.to(CUDA),
+        value_cache.to(CUDA),
+        batch.to(CUDA),
+        scale,
+        kernel=kernel,
+    )
     assert out.device == CUDA and out.dtype == torch.bfloat16
     assert out.shape == (batch.num_tokens, kv_heads * group * head_dim)
-    torch.testing.assert_close(out.cpu().double(), reference(query, key_cache, value_cache, batch, scale),
-                               rtol=0, atol=2e-2)
+    torch.testing.assert_close(
+        out.cpu().double(),
+        reference(query, key_cache, value_cache, batch, scale),
+        rtol=0,
+        atol=2e-2,
+    )
 
 
 # ---- the engine ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("pp", [1, 2])
 def test_engine_fp32_matches_transformers(tiny, pp):
@@ -111,10 +161,12 @@ def test_engine_fp32_matches_transformers(tiny, pp):
     ref = transformers_logprobs(tiny, prompts)
     with Engine(str(tiny), pp=pp, dtype="float32", device="cuda") as engine:
         assert engine._core.stage.device == CUDA
-        assert engine._core.stage.kernel_choice.kernels.attention == "sdpa"      # varlen is bf16 / fp16 only
+        assert (
+            engine._core.stage.kernel_choice.kernels.attention == "sdpa"
+        )  # varlen is bf16 / fp16 only
         assert engine.config.backend == ("nccl" if pp == 2 and NUM_GPUS >= 2 else "gloo")
         results = engine.prefill(prompts)
-        again = engine.prefill(prompts)              # now from the cache
+        again = engine.prefill(prompts)  # now from the cache
     assert sum(r.num_cached_tokens for r in again) > sum(r.num_cached_tokens for r in results) > 0
     for r, lp in list(zip(results, ref)) + list(zip(again, ref)):
         assert r.ok, r.error
@@ -135,7 +187,7 @@ def test_engine_bf16_matches_the_cpu_engine(smol):
         assert c.ok and g.ok, (c.error, g.error)
         assert abs(c.first_token_logprob - g.first_token_logprob) < 0.1
         (_, lp0), (_, lp1) = c.top_logprobs[:2]
-        if lp0 - lp1 > 0.1:           # bf16 may swap near-ties only
+        if lp0 - lp1 > 0.1:  # bf16 may swap near-ties only
             assert g.first_token_id == c.first_token_id
             checked += 1
     assert checked >= len(prompts) // 2

@@ -11,16 +11,32 @@ import pytest
 from wavepp.kv_transfer import DirectoryStore
 from wavepp.kv_transfer.decode_plan import LATENT_POOLS, DecodePlanner, plan_load
 
-PROMPT = list(range(100, 170))          # 70 tokens
+PROMPT = list(range(100, 170))  # 70 tokens
 
 
-def write(store, transfer_id="t", prompt=PROMPT, stages=((0, 2), (2, 4)), width=32, pools=("key", "value"),
-          parts=None):
-    store.write_request(transfer_id, {"token_ids": prompt, "num_stages": len(stages), "block_size": 16})
+def write(
+    store,
+    transfer_id="t",
+    prompt=PROMPT,
+    stages=((0, 2), (2, 4)),
+    width=32,
+    pools=("key", "value"),
+    parts=None,
+):
+    store.write_request(
+        transfer_id, {"token_ids": prompt, "num_stages": len(stages), "block_size": 16}
+    )
     for i, (start, end) in enumerate(stages[:parts]):
-        store.write_part(transfer_id, i, b"tensors", {
-            "layers": [start, end], "num_tokens": len(prompt),
-            "pools": {p: {"layers": list(range(start, end)), "width": width} for p in pools}})
+        store.write_part(
+            transfer_id,
+            i,
+            b"tensors",
+            {
+                "layers": [start, end],
+                "num_tokens": len(prompt),
+                "pools": {p: {"layers": list(range(start, end)), "width": width} for p in pools},
+            },
+        )
 
 
 def plan(store, transfer_id="t", prompt=PROMPT, **kw):
@@ -31,25 +47,30 @@ def plan(store, transfer_id="t", prompt=PROMPT, **kw):
 def test_whole_blocks_and_never_the_last_token(tmp_path):
     store = DirectoryStore(tmp_path)
     write(store)
-    assert plan(store).num_tokens == 64                           # (70 - 1) // 32 * 32
+    assert plan(store).num_tokens == 64  # (70 - 1) // 32 * 32
     assert plan(store, block_size=16).num_tokens == 64
-    assert plan(store, prompt=PROMPT[:65]).num_tokens == 64       # a shorter prompt of the same prefix
-    assert plan(store, prompt=PROMPT[:64]).num_tokens == 32       # 64 tokens: the last one is computed
-    assert plan(store, num_computed=32).num_tokens == 32          # past what the engine cached itself
-    assert plan(store, num_computed=64).num_tokens == 0 and plan(store, num_computed=64).reason == ""
+    assert plan(store, prompt=PROMPT[:65]).num_tokens == 64  # a shorter prompt of the same prefix
+    assert plan(store, prompt=PROMPT[:64]).num_tokens == 32  # 64 tokens: the last one is computed
+    assert plan(store, num_computed=32).num_tokens == 32  # past what the engine cached itself
+    assert (
+        plan(store, num_computed=64).num_tokens == 0 and plan(store, num_computed=64).reason == ""
+    )
 
 
-@pytest.mark.parametrize("case, needle", [
-    ("unknown", "missing"),
-    ("bad id", "transfer id"),
-    ("corrupt", "corrupt"),
-    ("failed export", "stage 1 could not write its part: disk full"),
-    ("other prompt", "not this request's"),
-    ("longer prompt", "not this request's"),
-    ("other width", "wide"),
-    ("fewer layers", "layers"),
-    ("latent pool", "pools"),
-])
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("unknown", "missing"),
+        ("bad id", "transfer id"),
+        ("corrupt", "corrupt"),
+        ("failed export", "stage 1 could not write its part: disk full"),
+        ("other prompt", "not this request's"),
+        ("longer prompt", "not this request's"),
+        ("other width", "wide"),
+        ("fewer layers", "layers"),
+        ("latent pool", "pools"),
+    ],
+)
 def test_refusals_compute_the_prompt(tmp_path, case, needle):
     store = DirectoryStore(tmp_path)
     if case == "other width":
@@ -84,8 +105,14 @@ def test_an_mla_engine_loads_latents_of_its_width_only(tmp_path):
     mla = dict(kv_width=576, pools=LATENT_POOLS)
     assert plan(store, "latent", **mla).num_tokens == 64
     narrow, kv = plan(store, "narrow", **mla), plan(store, "kv", **mla)
-    assert narrow.num_tokens == 0 and "its latent rows are 24 wide; this model's are 576" in narrow.reason
-    assert kv.num_tokens == 0 and "holds the pools ['key', 'value']; this model's layers take ['latent']" in kv.reason
+    assert (
+        narrow.num_tokens == 0
+        and "its latent rows are 24 wide; this model's are 576" in narrow.reason
+    )
+    assert (
+        kv.num_tokens == 0
+        and "holds the pools ['key', 'value']; this model's layers take ['latent']" in kv.reason
+    )
     assert planner(store, **mla).num_new_tokens("r", {"transfer_id": "latent"}, PROMPT, 0) == 64
 
 
@@ -93,8 +120,16 @@ def test_incomplete_asks_again_until_the_last_stage_wrote(tmp_path):
     store = DirectoryStore(tmp_path)
     write(store, parts=1)
     assert plan(store).num_tokens is None and "stage 1" in plan(store).reason
-    store.write_part("t", 1, b"tensors", {"layers": [2, 4], "num_tokens": 70,
-                                          "pools": {p: {"layers": [2, 3], "width": 32} for p in ("key", "value")}})
+    store.write_part(
+        "t",
+        1,
+        b"tensors",
+        {
+            "layers": [2, 4],
+            "num_tokens": 70,
+            "pools": {p: {"layers": [2, 3], "width": 32} for p in ("key", "value")},
+        },
+    )
     assert plan(store).num_tokens == 64
 
 
@@ -116,6 +151,7 @@ class Counting:
         def counted_sha256(*args):
             self.hashes += 1
             return sha256(*args)
+
         monkeypatch.setattr(store, "read", counted_read)
         monkeypatch.setattr(store_module, "hashlib", SimpleNamespace(sha256=counted_sha256))
 
@@ -130,15 +166,20 @@ def test_a_transfer_is_verified_once_per_request_however_often_it_is_asked(tmp_p
     count = Counting(store, monkeypatch)
     plans, params = planner(store), {"transfer_id": "t"}
     assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64
-    assert (count.reads, count.hashes) == (1, 2)                   # two parts, each checksummed
-    for _ in range(5):                                              # vLLM asking again, step after step
+    assert (count.reads, count.hashes) == (1, 2)  # two parts, each checksummed
+    for _ in range(5):  # vLLM asking again, step after step
         assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64
-    assert plans.num_new_tokens("r1", params, PROMPT, 32) == 32    # what it cached itself since
+    assert plans.num_new_tokens("r1", params, PROMPT, 32) == 32  # what it cached itself since
     assert (count.reads, count.hashes) == (1, 2)
-    assert plans.num_new_tokens("r2", params, PROMPT, 0) == 64     # another request verifies for itself
+    assert (
+        plans.num_new_tokens("r2", params, PROMPT, 0) == 64
+    )  # another request verifies for itself
     assert (count.reads, count.hashes) == (2, 4)
-    plans.forget("r1")                                              # loaded, or ended
-    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64 and (count.reads, count.hashes) == (3, 6)
+    plans.forget("r1")  # loaded, or ended
+    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64 and (count.reads, count.hashes) == (
+        3,
+        6,
+    )
     plans.forget("r1")
     plans.forget("r2")
     assert len(plans) == 0
@@ -146,15 +187,15 @@ def test_a_transfer_is_verified_once_per_request_however_often_it_is_asked(tmp_p
 
 def test_a_refusal_is_decided_logged_and_counted_once(tmp_path, monkeypatch, caplog):
     store = DirectoryStore(tmp_path)
-    write(store, parts=1)                                           # stage 1 still writing
+    write(store, parts=1)  # stage 1 still writing
     count = Counting(store, monkeypatch)
     now = [100.0]
     plans = planner(store, wait_s=5.0, clock=lambda: now[0])
     params = {"transfer_id": "t"}
-    assert plans.num_new_tokens("r", params, PROMPT, 0) is None    # ask again
+    assert plans.num_new_tokens("r", params, PROMPT, 0) is None  # ask again
     now[0] += 4.9
     assert plans.num_new_tokens("r", params, PROMPT, 0) is None and plans.num_misses == 0
-    now[0] += 0.2                                                   # waited wait_s: compute the prompt
+    now[0] += 0.2  # waited wait_s: compute the prompt
     assert plans.num_new_tokens("r", params, PROMPT, 0) == 0 and plans.num_misses == 1
     reads = count.reads
     for _ in range(3):

@@ -52,7 +52,7 @@ def test_drop_is_for_this_engines_transfers_only_and_runs_on_the_sweeper(tmp_pat
     mine, other = ours.open([1, 2], True, META), theirs.open([1, 2], "their-id", META)
     for bad in ("their-id", "my-notes", "../x", "missing"):
         assert not ours.drop(bad)
-    assert ours.drop(mine) and (tmp_path / mine).exists()       # queued, not removed in this thread
+    assert ours.drop(mine) and (tmp_path / mine).exists()  # queued, not removed in this thread
     ours.start()
     assert wait_for(lambda: not (tmp_path / mine).exists())
     assert (tmp_path / other).is_dir() and (tmp_path / "my-notes").is_dir()
@@ -65,7 +65,12 @@ def test_a_failed_part_is_marked_by_the_sweeper(tmp_path):
     handoff = KVHandoff(tmp_path)
     transfer_id = handoff.open([1, 2], True, META)
     params = handoff.answer(transfer_id, 2, META, {0: "disk full"})
-    assert params == {"transfer_id": transfer_id, "num_tokens": 2, **META, "error": "stage 0: disk full"}
+    assert params == {
+        "transfer_id": transfer_id,
+        "num_tokens": 2,
+        **META,
+        "error": "stage 0: disk full",
+    }
     handoff.start()
     store = DirectoryStore(tmp_path)
 
@@ -74,6 +79,7 @@ def test_a_failed_part_is_marked_by_the_sweeper(tmp_path):
             store.read(transfer_id)
         except TransferError as err:
             return err.reason == "failed"
+
     assert wait_for(failed)
     handoff.close()
     assert list(tmp_path.iterdir()) == []

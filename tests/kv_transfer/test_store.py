@@ -29,11 +29,14 @@ def test_complete_incomplete_missing_corrupt(tmp_path):
     store = DirectoryStore(tmp_path)
     assert reason(store, "nothing") == "missing"
     make(store, "t1", parts=1)
-    assert reason(store, "t1") == "incomplete"          # stage 1 has not written yet
+    assert reason(store, "t1") == "incomplete"  # stage 1 has not written yet
     store.write_part("t1", 1, b"x" * 10, {"num_tokens": 3})
     transfer = store.read("t1")
     assert [p.stage_id for p in transfer.parts] == [0, 1] and transfer.token_ids == [1, 2, 3]
-    assert transfer.parts[1].manifest["bytes"] == 10 and transfer.parts[1].path.read_bytes() == b"x" * 10
+    assert (
+        transfer.parts[1].manifest["bytes"] == 10
+        and transfer.parts[1].path.read_bytes() == b"x" * 10
+    )
     transfer.parts[0].path.write_bytes(b"\x00" * 99 + b"\x01")
     assert reason(store, "t1") == "corrupt"
     assert not [f for f in (tmp_path / "t1").iterdir() if f.name.endswith(".tmp")]
@@ -64,8 +67,8 @@ def test_ttl_then_size_cap_oldest_first(tmp_path):
     for i, name in enumerate(["old", "mid", "new", "newest"]):
         make(store, name, size=100)
         stamp = 1000 + 10 * i
-        (tmp_path / name / ".wavepp-transfer").write_text(str(stamp * 10**9))   # its creation time
-    per_transfer = store.total_bytes() // 4          # request.json, two parts, two manifests
+        (tmp_path / name / ".wavepp-transfer").write_text(str(stamp * 10**9))  # its creation time
+    per_transfer = store.total_bytes() // 4  # request.json, two parts, two manifests
     assert store.total_bytes() == 4 * per_transfer
     store.max_bytes = 2 * per_transfer
     # at 1,105 "old" (created at 1,000) is past the TTL; then the cap takes "mid", the oldest left
@@ -93,7 +96,7 @@ def test_a_writer_killed_mid_part_leaves_a_transfer_that_reads_incomplete(tmp_pa
     assert reason(store, "t") == "incomplete"
     (tmp_path / "t" / "stage1.safetensors").write_bytes(b"all of it, but no manifest")
     assert reason(store, "t") == "incomplete"
-    store.write_part("t", 1, b"x" * 100, {"num_tokens": 3})      # a retry, or the real writer
+    store.write_part("t", 1, b"x" * 100, {"num_tokens": 3})  # a retry, or the real writer
     assert [p.stage_id for p in store.read("t").parts] == [0, 1]
 
 
@@ -105,11 +108,18 @@ def test_a_failed_transfer_is_refused_with_its_reason_and_its_parts_dropped(tmp_
     store.mark_failed("t", {1: "No space left on device"})
     with pytest.raises(TransferError) as err:
         store.read("t")
-    assert err.value.reason == "failed" and "stage 1 could not write its part: No space left" in str(err.value)
-    assert sorted(f.name for f in (tmp_path / "t").iterdir()) == [".wavepp-transfer", "failed.json", "request.json"]
-    store.write_part("t", 1, b"x", {"num_tokens": 3})     # a late part changes nothing
+    assert (
+        err.value.reason == "failed"
+        and "stage 1 could not write its part: No space left" in str(err.value)
+    )
+    assert sorted(f.name for f in (tmp_path / "t").iterdir()) == [
+        ".wavepp-transfer",
+        "failed.json",
+        "request.json",
+    ]
+    store.write_part("t", 1, b"x", {"num_tokens": 3})  # a late part changes nothing
     assert reason(store, "t") == "failed"
-    store.mark_failed("gone", {0: "whatever"})             # a folder already dropped stays dropped
+    store.mark_failed("gone", {0: "whatever"})  # a folder already dropped stays dropped
     assert not (tmp_path / "gone").exists()
     assert store.remove("t") and store.total_bytes() == 0
 
@@ -117,7 +127,7 @@ def test_a_failed_transfer_is_refused_with_its_reason_and_its_parts_dropped(tmp_
 def test_a_write_that_fails_leaves_no_temporary_file(tmp_path):
     store = DirectoryStore(tmp_path)
     make(store, "t", parts=1)
-    (tmp_path / "t" / "stage1.safetensors").mkdir()      # the rename onto it fails
+    (tmp_path / "t" / "stage1.safetensors").mkdir()  # the rename onto it fails
     with pytest.raises(OSError):
         store.write_part("t", 1, b"x" * 10, {"num_tokens": 3})
     assert [f.name for f in (tmp_path / "t").iterdir() if f.name.endswith(".tmp")] == []
@@ -140,15 +150,22 @@ def _others(root):
     (root / "linked").symlink_to(target)
     for p in (root / "my-notes", root / "wpp-lookalike", root / "notes.txt"):
         os.utime(p, (1000, 1000))
-    return {p: p.read_text() for p in [root / "my-notes" / "todo.txt", root / "wpp-lookalike" / "request.json",
-                                        root / "notes.txt", target / "request.json"]}
+    return {
+        p: p.read_text()
+        for p in [
+            root / "my-notes" / "todo.txt",
+            root / "wpp-lookalike" / "request.json",
+            root / "notes.txt",
+            target / "request.json",
+        ]
+    }
 
 
 def test_folders_and_files_the_store_did_not_make_are_never_touched(tmp_path):
     root = tmp_path / "home"
     root.mkdir()
     kept = _others(root)
-    store = DirectoryStore(root, ttl_s=1, max_bytes=1)       # everything past the TTL and the cap
+    store = DirectoryStore(root, ttl_s=1, max_bytes=1)  # everything past the TTL and the cap
     make(store, "t1", owner="a")
     assert store.total_bytes() > 0 and [e[0] for e in store._entries()] == ["t1"]
     assert store.sweep(now=10**10) == ["t1"]
@@ -160,7 +177,12 @@ def test_folders_and_files_the_store_did_not_make_are_never_touched(tmp_path):
             store.write_part(name, 0, b"x", {})
         store.mark_failed(name, {0: "x"})
     assert {p: p.read_text() for p in kept} == kept
-    assert sorted(p.name for p in root.iterdir()) == ["linked", "my-notes", "notes.txt", "wpp-lookalike"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "linked",
+        "my-notes",
+        "notes.txt",
+        "wpp-lookalike",
+    ]
     assert sorted(p.name for p in (root / "my-notes").iterdir()) == ["todo.txt"]
 
 
@@ -170,7 +192,7 @@ def test_a_transfer_folder_keeps_files_the_store_did_not_write(tmp_path):
     (tmp_path / "t" / "mine.txt").write_text("not the store's")
     assert store.remove("t")
     assert [p.name for p in (tmp_path / "t").iterdir()] == ["mine.txt"]
-    assert store.total_bytes() == 0 and not store.remove("t")     # no longer a transfer
+    assert store.total_bytes() == 0 and not store.remove("t")  # no longer a transfer
 
 
 def test_a_request_the_disk_cannot_take_leaves_no_folder(tmp_path, monkeypatch):

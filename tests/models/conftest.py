@@ -33,8 +33,16 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tied_model(tmp_path_factory) -> Path:
     """A Llama with tied embeddings (no lm_head.weight in the file) and 3 KV groups."""
-    return make_model(tmp_path_factory.mktemp("tied") / "llama", arch="llama", num_layers=3,
-                      hidden_size=48, num_heads=6, num_kv_heads=2, tie_word_embeddings=True, seed=2)
+    return make_model(
+        tmp_path_factory.mktemp("tied") / "llama",
+        arch="llama",
+        num_layers=3,
+        hidden_size=48,
+        num_heads=6,
+        num_kv_heads=2,
+        tie_word_embeddings=True,
+        seed=2,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +50,14 @@ def llama3_model(tmp_path_factory) -> Path:
     """A tiny Llama whose config asks for Llama 3.1 RoPE scaling."""
     path = make_model(tmp_path_factory.mktemp("llama3") / "llama", arch="llama", seed=3)
     config = json.loads((path / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 64}
+    config["rope_parameters"] = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -55,7 +68,9 @@ def moe_models(tmp_path_factory) -> dict[str, object]:
     so its attention is dense and exact), plus "glm_moe_dsa/topk4": GLM-5 keeping 4 keys."""
     root = tmp_path_factory.mktemp("moe")
     models = {arch: make_model(root / arch, arch=arch, seed=1, index_topk=64) for arch in MOE_ARCHS}
-    models["glm_moe_dsa/topk4"] = make_model(root / "glm_topk4", arch="glm_moe_dsa", seed=2, index_topk=4)
+    models["glm_moe_dsa/topk4"] = make_model(
+        root / "glm_topk4", arch="glm_moe_dsa", seed=2, index_topk=4
+    )
     return models
 
 

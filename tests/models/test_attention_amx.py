@@ -26,7 +26,8 @@ from wavepp.models.kernels.attention_amx import amx_applies, amx_attention
 
 pytestmark = pytest.mark.skipif(
     cpp.amx_attention_kernels() is None,
-    reason="this CPU has no AMX-BF16 (or the kernel could not be built): the AMX attention kernel does not run here")
+    reason="this CPU has no AMX-BF16 (or the kernel could not be built): the AMX attention kernel does not run here",
+)
 
 
 def wave(rng, specs, shared_prefix, kv_heads, group, head_dim, v_dim=None):
@@ -61,17 +62,20 @@ def reference_v(query, key_cache, value_cache, batch, scale):
     out = torch.empty(num_tokens, num_heads * v_dim, dtype=torch.float64)
     for i, chunk in enumerate(batch.chunks):
         t0, t1 = batch.token_starts[i], batch.token_starts[i + 1]
-        ctx = batch.context_slots[batch.context_starts[i]:batch.context_starts[i + 1]]
+        ctx = batch.context_slots[batch.context_starts[i] : batch.context_starts[i + 1]]
         k, v = key_cache[ctx].double(), value_cache[ctx].double()
         q = query[t0:t1].double().view(t1 - t0, kv_heads, group, -1)
         scores = torch.einsum("nkgd,lkd->nkgl", q, k) * scale
-        hidden = torch.arange(chunk.end)[None, :] > torch.arange(chunk.num_cached_tokens, chunk.end)[:, None]
+        hidden = (
+            torch.arange(chunk.end)[None, :]
+            > torch.arange(chunk.num_cached_tokens, chunk.end)[:, None]
+        )
         scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
         out[t0:t1] = torch.einsum("nkgl,lkd->nkgd", scores.softmax(-1), v).reshape(t1 - t0, -1)
     return out
 
 
-WAVES = {   # (specs, shared prefix)
+WAVES = {  # (specs, shared prefix)
     "shared prefix": ([(1536, 64), (1536, 64), (1600, 17), (1536, 1)], 1536),
     "shared, own cached parts": ([(1000, 33), (1040, 70), (1111, 5)], 992),
     "one-token chunks": ([(0, 1), (1, 1), (37, 1), (1536, 1)], 0),
@@ -83,7 +87,9 @@ HEADS = [(3, 3, 64, None), (2, 4, 128, None), (1, 8, 48, None), (4, 1, 80, None)
 
 
 @pytest.mark.parametrize("keys_per_step", [0, 32, 96])
-@pytest.mark.parametrize("heads", HEADS, ids=lambda h: "kv{}xg{}xd{}{}".format(*h[:3], f"v{h[3]}" if h[3] else ""))
+@pytest.mark.parametrize(
+    "heads", HEADS, ids=lambda h: "kv{}xg{}xd{}{}".format(*h[:3], f"v{h[3]}" if h[3] else "")
+)
 @pytest.mark.parametrize("name", WAVES)
 def test_amx_equals_reference(name, heads, keys_per_step):
     kv_heads, group, head_dim, v_dim = heads
@@ -91,14 +97,16 @@ def test_amx_equals_reference(name, heads, keys_per_step):
     if head_dim == 576 and keys_per_step == 96:
         pytest.skip("covered by the other step sizes (slow reference)")
     rng = random.Random(f"{name}{heads}{keys_per_step}")
-    batch, query, key_cache, value_cache = wave(rng, specs, shared, kv_heads, group, head_dim, v_dim)
-    scale = head_dim ** -0.5
+    batch, query, key_cache, value_cache = wave(
+        rng, specs, shared, kv_heads, group, head_dim, v_dim
+    )
+    scale = head_dim**-0.5
     out = amx_attention(query, key_cache, value_cache, batch, scale, keys_per_step=keys_per_step)
     expected = reference_v(query, key_cache, value_cache, batch, scale)
     assert out.shape == expected.shape and out.dtype == torch.bfloat16
     error = (out.double() - expected).abs().max().item()
     assert error < 1e-2, error
-    if v_dim is None:   # no larger than the bf16 chunked kernel's own error, with some slack
+    if v_dim is None:  # no larger than the bf16 chunked kernel's own error, with some slack
         chunked = paged_attention(query, key_cache, value_cache, batch, scale, kernel="chunked")
         assert error <= 2 * (chunked.double() - expected).abs().max().item() + 1e-3
 
@@ -112,19 +120,29 @@ def test_shared_prefix_is_found():
     key_cache = torch.zeros(batch.context_slots.max().item() + 1, 3, 64, dtype=torch.bfloat16)
     amx_attention(query, key_cache, key_cache, batch, 0.125)
     _, _, _, starts, members, prefixes = batch.memo("amx_indices", None)
-    assert prefixes.tolist()[0] == 1536 and starts.tolist()[:2] == [0, 4] and sorted(members.tolist()[:4]) == [0, 1, 2, 3]
+    assert (
+        prefixes.tolist()[0] == 1536
+        and starts.tolist()[:2] == [0, 4]
+        and sorted(members.tolist()[:4]) == [0, 1, 2, 3]
+    )
 
 
 def test_paged_attention_runs_it_and_falls_back():
     rng = random.Random(2)
     batch, query, key_cache, value_cache = wave(rng, [(100, 20)], 0, 2, 2, 64)
     direct = amx_attention(query, key_cache, value_cache, batch, 0.125)
-    assert torch.equal(paged_attention(query, key_cache, value_cache, batch, 0.125, kernel="amx"), direct)
+    assert torch.equal(
+        paged_attention(query, key_cache, value_cache, batch, 0.125, kernel="amx"), direct
+    )
     # fp32 is not for the AMX kernel: `amx` runs chunked_cpp's numerics there
     q32, k32, v32 = query.float(), key_cache.float(), value_cache.float()
     assert not amx_applies(q32)
-    torch.testing.assert_close(paged_attention(q32, k32, v32, batch, 0.125, kernel="amx"),
-                               paged_attention(q32, k32, v32, batch, 0.125, kernel="chunked_cpp"), rtol=0, atol=0)
+    torch.testing.assert_close(
+        paged_attention(q32, k32, v32, batch, 0.125, kernel="amx"),
+        paged_attention(q32, k32, v32, batch, 0.125, kernel="chunked_cpp"),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_tile_buffers_start_on_cache_lines():
@@ -132,11 +150,19 @@ def test_tile_buffers_start_on_cache_lines():
     malloc's 16-byte alignment would split rows across two lines by chance), also after the
     buffers grow for longer waves and are reallocated."""
     rng = random.Random(4)
-    for specs, shared in ([(1536, 64), (1536, 64)], 1536), ([(0, 700)], 0), ([(4000, 9), (4000, 300)], 4000):
+    for specs, shared in (
+        ([(1536, 64), (1536, 64)], 1536),
+        ([(0, 700)], 0),
+        ([(4000, 9), (4000, 300)], 4000),
+    ):
         batch, query, key_cache, value_cache = wave(rng, specs, shared, 2, 3, 64)
         amx_attention(query, key_cache, value_cache, batch, 0.125)
-        addresses = cpp.amx_attention_kernels().scratch_addresses()   # this thread's: the kernel ran here
-        assert len(addresses) >= 7 and all(a % 64 == 0 for a in addresses), [a % 64 for a in addresses]
+        addresses = (
+            cpp.amx_attention_kernels().scratch_addresses()
+        )  # this thread's: the kernel ran here
+        assert len(addresses) >= 7 and all(a % 64 == 0 for a in addresses), [
+            a % 64 for a in addresses
+        ]
 
 
 def test_bad_shapes_are_refused():
@@ -154,12 +180,12 @@ def test_scores_that_rise_late_in_a_row(keys_per_step):
     rng = random.Random(4)
     batch, query, key_cache, value_cache = wave(rng, [(700, 40), (0, 90), (300, 1)], 0, 2, 2, 64)
     ramp = torch.linspace(0.1, 30.0, key_cache.shape[0])
-    order = batch.context_slots[batch.context_starts[0]:batch.context_starts[1]]
+    order = batch.context_slots[batch.context_starts[0] : batch.context_starts[1]]
     scales = torch.full((key_cache.shape[0],), 0.1)
-    scales[order] = ramp[:order.numel()]
+    scales[order] = ramp[: order.numel()]
     key_cache = (key_cache.float() * scales[:, None, None]).bfloat16()
     out = amx_attention(query, key_cache, value_cache, batch, 0.125, keys_per_step=keys_per_step)
     expected = reference(query, key_cache, value_cache, batch, 0.125)
     # peaked rows: outputs up to ~5 in size, so the output's own bf16 rounding (2^-9 relative)
     # is part of the bound; the bf16 chunked kernel is off by 0.2 on this wave
-    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=2 ** -8)
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=2**-8)

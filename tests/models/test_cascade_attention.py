@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from wavepp.models.kernels import MIN_SHARED_PREFIX_TOKENS, cpp, paged_attention
 from wavepp.models.batch import ChunkSpec, StageBatch
+from wavepp.models.kernels import MIN_SHARED_PREFIX_TOKENS, cpp, paged_attention
 
 BS = 16
 KV_HEADS, GROUP, HEAD_DIM = 2, 3, 16
@@ -33,7 +33,7 @@ def make_wave(rng, specs):
         next_block += need
         chunks.append(ChunkSpec(cached, num_new, tuple(table), index))
     order = list(range(len(chunks)))
-    rng.shuffle(order)                                  # members need not be adjacent
+    rng.shuffle(order)  # members need not be adjacent
     return StageBatch.build([chunks[i] for i in order], BS), next_block
 
 
@@ -42,10 +42,15 @@ def test_cascade_equals_chunk_by_chunk(seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     specs = [
-        ("a", 6, 0, 64), ("a", 6, 0, 1), ("a", 6, 32, 17), ("a", 6, 16, 40),   # a shared 96-token prefix
-        ("b", 5, 0, 33), ("b", 5, 0, 1),                                         # another one
-        ("c", 8, 0, 20),                                                         # alone: no group
-        (None, 0, 0, 50), (None, 0, 48, 1),                                      # nothing shared
+        ("a", 6, 0, 64),
+        ("a", 6, 0, 1),
+        ("a", 6, 32, 17),
+        ("a", 6, 16, 40),  # a shared 96-token prefix
+        ("b", 5, 0, 33),
+        ("b", 5, 0, 1),  # another one
+        ("c", 8, 0, 20),  # alone: no group
+        (None, 0, 0, 50),
+        (None, 0, 48, 1),  # nothing shared
     ]
     rng.shuffle(specs)
     batch, num_blocks = make_wave(rng, specs)
@@ -54,18 +59,22 @@ def test_cascade_equals_chunk_by_chunk(seed):
     key_cache = torch.randn(num_blocks * BS, KV_HEADS, HEAD_DIM)
     value_cache = torch.randn(num_blocks * BS, KV_HEADS, HEAD_DIM)
     query = torch.randn(batch.num_tokens, KV_HEADS * GROUP, HEAD_DIM)
-    cascade = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM ** -0.5, kernel="cascade")
-    plain = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM ** -0.5, kernel="chunked")
+    cascade = paged_attention(
+        query, key_cache, value_cache, batch, HEAD_DIM**-0.5, kernel="cascade"
+    )
+    plain = paged_attention(query, key_cache, value_cache, batch, HEAD_DIM**-0.5, kernel="chunked")
     torch.testing.assert_close(cascade, plain, rtol=0, atol=2e-6)
     # and both equal a dense reference per chunk (float64)
     for i, chunk in enumerate(batch.chunks):
         t0, t1 = batch.token_starts[i], batch.token_starts[i + 1]
-        ctx = batch.context_slots[batch.context_starts[i]:batch.context_starts[i + 1]]
+        ctx = batch.context_slots[batch.context_starts[i] : batch.context_starts[i + 1]]
         k, v = key_cache[ctx].double(), value_cache[ctx].double()
         q = query[t0:t1].double().view(t1 - t0, KV_HEADS, GROUP, HEAD_DIM)
-        scores = torch.einsum("nkgd,lkd->nkgl", q, k) * HEAD_DIM ** -0.5
+        scores = torch.einsum("nkgd,lkd->nkgl", q, k) * HEAD_DIM**-0.5
         pos = torch.arange(chunk.num_cached_tokens, chunk.end)
-        scores[(torch.arange(chunk.end)[None, :] > pos[:, None])[:, None, None, :].expand_as(scores)] = float("-inf")
+        scores[
+            (torch.arange(chunk.end)[None, :] > pos[:, None])[:, None, None, :].expand_as(scores)
+        ] = float("-inf")
         ref = torch.einsum("nkgl,lkd->nkgd", scores.softmax(-1), v).reshape(t1 - t0, -1)
         torch.testing.assert_close(cascade[t0:t1].double(), ref, rtol=0, atol=2e-6)
 
@@ -86,12 +95,15 @@ def test_the_choice_is_measured(monkeypatch):
     """The choice is measured here; that a stage then runs it: tests/runtime/test_stage_kernels.py."""
     from wavepp.models.kernels import ATTENTION_KERNELS, choose_attention
 
-    monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)   # the suite pins it (conftest)
+    monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)  # the suite pins it (conftest)
     choice = choose_attention(KV_HEADS, GROUP, HEAD_DIM, torch.float32, trials=1)
     # every CPU kernel but the bf16-only AMX one (and the C++ softmax ones where it was not built)
     assert set(choice.seconds) == set(ATTENTION_KERNELS) - {"amx"} - (
-        set() if cpp.softmax_kernels() is not None else {"chunked_cpp", "cascade_cpp"})
-    assert all(t > 0 for t in choice.seconds.values()) and all(g > 0 for g in choice.gflops.values())
+        set() if cpp.softmax_kernels() is not None else {"chunked_cpp", "cascade_cpp"}
+    )
+    assert all(t > 0 for t in choice.seconds.values()) and all(
+        g > 0 for g in choice.gflops.values()
+    )
     fastest = min(choice.seconds, key=choice.seconds.get)
     # another kernel replaces the default only when it is 5% faster
     expected = fastest if choice.seconds["chunked"] >= 1.05 * choice.seconds[fastest] else "chunked"

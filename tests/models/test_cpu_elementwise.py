@@ -21,15 +21,19 @@ from wavepp.models.layers.rope import apply_rotary
 
 CPP, TORCH = Kernels(elementwise="cpp"), Kernels(elementwise="torch")
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.elementwise_kernels() is None,
-                                   reason="the C++ elementwise kernels could not be built here")
+needs_kernels = pytest.mark.skipif(
+    cpu_kernels.elementwise_kernels() is None,
+    reason="the C++ elementwise kernels could not be built here",
+)
 
 
 def ulps_apart(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """bf16 ulps between two bf16 tensors of finite values (as ordered integers)."""
+
     def ordered(t):
         bits = t.contiguous().view(torch.int16).to(torch.int32)
         return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
     return (ordered(got) - ordered(want)).abs()
 
 
@@ -64,7 +68,9 @@ def test_silu_mul_rounds_as_torch(rows, width):
 def test_silu_mul_at_the_ends_of_the_range():
     # exp's argument clamped to fp32's normal range: silu of -100 and -1e4 is below 1e-34 in
     # size (torch's: smaller or 0), of 100 and 1e4 the argument; zeros stay zeros
-    gate = torch.tensor([[-1e4, -100.0, -88.0, -20.0, -1e-3, -0.0, 0.0, 1e-3, 20.0, 88.0, 100.0, 1e4]])
+    gate = torch.tensor(
+        [[-1e4, -100.0, -88.0, -20.0, -1e-3, -0.0, 0.0, 1e-3, 20.0, 88.0, 100.0, 1e4]]
+    )
     up = torch.full_like(gate, 1.5)
     gate_up = torch.cat([gate, up], dim=-1).to(torch.bfloat16)
     got = cpu_kernels.elementwise_kernels().silu_mul(gate_up)
@@ -78,7 +84,7 @@ def test_silu_mul_at_the_ends_of_the_range():
 def test_rms_norm_rounds_as_the_torch_module(rows, width):
     gen = torch.Generator().manual_seed(rows * width)
     x = (torch.randn(rows, width, generator=gen) * 2).to(torch.bfloat16)
-    x[0, :] = 0.0                                     # a zero row: scale 1/sqrt(eps), output 0
+    x[0, :] = 0.0  # a zero row: scale 1/sqrt(eps), output 0
     weight = (torch.rand(width, generator=gen) + 0.5).to(torch.bfloat16)
     got = cpu_kernels.elementwise_kernels().rms_norm(x, weight, 1e-5)
     assert_nearly_equal(got, torch_rms_norm(x, weight, 1e-5))
@@ -113,12 +119,14 @@ def test_rotary_is_torchs_bit_for_bit(rows, heads, dim):
 def test_rotary_dispatch_and_refusals():
     cos, sin, gen = rotary_operands(6, 4, 16, 1)
     x = torch.randn(6, 4, 16, generator=gen).to(torch.bfloat16)
-    assert torch.equal(apply_rotary(x, cos, sin, CPP), torch_rotary(x, cos, sin))          # the kernel
+    assert torch.equal(apply_rotary(x, cos, sin, CPP), torch_rotary(x, cos, sin))  # the kernel
     # heads not contiguous (a transposed view) and fp32: torch's ops
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
     assert torch.equal(apply_rotary(xt, cos, sin, CPP), torch_rotary(xt, cos, sin))
-    assert torch.equal(apply_rotary(x.float(), cos.float(), sin.float(), CPP),
-                       torch_rotary(x.float(), cos.float(), sin.float()))
+    assert torch.equal(
+        apply_rotary(x.float(), cos.float(), sin.float(), CPP),
+        torch_rotary(x.float(), cos.float(), sin.float()),
+    )
     mod = cpu_kernels.elementwise_kernels()
     with pytest.raises(RuntimeError, match="contiguous"):
         mod.rotary(xt, cos, sin)
@@ -134,9 +142,13 @@ def test_kernels_refuse_what_they_do_not_run():
     with pytest.raises(RuntimeError, match="even"):
         mod.silu_mul(torch.randn(4, 7).to(torch.bfloat16))
     with pytest.raises(RuntimeError, match="contiguous"):
-        mod.rms_norm(torch.randn(8, 4).to(torch.bfloat16).t(), torch.ones(8, dtype=torch.bfloat16), 1e-5)
+        mod.rms_norm(
+            torch.randn(8, 4).to(torch.bfloat16).t(), torch.ones(8, dtype=torch.bfloat16), 1e-5
+        )
     with pytest.raises(RuntimeError, match="weight"):
-        mod.rms_norm(torch.randn(4, 8).to(torch.bfloat16), torch.ones(7, dtype=torch.bfloat16), 1e-5)
+        mod.rms_norm(
+            torch.randn(4, 8).to(torch.bfloat16), torch.ones(7, dtype=torch.bfloat16), 1e-5
+        )
 
 
 @needs_kernels
@@ -147,14 +159,17 @@ def test_layers_take_the_kernels_for_bf16_and_torch_otherwise():
     mlp = SwiGLUMLP(48, 96, torch.bfloat16)
     mlp.gate_up_proj.copy_((torch.randn(192, 48, generator=gen) * 0.2).to(torch.bfloat16))
     mlp.down_proj.copy_((torch.randn(48, 96, generator=gen) * 0.2).to(torch.bfloat16))
-    x = torch.randn(2, 10, 48, generator=gen).to(torch.bfloat16)      # leading dims kept
+    x = torch.randn(2, 10, 48, generator=gen).to(torch.bfloat16)  # leading dims kept
     assert TORCH.elementwise_in_use() == "torch"
     norm_torch, mlp_torch = norm(x, TORCH), mlp(x[0], TORCH)
     assert CPP.elementwise_in_use() == "cpp"
     assert_nearly_equal(norm(x, CPP), norm_torch)
     assert_nearly_equal(mlp(x[0], CPP), mlp_torch)
     # not bf16, or not contiguous: torch's ops, bit for bit
-    assert torch.equal(norm(x.float().to(torch.bfloat16)[:, ::2], CPP), torch_rms_norm(x[:, ::2], norm.weight, 1e-6))
+    assert torch.equal(
+        norm(x.float().to(torch.bfloat16)[:, ::2], CPP),
+        torch_rms_norm(x[:, ::2], norm.weight, 1e-6),
+    )
     fp32 = RMSNorm(48, 1e-6, torch.float32)
     fp32.weight.copy_(norm.weight.float())
     assert torch.equal(fp32(x.float(), CPP), torch_rms_norm(x.float(), fp32.weight, 1e-6))
@@ -170,7 +185,9 @@ def test_bf16_model_with_the_kernels_keeps_the_fp32_reference(tiny_models):
     reference = hf_logits(model, prompt).log_softmax(-1)[-1]
     runs = {}
     for on, kernels in ((False, TORCH), (True, CPP)):
-        pipe = LocalPipeline(model, dtype=torch.bfloat16, num_stages=2, num_blocks=32, block_size=4, kernels=kernels)
+        pipe = LocalPipeline(
+            model, dtype=torch.bfloat16, num_stages=2, num_blocks=32, block_size=4, kernels=kernels
+        )
         runs[on] = pipe.prefill("r", prompt, chunk_sizes=[25, 35]).log_softmax(-1)
     top = reference.topk(5).indices
     for logprobs in runs.values():
@@ -180,7 +197,12 @@ def test_bf16_model_with_the_kernels_keeps_the_fp32_reference(tiny_models):
 
 def test_off_by_environment_or_switch(monkeypatch):
     monkeypatch.setenv("WAVEPP_NO_CPP_KERNELS", "1")
-    assert cpu_kernels._build("cpu_elementwise.cpp", "C++ elementwise kernels", "torch's ops") is None
-    assert TORCH.fused(torch.zeros(4, dtype=torch.bfloat16)) is None and TORCH.elementwise_in_use() == "torch"
+    assert (
+        cpu_kernels._build("cpu_elementwise.cpp", "C++ elementwise kernels", "torch's ops") is None
+    )
+    assert (
+        TORCH.fused(torch.zeros(4, dtype=torch.bfloat16)) is None
+        and TORCH.elementwise_in_use() == "torch"
+    )
     monkeypatch.setenv("WAVEPP_ELEMENTWISE_KERNEL", "torch")
     assert Kernels().elementwise == "torch"

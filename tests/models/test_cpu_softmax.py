@@ -14,29 +14,32 @@ import random
 import pytest
 import torch
 
+from wavepp.models.batch import ChunkSpec, StageBatch
+from wavepp.models.kernels import MIN_SHARED_PREFIX_TOKENS, paged_attention
 from wavepp.models.kernels import choice as attention
 from wavepp.models.kernels import cpp as cpu_kernels
-from wavepp.models.kernels import MIN_SHARED_PREFIX_TOKENS, paged_attention
-from wavepp.models.batch import ChunkSpec, StageBatch
 
 BS = 16
 LENGTHS = (1, 2, 7, 15, 16, 17, 33, 100, 1601)
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.softmax_kernels() is None,
-                                   reason="the C++ softmax could not be built here")
+needs_kernels = pytest.mark.skipif(
+    cpu_kernels.softmax_kernels() is None, reason="the C++ softmax could not be built here"
+)
 
 
 def causal_bias(rows: int, length: int, causal_rows: int) -> torch.Tensor:
     """[rows, length] 0 / -inf: row r sees keys [0, length - n + r % n] (n = causal_rows)."""
     if not causal_rows:
         return torch.zeros(rows, length)
-    last = length - causal_rows + torch.arange(rows) % causal_rows            # last key seen
-    return torch.zeros(rows, length).masked_fill(torch.arange(length)[None] > last[:, None], float("-inf"))
+    last = length - causal_rows + torch.arange(rows) % causal_rows  # last key seen
+    return torch.zeros(rows, length).masked_fill(
+        torch.arange(length)[None] > last[:, None], float("-inf")
+    )
 
 
 def assert_probabilities_close(got: torch.Tensor, want: torch.Tensor) -> None:
     if got.dtype == torch.bfloat16:
-        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-30)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-30)
         return
     big = want >= 1e-6 * want.amax(-1, keepdim=True)
     torch.testing.assert_close(got[big], want[big], rtol=2e-6, atol=0)
@@ -60,7 +63,7 @@ def test_softmax_equals_torch(length, dtype, vectorized):
         got = scores.clone()
         cpu_kernels.softmax_(got, causal_rows, vectorized=vectorized)
         assert_probabilities_close(got, want)
-        if causal_rows:   # the hidden keys are exactly 0
+        if causal_rows:  # the hidden keys are exactly 0
             assert (got[causal_bias(rows, length, causal_rows).expand_as(got) < 0] == 0).all()
 
 
@@ -70,10 +73,10 @@ def test_softmax_equals_torch(length, dtype, vectorized):
 def test_softmax_of_large_and_infinite_scores(dtype, vectorized):
     gen = torch.Generator().manual_seed(1)
     scores = random_tile(gen, 2, 5, 37, torch.float32, spread=30.0)
-    scores[0, 0] += 1e4                                   # large values: only differences count
-    scores[0, 1, ::3] = float("-inf")                     # hidden keys given as -inf
-    scores[0, 2, :36] = float("-inf")                     # one key left
-    scores[1, 0, 5] = 200.0                               # the rest underflow to 0
+    scores[0, 0] += 1e4  # large values: only differences count
+    scores[0, 1, ::3] = float("-inf")  # hidden keys given as -inf
+    scores[0, 2, :36] = float("-inf")  # one key left
+    scores[1, 0, 5] = 200.0  # the rest underflow to 0
     scores = scores.to(dtype)
     want = torch.softmax(scores, -1)
     got = scores.clone()
@@ -96,7 +99,9 @@ def test_a_row_without_a_finite_score_is_nan_as_in_torch():
 @needs_kernels
 @pytest.mark.parametrize("vectorized", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("length,causal_rows", [(1, 0), (1, 1), (17, 0), (17, 5), (100, 16), (1601, 40)])
+@pytest.mark.parametrize(
+    "length,causal_rows", [(1, 0), (1, 1), (17, 0), (17, 5), (100, 16), (1601, 40)]
+)
 def test_unnormalized_softmax_gives_max_and_sum(length, causal_rows, dtype, vectorized):
     gen = torch.Generator().manual_seed(length + causal_rows)
     heads, rows = 3, 2 * max(causal_rows, 1)
@@ -105,11 +110,11 @@ def test_unnormalized_softmax_gives_max_and_sum(length, causal_rows, dtype, vect
     want_max = masked.amax(-1)
     # row_max, row_sum: strided views, as the cascade kernel passes a tile's columns
     stats = torch.full((2, heads, rows + 4), float("nan"))
-    row_max, row_sum = stats[0, :, 2:rows + 2], stats[1, :, 2:rows + 2]
+    row_max, row_sum = stats[0, :, 2 : rows + 2], stats[1, :, 2 : rows + 2]
     got = scores.clone()
     cpu_kernels.softmax_unnormalized_(got, causal_rows, row_max, row_sum, vectorized=vectorized)
     assert torch.equal(row_max, want_max)
-    assert torch.isnan(stats[:, :, :2]).all() and torch.isnan(stats[:, :, rows + 2:]).all()
+    assert torch.isnan(stats[:, :, :2]).all() and torch.isnan(stats[:, :, rows + 2 :]).all()
     assert_probabilities_close(got, (masked - want_max[..., None]).exp().to(dtype))
     # the sum is of the values stored (rounded to bf16 in bf16), in fp32
     torch.testing.assert_close(row_sum, got.float().sum(-1), rtol=2e-6, atol=0)
@@ -130,13 +135,22 @@ def shared_wave(rng, dtype):
     prefix, and unshared ones; chunks of 1 to 70 tokens, on a shuffled pool."""
     blocks = list(range(400))
     rng.shuffle(blocks)
-    prefix_a, prefix_b = tuple(blocks[:8]), tuple(blocks[8:13])            # 128 and 80 tokens
+    prefix_a, prefix_b = tuple(blocks[:8]), tuple(blocks[8:13])  # 128 and 80 tokens
     free = iter(blocks[13:])
     chunks = []
-    for index, (shared, cached, new) in enumerate([
-            (prefix_a, 128, 1), (prefix_a, 128, 64), (prefix_a, 150, 17), (prefix_a, 128, 70),
-            (prefix_b, 80, 33), (prefix_b, 96, 1),
-            ((), 0, 40), ((), 37, 1), ((), 300, 9)]):
+    for index, (shared, cached, new) in enumerate(
+        [
+            (prefix_a, 128, 1),
+            (prefix_a, 128, 64),
+            (prefix_a, 150, 17),
+            (prefix_a, 128, 70),
+            (prefix_b, 80, 33),
+            (prefix_b, 96, 1),
+            ((), 0, 40),
+            ((), 37, 1),
+            ((), 300, 9),
+        ]
+    ):
         own = -(-(cached + new) // BS) - len(shared)
         chunks.append(ChunkSpec(cached, new, shared + tuple(next(free) for _ in range(own)), index))
     batch = StageBatch.build(chunks, BS)
@@ -155,8 +169,10 @@ def test_attention_with_the_kernel_equals_attention_without(kernel, dtype, toler
     for _ in range(3):
         batch, query, key_cache, value_cache = shared_wave(rng, dtype)
         assert len(batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS)) == 2
-        want = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel=kernel)
-        got = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel=kernel + "_cpp")
+        want = paged_attention(query, key_cache, value_cache, batch, 32**-0.5, kernel=kernel)
+        got = paged_attention(
+            query, key_cache, value_cache, batch, 32**-0.5, kernel=kernel + "_cpp"
+        )
         torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tolerance)
 
 
@@ -170,13 +186,15 @@ def test_without_the_extension_the_cpp_kernels_run_torch_softmax(no_kernels):
     batch, query, key_cache, value_cache = shared_wave(random.Random(3), torch.float32)
     assert cpu_kernels.softmax_kernels() is None
     for kernel in ("chunked", "cascade"):
-        want = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel=kernel)
-        got = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel=kernel + "_cpp")
+        want = paged_attention(query, key_cache, value_cache, batch, 32**-0.5, kernel=kernel)
+        got = paged_attention(
+            query, key_cache, value_cache, batch, 32**-0.5, kernel=kernel + "_cpp"
+        )
         assert torch.equal(got, want)
 
 
 def test_without_the_extension_the_choice_times_the_others(no_kernels, monkeypatch):
-    monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)   # the suite pins it (conftest)
+    monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)  # the suite pins it (conftest)
     assert attention.cpu_attention_kernels(torch.float32) == ("chunked", "cascade", "sdpa")
     choice = attention.choose_attention(2, 2, 16, torch.float32, trials=1)
     assert set(choice.seconds) == {"chunked", "cascade", "sdpa"}
@@ -187,6 +205,7 @@ def test_a_failed_build_logs_one_line_and_returns_none(monkeypatch, caplog):
 
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension 'x'\nno compiler")
+
     monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", fail)
     with caplog.at_level(logging.INFO, logger="wavepp.models.kernels.cpp"):
         assert cpu_kernels._build("cpu_softmax.cpp", "C++ softmax", "torch's softmax") is None
@@ -197,7 +216,7 @@ def test_a_failed_build_logs_one_line_and_returns_none(monkeypatch, caplog):
 
 def test_other_dtypes_and_devices_keep_torch_softmax():
     batch, query, key_cache, value_cache = shared_wave(random.Random(5), torch.float16)
-    want = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel="chunked")
-    got = paged_attention(query, key_cache, value_cache, batch, 32 ** -0.5, kernel="chunked_cpp")
+    want = paged_attention(query, key_cache, value_cache, batch, 32**-0.5, kernel="chunked")
+    got = paged_attention(query, key_cache, value_cache, batch, 32**-0.5, kernel="chunked_cpp")
     assert torch.equal(got, want)
     assert "chunked_cpp" not in attention.cpu_attention_kernels(torch.float16)

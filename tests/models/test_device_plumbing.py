@@ -21,7 +21,13 @@ from torch.utils._pytree import tree_flatten
 
 from tests.models.test_attention_kernels import WAVES, random_wave, reference
 from wavepp.models import ChunkSpec, StageBatch, StageModel, load_model_config, stage_specs
-from wavepp.models.kernels import ATTENTION_KERNELS, CUDA_ATTENTION_KERNELS, Kernels, paged_attention, varlen_operands
+from wavepp.models.kernels import (
+    ATTENTION_KERNELS,
+    CUDA_ATTENTION_KERNELS,
+    Kernels,
+    paged_attention,
+    varlen_operands,
+)
 
 META = torch.device("meta")
 
@@ -29,22 +35,33 @@ META = torch.device("meta")
 def test_batch_to_a_device_moves_every_tensor_and_later_masks_follow():
     chunks = [ChunkSpec(8, 5, (3, 1, 0, 7)), ChunkSpec(0, 3, (2,))]
     batch = StageBatch.build(chunks, 4)
-    assert batch.to(torch.device("cpu")) is batch and batch.to("cpu") is batch     # no copy on the CPU
+    assert batch.to(torch.device("cpu")) is batch and batch.to("cpu") is batch  # no copy on the CPU
     assert batch.cu_tokens.tolist() == list(batch.token_starts) == [0, 5, 8]
     assert batch.cu_context.tolist() == list(batch.context_starts) == [0, 13, 16]
     assert batch.cu_tokens.dtype == batch.cu_context.dtype == torch.int32
     assert batch.max_chunk_tokens == 5
     moved = batch.to(META)
-    tensors = [moved.positions, moved.slot_mapping, moved.context_slots, moved.last_token_indices,
-               moved.causal_mask, moved.cu_tokens, moved.cu_context]
+    tensors = [
+        moved.positions,
+        moved.slot_mapping,
+        moved.context_slots,
+        moved.last_token_indices,
+        moved.causal_mask,
+        moved.cu_tokens,
+        moved.cu_context,
+    ]
     assert all(t.device == META for t in tensors) and moved.device == META
     assert moved.causal_bias(torch.float32).device == META and moved.visible_mask(0).device == META
-    assert batch.causal_bias(torch.float32).device.type == "cpu"      # the host batch keeps its own
-    assert (moved.chunks, moved.token_starts, moved.max_position) == (batch.chunks, batch.token_starts, 12)
+    assert batch.causal_bias(torch.float32).device.type == "cpu"  # the host batch keeps its own
+    assert (moved.chunks, moved.token_starts, moved.max_position) == (
+        batch.chunks,
+        batch.token_starts,
+        12,
+    )
 
 
 @pytest.mark.parametrize("kernel", ATTENTION_KERNELS + CUDA_ATTENTION_KERNELS)
-@pytest.mark.parametrize("stage_id", [1, 2])       # a middle stage, the last (logits)
+@pytest.mark.parametrize("stage_id", [1, 2])  # a middle stage, the last (logits)
 def test_stage_forward_on_meta_makes_nothing_on_the_host(tiny_models, kernel, stage_id):
     config = load_model_config(tiny_models["qwen3"])
     spec = stage_specs(config.num_layers, 3)[stage_id]
@@ -84,7 +101,7 @@ def test_a_batch_on_another_device_than_the_weights_is_refused(tiny_models):
     config = load_model_config(tiny_models["llama"])
     model = StageModel(config, stage_specs(config.num_layers, 2)[1], torch.float32).to(META)
     kv = model.new_kv_cache(num_blocks=4, block_size=4)
-    batch = StageBatch.build([ChunkSpec(0, 3, (0,))], 4)              # left on the host
+    batch = StageBatch.build([ChunkSpec(0, 3, (0,))], 4)  # left on the host
     hidden = torch.empty(3, config.hidden_size, device=META)
     with pytest.raises(ValueError, match="the batch is on cpu, this stage's weights on meta"):
         model(batch, kv, hidden_states=hidden)
@@ -92,27 +109,35 @@ def test_a_batch_on_another_device_than_the_weights_is_refused(tiny_models):
 
 def test_varlen_kernel_is_refused_on_the_cpu():
     rng = random.Random(0)
-    batch, query, key_cache, value_cache = random_wave(rng, WAVES["mixed lengths"], 2, 2, 16, torch.float32)
+    batch, query, key_cache, value_cache = random_wave(
+        rng, WAVES["mixed lengths"], 2, 2, 16, torch.float32
+    )
     with pytest.raises(ValueError, match="runs on CUDA only"):
         paged_attention(query, key_cache, value_cache, batch, 0.25, kernel="varlen")
 
 
 @pytest.mark.parametrize("wave", WAVES)
-@pytest.mark.parametrize("heads", [(3, 3, 64), (2, 1, 16), (1, 4, 32)])   # (kv_heads, group, head_dim)
+@pytest.mark.parametrize(
+    "heads", [(3, 3, 64), (2, 1, 16), (1, 4, 32)]
+)  # (kv_heads, group, head_dim)
 def test_varlen_operands_give_the_reference_attention(wave, heads):
     kv_heads, group, head_dim = heads
     rng = random.Random(f"varlen{wave}{heads}")
-    batch, query, key_cache, value_cache = random_wave(rng, WAVES[wave], kv_heads, group, head_dim, torch.float32)
-    scale = head_dim ** -0.5
+    batch, query, key_cache, value_cache = random_wave(
+        rng, WAVES[wave], kv_heads, group, head_dim, torch.float32
+    )
+    scale = head_dim**-0.5
     args, kwargs = varlen_operands(query, key_cache, value_cache, batch, scale)
     assert kwargs == {"scale": scale, "window_size": (-1, 0), "enable_gqa": True}
     out = documented_varlen(*args, **kwargs).reshape(batch.num_tokens, -1)
-    torch.testing.assert_close(out.double(), reference(query, key_cache, value_cache, batch, scale),
-                               rtol=0, atol=2e-6)
+    torch.testing.assert_close(
+        out.double(), reference(query, key_cache, value_cache, batch, scale), rtol=0, atol=2e-6
+    )
 
 
-def documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size,
-                      enable_gqa):
+def documented_varlen(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size, enable_gqa
+):
     """torch.nn.attention.varlen.varlen_attn as documented: sequence i's queries are rows
     cu_seq_q[i]:cu_seq_q[i+1], its keys cu_seq_k[i]:cu_seq_k[i+1]; window (-1, 0) is causal,
     aligned to the bottom right (FlashAttention's convention when a sequence has more keys than
@@ -125,12 +150,12 @@ def documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, sc
     heads, kv_heads = query.shape[1], key.shape[1]
     out = torch.empty_like(query)
     for i in range(len(q_starts) - 1):
-        q = query[q_starts[i]:q_starts[i + 1]].double()                   # [n, heads, d]
-        k = key[k_starts[i]:k_starts[i + 1]].double().repeat_interleave(heads // kv_heads, 1)
-        v = value[k_starts[i]:k_starts[i + 1]].double().repeat_interleave(heads // kv_heads, 1)
+        q = query[q_starts[i] : q_starts[i + 1]].double()  # [n, heads, d]
+        k = key[k_starts[i] : k_starts[i + 1]].double().repeat_interleave(heads // kv_heads, 1)
+        v = value[k_starts[i] : k_starts[i + 1]].double().repeat_interleave(heads // kv_heads, 1)
         n, length = q.shape[0], k.shape[0]
         scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
         hidden = torch.arange(length)[None, :] > torch.arange(n)[:, None] + (length - n)
         probs = scores.masked_fill(hidden, float("-inf")).softmax(-1)
-        out[q_starts[i]:q_starts[i + 1]] = torch.einsum("hnl,lhd->nhd", probs, v).to(out.dtype)
+        out[q_starts[i] : q_starts[i + 1]] = torch.einsum("hnl,lhd->nhd", probs, v).to(out.dtype)
     return out

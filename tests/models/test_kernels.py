@@ -17,15 +17,15 @@ def test_every_path_equals_the_reference(name, bias):
     ref = x.double() @ w.double().t() + (b.double() if bias else 0)
     out = Kernels(linear=name).project(x, w, b)
     assert out.shape == (37, 20) and out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)    # fp32 summation order
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)  # fp32 summation order
 
 
 def test_choice_is_the_fastest_measured(monkeypatch):
-    monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)   # the suite pins it (conftest)
+    monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)  # the suite pins it (conftest)
     calls = []
     slow = LINEAR_KERNELS["linear"]
 
-    def slowed(x, w, b=None):       # a path that is clearly slower than the other
+    def slowed(x, w, b=None):  # a path that is clearly slower than the other
         calls.append(1)
         for _ in range(20):
             out = slow(x, w, b)
@@ -54,9 +54,19 @@ def test_linear_shapes_are_a_stage_models_projections(tiny_models):
     config = load_model_config(path)
     model = load_stage_model(path, stage_specs(config.num_layers, 1)[0], torch.float32)
     shapes = linear_shapes(model, rows=(8,))
-    h, kv, inter = config.hidden_size, config.num_kv_heads * config.head_dim, config.intermediate_size
-    assert sorted(shapes) == sorted({(8, h, config.num_heads * config.head_dim + 2 * kv),
-                                     (8, config.num_heads * config.head_dim, h), (8, h, 2 * inter), (8, inter, h)})
+    h, kv, inter = (
+        config.hidden_size,
+        config.num_kv_heads * config.head_dim,
+        config.intermediate_size,
+    )
+    assert sorted(shapes) == sorted(
+        {
+            (8, h, config.num_heads * config.head_dim + 2 * kv),
+            (8, config.num_heads * config.head_dim, h),
+            (8, h, 2 * inter),
+            (8, inter, h),
+        }
+    )
 
 
 @pytest.mark.skipif(not kernels.packed_available(), reason="this torch build has no oneDNN")
@@ -67,15 +77,16 @@ def test_packed_weight_follows_in_place_updates_and_falls_back_where_unsupported
     first = linear(x, w)
     torch.testing.assert_close(first, x @ w.t(), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
-        w.mul_(2.0)                       # loading new weights in place
+        w.mul_(2.0)  # loading new weights in place
     torch.testing.assert_close(linear(x, w), 2 * first, rtol=1e-5, atol=1e-5)
     # a dtype oneDNN's packed path does not take (float64) runs F.linear instead
     xd, wd = x.double(), w.double()
     torch.testing.assert_close(linear(xd, wd), xd @ wd.t())
     # bf16, the runtime's dtype: the packed path and F.linear agree within bf16 rounding
     xb, wb = x.bfloat16(), w.bfloat16()
-    torch.testing.assert_close(linear(xb, wb).float(), torch.nn.functional.linear(xb, wb).float(),
-                               rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        linear(xb, wb).float(), torch.nn.functional.linear(xb, wb).float(), rtol=2e-2, atol=2e-2
+    )
 
 
 def test_upcast_computes_bf16_projections_in_fp32_and_follows_weight_updates():
@@ -85,15 +96,16 @@ def test_upcast_computes_bf16_projections_in_fp32_and_follows_weight_updates():
     b = torch.randn(24, generator=gen).bfloat16()
     upcast = Kernels(linear="upcast").project
     out = upcast(x, w, b)
+
     # the product of the bf16 operands in fp32, rounded once to bf16: within one bf16 step of
     # the exact product (the fp32 sum's order is the BLAS's)
     def close(got, exact):
-        torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=2 ** -8, atol=1e-6)
+        torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=2**-8, atol=1e-6)
 
     assert out.dtype == torch.bfloat16
     close(out, x.double() @ w.double().t() + b.double())
     with torch.no_grad():
-        w.mul_(2.0)                          # loading new weights in place: a new fp32 copy
+        w.mul_(2.0)  # loading new weights in place: a new fp32 copy
     close(upcast(x, w), x.double() @ w.double().t())
     # a view of a stacked weight (an expert) is upcast as it is used, not cached on the view
     stacked = torch.randn(3, 24, 32, generator=gen).bfloat16()

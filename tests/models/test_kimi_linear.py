@@ -12,9 +12,14 @@ import pytest
 import torch
 
 from wavepp.make_model import make_model
-from wavepp.models import ChunkSpec, StageBatch, load_stage_model, stage_specs
-from wavepp.models import load_model_config
-from wavepp.models import page_layout
+from wavepp.models import (
+    ChunkSpec,
+    StageBatch,
+    load_model_config,
+    load_stage_model,
+    page_layout,
+    stage_specs,
+)
 
 BLOCK = 16
 ATOL = 1e-4
@@ -23,12 +28,15 @@ ATOL = 1e-4
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory):
     # layers: KDA, KDA, MLA, KDA (PP = 3 puts a stage of KDA only and one of MLA only)
-    return make_model(tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+    return make_model(
+        tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3
+    )
 
 
 @pytest.fixture(scope="module")
 def reference(kimi):
     import transformers
+
     model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
@@ -41,12 +49,17 @@ class Chain:
 
     def __init__(self, path, num_stages: int) -> None:
         config = load_model_config(path)
-        self.stages = [load_stage_model(path, spec, torch.float32) for spec in stage_specs(config.num_layers, num_stages)]
+        self.stages = [
+            load_stage_model(path, spec, torch.float32)
+            for spec in stage_specs(config.num_layers, num_stages)
+        ]
         self.caches = [stage.new_kv_cache(32, BLOCK, num_state_slots=16) for stage in self.stages]
 
     def run(self, chunk: ChunkSpec, tokens: torch.Tensor) -> torch.Tensor:
         batch = StageBatch.build([chunk], BLOCK)
-        hidden = self.stages[0](batch, self.caches[0], input_ids=tokens, all_logits=len(self.stages) == 1)
+        hidden = self.stages[0](
+            batch, self.caches[0], input_ids=tokens, all_logits=len(self.stages) == 1
+        )
         for i, (stage, cache) in enumerate(zip(self.stages[1:], self.caches[1:]), start=1):
             hidden = stage(batch, cache, hidden_states=hidden, all_logits=i == len(self.stages) - 1)
         return hidden
@@ -71,12 +84,15 @@ def test_chunks_resuming_from_snapshots_equal_the_full_forward(kimi, reference, 
     table = tuple(range(10))
     # chunk 1 saves at the boundaries 16 and 32 (slots 1, 2) and at its end 40 (slot 0);
     # chunk 2 goes on from slot 0 and saves at 48, 64 and 77; chunk 3 from 77
-    plan = [(0, 40, None, ((16, 1), (32, 2), (40, 0))), (40, 37, 0, ((48, 3), (64, 4), (77, 5))),
-            (77, 73, 5, ())]
+    plan = [
+        (0, 40, None, ((16, 1), (32, 2), (40, 0))),
+        (40, 37, 0, ((48, 3), (64, 4), (77, 5))),
+        (77, 73, 5, ()),
+    ]
     got = []
     for start, n, state_in, saves in plan:
         chunk = ChunkSpec(start, n, table, "a", state_in=state_in, state_saves=saves)
-        got.append(chain.run(chunk, prompt[start:start + n]))
+        got.append(chain.run(chunk, prompt[start : start + n]))
     torch.testing.assert_close(torch.cat(got), want, rtol=0, atol=ATOL)
 
 
@@ -85,7 +101,7 @@ def test_resume_at_every_boundary_equals_from_scratch(kimi, reference):
     same prompt, reuses a's blocks [0, k) and the snapshot at k * 16, and computes the rest."""
     prompt, want = reference
     chain = Chain(kimi, 2)
-    boundaries = list(range(BLOCK, 150, BLOCK))                     # 16, 32, ..., 144
+    boundaries = list(range(BLOCK, 150, BLOCK))  # 16, 32, ..., 144
     saves = tuple((p, i) for i, p in enumerate(boundaries))
     chain.run(ChunkSpec(0, 150, tuple(range(10)), "a", state_saves=saves), prompt)
     for k, position in enumerate(boundaries, start=1):
@@ -124,13 +140,23 @@ def test_engine_pp2_reuses_snapshots_and_matches_transformers(kimi):
 
     rng = random.Random(4)
     prefixes = [[rng.randrange(256) for _ in range(rng.randrange(20, 40))] for _ in range(2)]
-    prompts = [p + [rng.randrange(256) for _ in range(rng.randrange(1, 12))] for p in prefixes for _ in range(3)]
+    prompts = [
+        p + [rng.randrange(256) for _ in range(rng.randrange(1, 12))]
+        for p in prefixes
+        for _ in range(3)
+    ]
     prompts.append(list(prompts[0]))
     model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
     with torch.no_grad():
         reference = [model(torch.tensor([p])).logits[0, -1].log_softmax(-1) for p in prompts]
-    with Engine(str(kimi), pp=2, dtype="float32", block_size=4, stage_num_blocks=[64, 48],
-                snapshot_interval_blocks=2) as engine:
+    with Engine(
+        str(kimi),
+        pp=2,
+        dtype="float32",
+        block_size=4,
+        stage_num_blocks=[64, 48],
+        snapshot_interval_blocks=2,
+    ) as engine:
         first = engine.prefill(prompts)
         again = engine.prefill(prompts)
     for results in (first, again):
@@ -153,15 +179,23 @@ def test_simulator_charges_snapshots_from_the_runtime_layout(kimi, dtype):
     from wavepp.sim.hardware import HARDWARE
     from wavepp.sim.model_shapes import ModelShape
 
-    shape = ModelShape.from_hf(json.loads((kimi / "config.json").read_text()), kv_bytes=dtype.itemsize)
+    shape = ModelShape.from_hf(
+        json.loads((kimi / "config.json").read_text()), kv_bytes=dtype.itemsize
+    )
     layout = page_layout(load_model_config(kimi))
     size = dtype.itemsize
-    assert [shape.kv_bytes_per_token(i) for i in range(4)] == [layout.bytes_per_token(i, size) for i in range(4)]
+    assert [shape.kv_bytes_per_token(i) for i in range(4)] == [
+        layout.bytes_per_token(i, size) for i in range(4)
+    ]
     for start, end in [(0, 4), (0, 2), (2, 3), (3, 4)]:
-        assert sum(shape.snapshot_bytes(i) for i in range(start, end)) == layout.bytes_per_snapshot(start, end, size)
+        assert sum(shape.snapshot_bytes(i) for i in range(start, end)) == layout.bytes_per_snapshot(
+            start, end, size
+        )
     model = load_stage_model(kimi, dtype=dtype)
     cache = model.new_kv_cache(3, 4, num_state_slots=5)
-    assert cache.num_bytes == 3 * 4 * layout.bytes_per_block(0, 4, 1, size) + 5 * layout.bytes_per_snapshot(0, 4, size)
+    assert cache.num_bytes == 3 * 4 * layout.bytes_per_block(
+        0, 4, 1, size
+    ) + 5 * layout.bytes_per_snapshot(0, 4, size)
     hw = next(iter(HARDWARE.values()))
     cost = StageCostModel(shape, hw, 0, 4, snapshot_interval_tokens=64)
     # resume at 100 (1 load), cross 128 and 192 (2 saves), save at the end 200: 4 copies
@@ -183,13 +217,19 @@ def test_engine_aligns_chunks_and_resets_to_another_snapshot_grid(kimi):
     from wavepp.workloads.workload import snapshot_reusable_tokens
 
     rng = random.Random(5)
-    long_prompts = [[rng.randrange(256) for _ in range(rng.randrange(100, 200) | 1)] for _ in range(6)]
+    long_prompts = [
+        [rng.randrange(256) for _ in range(rng.randrange(100, 200) | 1)] for _ in range(6)
+    ]
     prefix = [rng.randrange(256) for _ in range(30)]
-    shared = [prefix + [i] + [rng.randrange(256) for _ in range(rng.randrange(3, 15))] for i in range(4)]
+    shared = [
+        prefix + [i] + [rng.randrange(256) for _ in range(rng.randrange(3, 15))] for i in range(4)
+    ]
     model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
     with torch.no_grad():
-        reference = {tuple(p): model(torch.tensor([p])).logits[0, -1].log_softmax(-1)
-                     for p in long_prompts + shared}
+        reference = {
+            tuple(p): model(torch.tensor([p])).logits[0, -1].log_softmax(-1)
+            for p in long_prompts + shared
+        }
 
     def check(results, prompts):
         for r, p in zip(results, prompts):
@@ -199,19 +239,30 @@ def test_engine_aligns_chunks_and_resets_to_another_snapshot_grid(kimi):
             assert abs(r.first_token_logprob - float(lp.max())) < ATOL
 
     lengths = {len(p) for p in long_prompts}
-    with Engine(str(kimi), pp=2, dtype="float32", block_size=4, stage_num_blocks=[160, 120],
-                snapshot_interval_blocks=2) as engine:
+    with Engine(
+        str(kimi),
+        pp=2,
+        dtype="float32",
+        block_size=4,
+        stage_num_blocks=[160, 120],
+        snapshot_interval_blocks=2,
+    ) as engine:
         assert engine._core.leader.planner.config.snapshot_interval_blocks == 2
         check(engine.prefill(long_prompts), long_prompts)
-        cuts = [(L, x) for stage, shapes, _ in engine.stats().stage_samples if stage == 0
-                for L, x in shapes if L + x not in lengths]
+        cuts = [
+            (L, x)
+            for stage, shapes, _ in engine.stats().stage_samples
+            if stage == 0
+            for L, x in shapes
+            if L + x not in lengths
+        ]
         # a snapshot boundary: a grid point, or a prompt's last reusable boundary
         boundaries = {(n - 1) // 4 * 4 for n in lengths}
         assert all((L + x) % 8 == 0 or L + x in boundaries for L, x in cuts if x >= 32), cuts
         for interval in (4, 2):
             engine.reset(snapshot_interval_blocks=interval)
             assert engine._core.leader.planner.config.snapshot_interval_blocks == interval
-            results = [engine.prefill([p])[0] for p in shared]   # one at a time: reuse in this order
+            results = [engine.prefill([p])[0] for p in shared]  # one at a time: reuse in this order
             check(results, shared)
             want = snapshot_reusable_tokens(shared, 4, interval)
             assert [r.num_cached_tokens for r in results] == list(want)

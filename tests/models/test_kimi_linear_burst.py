@@ -28,20 +28,26 @@ ATOL = 1e-4
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory):
     # layers: KDA, KDA, MLA, KDA (PP = 3 puts a stage of KDA only and one of MLA only)
-    return make_model(tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+    return make_model(
+        tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3
+    )
 
 
 @pytest.fixture(scope="module")
 def prompts():
     rng = random.Random(11)
     prefixes = [[rng.randrange(256) for _ in range(30)] for _ in range(8)]
-    return [prefixes[g] + [rng.randrange(256) for _ in range(rng.randrange(3, 11))]
-            for _ in range(4) for g in range(8)]
+    return [
+        prefixes[g] + [rng.randrange(256) for _ in range(rng.randrange(3, 11))]
+        for _ in range(4)
+        for g in range(8)
+    ]
 
 
 @pytest.fixture(scope="module")
 def reference(kimi, prompts):
     import transformers
+
     model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
     with torch.no_grad():
         return [model(torch.tensor([p])).logits[0, -1].log_softmax(-1) for p in prompts]
@@ -57,17 +63,31 @@ def check_tokens(results, reference, indices):
 
 def assert_clean(engine):
     for cap, live in engine.check_integrity():
-        assert live == 0 and cap.num_leased == cap.num_escrowed == cap.num_pending == cap.num_in_use == 0
+        assert (
+            live == 0
+            and cap.num_leased == cap.num_escrowed == cap.num_pending == cap.num_in_use == 0
+        )
 
 
-def simulated_cached_tokens(prompts, policy: str, num_stages: int, stage_num_blocks: list[int]) -> list[int]:
+def simulated_cached_tokens(
+    prompts, policy: str, num_stages: int, stage_num_blocks: list[int]
+) -> list[int]:
     """The same burst through the simulator: the runtime's leader, planner and stage pools."""
     from wavepp.sched.policy import get_policy
     from wavepp.sim import SimCosts, build_sim
+
     costs = SimCosts(wave_seconds=lambda stage, chunks: 1e-3 + 1e-5 * sum(x for _, x in chunks))
-    sim = build_sim(policy, num_stages, costs, stage_num_blocks=stage_num_blocks, block_size=BS,
-                    check_integrity=True, hybrid=True, snapshot_interval_blocks=INTERVAL,
-                    loop=get_policy(policy).loop)
+    sim = build_sim(
+        policy,
+        num_stages,
+        costs,
+        stage_num_blocks=stage_num_blocks,
+        block_size=BS,
+        check_integrity=True,
+        hybrid=True,
+        snapshot_interval_blocks=INTERVAL,
+        loop=get_policy(policy).loop,
+    )
     for i, p in enumerate(prompts):
         sim.submit(i, p)
     sim.run()
@@ -76,14 +96,22 @@ def simulated_cached_tokens(prompts, policy: str, num_stages: int, stage_num_blo
 
 
 @pytest.mark.parametrize("num_stages", [2, 3])
-def test_a_burst_reuses_the_ideal_on_the_grid_as_transformers_computes(kimi, prompts, reference, num_stages):
+def test_a_burst_reuses_the_ideal_on_the_grid_as_transformers_computes(
+    kimi, prompts, reference, num_stages
+):
     from wavepp.engine import Engine
 
     want = snapshot_reusable_tokens(prompts, BS, INTERVAL)
     assert want == [0] * 8 + [16] * 24
     blocks = [200] * num_stages
-    with Engine(str(kimi), pp=num_stages, dtype="float32", block_size=BS, stage_num_blocks=blocks,
-                snapshot_interval_blocks=INTERVAL) as engine:
+    with Engine(
+        str(kimi),
+        pp=num_stages,
+        dtype="float32",
+        block_size=BS,
+        stage_num_blocks=blocks,
+        snapshot_interval_blocks=INTERVAL,
+    ) as engine:
         results = engine.prefill(prompts)
         check_tokens(results, reference, range(32))
         assert [r.num_cached_tokens for r in results] == want
@@ -103,12 +131,19 @@ def test_runtime_and_simulator_agree_on_a_closed_loop(kimi):
     from wavepp.sim import SimCosts, build_sim, run_closed_loop
     from wavepp.workloads import make_workload
 
-    work = make_workload("reuse", num_requests=32, num_groups=8, prompt_len=64, block_size=BS, seed=4,
-                         vocab_size=256)
+    work = make_workload(
+        "reuse", num_requests=32, num_groups=8, prompt_len=64, block_size=BS, seed=4, vocab_size=256
+    )
     want = snapshot_reusable_tokens(work.prompts, BS, INTERVAL)
     assert sum(want) / work.num_tokens > 0.5
-    with Engine(str(kimi), pp=2, dtype="float32", block_size=BS, stage_num_blocks=[200, 200],
-                snapshot_interval_blocks=INTERVAL) as engine:
+    with Engine(
+        str(kimi),
+        pp=2,
+        dtype="float32",
+        block_size=BS,
+        stage_num_blocks=[200, 200],
+        snapshot_interval_blocks=INTERVAL,
+    ) as engine:
         futures, pending, next_index = {}, set(), 0
         while next_index < len(work.prompts) or pending:
             while next_index < len(work.prompts) and len(pending) < 8:
@@ -120,8 +155,16 @@ def test_runtime_and_simulator_agree_on_a_closed_loop(kimi):
         assert all(r.ok for r in results)
         assert_clean(engine)
     costs = SimCosts(wave_seconds=lambda stage, chunks: 1e-3 + 1e-5 * sum(x for _, x in chunks))
-    sim = build_sim("wavepp", 2, costs, stage_num_blocks=[200, 200], block_size=BS, check_integrity=True,
-                    hybrid=True, snapshot_interval_blocks=INTERVAL)
+    sim = build_sim(
+        "wavepp",
+        2,
+        costs,
+        stage_num_blocks=[200, 200],
+        block_size=BS,
+        check_integrity=True,
+        hybrid=True,
+        snapshot_interval_blocks=INTERVAL,
+    )
     report = run_closed_loop(sim, work.prompts, concurrency=8)
     assert [r.num_cached_tokens for r in results] == want
     assert [sim.records[i].num_cached_tokens for i in range(32)] == want
@@ -137,8 +180,15 @@ def test_owners_aborted_at_random_moments_leave_followers_correct(kimi, prompts,
     from wavepp.engine import Engine
 
     rng = random.Random(2)
-    with Engine(str(kimi), pp=2, policy=policy, dtype="float32", block_size=BS, stage_num_blocks=[160, 200],
-                snapshot_interval_blocks=INTERVAL) as engine:
+    with Engine(
+        str(kimi),
+        pp=2,
+        policy=policy,
+        dtype="float32",
+        block_size=BS,
+        stage_num_blocks=[160, 200],
+        snapshot_interval_blocks=INTERVAL,
+    ) as engine:
         futures = [engine.submit(p) for p in prompts]
         for owner in range(8):
             engine.abort(futures[owner].request_id)

@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wavepp.models import (ChunkSpec, LinearBlockAllocator, LocalPipeline, PagedPools, StageBatch, StageSpec,
-                           load_stage_model)
+from wavepp.models import (
+    ChunkSpec,
+    LinearBlockAllocator,
+    LocalPipeline,
+    PagedPools,
+    StageBatch,
+    StageSpec,
+    load_stage_model,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +36,11 @@ def test_token_outside_vocabulary(stage_pair, bad_id, index):
     before = cache.tensors["key"].clone()
     input_ids = torch.tensor([1, 2, 3, 4, 5])
     input_ids[index] = bad_id
-    with pytest.raises(ValueError, match=rf"token id {bad_id} at batch position {index} is outside "
-                                         r"the vocabulary \[0, 256\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"token id {bad_id} at batch position {index} is outside "
+        r"the vocabulary \[0, 256\)",
+    ):
         first(_batch(), cache, input_ids=input_ids)
     assert torch.equal(cache.tensors["key"], before)
 
@@ -61,19 +71,27 @@ def test_block_outside_cache_and_wrong_cache(stage_pair):
     with pytest.raises(ValueError, match="batch block_size 4 != cache block_size 16"):
         first(_batch(), first.new_kv_cache(2, 16), input_ids=ids)
     with pytest.raises(ValueError, match="this stage needs"):
-        first(_batch(), PagedPools(first.layout, StageSpec(0, 3, 4), 8, 4, torch.float32), input_ids=ids)
+        first(
+            _batch(),
+            PagedPools(first.layout, StageSpec(0, 3, 4), 8, 4, torch.float32),
+            input_ids=ids,
+        )
 
 
 def test_position_beyond_model_limit(tiny_models):
-    model = load_stage_model(tiny_models["llama"], dtype=torch.float32)   # 8192 positions
+    model = load_stage_model(tiny_models["llama"], dtype=torch.float32)  # 8192 positions
     cache = model.new_kv_cache(num_blocks=3, block_size=4096)
     batch = StageBatch.build([ChunkSpec(8190, 3, (0, 1, 2), "r")], block_size=4096)
-    with pytest.raises(ValueError, match="position 8192 is beyond the model's max_position_embeddings=8192"):
+    with pytest.raises(
+        ValueError, match="position 8192 is beyond the model's max_position_embeddings=8192"
+    ):
         model(batch, cache, input_ids=torch.tensor([1, 2, 3]))
 
 
 def test_block_table_too_short(tiny_models):
-    with pytest.raises(ValueError, match=r"request 'r'\) has 1 blocks of 4 tokens; positions \[0, 7\) need 2"):
+    with pytest.raises(
+        ValueError, match=r"request 'r'\) has 1 blocks of 4 tokens; positions \[0, 7\) need 2"
+    ):
         _batch(num_tokens=4, num_cached=3, table=(0,))
 
 
@@ -90,7 +108,9 @@ def test_empty_prompt_and_chunk(tiny_models):
 
 
 def test_slice_outside_model(tiny_models):
-    with pytest.raises(ValueError, match=r"stage layer range \[2, 6\) is outside the model's 4 layers"):
+    with pytest.raises(
+        ValueError, match=r"stage layer range \[2, 6\) is outside the model's 4 layers"
+    ):
         load_stage_model(tiny_models["llama"], StageSpec(2, 6, 4))
     with pytest.raises(ValueError, match="cannot split 4 layers into 5 stages"):
         LocalPipeline(tiny_models["llama"], num_stages=5)

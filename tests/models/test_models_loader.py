@@ -69,7 +69,7 @@ def test_reads_only_the_slice(tiny_models, monkeypatch):
     model = load_stage_model(tiny_models["qwen3"], StageSpec(1, 3, 4), torch.float32)
     assert model.embed is None and model.lm_head is None and len(model.layers) == 2
     assert {name.split(".")[2] for name in read} == {"1", "2"}
-    assert len(read) == 2 * 11   # 9 weights + q_norm + k_norm per layer
+    assert len(read) == 2 * 11  # 9 weights + q_norm + k_norm per layer
 
 
 def test_sharded_checkpoint_opens_only_needed_shards(tiny_models, tmp_path):
@@ -88,8 +88,12 @@ def test_sharded_checkpoint_opens_only_needed_shards(tiny_models, tmp_path):
 def test_sharded_checkpoint_matches_transformers(tiny_models, tmp_path):
     sharded = _shard_by_layer(tiny_models["qwen2"], tmp_path / "sharded")
     prompt = random_prompt(20, seed=12)
-    logits = LocalPipeline(sharded, dtype=torch.float32, num_stages=2, num_blocks=8).prefill("r", prompt)
-    torch.testing.assert_close(logits, hf_logits(tiny_models["qwen2"], prompt)[-1], atol=1e-4, rtol=0)
+    logits = LocalPipeline(sharded, dtype=torch.float32, num_stages=2, num_blocks=8).prefill(
+        "r", prompt
+    )
+    torch.testing.assert_close(
+        logits, hf_logits(tiny_models["qwen2"], prompt)[-1], atol=1e-4, rtol=0
+    )
 
 
 def test_tied_lm_head_shares_the_embedding(tied_model):
@@ -131,7 +135,9 @@ def test_corrupt_safetensors_named(tiny_models, tmp_path):
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_stage_model(path)
     (path / "model.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(CheckpointError, match=f"cannot read safetensors file {path}/model.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=f"cannot read safetensors file {path}/model.safetensors"
+    ):
         load_stage_model(path)
 
 
@@ -146,7 +152,7 @@ def test_missing_tensor_named(tiny_models, tmp_path):
     _rewrite(path, lambda t: t.pop("model.layers.2.mlp.up_proj.weight"))
     with pytest.raises(CheckpointError, match="'model.layers.2.mlp.up_proj.weight' is missing"):
         load_stage_model(path)
-    load_stage_model(path, StageSpec(0, 2, 4))   # a slice without layer 2 does not need it
+    load_stage_model(path, StageSpec(0, 2, 4))  # a slice without layer 2 does not need it
 
 
 def test_untied_model_needs_lm_head(tiny_models, tmp_path):
@@ -159,8 +165,10 @@ def test_untied_model_needs_lm_head(tiny_models, tmp_path):
 def test_wrong_shape_named(tiny_models, tmp_path):
     path = _copy(tiny_models["qwen2"], tmp_path / "model")
     _rewrite(path, lambda t: t.update({"model.layers.1.self_attn.k_proj.bias": torch.zeros(31)}))
-    with pytest.raises(CheckpointError,
-                       match=r"'model.layers.1.self_attn.k_proj.bias' .* shape \[31\]; expected \[32\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model.layers.1.self_attn.k_proj.bias' .* shape \[31\]; expected \[32\]",
+    ):
         load_stage_model(path)
 
 

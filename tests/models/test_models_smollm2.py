@@ -7,8 +7,8 @@ import torch
 
 from tests.models.conftest import hf_logits
 from tests.models.test_models_vs_transformers import BF16_ATTENTION
-from wavepp.models.kernels import Kernels
 from wavepp.models import ChunkSpec, LocalPipeline, StageBatch
+from wavepp.models.kernels import Kernels
 
 PROMPTS = [
     "The capital of France is",
@@ -50,7 +50,13 @@ def test_bf16_first_token_matches_fp32_reference(smollm2, attention):
     """Over 30 bf16 layers the top logprobs move by up to ~0.1 (transformers' own bf16 run
     moves them as much); the greedy token must not change on these prompts."""
     path, prompts = smollm2
-    pipe = LocalPipeline(path, dtype=torch.bfloat16, num_blocks=32, block_size=16, kernels=Kernels(attention=attention))
+    pipe = LocalPipeline(
+        path,
+        dtype=torch.bfloat16,
+        num_blocks=32,
+        block_size=16,
+        kernels=Kernels(attention=attention),
+    )
     for index, ids in enumerate(prompts):
         logprobs = pipe.prefill(index, ids, chunk_sizes=[3, len(ids) - 3]).log_softmax(-1)
         expected = hf_logits(path, ids)[-1].log_softmax(-1)
@@ -68,10 +74,19 @@ def test_bf16_long_shared_prompts_match_fp32_reference(smollm2, attention):
     path, prompts = smollm2
     base = [token for ids in prompts for token in ids] * 14
     prefix, tails = base[:512], (base[512:600], base[700:788])
-    pipe = LocalPipeline(path, dtype=torch.bfloat16, num_blocks=128, block_size=16, kernels=Kernels(attention=attention))
+    pipe = LocalPipeline(
+        path,
+        dtype=torch.bfloat16,
+        num_blocks=128,
+        block_size=16,
+        kernels=Kernels(attention=attention),
+    )
     pipe.prefill("prefix", prefix, chunk_sizes=[256, 256])
     shared = pipe.block_table("prefix")
-    chunks = [ChunkSpec(512, len(tail), tuple(shared + pipe.allocator.allocate(6)), i) for i, tail in enumerate(tails)]
+    chunks = [
+        ChunkSpec(512, len(tail), tuple(shared + pipe.allocator.allocate(6)), i)
+        for i, tail in enumerate(tails)
+    ]
     logits = pipe.run(StageBatch.build(chunks, 16), torch.tensor(tails[0] + tails[1]))
     for row, tail in zip(logits, tails):
         logprobs = row.float().log_softmax(-1)

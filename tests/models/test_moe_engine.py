@@ -17,8 +17,12 @@ VOCAB = 256
 def _prompts(seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randrange(20, 40))] for _ in range(2)]
-    prompts = [p + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))] for p in prefixes for _ in range(3)]
-    return prompts + [list(prompts[0])]      # an exact repeat
+    prompts = [
+        p + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))]
+        for p in prefixes
+        for _ in range(3)
+    ]
+    return prompts + [list(prompts[0])]  # an exact repeat
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
@@ -26,9 +30,11 @@ def test_engine_pp2_first_tokens_match_transformers(tmp_path, arch):
     # GLM-5 keeps 4 keys per query: its stage boundary (before a shared layer) carries top-k
     path = make_model(tmp_path / arch, arch=arch, seed=5, index_topk=4)
     prompts = _prompts(seed=len(arch))
-    with stable_topk():      # wavepp's tie rule for DSA (see test_moe_families)
+    with stable_topk():  # wavepp's tie rule for DSA (see test_moe_families)
         reference = [reference_logits(path, p)[-1].log_softmax(-1) for p in prompts]
-    with Engine(str(path), pp=2, dtype="float32", block_size=4, stage_num_blocks=[64, 64]) as engine:
+    with Engine(
+        str(path), pp=2, dtype="float32", block_size=4, stage_num_blocks=[64, 64]
+    ) as engine:
         first = engine.prefill(prompts)
         again = engine.prefill(prompts)
     for results in (first, again):
@@ -37,4 +43,4 @@ def test_engine_pp2_first_tokens_match_transformers(tmp_path, arch):
             assert r.first_token_id == int(lp.argmax())
             assert abs(r.first_token_logprob - float(lp.max())) < 1e-4
     assert all(r.num_cached_tokens > 0 for r in again)
-    assert sum(r.num_cached_tokens for r in first) > 0       # the shared prefixes
+    assert sum(r.num_cached_tokens for r in first) > 0  # the shared prefixes

@@ -32,7 +32,9 @@ def reference_logits(path, token_ids: list[int]) -> torch.Tensor:
 
     if str(path) not in _REFERENCES:
         transformers.logging.set_verbosity_error()
-        _REFERENCES[str(path)] = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        _REFERENCES[str(path)] = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32
+        ).eval()
     with torch.no_grad():
         return _REFERENCES[str(path)](torch.tensor([token_ids])).logits[0].float()
 
@@ -43,14 +45,21 @@ class Stages:
 
     def __init__(self, path, num_stages: int, num_blocks: int = 32) -> None:
         config = load_model_config(path)
-        self.models = [load_stage_model(path, spec, torch.float32) for spec in stage_specs(config.num_layers, num_stages)]
+        self.models = [
+            load_stage_model(path, spec, torch.float32)
+            for spec in stage_specs(config.num_layers, num_stages)
+        ]
         self.caches = [model.new_kv_cache(num_blocks, BLOCK_SIZE) for model in self.models]
 
     def run(self, chunks: list[ChunkSpec], token_ids: list[int]) -> torch.Tensor:
         """One wave; logits of every token of the batch [num_tokens, vocab]."""
         batch = StageBatch.build(chunks, BLOCK_SIZE)
-        out = self.models[0](batch, self.caches[0], input_ids=torch.tensor(token_ids),
-                             all_logits=len(self.models) == 1)
+        out = self.models[0](
+            batch,
+            self.caches[0],
+            input_ids=torch.tensor(token_ids),
+            all_logits=len(self.models) == 1,
+        )
         for index, (model, cache) in enumerate(zip(self.models[1:], self.caches[1:]), start=2):
             assert out.shape[1] == model.input_width
             out = model(batch, cache, hidden_states=out, all_logits=index == len(self.models))
@@ -66,15 +75,19 @@ def _prefix_reuse_scenario(path, num_stages: int) -> None:
     b = a[:20] + random_prompt(15, seed=22)
     c = random_prompt(9, seed=23)
     table_a = tuple(range(10))
-    table_b = table_a[:5] + (17, 11, 30, 12)        # shared prefix blocks, then scattered ones
+    table_b = table_a[:5] + (17, 11, 30, 12)  # shared prefix blocks, then scattered ones
     table_c = (20, 14, 29)
-    expected = {name: reference_logits(path, prompt) for name, prompt in (("a", a), ("b", b), ("c", c))}
+    expected = {
+        name: reference_logits(path, prompt) for name, prompt in (("a", a), ("b", b), ("c", c))
+    }
     start = 0
     for end in (13, 14, 25, 37):
         logits = stages.run([ChunkSpec(start, end - start, table_a, "a")], a[start:end])
         torch.testing.assert_close(logits, expected["a"][start:end], atol=FP32_ATOL, rtol=0)
         start = end
-    logits = stages.run([ChunkSpec(20, 10, table_b, "b"), ChunkSpec(0, 9, table_c, "c")], b[20:30] + c)
+    logits = stages.run(
+        [ChunkSpec(20, 10, table_b, "b"), ChunkSpec(0, 9, table_c, "c")], b[20:30] + c
+    )
     torch.testing.assert_close(logits[:10], expected["b"][20:30], atol=FP32_ATOL, rtol=0)
     torch.testing.assert_close(logits[10:], expected["c"], atol=FP32_ATOL, rtol=0)
     logits = stages.run([ChunkSpec(30, 5, table_b, "b")], b[30:])
@@ -97,7 +110,9 @@ def stable_topk():
     def topk(self, k, dim=-1, largest=True, sorted=True):
         if self.dim() == 3:
             recorded.append(self.detach().clone())
-        indices = torch.sort(self, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+        indices = torch.sort(self, dim=dim, descending=largest, stable=True).indices.narrow(
+            dim, 0, k
+        )
         return torch.return_types.topk((self.gather(dim, indices), indices))
 
     torch.Tensor.topk = topk
@@ -134,14 +149,18 @@ def test_indexer_keys_have_their_own_pool_on_full_layers_only(moe_models):
     layer 1 (layer 2 shares it): hidden 64 + 64 int32 columns."""
     config = load_model_config(moe_models["glm_moe_dsa"])
     assert config.indexer_types == ("full", "full", "shared", "full")
-    first, second = (load_stage_model(moe_models["glm_moe_dsa"], spec, torch.float32)
-                     for spec in stage_specs(4, 2))
+    first, second = (
+        load_stage_model(moe_models["glm_moe_dsa"], spec, torch.float32)
+        for spec in stage_specs(4, 2)
+    )
     cache = second.new_kv_cache(8, BLOCK_SIZE)
     assert {name: list(t.shape) for name, t in cache.tensors.items()} == {
-        "latent": [2, 8, 4, 16 + 8], "index_key": [1, 8, 4, 16]}
+        "latent": [2, 8, 4, 16 + 8],
+        "index_key": [1, 8, 4, 16],
+    }
     assert (first.output_width, second.input_width, second.output_width) == (64 + 64, 64 + 64, 64)
     bf16 = load_stage_model(moe_models["glm_moe_dsa"], stage_specs(4, 2)[1], torch.bfloat16)
-    assert bf16.input_width == 64 + 128      # int32 bits in two bf16 columns each
+    assert bf16.input_width == 64 + 128  # int32 bits in two bf16 columns each
 
 
 @pytest.mark.parametrize("arch", [*MOE_ARCHS, "glm_moe_dsa/topk4"])
@@ -158,11 +177,16 @@ def test_bf16_stage_splits_agree_bit_for_bit(moe_models, arch):
     chunks = [13, 11, 13]
     runs = []
     for num_stages in (1, 2, 3):
-        pipe = LocalPipeline(moe_models[arch], num_stages=num_stages, dtype=torch.bfloat16,
-                             num_blocks=16, block_size=BLOCK_SIZE)
+        pipe = LocalPipeline(
+            moe_models[arch],
+            num_stages=num_stages,
+            dtype=torch.bfloat16,
+            num_blocks=16,
+            block_size=BLOCK_SIZE,
+        )
         start, logits = 0, []
         for size in chunks:
-            logits.append(pipe.prefill_chunks([("r", prompt[start:start + size])])[0])
+            logits.append(pipe.prefill_chunks([("r", prompt[start : start + size])])[0])
             start += size
         runs.append(torch.stack(logits))
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
@@ -187,9 +211,16 @@ def test_yarn_rope_scaling_matches_transformers(moe_models, tmp_path, arch):
 
     path = shutil.copytree(moe_models[arch], tmp_path / arch)
     config = json.loads((path / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                 "original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1,
-                                 "mscale": 0.8, "mscale_all_dim": 1.0}
+    config["rope_parameters"] = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.8,
+        "mscale_all_dim": 1.0,
+    }
     (path / "config.json").write_text(json.dumps(config))
     assert load_model_config(path).rope_scaling.factor == 4.0
     _prefix_reuse_scenario(path, num_stages=2)
@@ -215,22 +246,24 @@ def test_moe_runs_one_matmul_pair_per_active_expert(moe_models, monkeypatch):
     calls = []
 
     class Counting(Kernels):
-        def project(self, inputs, weight, bias=None):      # every projection of the MoE block
+        def project(self, inputs, weight, bias=None):  # every projection of the MoE block
             calls.append(inputs.shape[0])
             return super().project(inputs, weight, bias)
 
     active = torch.unique(block.router(x, Kernels())[1]).numel()
     out = block(x, Counting())
-    assert len(calls) == 1 + active          # the router's logits, then one per active expert
-    assert sum(calls[1:]) == 48 * 2          # every (token, expert) pair exactly once
+    assert len(calls) == 1 + active  # the router's logits, then one per active expert
+    assert sum(calls[1:]) == 48 * 2  # every (token, expert) pair exactly once
     reference_logits(moe_models["minimax_m2"], [0])
     hf_block = _REFERENCES[str(moe_models["minimax_m2"])].model.layers[1].mlp
     with torch.no_grad():
         torch.testing.assert_close(out, hf_block(x[None])[0], atol=1e-5, rtol=0)
 
 
-@pytest.mark.skipif(cpp.amx_attention_kernels() is None,
-                    reason="no AMX-BF16 on this CPU: the latent form runs on the AMX attention kernel only")
+@pytest.mark.skipif(
+    cpp.amx_attention_kernels() is None,
+    reason="no AMX-BF16 on this CPU: the latent form runs on the AMX attention kernel only",
+)
 def test_mla_latent_form_on_amx_close_to_fp32_reference(moe_models, monkeypatch):
     """DeepSeek-V3's MLA layers (no DSA) in bf16 with the `amx` kernel attend in latent form
     (each head's query absorbed into the latent space, one KV head read from the cache in
@@ -241,15 +274,28 @@ def test_mla_latent_form_on_amx_close_to_fp32_reference(moe_models, monkeypatch)
 
     calls = []
     latent = MLAttention._latent_attention
-    monkeypatch.setattr(MLAttention, "_latent_attention", lambda self, *a: calls.append(self.layer) or latent(self, *a))
+    monkeypatch.setattr(
+        MLAttention,
+        "_latent_attention",
+        lambda self, *a: calls.append(self.layer) or latent(self, *a),
+    )
     prompt = random_prompt(37, seed=31)
     runs = {}
     for attention in ("chunked", "amx"):
-        pipe = LocalPipeline(moe_models["deepseek_v3"], dtype=torch.bfloat16, num_blocks=16, block_size=BLOCK_SIZE,
-                             kernels=Kernels(attention=attention))
+        pipe = LocalPipeline(
+            moe_models["deepseek_v3"],
+            dtype=torch.bfloat16,
+            num_blocks=16,
+            block_size=BLOCK_SIZE,
+            kernels=Kernels(attention=attention),
+        )
         start, logits = 0, []
         for size in (13, 11, 13):
-            logits.append(pipe.prefill_chunks([("r", prompt[start:start + size])])[0].float().log_softmax(-1))
+            logits.append(
+                pipe.prefill_chunks([("r", prompt[start : start + size])])[0]
+                .float()
+                .log_softmax(-1)
+            )
             start += size
         runs[attention] = torch.stack(logits)
     num_layers = load_model_config(moe_models["deepseek_v3"]).num_layers

@@ -17,7 +17,9 @@ from wavepp.sim.model_shapes import ModelShape
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_simulator_counts_what_the_runtime_holds(moe_models, arch, dtype):
     path = moe_models[arch]
-    shape = ModelShape.from_hf(json.loads((path / "config.json").read_text()), kv_bytes=dtype.itemsize)
+    shape = ModelShape.from_hf(
+        json.loads((path / "config.json").read_text()), kv_bytes=dtype.itemsize
+    )
     model = load_stage_model(path, dtype=dtype)
     assert shape.num_params() == sum(p.numel() for p in model.parameters())
     layout = page_layout(load_model_config(path))
@@ -30,7 +32,10 @@ def test_simulator_counts_what_the_runtime_holds(moe_models, arch, dtype):
 def kimi_linear(tmp_path_factory):
     """KDA, KDA, MLA, KDA (the first layer dense): every kind of layer the simulator counts."""
     from wavepp.make_model import make_model
-    return make_model(tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+
+    return make_model(
+        tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3
+    )
 
 
 def test_simulator_counts_kimi_linear_as_transformers_does(kimi_linear):
@@ -38,10 +43,15 @@ def test_simulator_counts_kimi_linear_as_transformers_does(kimi_linear):
     (dt_bias, A_log) and output norms too. transformers keeps the router's score-correction
     bias as a buffer; the runtime loads it as a parameter, and the simulator counts it."""
     import transformers
+
     hf = json.loads((kimi_linear / "config.json").read_text())
     shape = ModelShape.from_hf(hf, kv_bytes=4)
     reference = transformers.AutoModelForCausalLM.from_pretrained(kimi_linear, dtype=torch.float32)
-    bias = sum(b.numel() for name, b in reference.named_buffers() if name.endswith("e_score_correction_bias"))
+    bias = sum(
+        b.numel()
+        for name, b in reference.named_buffers()
+        if name.endswith("e_score_correction_bias")
+    )
     assert bias == hf["num_experts"] * sum(t != "dense" for t in hf["mlp_layer_types"])
     assert shape.num_params() == sum(p.numel() for p in reference.parameters()) + bias
     runtime = load_stage_model(kimi_linear, dtype=torch.float32)

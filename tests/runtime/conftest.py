@@ -7,14 +7,32 @@ from .helpers import MAX_POSITIONS, VOCAB
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama", num_layers=4,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
+    return make_model(
+        tmp_path_factory.mktemp("tiny") / "llama",
+        arch="llama",
+        num_layers=4,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=MAX_POSITIONS,
+        seed=5,
+    )
 
 
 @pytest.fixture(scope="module")
 def big_tiny(tmp_path_factory):
     """The tiny model with room for the profiling pass's longest waves (4,096 positions)."""
-    return make_model(tmp_path_factory.mktemp("big_tiny") / "llama", arch="llama", num_layers=4,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, max_position_embeddings=4096, seed=5)
+    return make_model(
+        tmp_path_factory.mktemp("big_tiny") / "llama",
+        arch="llama",
+        num_layers=4,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        seed=5,
+    )

@@ -26,11 +26,20 @@ def _private_accesses(path: Path) -> list[str]:
         name, owner = None, None
         if isinstance(node, ast.Attribute):
             name, owner = node.attr, node.value
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             name, owner = node.args[1].value, node.args[0]
-        if name is None or not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+        if (
+            name is None
+            or not name.startswith("_")
+            or (name.startswith("__") and name.endswith("__"))
+        ):
             continue
         if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
             continue
@@ -48,8 +57,12 @@ def _attributes_of(path: Path, names: set[str]) -> list[tuple[int, str]]:
         owner = node.value
         if isinstance(owner, ast.Name) and owner.id in names:
             out.append((node.lineno, node.attr))
-        elif (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
-              and owner.value.id == "self" and owner.attr in names):
+        elif (
+            isinstance(owner, ast.Attribute)
+            and isinstance(owner.value, ast.Name)
+            and owner.value.id == "self"
+            and owner.attr in names
+        ):
             out.append((node.lineno, node.attr))
     return sorted(out)
 
@@ -60,8 +73,12 @@ def test_no_private_attribute_of_another_object():
 
 
 def test_the_engine_and_the_server_use_the_core_s_public_methods():
-    reached = [f"{path.name}:{line}: .{attr}" for path in ENGINE_AND_SERVER
-               for line, attr in _attributes_of(path, {"core", "_core", "engine"}) if attr in CORE_INSIDES]
+    reached = [
+        f"{path.name}:{line}: .{attr}"
+        for path in ENGINE_AND_SERVER
+        for line, attr in _attributes_of(path, {"core", "_core", "engine"})
+        if attr in CORE_INSIDES
+    ]
     assert reached == []
 
 
@@ -75,7 +92,12 @@ def test_the_outside_loop_uses_only_what_loop_host_declares():
 
 def test_the_scan_sees_what_it_looks_for(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("def f(self, core):\n    core._live.get(1)\n    getattr(core, '_stats')\n"
-                      "    self._core.leader.requests\n    self._ok\n    type(core).__name__\n")
-    assert _private_accesses(sample) == ["sample.py:2: core._live", "sample.py:3: getattr(core, '_stats')"]
+    sample.write_text(
+        "def f(self, core):\n    core._live.get(1)\n    getattr(core, '_stats')\n"
+        "    self._core.leader.requests\n    self._ok\n    type(core).__name__\n"
+    )
+    assert _private_accesses(sample) == [
+        "sample.py:2: core._live",
+        "sample.py:3: getattr(core, '_stats')",
+    ]
     assert (4, "leader") in _attributes_of(sample, {"_core"})

@@ -38,15 +38,22 @@ def test_a_truncated_second_message_is_an_error_not_a_wrong_object():
         unpack_obj(parts[0], parts[1][:-1])
 
 
-OBJECTS = [None, {"wave": 7, "chunks": [(0, 64)] * 3}, list(range(20_000)), "", b"\0" * (INLINE_BYTES - 8)]
+OBJECTS = [
+    None,
+    {"wave": 7, "chunks": [(0, 64)] * 3},
+    list(range(20_000)),
+    "",
+    b"\0" * (INLINE_BYTES - 8),
+]
 
 
 def _peer(rank: int, port: int, queue) -> None:
     import os
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     channels = Channels(rank, 2)
     try:
-        if rank == 0:   # (a gloo send returns once the peer receives: one object at a time)
+        if rank == 0:  # (a gloo send returns once the peer receives: one object at a time)
             echoed = []
             for obj in OBJECTS:
                 channels.send_obj(obj, 1, "rounds")

@@ -32,7 +32,9 @@ def test_auto_resolves_to_what_torch_sees():
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is there")
 def test_cuda_without_cuda_is_refused_naming_why():
-    with pytest.raises(ValueError, match="device='cuda' asked for, but this torch .* use device='cpu'"):
+    with pytest.raises(
+        ValueError, match="device='cuda' asked for, but this torch .* use device='cpu'"
+    ):
         dev.resolve_device("cuda")
 
 
@@ -52,24 +54,26 @@ def test_nccl_needs_cuda_and_a_gpu_per_stage(monkeypatch):
         dev.check_backend("cpu", "nccl", 2)
     with pytest.raises(ValueError, match="backend must be 'gloo' or 'nccl'"):
         dev.check_backend("cpu", "mpi", 2)
-    dev.check_backend("cpu", "nccl", 1)       # one stage: no data plane at all
+    dev.check_backend("cpu", "nccl", 1)  # one stage: no data plane at all
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="2 stage processes on this machine, 1 CUDA device"):
         dev.check_backend("cuda", "nccl", 2)
-    assert dev.default_backend("cuda", 2) == "gloo"      # two stages share the GPU
+    assert dev.default_backend("cuda", 2) == "gloo"  # two stages share the GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     dev.check_backend("cuda", "nccl", 2)
     assert dev.default_backend("cuda", 2) == "nccl"
     assert dev.default_backend("cuda", 3) == "gloo"
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")          # torchrun, one stage per node
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # torchrun, one stage per node
     assert dev.default_backend("cuda", 3) == "nccl"
     assert dev.default_backend("cpu", 3) == "gloo"
 
 
 def test_stages_take_gpus_round_robin(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert [dev.stage_device("cuda", r) for r in range(4)] == [torch.device("cuda", i) for i in (0, 1, 0, 1)]
+    assert [dev.stage_device("cuda", r) for r in range(4)] == [
+        torch.device("cuda", i) for i in (0, 1, 0, 1)
+    ]
     assert dev.stage_device("cpu", 3) == torch.device("cpu")
 
 

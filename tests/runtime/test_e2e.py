@@ -23,21 +23,31 @@ VOCAB = 256
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama", num_layers=6,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, seed=11)
+    return make_model(
+        tmp_path_factory.mktemp("tiny") / "llama",
+        arch="llama",
+        num_layers=6,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        seed=11,
+    )
 
 
 def workload(seed, num_groups=3, per_group=5):
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randrange(40, 200))] for _ in range(num_groups)]
+    prefixes = [
+        [rng.randrange(VOCAB) for _ in range(rng.randrange(40, 200))] for _ in range(num_groups)
+    ]
     prompts = []
-    for i in range(per_group):
+    for _i in range(per_group):
         for g in range(num_groups):
             suffix = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 90))]
             prompts.append(prefixes[g] + suffix)
-    prompts.append(list(prompts[0]))       # an exact repeat: fully cached, recomputes its last block
-    prompts.append([rng.randrange(VOCAB) for _ in range(500)])   # longer than static waves: chunked
+    prompts.append(list(prompts[0]))  # an exact repeat: fully cached, recomputes its last block
+    prompts.append([rng.randrange(VOCAB) for _ in range(500)])  # longer than static waves: chunked
     return prompts
 
 
@@ -55,7 +65,11 @@ def check(results, ref, tol):
     for i, (r, lp) in enumerate(zip(results, ref)):
         assert r.ok, (i, r.error)
         assert r.first_token_id == int(lp.argmax()), (i, r.first_token_id, int(lp.argmax()))
-        assert abs(r.first_token_logprob - float(lp.max())) <= tol, (i, r.first_token_logprob, float(lp.max()))
+        assert abs(r.first_token_logprob - float(lp.max())) <= tol, (
+            i,
+            r.first_token_logprob,
+            float(lp.max()),
+        )
 
 
 @pytest.mark.parametrize("pp,blocks", [(2, [40, 64]), (3, [36, 64, 48])])
@@ -63,14 +77,15 @@ def test_policies_match_transformers_under_eviction_pressure(tiny, pp, blocks):
     prompts = workload(seed=pp)
     ref = reference(tiny, prompts)
     firsts, held = {}, {}
-    with Engine(str(tiny), pp=pp, policy="wavepp", dtype="float32", block_size=16,
-                stage_num_blocks=blocks) as engine:
+    with Engine(
+        str(tiny), pp=pp, policy="wavepp", dtype="float32", block_size=16, stage_num_blocks=blocks
+    ) as engine:
         for policy in ("wavepp", "lockstep", "static", "wavepp-mpu"):
             engine.reset(policy)
             results = engine.prefill(prompts)
             check(results, ref, tol=1e-3)
             firsts[policy] = [r.first_token_id for r in results]
-            assert sum(r.num_cached_tokens for r in results) > 0, policy      # prefixes were reused
+            assert sum(r.num_cached_tokens for r in results) > 0, policy  # prefixes were reused
             assert results[-2].num_cached_tokens <= (len(prompts[0]) - 1) // 16 * 16
             views = engine.check_integrity()
             for cap, live in views:
@@ -82,7 +97,7 @@ def test_policies_match_transformers_under_eviction_pressure(tiny, pp, blocks):
     # blocks) stay free, and how many depends on the order requests finish in; 3 of 32 wavepp
     # runs of this workload ended with both stages holding the same number (38, 37, 30)
     assert any(len(set(counts)) > 1 for counts in held.values()), held
-    assert len({tuple(v) for v in firsts.values()}) == 1     # the policies agree
+    assert len({tuple(v) for v in firsts.values()}) == 1  # the policies agree
 
 
 def test_bf16_first_tokens_match_where_the_reference_is_decisive(tiny):
@@ -95,7 +110,7 @@ def test_bf16_first_tokens_match_where_the_reference_is_decisive(tiny):
         top2 = torch.topk(lp, 2).values
         assert r.ok
         assert abs(r.first_token_logprob - float(lp.max())) < 0.1
-        if float(top2[0] - top2[1]) > 0.1:     # bf16 may swap near-ties only
+        if float(top2[0] - top2[1]) > 0.1:  # bf16 may swap near-ties only
             assert r.first_token_id == int(lp.argmax())
             checked += 1
     assert checked >= len(prompts) // 2
@@ -107,7 +122,7 @@ def test_bad_requests_fail_alone(tiny):
             engine.submit([1, 2, VOCAB + 5])
         with pytest.raises(ValueError, match="empty prompt"):
             engine.submit([])
-        big = engine.submit(list(range(1, 200)))          # 13 blocks > 8 on stage 0
+        big = engine.submit(list(range(1, 200)))  # 13 blocks > 8 on stage 0
         good = engine.submit([1, 2, 3, 4, 5])
         assert "smallest stage holds 8" in big.result(timeout=30).error
         assert good.result(timeout=30).ok
@@ -115,10 +130,14 @@ def test_bad_requests_fail_alone(tiny):
 
 def test_an_error_in_rank_0_names_rank_0_and_its_thread(tiny):
     with Engine(str(tiny), pp=2, dtype="float32") as engine:
+
         def broken(wave, inputs):
             raise AttributeError("stage 0 broke")
-        engine._core.stage.run = broken          # stage 0 runs in rank 0's process
-        with pytest.raises(EngineError, match=r"rank 0 \(wavepp-\w+\): AttributeError: stage 0 broke"):
+
+        engine._core.stage.run = broken  # stage 0 runs in rank 0's process
+        with pytest.raises(
+            EngineError, match=r"rank 0 \(wavepp-\w+\): AttributeError: stage 0 broke"
+        ):
             engine.submit([1, 2, 3, 4, 5]).result(timeout=30)
 
 
@@ -126,7 +145,7 @@ def test_killed_stage_fails_requests_with_a_clear_error(tiny):
     engine = Engine(str(tiny), pp=3, dtype="float32")
     try:
         futures = [engine.submit([random.randrange(VOCAB) for _ in range(400)]) for _ in range(40)]
-        victim = engine._cluster.procs[1]          # stage 2
+        victim = engine._cluster.procs[1]  # stage 2
         os.kill(victim.pid, signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(EngineError, match="stage 2"):
@@ -146,22 +165,53 @@ def test_two_nodes_under_torchrun_on_loopback(tiny, tmp_path):
     ids = tmp_path / "ids.json"
     ids.write_text(__import__("json").dumps(prompts))
     port = str(__import__("wavepp.runtime.launch", fromlist=["free_port"]).free_port())
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--master-addr", "127.0.0.1", "--master-port", port]
-    cmd = ["-m", "wavepp.cli", "prefill", "--model", str(tiny), "--pp", "2", "--dtype", "float32",
-           "--token-ids", str(ids), "--json"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+    ]
+    cmd = [
+        "-m",
+        "wavepp.cli",
+        "prefill",
+        "--model",
+        str(tiny),
+        "--pp",
+        "2",
+        "--dtype",
+        "float32",
+        "--token-ids",
+        str(ids),
+        "--json",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    node1 = subprocess.Popen(torchrun + ["--node-rank", "1"] + cmd, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    node0 = subprocess.run(torchrun + ["--node-rank", "0"] + cmd, env=env, capture_output=True,
-                           text=True, timeout=120)
+    node1 = subprocess.Popen(
+        torchrun + ["--node-rank", "1"] + cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    node0 = subprocess.run(
+        torchrun + ["--node-rank", "0"] + cmd, env=env, capture_output=True, text=True, timeout=120
+    )
     node1.wait(timeout=60)
     assert node0.returncode == 0, node0.stderr[-2000:]
     assert node1.returncode == 0, node1.stderr.read()[-2000:]
     results = __import__("json").loads(node0.stdout)
     ref = reference(tiny, prompts)
     assert [r["first_token_id"] for r in results] == [int(lp.argmax()) for lp in ref]
-    assert all(abs(r["first_token_logprob"] - float(lp.max())) < 1e-3 for r, lp in zip(results, ref))
+    assert all(
+        abs(r["first_token_logprob"] - float(lp.max())) < 1e-3 for r, lp in zip(results, ref)
+    )
 
 
 def test_an_uneven_layer_split_computes_the_same(tiny):

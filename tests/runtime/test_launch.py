@@ -21,7 +21,7 @@ def test_stage_dying_before_rendezvous_fails_the_start_fast(tmp_path):
     never = threading.Event()
     t0 = time.perf_counter()
     with pytest.raises(StageStartError, match=r"stage 1 \(pid \d+\) exited with code 3"):
-        cluster._rendezvous(never.wait, poll_s=0.05)   # the rendezvous itself never completes
+        cluster._rendezvous(never.wait, poll_s=0.05)  # the rendezvous itself never completes
     assert time.perf_counter() - t0 < 30
 
 
@@ -56,9 +56,9 @@ def test_stage_cpu_sets_split_the_cpus_in_equal_disjoint_sets():
     from wavepp.runtime.launch import stage_cpu_sets
 
     assert stage_cpu_sets(2, [1, 0]) == [(0,), (1,)]
-    assert stage_cpu_sets(2, [0, 1, 2, 4, 5]) == [(0, 1), (2, 4)]     # the remainder (5) unused
+    assert stage_cpu_sets(2, [0, 1, 2, 4, 5]) == [(0, 1), (2, 4)]  # the remainder (5) unused
     assert stage_cpu_sets(3, range(7)) == [(0, 1), (2, 3), (4, 5)]
-    assert stage_cpu_sets(3, [0, 1]) is None                          # two stages would share a core
+    assert stage_cpu_sets(3, [0, 1]) is None  # two stages would share a core
     assert stage_cpu_sets(1, [3]) == [(3,)]
 
 
@@ -77,7 +77,9 @@ def test_engine_pins_each_stage_to_its_own_cpus_and_restores_rank_0(tiny):
         assert engine.stage_cpus == tuple(expected)
         assert _cpus_of(engine._cluster.procs[0].pid) == set(expected[1])
         tids = [int(t) for t in os.listdir("/proc/self/task")]
-        assert all(_cpus_of(t) == set(expected[0]) for t in tids if os.path.exists(f"/proc/self/task/{t}"))
+        assert all(
+            _cpus_of(t) == set(expected[0]) for t in tids if os.path.exists(f"/proc/self/task/{t}")
+        )
         assert engine.prefill([[1, 2, 3, 4, 5]])[0].error is None
     assert os.sched_getaffinity(0) == before
     with Engine(str(tiny), pp=2, dtype="float32", profile_waves=False, pin_cpus=False) as engine:

@@ -24,19 +24,25 @@ from wavepp.runtime.launch import StageStartError
 from .helpers import MAX_POSITIONS, VOCAB, assert_clean, groups
 
 
-
 def _no_stage_left():
     assert not [p for p in mp.active_children() if p.name.startswith("wavepp-stage")]
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"dtype": "float16"}, ValueError, "dtype must be"),
-    ({"pp": 0}, ValueError, "pp \\(the number of pipeline stages\\) must be a positive integer"),
-    ({"pp": 9}, ValueError, "cannot split 4 layers into 9 stages"),
-    ({"policy": "fastest"}, ValueError, "unknown policy 'fastest'"),
-    ({"stage_num_blocks": [8]}, ValueError, "stage_num_blocks has 1 entries for 2 stages"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"dtype": "float16"}, ValueError, "dtype must be"),
+        (
+            {"pp": 0},
+            ValueError,
+            "pp \\(the number of pipeline stages\\) must be a positive integer",
+        ),
+        ({"pp": 9}, ValueError, "cannot split 4 layers into 9 stages"),
+        ({"policy": "fastest"}, ValueError, "unknown policy 'fastest'"),
+        ({"stage_num_blocks": [8]}, ValueError, "stage_num_blocks has 1 entries for 2 stages"),
+    ],
+)
 def test_failed_start_leaves_nothing_and_the_next_engine_works(tiny, kwargs, error, message):
     args = dict(pp=2, dtype="float32") | kwargs
     with pytest.raises(error, match=message):
@@ -51,8 +57,11 @@ def test_stage_that_fails_to_load_then_a_working_engine(tiny, tmp_path):
         (broken / f.name).write_bytes(f.read_bytes())
     # stage 1's layers are missing from the checkpoint: stage 0 loads, stage 1 fails
     from safetensors.torch import load_file, save_file
+
     weights = load_file(broken / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if "layers.3." not in k}, broken / "model.safetensors")
+    save_file(
+        {k: v for k, v in weights.items() if "layers.3." not in k}, broken / "model.safetensors"
+    )
     with pytest.raises((EngineError, StageStartError), match="stage 1"):
         Engine(str(broken), pp=2, dtype="float32")
     _no_stage_left()
@@ -60,7 +69,7 @@ def test_stage_that_fails_to_load_then_a_working_engine(tiny, tmp_path):
         assert eng.submit([1, 2, 3]).result(timeout=30).ok
         run_dir = eng._cluster.run_dir
         assert os.path.isdir(run_dir)
-    assert not os.path.exists(run_dir)           # no run directory left behind
+    assert not os.path.exists(run_dir)  # no run directory left behind
     _no_stage_left()
 
 
@@ -72,13 +81,13 @@ def test_shutdown_with_work_in_flight_resolves_every_future(tiny):
     eng.shutdown()
     done, pending = wait(futures, timeout=5)
     assert not pending and time.monotonic() - t0 < 15
-    for f in futures:       # finished before the shutdown, or failed by it
+    for f in futures:  # finished before the shutdown, or failed by it
         assert f.exception() is None or "shut down" in str(f.exception())
     with pytest.raises(EngineError, match="shut down"):
         eng.submit([1, 2, 3])
     with pytest.raises(EngineError, match="shut down"):
         eng.check_integrity()
-    eng.shutdown()           # twice is fine
+    eng.shutdown()  # twice is fine
     assert not os.path.exists(eng._cluster.run_dir)
     _no_stage_left()
 
@@ -104,10 +113,17 @@ def test_exit_code_zero_after_a_killed_stage(tiny, tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED_STAGE_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
-    for batch in range(5):        # two at a time
-        procs = [subprocess.Popen([sys.executable, str(script), str(tiny)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(2)]
+    for _batch in range(5):  # two at a time
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(tiny)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
         for proc in procs:
             out, err = proc.communicate(timeout=180)
             assert proc.returncode == 0, err[-2000:]
@@ -122,23 +138,29 @@ def test_randomized_mix_every_future_resolves(tiny, policy):
     out, and the engine still serves."""
     rng = random.Random(11)
     prefixes = groups(rng, num_groups=4, prefix_len=64)
-    expected_errors = re.compile(r"aborted$|the prompt needs \d+ blocks of 16 tokens; the smallest stage "
-                                 r"holds 24$|the prompt has \d+ tokens; the model takes at most 512 ")
+    expected_errors = re.compile(
+        r"aborted$|the prompt needs \d+ blocks of 16 tokens; the smallest stage "
+        r"holds 24$|the prompt has \d+ tokens; the model takes at most 512 "
+    )
     with Engine(str(tiny), pp=2, dtype="float32", policy=policy, stage_num_blocks=[24, 40]) as eng:
         futures, refused = [], 0
         for _ in range(250):
             kind = rng.random()
             if kind < 0.6:
-                prompt = rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 80))]
-            elif kind < 0.7:     # more blocks than stage 0 holds
+                prompt = rng.choice(prefixes) + [
+                    rng.randrange(VOCAB) for _ in range(rng.randrange(1, 80))
+                ]
+            elif kind < 0.7:  # more blocks than stage 0 holds
                 prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(385, MAX_POSITIONS))]
-            elif kind < 0.75:    # past the model's positions
+            elif kind < 0.75:  # past the model's positions
                 prompt = [rng.randrange(VOCAB) for _ in range(MAX_POSITIONS + rng.randrange(1, 50))]
             else:
                 prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 200))]
             try:
-                futures.append(eng.submit(prompt, request_id=rng.choice([None, None, rng.randrange(40)])))
-            except ValueError as exc:          # an id still in use
+                futures.append(
+                    eng.submit(prompt, request_id=rng.choice([None, None, rng.randrange(40)]))
+                )
+            except ValueError as exc:  # an id still in use
                 assert "already in use" in str(exc)
                 refused += 1
             if rng.random() < 0.3:

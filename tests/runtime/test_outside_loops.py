@@ -24,7 +24,10 @@ def prompts_with_prefixes(seed, num=24, prefix_len=96):
     microbatches."""
     rng = random.Random(seed)
     heads = groups(rng, num_groups=4, prefix_len=prefix_len)
-    return [heads[i % 4] + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 380))] for i in range(num)]
+    return [
+        heads[i % 4] + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 380))]
+        for i in range(num)
+    ]
 
 
 def ideal_cached_tokens(prompts):
@@ -55,7 +58,10 @@ def test_loops_give_wavepp_first_tokens_and_ideal_hits(tiny, pp):
             for i, (r, w) in enumerate(zip(results, ref)):
                 assert r.ok, (policy, i, r.error)
                 assert r.first_token_id == w.first_token_id, (policy, i)
-                assert r.first_token_logprob == pytest.approx(w.first_token_logprob, abs=1e-4), (policy, i)
+                assert r.first_token_logprob == pytest.approx(w.first_token_logprob, abs=1e-4), (
+                    policy,
+                    i,
+                )
             assert [r.num_cached_tokens for r in results] == ideal, policy
             stats = engine.stats()
             # a round (or the empty request list) with every stage before each microbatch
@@ -77,13 +83,13 @@ def test_trtllm_keeps_one_chunk_per_request_in_flight_and_retires_late(tiny):
     assert max(c[2] for r in records for c in r.chunks) <= 256
     chunks_of = {}
     for r in records:
-        for request_id, start, num_tokens, is_last in r.chunks:
+        for request_id, start, _num_tokens, _is_last in r.chunks:
             chunks_of.setdefault(request_id, []).append((start, r.launched, r.retired))
-    assert any(len(c) > 1 for c in chunks_of.values())       # some prompts took several chunks
+    assert any(len(c) > 1 for c in chunks_of.values())  # some prompts took several chunks
     for request_id, chunks in chunks_of.items():
         chunks.sort()
         for (_, _, retired), (_, launched, _) in zip(chunks, chunks[1:]):
-            assert launched > retired, request_id             # the next chunk after the last came back
+            assert launched > retired, request_id  # the next chunk after the last came back
     # iterations with nothing to admit still passed the (empty) request list to every stage
     assert stats.num_rounds >= loop.num_exchanges == loop.iteration
     assert any(not r.admitted for r in records)
@@ -92,9 +98,18 @@ def test_trtllm_keeps_one_chunk_per_request_in_flight_and_retires_late(tiny):
 @pytest.fixture(scope="module")
 def tiny_long(tmp_path_factory):
     """The tiny model with room for prompts longer than SGLang's base chunk (512 here)."""
-    return make_model(tmp_path_factory.mktemp("tiny_long") / "llama", arch="llama", num_layers=4,
-                      hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                      vocab_size=VOCAB, max_position_embeddings=2048, seed=7)
+    return make_model(
+        tmp_path_factory.mktemp("tiny_long") / "llama",
+        arch="llama",
+        num_layers=4,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=2048,
+        seed=7,
+    )
 
 
 def test_sglang_chunks_follow_dynamic_chunking(tiny_long):
@@ -102,7 +117,9 @@ def test_sglang_chunks_follow_dynamic_chunking(tiny_long):
     coef = CostCoefficients(c_wave=0.0, c0=0.0, g=0.0, b=1e-6, a=1e-6, knee_tokens=0.0)
     rng = random.Random(3)
     head = [rng.randrange(VOCAB) for _ in range(96)]
-    prompts = [head + [rng.randrange(VOCAB) for _ in range(rng.randrange(600, 1400))] for _ in range(8)]
+    prompts = [
+        head + [rng.randrange(VOCAB) for _ in range(rng.randrange(600, 1400))] for _ in range(8)
+    ]
     with Engine(str(tiny_long), pp=2, policy="sglang-pp", dtype="float32", block_size=BS) as engine:
         planner = engine._core.leader.planner
         planner.cost = CostModel(coef)
@@ -126,8 +143,14 @@ def test_sglang_chunks_follow_dynamic_chunking(tiny_long):
 def test_aborts_leave_every_stage_clean(tiny, policy):
     prompts = prompts_with_prefixes(seed=21, num=40)
     rng = random.Random(5)
-    with Engine(str(tiny), pp=3, policy=policy, dtype="float32", block_size=BS,
-                stage_num_blocks=[48, 64, 40]) as engine:
+    with Engine(
+        str(tiny),
+        pp=3,
+        policy=policy,
+        dtype="float32",
+        block_size=BS,
+        stage_num_blocks=[48, 64, 40],
+    ) as engine:
         futures = [engine.submit(p) for p in prompts]
         for _ in range(12):
             engine.abort(rng.choice(futures).request_id)
@@ -137,6 +160,6 @@ def test_aborts_leave_every_stage_clean(tiny, policy):
         assert sum(r.error == "aborted" for r in results) > 0
         assert all(r.ok or r.error == "aborted" for r in results)
         assert_clean(engine)
-        again = engine.prefill(prompts[:8])     # and the pipeline goes on
+        again = engine.prefill(prompts[:8])  # and the pipeline goes on
         assert all(r.ok for r in again)
         assert_clean(engine)

@@ -15,8 +15,8 @@ from .helpers import MAX_POSITIONS, VOCAB, assert_clean
 def test_shapes_separate_the_terms_and_fit_the_pipeline():
     shapes = profile_shapes(16, 8192, 100_000)
     assert len(shapes) == 18
-    assert {len(s) for s in shapes} == {1, 4}                   # one chunk and four
-    assert {s[0][0] for s in shapes} == {0, 512, 2048}          # no prefix, M and 4M
+    assert {len(s) for s in shapes} == {1, 4}  # one chunk and four
+    assert {s[0][0] for s in shapes} == {0, 512, 2048}  # no prefix, M and 4M
     assert {sum(x for _, x in s) for s in shapes if len(s) == 1} == {512, 128, 32}
     # a small model or pool: the largest wave shrinks until every wave fits
     for positions, blocks in ((512, 4096), (1024, 200), (400, 10_000)):
@@ -26,12 +26,14 @@ def test_shapes_separate_the_terms_and_fit_the_pipeline():
             assert all(L + x <= positions for L, x in s)
             assert sum(-(-(L + x) // 16) for L, x in s) <= blocks
             assert all(x % 16 == 0 and L % 16 == 0 for L, x in s)
-    assert profile_shapes(16, 100, 10_000) == ()                # under four blocks: no pass
+    assert profile_shapes(16, 100, 10_000) == ()  # under four blocks: no pass
 
 
 def test_fit_follows_the_slowest_stage():
-    true = [CostCoefficients(c_wave=3e-3, c0=5e-4, g=2e-7, b=1e-4, a=3e-9),
-            CostCoefficients(c_wave=1e-3, c0=2e-4, g=1e-6, b=2e-4, a=1e-9)]
+    true = [
+        CostCoefficients(c_wave=3e-3, c0=5e-4, g=2e-7, b=1e-4, a=3e-9),
+        CostCoefficients(c_wave=1e-3, c0=2e-4, g=1e-6, b=2e-4, a=1e-9),
+    ]
     shapes = profile_shapes(16, 8192, 100_000)
     times = [[CostModel(c).wave_time(s) for s in shapes] for c in true]
     prof = fit_profile(shapes, times)
@@ -82,4 +84,4 @@ def test_static_policy_and_small_pools_start_without_a_fit(tiny):
     with Engine(str(tiny), pp=2, dtype="float32", stage_num_blocks=[40, 40]) as engine:
         assert engine.profile is None
         assert engine.prefill([[1, 2, 3, 4, 5]])[0].error is None
-    assert MAX_POSITIONS < 5 * 512      # the tiny model: the pass shrinks to fit it
+    assert MAX_POSITIONS < 5 * 512  # the tiny model: the pass shrinks to fit it

@@ -15,7 +15,6 @@ from wavepp.engine import Engine
 from .helpers import MAX_POSITIONS, VOCAB, assert_clean, groups
 
 
-
 @pytest.fixture(scope="module")
 def engine(tiny):
     with Engine(str(tiny), pp=2, dtype="float32", stage_num_blocks=[96, 128]) as eng:
@@ -48,8 +47,8 @@ def test_prompt_past_the_model_positions_fails_alone(engine):
     result = long.result(timeout=10)
     assert not result.ok and f"at most {MAX_POSITIONS}" in result.error
     assert all(f.result(timeout=60).ok for f in good)
-    assert engine.submit([1, 2, 3]).result(timeout=30).ok          # the engine still serves
-    assert engine.submit([7] * MAX_POSITIONS).result(timeout=60).ok   # the longest that fits
+    assert engine.submit([1, 2, 3]).result(timeout=30).ok  # the engine still serves
+    assert engine.submit([7] * MAX_POSITIONS).result(timeout=60).ok  # the longest that fits
 
 
 def test_request_ids_duplicate_colliding_and_reused(engine):
@@ -70,15 +69,18 @@ def test_request_ids_duplicate_colliding_and_reused(engine):
         engine.submit([1], request_id="7")
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ([1, 2.7, 3], "token 1 of the prompt is 2.7"),
-    ([1, True], "token 1 of the prompt is True"),
-    (b"abc", "not bytes"),
-    ([[1, 2]], "token 0 of the prompt is \\[1, 2\\]"),
-    ([], "empty prompt"),
-    ([1, VOCAB], "outside the vocabulary"),
-    (None, "got NoneType"),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([1, 2.7, 3], "token 1 of the prompt is 2.7"),
+        ([1, True], "token 1 of the prompt is True"),
+        (b"abc", "not bytes"),
+        ([[1, 2]], "token 0 of the prompt is \\[1, 2\\]"),
+        ([], "empty prompt"),
+        ([1, VOCAB], "outside the vocabulary"),
+        (None, "got NoneType"),
+    ],
+)
 def test_bad_prompts_are_refused_not_converted(engine, prompt, message):
     with pytest.raises(ValueError, match=message):
         engine.submit(prompt)
@@ -87,7 +89,7 @@ def test_bad_prompts_are_refused_not_converted(engine, prompt, message):
 def test_a_second_pipeline_in_the_same_process_fails_at_once(tiny, engine):
     with pytest.raises(RuntimeError, match="another pipeline .* is running in this process"):
         Engine(str(tiny), pp=2, dtype="float32")
-    assert engine.submit([1, 2, 3]).result(timeout=30).ok       # the first one is unaffected
+    assert engine.submit([1, 2, 3]).result(timeout=30).ok  # the first one is unaffected
 
 
 def test_a_bad_prompt_in_a_batch_refuses_the_batch_before_queuing_any(engine):

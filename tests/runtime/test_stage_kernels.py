@@ -26,7 +26,9 @@ def timed(monkeypatch, tmp_path):
 
     def fake_attention(kv_heads, group, head_dim, dtype, *, device="cpu", **kw):
         calls["attention"] += 1
-        return AttentionChoice(picks["attention"], {picks["attention"]: 1e-3}, {picks["attention"]: 1.0})
+        return AttentionChoice(
+            picks["attention"], {picks["attention"]: 1e-3}, {picks["attention"]: 1.0}
+        )
 
     monkeypatch.setattr(choice_mod, "choose_linear", fake_linear)
     monkeypatch.setattr(choice_mod, "choose_attention", fake_attention)
@@ -38,17 +40,29 @@ def test_a_later_stage_in_the_process_reuses_the_first_ones_choice(timed):
     calls, picks, config, model = timed
     cpu = torch.device("cpu")
     first = choice_mod.choose_kernels(model, config, torch.float32, cpu)
-    assert (first.linear.name, first.attention.name) == ("matmul", "cascade") and calls == {"linear": 1, "attention": 1}
-    picks.update(linear="packed", attention="sdpa")      # a second timing would choose these
+    assert (first.linear.name, first.attention.name) == ("matmul", "cascade") and calls == {
+        "linear": 1,
+        "attention": 1,
+    }
+    picks.update(linear="packed", attention="sdpa")  # a second timing would choose these
     later = choice_mod.choose_kernels(model, config, torch.float32, cpu)
-    assert (later.linear.name, later.attention.name) == ("matmul", "cascade") and calls == {"linear": 1, "attention": 1}
-    assert later.linear.gflops == {} and later.attention.seconds == {}      # reused, not timed
+    assert (later.linear.name, later.attention.name) == ("matmul", "cascade") and calls == {
+        "linear": 1,
+        "attention": 1,
+    }
+    assert later.linear.gflops == {} and later.attention.seconds == {}  # reused, not timed
     # the paths the stage's forwards run
-    assert (later.kernels.linear, later.kernels.attention) == ("matmul", "cascade") == \
-        (first.kernels.linear, first.kernels.attention)
+    assert (
+        (later.kernels.linear, later.kernels.attention)
+        == ("matmul", "cascade")
+        == (first.kernels.linear, first.kernels.attention)
+    )
     # another dtype is another choice
     other = choice_mod.choose_kernels(model, config, torch.bfloat16, cpu)
-    assert (other.linear.name, other.attention.name) == ("packed", "sdpa") and calls == {"linear": 2, "attention": 2}
+    assert (other.linear.name, other.attention.name) == ("packed", "sdpa") and calls == {
+        "linear": 2,
+        "attention": 2,
+    }
 
 
 def test_a_pinned_path_always_goes_through_the_chooser(timed, monkeypatch):

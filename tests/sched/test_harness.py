@@ -4,8 +4,8 @@ Rounds cost about as much as a short suffix's compute. Lockstep pays them on the
 between waves; wavepp pays them beside execution.
 """
 
-
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from wavepp.sim import build_sim, run_closed_loop
 
@@ -16,8 +16,14 @@ BS = 16
 
 def short_suffix_costs():
     # a 64-token suffix costs ~0.7 ms per stage; a round ~0.5 ms of messages and work
-    return linear_costs(per_token_s=1e-5, per_chunk_s=5e-5, per_wave_s=1e-4,
-                        round_latency_s=1e-4, round_msg_s=5e-5, round_item_s=2e-5)
+    return linear_costs(
+        per_token_s=1e-5,
+        per_chunk_s=5e-5,
+        per_wave_s=1e-4,
+        round_latency_s=1e-4,
+        round_msg_s=5e-5,
+        round_item_s=2e-5,
+    )
 
 
 def run(policy, prompts, concurrency, num_stages=2):
@@ -50,23 +56,33 @@ def test_balanced_not_worse_than_static_packing():
 def test_pipeline_fill_matches_the_analytic_bubble():
     # M equal waves of work, S stages, no admission cost: M + S - 1 wave-times
     from wavepp.sim import SimCosts
+
     t = 1e-3
     costs = SimCosts(wave_seconds=lambda s, chunks: t)
     sim = build_sim("static", 4, costs, stage_num_blocks=512, block_size=BS)
-    prompts = [[i + 1] * 512 for i in range(1)]          # one prompt of 512 tokens
+    prompts = [[i + 1] * 512 for i in range(1)]  # one prompt of 512 tokens
     end = run_closed_loop(sim, prompts, 1).seconds
-    waves = sim.stats[0].num_waves                        # static budget 512 -> one wave
+    waves = sim.stats[0].num_waves  # static budget 512 -> one wave
     assert end == (waves + 4 - 1) * t or end == waves * t + 3 * t
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["wavepp", "lockstep", "static", "wavepp-mpu"]),
-       abort_at=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 23)), max_size=8))
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(["wavepp", "lockstep", "static", "wavepp-mpu"]),
+    abort_at=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 23)), max_size=8),
+)
 def test_abort_at_any_step_leaks_nothing(seed, policy, abort_at):
     """Aborts land at random events: in waiting, in every round phase, admitted, running."""
     prompts = grouped_prompts(3, 8, prefix_len=24, suffix_len=9, seed=seed)
-    sim = build_sim(policy, 2, linear_costs(round_latency_s=2e-4, round_item_s=1e-5),
-                    stage_num_blocks=[40, 64], block_size=4, check_integrity=True)
+    sim = build_sim(
+        policy,
+        2,
+        linear_costs(round_latency_s=2e-4, round_item_s=1e-5),
+        stage_num_blocks=[40, 64],
+        block_size=4,
+        check_integrity=True,
+    )
     for i, p in enumerate(prompts):
         sim.submit(i, p, at=i * 1e-4)
     schedule = sorted(abort_at)

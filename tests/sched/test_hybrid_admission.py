@@ -22,13 +22,13 @@ def _request(num_tokens: int) -> Request:
 
 
 def test_agreement_is_the_largest_common_snapshot_boundary():
-    req = _request(41)                                            # 10 full blocks, 10 reusable
-    a = Hint(0, 10, (), 2, 8, 0)                                  # grid 2, 4, 6, 8
-    b = Hint(0, 10, (), 2, 4, 0)                                  # a snapshot at 6 was evicted here
-    assert agree_prefix(req, [a, b], BS, hybrid=True) == 4        # falls back, never to 6 or 8
+    req = _request(41)  # 10 full blocks, 10 reusable
+    a = Hint(0, 10, (), 2, 8, 0)  # grid 2, 4, 6, 8
+    b = Hint(0, 10, (), 2, 4, 0)  # a snapshot at 6 was evicted here
+    assert agree_prefix(req, [a, b], BS, hybrid=True) == 4  # falls back, never to 6 or 8
     assert agree_prefix(req, [a, a], BS, hybrid=True) == 8
     ends = [Hint(0, 10, (), 4, 8, 10), Hint(0, 10, (), 4, 4, 10)]
-    assert agree_prefix(req, ends, BS, hybrid=True) == 10         # the prompt's own end, on both
+    assert agree_prefix(req, ends, BS, hybrid=True) == 10  # the prompt's own end, on both
     assert agree_prefix(req, [a, Hint(0, 3, (), 2, 2, 0)], BS, hybrid=True) == 2
     assert agree_prefix(req, [a, b], BS, hybrid=False) == 10
 
@@ -38,7 +38,10 @@ def test_probe_reports_the_snapshot_grid():
     server = StageServer(0, pool)
     tokens = list(range(40))
     hashes = tuple(hash_blocks(tokens, BS))
-    assert server.probe(ProbeMsg(1, (ProbeItem(7, hashes, 40),))).hints[0].num_grid_snapshot_blocks == 0
+    assert (
+        server.probe(ProbeMsg(1, (ProbeItem(7, hashes, 40),))).hints[0].num_grid_snapshot_blocks
+        == 0
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -48,10 +51,21 @@ def test_randomized_run_with_snapshot_evictions_never_mismatches(seed):
     (PlanMismatchError would raise out of the simulator)."""
     rng = random.Random(seed)
     bases = [[rng.randrange(1000) for _ in range(64)] for _ in range(3)]
-    prompts = [rng.choice(bases)[:rng.randrange(8, 64)] + [rng.randrange(1000) for _ in range(rng.randrange(1, 20))]
-               for _ in range(60)]
-    sim = build_sim("wavepp", 3, linear_costs(), stage_num_blocks=[120, 90, 150], block_size=BS,
-                    check_integrity=True, hybrid=True, snapshot_interval_blocks=2)
+    prompts = [
+        rng.choice(bases)[: rng.randrange(8, 64)]
+        + [rng.randrange(1000) for _ in range(rng.randrange(1, 20))]
+        for _ in range(60)
+    ]
+    sim = build_sim(
+        "wavepp",
+        3,
+        linear_costs(),
+        stage_num_blocks=[120, 90, 150],
+        block_size=BS,
+        check_integrity=True,
+        hybrid=True,
+        snapshot_interval_blocks=2,
+    )
     result = run_closed_loop(sim, prompts, concurrency=6)
     assert result.num_failed == 0
     assert 0.2 < result.hit_rate

@@ -3,9 +3,21 @@
 import pytest
 
 from wavepp.cache import BlockPool
-from wavepp.sched import rounds
-from wavepp.sched import (Chunk, Hint, Leader, LeaderConfig, PlanMismatchError, PlannerConfig,
-                          Request, RequestState, StageServer, Wave, agree_prefix, make_planner)
+from wavepp.sched import (
+    Chunk,
+    Hint,
+    Leader,
+    LeaderConfig,
+    PlanMismatchError,
+    PlannerConfig,
+    Request,
+    RequestState,
+    StageServer,
+    Wave,
+    agree_prefix,
+    make_planner,
+    rounds,
+)
 from wavepp.sim import build_sim, run_closed_loop
 
 from .conftest import grouped_prompts, linear_costs
@@ -16,8 +28,10 @@ BS = 4
 def make(stage_blocks, planner="static", **kw):
     servers = [StageServer(s, BlockPool(n, BS)) for s, n in enumerate(stage_blocks)]
     cfg = PlannerConfig(block_size=BS, num_stages=len(stage_blocks), static_wave_tokens=64)
-    leader = Leader(LeaderConfig(len(stage_blocks), BS, stage_num_blocks=tuple(stage_blocks), **kw),
-                    make_planner(planner, cfg))
+    leader = Leader(
+        LeaderConfig(len(stage_blocks), BS, stage_num_blocks=tuple(stage_blocks), **kw),
+        make_planner(planner, cfg),
+    )
     return leader, servers
 
 
@@ -29,6 +43,7 @@ def run_round(leader, servers, now=0.0):
 def run_waves(leader, servers, now=0.0):
     """Plan and run waves through every stage until nothing is plannable."""
     from wavepp.sched import TokenResult, WaveResult
+
     while (wave := leader.plan_wave(now)) is not None:
         for s in servers:
             s.prepare(wave)
@@ -54,7 +69,7 @@ def test_agreed_prefix_is_the_minimum_over_diverged_stages():
     # stage 0 holds 8 blocks, stage 1 holds 40: after three other prompts stage 0 has evicted
     # most of prompt A, stage 1 still holds all of it
     leader, servers = make([8, 40])
-    a = seq(100, 24)                       # 6 blocks
+    a = seq(100, 24)  # 6 blocks
     req_a = serve(leader, servers, [a], 0)[0]
     serve(leader, servers, [seq(200, 8), seq(300, 8), seq(400, 8)], 1)
     h0 = servers[0].pool.match(req_a.block_hashes).num_blocks
@@ -73,13 +88,13 @@ def test_fully_cached_prompt_recomputes_its_last_block():
     p = seq(10, 16)
     first, second = serve(leader, servers, [p], 0)[0], serve(leader, servers, [p], 1)[0]
     assert first.num_cached_tokens == 0
-    assert second.num_cached_tokens == 12          # (16 - 1) // 4 blocks reused, last block computed
+    assert second.num_cached_tokens == 12  # (16 - 1) // 4 blocks reused, last block computed
 
 
 def test_lease_survives_eviction_pressure_until_materialized():
     leader, servers = make([10, 10])
     shared = seq(500, 16)
-    serve(leader, servers, [shared + [1]], 0)     # caches 4 blocks of `shared` on both stages
+    serve(leader, servers, [shared + [1]], 0)  # caches 4 blocks of `shared` on both stages
     req1 = leader.add_request(1, shared + [2, 3])
     out = run_round(leader, servers)
     assert [r.request_id for r in out.admitted] == [1]
@@ -106,7 +121,7 @@ def test_burst_with_one_system_prompt_computes_it_once():
     reqs = serve(leader, servers, prompts, 0)
     assert all(r.state == RequestState.DONE for r in reqs)
     computed = sum(r.num_tokens - r.num_cached_tokens for r in reqs)
-    assert computed == 34 + 5 * (34 - 32)          # the 8 system blocks once, then only suffixes
+    assert computed == 34 + 5 * (34 - 32)  # the 8 system blocks once, then only suffixes
     # the later requests depended on the first one's in-flight blocks
     assert all(r.num_cached_tokens == 32 for r in reqs[1:])
 
@@ -123,8 +138,10 @@ def test_request_that_does_not_fit_beside_others_waits_for_capacity():
     reqs = [leader.add_request(0, seq(1, 20)), leader.add_request(1, seq(100, 8))]
     out = run_round(leader, servers)
     # 5 + 2 blocks on a 6-block stage: the second waits, it does not fail
-    assert [r.request_id for r in out.admitted] == [0] and [r.request_id for r in out.retried] == [1]
-    assert leader.start_round(0.0) is None          # not retried before capacity changes
+    assert [r.request_id for r in out.admitted] == [0] and [r.request_id for r in out.retried] == [
+        1
+    ]
+    assert leader.start_round(0.0) is None  # not retried before capacity changes
     while not leader.idle:
         run_waves(leader, servers)
         run_round(leader, servers)
@@ -134,7 +151,7 @@ def test_request_that_does_not_fit_beside_others_waits_for_capacity():
 def test_request_that_cannot_fit_on_an_idle_pipeline_fails_with_the_stage_reason():
     leader, servers = make([6, 6])
     servers[1].pool = BlockPool(6, BS, max_leased_blocks=1)
-    serve(leader, servers, [seq(1, 16)], 0)               # caches 4 blocks everywhere
+    serve(leader, servers, [seq(1, 16)], 0)  # caches 4 blocks everywhere
     req = serve(leader, servers, [seq(1, 16) + [5]], 1)[0]  # wants to lease 4 > cap of 1 on stage 1
     assert req.state == RequestState.FAILED
     assert "stage 1" in req.failure and "lease" in req.failure
@@ -152,7 +169,7 @@ def test_stage_rejects_a_plan_that_disagrees_with_its_state():
 
 
 def test_hybrid_boundary_is_the_largest_common_snapshot():
-    r = Request.create(0, list(range(1, 41)), BS)          # 10 blocks, 9 reusable
+    r = Request.create(0, list(range(1, 41)), BS)  # 10 blocks, 9 reusable
     hints = [Hint(0, 8, (2, 4, 6, 8)), Hint(0, 9, (3, 4, 6, 9)), Hint(0, 7, (4, 5, 6, 7))]
     assert agree_prefix(r, hints, BS) == 7
     assert agree_prefix(r, hints, BS, hybrid=True) == 6
@@ -162,13 +179,21 @@ def test_hybrid_boundary_is_the_largest_common_snapshot():
 def test_closed_loop_drains_with_clean_caches():
     prompts = grouped_prompts(4, 6, prefix_len=48, suffix_len=10, seed=1)
     for policy in ("wavepp", "wavepp-mpu", "lockstep", "static"):
-        sim = build_sim(policy, 3, linear_costs(round_latency_s=1e-4), stage_num_blocks=[48, 80, 64],
-                        block_size=BS, check_integrity=True)
+        sim = build_sim(
+            policy,
+            3,
+            linear_costs(round_latency_s=1e-4),
+            stage_num_blocks=[48, 80, 64],
+            block_size=BS,
+            check_integrity=True,
+        )
         rep = run_closed_loop(sim, prompts, concurrency=8, policy=policy)
         assert rep.num_failed == 0 and rep.num_requests == len(prompts), policy
         for server in sim.servers:
             cap = server.pool.capacity()
-            assert cap.num_leased == cap.num_escrowed == cap.num_pending == cap.num_in_use == 0, policy
+            assert cap.num_leased == cap.num_escrowed == cap.num_pending == cap.num_in_use == 0, (
+                policy
+            )
             assert not server.requests
         assert sim.leader.idle
 
@@ -180,10 +205,12 @@ def test_planner_sees_the_requests_waiting_for_admission():
         servers = [StageServer(s, BlockPool(256, BS)) for s in range(4)]
         cfg = PlannerConfig(block_size=BS, num_stages=4, max_wave_tokens=64, min_wave_tokens=BS)
         coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
-        leader = Leader(LeaderConfig(4, BS, stage_num_blocks=(256,) * 4, max_round_requests=1),
-                        BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9))
+        leader = Leader(
+            LeaderConfig(4, BS, stage_num_blocks=(256,) * 4, max_round_requests=1),
+            BalancedPlanner(cfg, CostModel(coef), overhead_frac=1e-9),
+        )
         first = leader.add_request(0, seq(0, 64))
-        run_round(leader, servers)        # the round takes one request: the first is plannable
+        run_round(leader, servers)  # the round takes one request: the first is plannable
         assert first.state == RequestState.ADMITTED
         for i in range(1, 1 + num_waiting):
             leader.add_request(i, seq(100 * i, 64))
@@ -200,18 +227,22 @@ def test_leader_predicts_the_running_rounds_end():
     import math
 
     servers = [StageServer(s, BlockPool(256, BS)) for s in range(2)]
-    leader = Leader(LeaderConfig(2, BS, stage_num_blocks=(256, 256), max_round_requests=1),
-                    make_planner("balanced", PlannerConfig(block_size=BS, num_stages=2)))
-    clock = iter([0.0, 0.001])          # a round from 0 to 4 ms: start, probe replies, end (lease replies)
+    leader = Leader(
+        LeaderConfig(2, BS, stage_num_blocks=(256, 256), max_round_requests=1),
+        make_planner("balanced", PlannerConfig(block_size=BS, num_stages=2)),
+    )
+    clock = iter([0.0, 0.001])  # a round from 0 to 4 ms: start, probe replies, end (lease replies)
     leader.add_request(0, seq(0, 16))
-    rounds.run_round(leader, lambda msg: [s.handle(msg) for s in servers], lambda: next(clock, 0.004))
+    rounds.run_round(
+        leader, lambda msg: [s.handle(msg) for s in servers], lambda: next(clock, 0.004)
+    )
     leader.add_request(1, seq(100, 16))
     leader.add_request(2, seq(200, 16))
-    assert leader._admitting(0.0).round_left_s == math.inf     # no round running
+    assert leader._admitting(0.0).round_left_s == math.inf  # no round running
     step = leader.start_round(0.010)
     assert step is not None and leader.round is not None
     admitting = leader._admitting(0.011)
     # request 1 in the round, request 2 waiting; the round ends ~4 ms after it started
     assert admitting.items == [(0, 16), (0, 16)] and admitting.in_round == 1
     assert admitting.round_left_s == pytest.approx(0.003)
-    assert leader._admitting(0.020).round_left_s == 0.0         # overdue: any moment now
+    assert leader._admitting(0.020).round_left_s == 0.0  # overdue: any moment now

@@ -3,7 +3,8 @@ no request waits forever on one that left (aborts, resubmissions, a long-running
 
 import random
 
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from wavepp.sched import RequestState
 from wavepp.sim import build_sim
@@ -13,7 +14,10 @@ from .conftest import grouped_prompts, linear_costs
 
 def assert_drained(sim):
     leader = sim.leader
-    assert leader.idle, (len(leader.waiting), [(r.request_id, r.state, r.dependencies) for r in leader.plannable])
+    assert leader.idle, (
+        len(leader.waiting),
+        [(r.request_id, r.state, r.dependencies) for r in leader.plannable],
+    )
     assert leader.state_size() == 0 and not leader.requests and len(leader.inflight) == 0
     for server in sim.servers:
         cap = server.pool.capacity()
@@ -23,17 +27,26 @@ def assert_drained(sim):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["wavepp", "lockstep", "static"]),
-       abort_rate=st.sampled_from([0.05, 0.15, 0.4]))
-@example(seed=1920, policy="static", abort_rate=0.05)   # a release ran between lease and commit
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(["wavepp", "lockstep", "static"]),
+    abort_rate=st.sampled_from([0.05, 0.15, 0.4]),
+)
+@example(seed=1920, policy="static", abort_rate=0.05)  # a release ran between lease and commit
 def test_aborted_prompts_resubmitted_twice_all_finish(seed, policy, abort_rate):
     """Aborts at random events, each followed by two resubmissions of the aborted prompt (they
     reuse and compute the same blocks the aborted one owned): every request ends, none waits
     on a request that left."""
     rng = random.Random(seed)
     prompts = grouped_prompts(3, 8, prefix_len=24, suffix_len=9, seed=seed)
-    sim = build_sim(policy, 2, linear_costs(round_latency_s=2e-4, round_item_s=1e-5),
-                    stage_num_blocks=[40, 64], block_size=4, check_integrity=True)
+    sim = build_sim(
+        policy,
+        2,
+        linear_costs(round_latency_s=2e-4, round_item_s=1e-5),
+        stage_num_blocks=[40, 64],
+        block_size=4,
+        check_integrity=True,
+    )
     ended: dict[int, int] = {}
     sim.on_finish = lambda rid, now: ended.__setitem__(rid, ended.get(rid, 0) + 1)
     for i, p in enumerate(prompts):
@@ -54,7 +67,7 @@ def test_aborted_prompts_resubmitted_twice_all_finish(seed, policy, abort_rate):
 
     sim.loop.run(after_event=maybe_abort)
     assert_drained(sim)
-    assert len(ended) == submitted and set(ended.values()) == {1}      # each ended exactly once
+    assert len(ended) == submitted and set(ended.values()) == {1}  # each ended exactly once
     resubmitted = [r for rid, r in sim.records.items() if rid >= 1000]
     assert all(r.failure is None for r in resubmitted)
 
@@ -62,8 +75,13 @@ def test_aborted_prompts_resubmitted_twice_all_finish(seed, policy, abort_rate):
 def test_twenty_thousand_requests_leave_no_state_behind():
     """A long-running leader: its state is bounded by the requests outstanding, not served."""
     prompts = grouped_prompts(8, 2500, prefix_len=8, suffix_len=3, vocab=50, seed=3)
-    sim = build_sim("wavepp", 2, linear_costs(per_token_s=1e-6, per_chunk_s=1e-6, per_wave_s=1e-6),
-                    stage_num_blocks=[256, 256], block_size=4)
+    sim = build_sim(
+        "wavepp",
+        2,
+        linear_costs(per_token_s=1e-6, per_chunk_s=1e-6, per_wave_s=1e-6),
+        stage_num_blocks=[256, 256],
+        block_size=4,
+    )
     concurrency, sizes, next_index = 16, [], 0
 
     def submit_next(*_):
@@ -89,8 +107,8 @@ def test_an_ended_request_is_handed_over_once_and_forgotten():
     sim.submit(1, list(range(1, 30)))
     sim.abort(1)
     sim.run()
-    assert sim.leader.take_finished() == []                  # the simulator took them already
+    assert sim.leader.take_finished() == []  # the simulator took them already
     assert sim.records[0].failure is None and sim.records[1].failure == "aborted"
     assert 0 not in sim.leader.requests and 1 not in sim.leader.requests
-    req = sim.leader.add_request(0, [5, 6, 7])                  # an ended id is free again
+    req = sim.leader.add_request(0, [5, 6, 7])  # an ended id is free again
     assert req.state == RequestState.WAITING

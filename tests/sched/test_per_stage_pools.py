@@ -21,13 +21,19 @@ def scenario_prompts(seed: int = 0) -> list[list[int]]:
         return [rng.randrange(1, 1000) for _ in range(n)]
 
     x, y = fresh(16 * BS), fresh(8 * BS)
-    flush = [fresh(12 * BS) for _ in range(3)]                 # 36 blocks: x leaves the small stage
+    flush = [fresh(12 * BS) for _ in range(3)]  # 36 blocks: x leaves the small stage
     return [x + fresh(BS), *flush, x + y + fresh(BS // 2), x + y + fresh(BS // 2)]
 
 
 def run(stage_num_blocks):
-    sim = build_sim("wavepp", 2, linear_costs(), stage_num_blocks=stage_num_blocks, block_size=BS,
-                    check_integrity=True)
+    sim = build_sim(
+        "wavepp",
+        2,
+        linear_costs(),
+        stage_num_blocks=stage_num_blocks,
+        block_size=BS,
+        check_integrity=True,
+    )
     report = run_closed_loop(sim, scenario_prompts(), 1, "wavepp")
     assert report.num_failed == 0
     return [sim.records[i].num_cached_tokens for i in range(len(sim.records))]

@@ -4,8 +4,19 @@ import math
 
 import pytest
 
-from wavepp.sched import (Admitting, BalancedPlanner, CostCoefficients, CostModel, MpuPlanner, PlannerConfig, RequestState,
-                          Request, StaticPlanner, budget_ladder, make_planner)
+from wavepp.sched import (
+    Admitting,
+    BalancedPlanner,
+    CostCoefficients,
+    CostModel,
+    MpuPlanner,
+    PlannerConfig,
+    Request,
+    RequestState,
+    StaticPlanner,
+    budget_ladder,
+    make_planner,
+)
 
 
 def req(rid, num_tokens, scheduled=0):
@@ -38,7 +49,7 @@ def test_static_packs_fcfs_with_aligned_cuts():
 def test_mpu_proposal_follows_the_formula():
     cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=2048, min_wave_tokens=64)
     planner = MpuPlanner(cfg)
-    assert planner.ring == 4 and planner.target_waves == 6   # R = 2P, S = R + (F-1)P
+    assert planner.ring == 4 and planner.target_waves == 6  # R = 2P, S = R + (F-1)P
     # W = 8 * 1000 = 8000 tokens; n(2048) = max(3.9, 0) < 6; n(1024) = max(7.8, 8) >= 6
     reqs = [req(i, 1000) for i in range(8)]
     assert planner.propose(reqs) == 1024
@@ -52,12 +63,12 @@ def test_mpu_hysteresis_raises_after_half_ring_and_lowers_after_p():
     cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=2048, min_wave_tokens=64)
     planner = MpuPlanner(cfg)
     assert planner.budget == 2048
-    assert planner.decide(512) == 2048      # 1st lower proposal
-    assert planner.decide(512) == 512       # P = 2 consecutive -> lowered
-    assert planner.decide(1024) == 512      # 1st raise proposal
-    assert planner.decide(1024) == 1024     # R/2 = 2 consecutive -> raised
+    assert planner.decide(512) == 2048  # 1st lower proposal
+    assert planner.decide(512) == 512  # P = 2 consecutive -> lowered
+    assert planner.decide(1024) == 512  # 1st raise proposal
+    assert planner.decide(1024) == 1024  # R/2 = 2 consecutive -> raised
     assert planner.decide(256) == 1024
-    assert planner.decide(1024) == 1024     # streak broken by an equal proposal
+    assert planner.decide(1024) == 1024  # streak broken by an equal proposal
     assert planner.decide(256) == 1024
 
 
@@ -77,14 +88,16 @@ def test_balanced_target_spreads_work_over_target_waves():
     cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=4096, min_wave_tokens=16)
     planner = BalancedPlanner(cfg, CostModel(coef))
     reqs = [req(0, 4096)]
-    planner.overhead_frac = 1e-9     # no efficiency cap in this case
+    planner.overhead_frac = 1e-9  # no efficiency cap in this case
     # work = 1e-3 + 4096e-5 = 41.96 ms spread over P = 2 waves -> T = 1 ms + 20.98 ms
     assert planner.target_time(reqs) == pytest.approx(1e-3 + (1e-3 + 4096e-5) / 2)
     # x with c0 + b x <= T - c_wave: x = 1998 -> aligned down to 1984
     assert spans(planner.plan(reqs)) == [(0, 0, 1984, False)]
     # with the default 3% cap: fixed costs 2 ms -> T <= 66.7 ms (an M = 8192 wave costs 84 ms);
     # 8 such requests spread over 2 waves (168 ms) are capped there
-    wide = BalancedPlanner(PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=8192), CostModel(coef))
+    wide = BalancedPlanner(
+        PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=8192), CostModel(coef)
+    )
     many = [req(i, 4096) for i in range(8)]
     assert wide.target_time(many) == pytest.approx(2e-3 / 0.03)
 
@@ -100,7 +113,9 @@ def test_balanced_equal_predicted_wave_times():
     assert planner.target_time(reqs) == pytest.approx(cost.wave_time([(12000, 1024)]))
     # short requests first: the cap is their chunks' time, each paying its fixed costs
     short = [req(i, 256 + 128, scheduled=256) for i in range(4)] + reqs
-    assert planner.target_time(short) == pytest.approx(cost.wave_time([(256, 128)] * 4 + [(12000, 512)]))
+    assert planner.target_time(short) == pytest.approx(
+        cost.wave_time([(256, 128)] * 4 + [(12000, 512)])
+    )
     times, sizes, targets = [], [], []
     for _ in range(6):
         targets.append(planner.target_time(reqs))
@@ -135,9 +150,12 @@ def test_cost_model_converges_to_exact_times():
     model = CostModel(CostCoefficients(c_wave=1e-3, c0=1e-3, g=1e-6, b=1e-3, a=1e-8))
     exact = CostModel(truth)
     import random
+
     rng = random.Random(0)
     for _ in range(400):
-        chunks = [(rng.randrange(0, 8000, 16), rng.randrange(16, 1024)) for _ in range(rng.randint(1, 4))]
+        chunks = [
+            (rng.randrange(0, 8000, 16), rng.randrange(16, 1024)) for _ in range(rng.randint(1, 4))
+        ]
         model.observe(chunks, exact.wave_time(chunks))
     for name in ("c_wave", "c0", "g", "b", "a"):
         assert getattr(model.coef, name) == pytest.approx(getattr(truth, name), rel=0.02), name
@@ -175,16 +193,22 @@ def test_balanced_counts_the_work_in_flight():
     # not half of what waits (which would leave ever thinner waves)
     assert spans(planner.plan([a])) == [(0, 2048, 4096, True)]
     assert planner.num_in_flight == 2
-    a.num_computed_tokens = 2048            # the first wave came back
+    a.num_computed_tokens = 2048  # the first wave came back
     assert planner.num_in_flight == 1
-    a.state = RequestState.DONE             # the second finished the request
+    a.state = RequestState.DONE  # the second finished the request
     assert planner.num_in_flight == 0 and planner.in_flight_work() == 0.0
 
 
 def test_filled_waves_double_behind_a_deep_queue():
     coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=0.0)
-    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
-                        fill_waves=True, deep_queue_waves=2)
+    cfg = PlannerConfig(
+        block_size=16,
+        num_stages=2,
+        max_wave_tokens=256,
+        min_wave_tokens=16,
+        fill_waves=True,
+        deep_queue_waves=2,
+    )
     planner = BalancedPlanner(cfg, CostModel(coef))
     # 2 waves of 2M = 512 per stage, 2 stages: 2048 tokens waiting double the wave
     assert planner.wave_tokens([req(0, 2048)]) == 512
@@ -196,8 +220,14 @@ def test_filled_waves_double_behind_a_deep_queue():
 def test_a_doubled_wave_never_outlasts_the_longest_so_far():
     # 1 ms per wave, 10 us per token, attention 1 ns per (2Lx + x^2); M = 256, S = 2
     coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=1e-9)
-    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
-                        fill_waves=True, deep_queue_waves=2)
+    cfg = PlannerConfig(
+        block_size=16,
+        num_stages=2,
+        max_wave_tokens=256,
+        min_wave_tokens=16,
+        fill_waves=True,
+        deep_queue_waves=2,
+    )
     model = CostModel(coef)
     # an empty pipeline: 2M = 512 tokens from no prefix (6.4 ms) would outlast every wave so
     # far (none) and an M-token wave now (3.6 ms): through S stages the longest wave is paid
@@ -217,7 +247,7 @@ def test_a_doubled_wave_never_outlasts_the_longest_so_far():
     # ... but not 512 tokens after a 4,096-token prefix (1 + 5.12 + 4.45 = 10.6 ms): the wave
     # is cut to the longest so far
     cut = req(2, 8192, scheduled=4096)
-    chunk, = seen.plan([cut])
+    (chunk,) = seen.plan([cut])
     assert 256 <= chunk.num_tokens < 512
     assert model.wave_time([(4096, chunk.num_tokens)]) <= model.wave_time([(8192, 256)]) + 1e-12
     # once the pipeline drains, the longest wave is forgotten: a new busy period
@@ -247,8 +277,14 @@ def test_filled_waves_fill_to_the_token_cap_across_chunks():
     # per chunk 1 ms plus re-reading its prefix (1 us per cached token): two chunks after a
     # 4096-token prefix cost more than one chunk of the same tokens
     coef = CostCoefficients(c_wave=1e-3, c0=1e-3, g=1e-6, b=1e-5, a=0.0)
-    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=512, min_wave_tokens=16,
-                        fill_waves=True, deep_queue_waves=0)
+    cfg = PlannerConfig(
+        block_size=16,
+        num_stages=2,
+        max_wave_tokens=512,
+        min_wave_tokens=16,
+        fill_waves=True,
+        deep_queue_waves=0,
+    )
     planner = BalancedPlanner(cfg, CostModel(coef))
     a, b = req(0, 4096 + 256, scheduled=4096), req(1, 4096 + 512, scheduled=4096)
     many = [a, b] + [req(i, 4096 + 512, scheduled=4096) for i in range(2, 8)]
@@ -315,11 +351,18 @@ def test_balanced_takes_a_short_rest_whole():
 def test_a_pipeline_filling_with_cold_prompts_sends_their_first_chunks_first():
     # filled waves of M = 256 tokens, S = 2, never holding
     coef = CostCoefficients(c_wave=1e-3, c0=0.0, g=0.0, b=1e-5, a=1e-9)
-    cfg = PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16,
-                        fill_waves=True, deep_queue_waves=0, hold_frac=0.0)
+    cfg = PlannerConfig(
+        block_size=16,
+        num_stages=2,
+        max_wave_tokens=256,
+        min_wave_tokens=16,
+        fill_waves=True,
+        deep_queue_waves=0,
+        hold_frac=0.0,
+    )
     planner = BalancedPlanner(cfg, CostModel(coef))
     started, fresh = req(0, 1024), req(1, 1024)
-    started.num_scheduled_tokens = 512      # two chunks sent, nothing cached
+    started.num_scheduled_tokens = 512  # two chunks sent, nothing cached
     # the pipeline is empty and every ready prompt is cold: the one with nothing sent yet
     # (attending over nothing) goes first, although the other came first
     assert spans(planner.plan([started, fresh])) == [(1, 0, 256, False)]
@@ -335,8 +378,12 @@ def test_a_pipeline_filling_with_cold_prompts_sends_their_first_chunks_first():
     warm = BalancedPlanner(cfg, CostModel(coef))
     assert spans(warm.plan([req(0, 1024, scheduled=768), req(1, 1024)]))[0][:3] == (0, 768, 1024)
     # equal-time waves (the CPU runtime) keep FCFS
-    fcfs = BalancedPlanner(PlannerConfig(block_size=16, num_stages=2, max_wave_tokens=256,
-                                         min_wave_tokens=16, hold_frac=0.0), CostModel(coef))
+    fcfs = BalancedPlanner(
+        PlannerConfig(
+            block_size=16, num_stages=2, max_wave_tokens=256, min_wave_tokens=16, hold_frac=0.0
+        ),
+        CostModel(coef),
+    )
     cold_started = req(0, 1024)
     cold_started.num_scheduled_tokens = 512
     assert spans(fcfs.plan([cold_started, req(1, 1024)]))[0][0] == 0

@@ -24,8 +24,18 @@ MAX_POSITIONS = 512
 
 
 def make_tiny(path: Path) -> Path:
-    path = make_model(path, arch="llama", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
-                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, seed=5)
+    path = make_model(
+        path,
+        arch="llama",
+        num_layers=4,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=MAX_POSITIONS,
+        seed=5,
+    )
     save_byte_tokenizer(path)
     return path
 
@@ -35,7 +45,9 @@ def save_byte_tokenizer(path: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE({ch: b for b, ch in _bytes_to_unicode().items()}, []))   # token id = byte
+    tok = Tokenizer(
+        models.BPE({ch: b for b, ch in _bytes_to_unicode().items()}, [])
+    )  # token id = byte
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
@@ -48,12 +60,17 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<s>system\nYou are a tiny model.</s>\n' }}{% endif %}"
     "{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}"
+)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (what the ByteLevel pre-tokenizer emits)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -67,20 +84,46 @@ def _bytes_to_unicode() -> dict[int, str]:
 class ServerProcess:
     """`wavepp serve` as a child process; stop() sends SIGTERM and waits for it."""
 
-    def __init__(self, model: Path, *args: str, pp: int = 2, start_timeout_s: float = 90, debug: bool = True,
-                 env: dict | None = None):
+    def __init__(
+        self,
+        model: Path,
+        *args: str,
+        pp: int = 2,
+        start_timeout_s: float = 90,
+        debug: bool = True,
+        env: dict | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(model)
-        cmd = [sys.executable, "-m", "wavepp.cli", "serve", "--model", self.model, "--pp", str(pp),
-               "--port", str(self.port), "--dtype", "float32", *(["--debug"] if debug else []), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "wavepp.cli",
+            "serve",
+            "--model",
+            self.model,
+            "--pp",
+            str(pp),
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            *(["--debug"] if debug else []),
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        )
         # The server's output is read as it comes: a pipe nobody reads fills (64 KiB) over a
         # package's worth of tests, and the server then blocks on its next log line.
         self.output: collections.deque[str] = collections.deque(maxlen=200)
         self.output_chars = 0
-        self.tracebacks = 0       # "Traceback" lines the server printed, all of its life
+        self.tracebacks = 0  # "Traceback" lines the server printed, all of its life
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
         try:
@@ -157,7 +200,9 @@ def hf_logprobs(path, token_ids):
 
     if str(path) not in _HF:
         transformers.logging.set_verbosity_error()
-        _HF[str(path)] = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        _HF[str(path)] = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32
+        ).eval()
     with torch.no_grad():
         logits = _HF[str(path)](torch.tensor([token_ids])).logits[0].float()
     return torch.log_softmax(logits, dim=-1)
@@ -170,7 +215,9 @@ def app_in_thread(app, timeout_s: float = 30):
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

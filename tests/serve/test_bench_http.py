@@ -18,8 +18,22 @@ from wavepp.cli import main
 from wavepp.runtime.launch import free_port
 
 # short-suffix and reuse at a size the tiny model (512 positions) serves in about a second
-WORKLOAD = ["--workload", "short-suffix,reuse", "--prefix-len", "64", "--suffix-len", "16",
-            "--prompt-len", "96", "--num-groups", "2", "--concurrency", "4", "--num-requests", "24"]
+WORKLOAD = [
+    "--workload",
+    "short-suffix,reuse",
+    "--prefix-len",
+    "64",
+    "--suffix-len",
+    "16",
+    "--prompt-len",
+    "96",
+    "--num-groups",
+    "2",
+    "--concurrency",
+    "4",
+    "--num-requests",
+    "24",
+]
 
 
 def _bench(tmp_path, name: str, *args: str) -> dict:
@@ -31,20 +45,39 @@ def _bench(tmp_path, name: str, *args: str) -> dict:
 def _ideal_hit_rates() -> dict[str, float]:
     from wavepp.workloads import WorkloadOptions, workload_from_options
 
-    opts = WorkloadOptions(num_requests=24, prompt_len=96, prefix_len=64, suffix_len=16, num_groups=2,
-                           common={"vocab_size": 256, "block_size": 16})
-    return {wl.name: wl.ideal_hit_rate for wl in (workload_from_options(n, opts) for n in ("short-suffix", "reuse"))}
+    opts = WorkloadOptions(
+        num_requests=24,
+        prompt_len=96,
+        prefix_len=64,
+        suffix_len=16,
+        num_groups=2,
+        common={"vocab_size": 256, "block_size": 16},
+    )
+    return {
+        wl.name: wl.ideal_hit_rate
+        for wl in (workload_from_options(n, opts) for n in ("short-suffix", "reuse"))
+    }
 
 
 def test_bench_over_http_matches_in_process(server, tiny_model, tmp_path):
     http = _bench(tmp_path, "http", "--url", server.url, "--repeat", "2")
-    local = _bench(tmp_path, "local", "--model", str(tiny_model), "--pp", "2", "--dtype", "float32",
-                   "--policy", "wavepp")
+    local = _bench(
+        tmp_path,
+        "local",
+        "--model",
+        str(tiny_model),
+        "--pp",
+        "2",
+        "--dtype",
+        "float32",
+        "--policy",
+        "wavepp",
+    )
     assert http["meta"]["caches_reset"] is True and http["meta"]["url"] == server.url
     assert http["meta"]["pp"] == 2 and http["meta"]["dtype"] == "float32"
     ideal = _ideal_hit_rates()
     local_hit = {r["workload"]: r["hit_rate"] for r in local["rows"]}
-    assert len(http["rows"]) == 4     # 2 workloads x 2 repeats
+    assert len(http["rows"]) == 4  # 2 workloads x 2 repeats
     for row in http["rows"]:
         assert set(row) == set(local["rows"][0]) == set(Measurement.__dataclass_fields__)
         assert row["policy"] == "wavepp" and row["pp"] == 2
@@ -52,9 +85,13 @@ def test_bench_over_http_matches_in_process(server, tiny_model, tmp_path):
         # every run starts from empty caches (POST /debug/reset): the same reuse as in-process
         assert row["hit_rate"] == pytest.approx(ideal[row["workload"]], abs=1e-12)
         assert row["hit_rate"] == pytest.approx(local_hit[row["workload"]], abs=1e-12)
-        assert row["input_tokens"] == next(r["input_tokens"] for r in local["rows"] if r["workload"] == row["workload"])
+        assert row["input_tokens"] == next(
+            r["input_tokens"] for r in local["rows"] if r["workload"] == row["workload"]
+        )
         # per-stage figures come from /metrics
-        assert len(row["stage_utilization"]) == 2 and all(0 < u <= 1 for u in row["stage_utilization"])
+        assert len(row["stage_utilization"]) == 2 and all(
+            0 < u <= 1 for u in row["stage_utilization"]
+        )
         assert row["admission_p50_ms"] is not None and row["num_waves"] > 0
         assert 0 < row["ttft_p50_ms"] <= row["ttft_p95_ms"]
     assert set(http["meta"]["medians"][0]) == set(local["meta"]["medians"][0])
@@ -69,8 +106,12 @@ def test_bench_url_refuses_what_http_cannot_change(server, capsys):
 
 def test_bench_bad_url_fails_fast():
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "wavepp.cli", "bench", "--url", f"http://127.0.0.1:{free_port()}"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "wavepp.cli", "bench", "--url", f"http://127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode != 0
     assert "cannot reach a server" in p.stderr
     assert time.monotonic() - t0 < 30
@@ -80,7 +121,9 @@ def test_bench_bad_url_fails_fast():
 def plain_server(tiny_model, tmp_path_factory):
     """A server started without --debug: no /debug/reset. It is killed (SIGKILL) below, so its
     run directory goes under pytest's tmp_path."""
-    srv = ServerProcess(tiny_model, debug=False, env={"TMPDIR": str(tmp_path_factory.mktemp("plain"))})
+    srv = ServerProcess(
+        tiny_model, debug=False, env={"TMPDIR": str(tmp_path_factory.mktemp("plain"))}
+    )
     yield srv
     for pid in [srv.proc.pid, *srv.stage_pids]:
         if alive(pid):
@@ -89,7 +132,9 @@ def plain_server(tiny_model, tmp_path_factory):
 
 
 def test_bench_without_reset_says_so(plain_server, tmp_path):
-    out = _bench(tmp_path, "plain", "--url", plain_server.url, "--repeat", "2", "--workload", "reuse")
+    out = _bench(
+        tmp_path, "plain", "--url", plain_server.url, "--repeat", "2", "--workload", "reuse"
+    )
     assert out["meta"]["caches_reset"] is False
     ideal = _ideal_hit_rates()["reuse"]
     second = [r for r in out["rows"] if r["repeat"] == 1]
@@ -100,17 +145,39 @@ def test_bench_without_reset_says_so(plain_server, tmp_path):
 def test_bench_fails_when_the_server_dies_mid_run(plain_server, tmp_path):
     def num_ok() -> float:
         text = httpx.get(f"{plain_server.url}/metrics", timeout=10).text
-        return next(float(line.split()[-1]) for line in text.splitlines()
-                    if line.startswith('wavepp_requests_total{outcome="ok"}'))
+        return next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith('wavepp_requests_total{outcome="ok"}')
+        )
 
     start = num_ok()
-    bench = subprocess.Popen([sys.executable, "-m", "wavepp.cli", "bench", "--url", plain_server.url,
-                              "--workload", "reuse", "--prompt-len", "96", "--concurrency", "8",
-                              "--num-requests", "2000", "--timeout-s", "20"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wavepp.cli",
+            "bench",
+            "--url",
+            plain_server.url,
+            "--workload",
+            "reuse",
+            "--prompt-len",
+            "96",
+            "--concurrency",
+            "8",
+            "--num-requests",
+            "2000",
+            "--timeout-s",
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
-        while num_ok() < start + 30:      # the bench is under way
+        while num_ok() < start + 30:  # the bench is under way
             assert bench.poll() is None, bench.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.1)

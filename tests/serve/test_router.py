@@ -24,15 +24,26 @@ def router(prefill_status=200, decode_status=200, prefill_params=PARAMS, stream_
         if request.url.host == "prefill":
             seen["prefill"].append((request.url.path, body))
             if prefill_status != 200:
-                return httpx.Response(prefill_status, json={"error": {"message": "prefill says no"}})
-            return httpx.Response(200, json={"choices": [{"text": "x"}], "kv_transfer_params": prefill_params})
+                return httpx.Response(
+                    prefill_status, json={"error": {"message": "prefill says no"}}
+                )
+            return httpx.Response(
+                200, json={"choices": [{"text": "x"}], "kv_transfer_params": prefill_params}
+            )
         seen["decode"].append((request.url.path, body))
         if decode_status != 200:
             return httpx.Response(decode_status, json={"error": {"message": "decode says no"}})
         if body.get("stream"):
-            return httpx.Response(200, content=b"".join(stream_chunks), headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={"choices": [{"text": "decoded"}],
-                                         "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}})
+            return httpx.Response(
+                200, content=b"".join(stream_chunks), headers={"content-type": "text/event-stream"}
+            )
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"text": "decoded"}],
+                "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}},
+            },
+        )
 
     app = build_router(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(handle))
     return TestClient(app), seen
@@ -53,21 +64,34 @@ def test_prefill_then_decode_with_the_returned_params():
 def test_chat_and_streams_pass_through():
     chunks = [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b"data: [DONE]\n\n"]
     client, seen = router(stream_chunks=chunks)
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_completion_tokens": 9}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_completion_tokens": 9,
+    }
     with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
         got = b"".join(resp.iter_raw())
     assert got == b"".join(chunks)
     _, sent = seen["prefill"][0]
-    assert "stream_options" not in sent and "max_completion_tokens" not in sent and sent["max_tokens"] == 1
+    assert (
+        "stream_options" not in sent
+        and "max_completion_tokens" not in sent
+        and sent["max_tokens"] == 1
+    )
     assert seen["decode"][0][1]["stream_options"] == {"include_usage": True}
 
 
 def test_errors_keep_their_status_and_body():
     client, seen = router(prefill_status=400)
     resp = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
-    assert resp.status_code == 400 and resp.json()["error"]["message"] == "prefill says no" and not seen["decode"]
+    assert (
+        resp.status_code == 400
+        and resp.json()["error"]["message"] == "prefill says no"
+        and not seen["decode"]
+    )
     client, _ = router(decode_status=503)
     resp = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
     assert resp.status_code == 503 and resp.json()["error"]["message"] == "decode says no"
@@ -82,7 +106,9 @@ def test_without_kv_params_the_decode_side_computes():
 def test_bad_bodies_are_400():
     client, seen = router()
     for raw in (b"{not json", b"[1, 2]", b"[" * 5000 + b"]" * 5000, b"\xff\xfe"):
-        resp = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        resp = client.post(
+            "/v1/completions", content=raw, headers={"content-type": "application/json"}
+        )
         assert resp.status_code == 400, raw[:20]
     assert not seen["prefill"]
 
@@ -91,7 +117,9 @@ def test_an_upstream_that_is_down_is_a_502():
     def down(request):
         raise httpx.ConnectError("refused", request=request)
 
-    client = TestClient(build_router(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(down)))
+    client = TestClient(
+        build_router(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(down))
+    )
     resp = client.post("/v1/completions", json={"prompt": "x"})
     assert resp.status_code == 502 and "prefill server" in resp.json()["error"]["message"]
 
@@ -99,11 +127,25 @@ def test_an_upstream_that_is_down_is_a_502():
 def test_the_prefill_body_is_one_wavepp_serve_accepts():
     """A client's sampling is the decode side's: the router sends the prefill none of it, so
     `wavepp serve` (which refuses sampling that could change its greedy token) takes the body."""
-    sampling = {"temperature": 0.7, "top_p": 0.9, "n": 2, "repetition_penalty": 1.1, "seed": 3,
-                "logit_bias": {"5": 2}, "stream": True, "stream_options": {"include_usage": True}}
+    sampling = {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "n": 2,
+        "repetition_penalty": 1.1,
+        "seed": 3,
+        "logit_bias": {"5": 2},
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     completion = prefill_body({"model": "m", "prompt": "hello", "max_tokens": 64, **sampling})
-    chat = prefill_body({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                         "max_completion_tokens": 64, **sampling})
+    chat = prefill_body(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 64,
+            **sampling,
+        }
+    )
     assert parse_completion(completion, ("m",), 20).max_tokens == 1
     assert parse_chat(chat, ("m",), 20).max_tokens == 1
     for sent in (completion, chat):

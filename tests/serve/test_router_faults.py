@@ -34,7 +34,9 @@ class Upstreams:
         if side in self.answer:
             return self.answer[side](request)
         if side == "prefill":
-            return httpx.Response(200, json={"choices": [{"text": "x"}], "kv_transfer_params": PARAMS})
+            return httpx.Response(
+                200, json={"choices": [{"text": "x"}], "kv_transfer_params": PARAMS}
+            )
         return httpx.Response(200, json={"choices": [{"text": "decoded"}]})
 
     def sent(self, side: str, method: str = "POST"):
@@ -42,45 +44,64 @@ class Upstreams:
 
 
 def route(upstreams: Upstreams, **config) -> TestClient:
-    app = build_router(RouteConfig(PREFILL, DECODE, **config), transport=httpx.MockTransport(upstreams))
+    app = build_router(
+        RouteConfig(PREFILL, DECODE, **config), transport=httpx.MockTransport(upstreams)
+    )
     return TestClient(app)
 
 
 def test_a_cookie_one_client_is_sent_never_reaches_another():
     up = Upstreams()
-    up.answer["decode"] = lambda r: httpx.Response(200, json={"choices": [{"text": "d"}]},
-                                                   headers={"set-cookie": "session=alice; Path=/"})
+    up.answer["decode"] = lambda r: httpx.Response(
+        200, json={"choices": [{"text": "d"}]}, headers={"set-cookie": "session=alice; Path=/"}
+    )
     alice = route(up)
     first = alice.post("/v1/completions", json={"prompt": "a"})
     assert first.status_code == 200 and first.headers["set-cookie"].startswith("session=alice")
-    bob = TestClient(alice.app)           # another client, the same router
+    bob = TestClient(alice.app)  # another client, the same router
     assert bob.post("/v1/completions", json={"prompt": "b"}).status_code == 200
     bobs = [s for s in up.seen[2:]]
     assert bobs and all("cookie" not in headers for _, _, _, headers, _ in bobs)
-    alice.post("/v1/completions", json={"prompt": "a"})      # alice's own cookie goes with hers
+    alice.post("/v1/completions", json={"prompt": "a"})  # alice's own cookie goes with hers
     assert all(headers.get("cookie") == "session=alice" for _, _, _, headers, _ in up.seen[4:])
 
 
 def test_end_to_end_headers_pass_both_ways_and_hop_by_hop_ones_do_not():
     up = Upstreams()
     up.answer["prefill"] = lambda r: httpx.Response(
-        429, json={"error": {"message": "busy"}},
-        headers={"retry-after": "7", "x-upstream": "p", "connection": "x-secret", "x-secret": "1",
-                 "keep-alive": "timeout=5"})
+        429,
+        json={"error": {"message": "busy"}},
+        headers={
+            "retry-after": "7",
+            "x-upstream": "p",
+            "connection": "x-secret",
+            "x-secret": "1",
+            "keep-alive": "timeout=5",
+        },
+    )
     client = route(up)
-    resp = client.post("/v1/completions", json={"prompt": "a"},
-                       headers={"x-request-id": "r-1", "authorization": "Bearer k",
-                                "connection": "keep-alive, x-hop", "x-hop": "1", "te": "trailers"})
+    resp = client.post(
+        "/v1/completions",
+        json={"prompt": "a"},
+        headers={
+            "x-request-id": "r-1",
+            "authorization": "Bearer k",
+            "connection": "keep-alive, x-hop",
+            "x-hop": "1",
+            "te": "trailers",
+        },
+    )
     assert resp.status_code == 429 and resp.json()["error"]["message"] == "busy"
     assert resp.headers["retry-after"] == "7" and resp.headers["x-upstream"] == "p"
     assert "x-secret" not in resp.headers and "keep-alive" not in resp.headers
-    (_, _, _, sent, _), = up.sent("prefill")
+    ((_, _, _, sent, _),) = up.sent("prefill")
     assert sent["x-request-id"] == "r-1" and sent["authorization"] == "Bearer k"
     assert "x-hop" not in sent and "te" not in sent and sent["content-type"] == "application/json"
     assert not up.sent("decode")
     up.answer.pop("prefill")
-    up.answer["decode"] = lambda r: httpx.Response(503, json={"error": {"message": "down"}},
-                                                   headers={"retry-after": "3"})
+    up.answer["decode"] = lambda r: httpx.Response(
+        503, json={"error": {"message": "down"}}, headers={"retry-after": "3"}
+    )
     resp = client.post("/v1/completions", json={"prompt": "a"}, headers={"x-request-id": "r-2"})
     assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
     assert up.sent("decode")[-1][3]["x-request-id"] == "r-2"
@@ -112,12 +133,19 @@ def test_an_upstream_that_fails_is_502_or_504_naming_no_address(error, status, s
 
 def test_a_client_never_names_the_transfer_the_decode_side_loads():
     up = Upstreams()
-    up.answer["prefill"] = lambda r: httpx.Response(200, json={"choices": [{"text": "x"}]})   # no hand-off
+    up.answer["prefill"] = lambda r: httpx.Response(
+        200, json={"choices": [{"text": "x"}]}
+    )  # no hand-off
     client = route(up)
     victim = {"transfer_id": "someone-elses", "num_tokens": 5}
-    assert client.post("/v1/completions", json={"prompt": "a", "kv_transfer_params": victim}).status_code == 200
+    assert (
+        client.post(
+            "/v1/completions", json={"prompt": "a", "kv_transfer_params": victim}
+        ).status_code
+        == 200
+    )
     assert "kv_transfer_params" not in up.sent("decode")[-1][4]
-    up.answer.pop("prefill")                     # with a hand-off: the prefill's params, not the client's
+    up.answer.pop("prefill")  # with a hand-off: the prefill's params, not the client's
     client.post("/v1/completions", json={"prompt": "a", "kv_transfer_params": victim})
     assert up.sent("decode")[-1][4]["kv_transfer_params"] == PARAMS
     assert all(s[4]["kv_transfer_params"] == {"do_remote_decode": True} for s in up.sent("prefill"))
@@ -139,7 +167,7 @@ def test_a_decode_that_fails_has_the_prefill_drop_the_transfer(stream):
     up.answer["decode"] = down
     assert client.post("/v1/completions", json={"prompt": "a", "stream": stream}).status_code == 502
     assert len(up.sent("prefill", "DELETE")) == 2
-    up.answer.pop("decode")                    # a decode that answers: its connector frees the transfer
+    up.answer.pop("decode")  # a decode that answers: its connector frees the transfer
     assert client.post("/v1/completions", json={"prompt": "a"}).status_code == 200
     assert len(up.sent("prefill", "DELETE")) == 2
 
@@ -153,20 +181,32 @@ def test_a_body_past_the_limit_is_413_and_reaches_no_upstream():
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=50),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["prompt", "messages", "stream", "kv_transfer_params", "max_tokens", "x"]), inner,
-        max_size=4),
-    max_leaves=20)
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["prompt", "messages", "stream", "kv_transfer_params", "max_tokens", "x"]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(body=JSON, path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
 def test_no_body_gets_a_5xx_from_the_router(body, path):
     """Upstreams that answer normally: whatever the client sends, the router answers 2xx or 4xx.
     (Numbers past Python's int limit: tests/serve/test_serve_fuzz.py's Raw, at the router too.)"""
     up = Upstreams()
     client = route(up)
-    resp = client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    resp = client.post(
+        path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
     assert resp.status_code < 500, (resp.status_code, resp.text[:200])
     huge = client.post(path, content=b'{"prompt": ' + b"9" * 5000 + b"}")
     assert huge.status_code == 400

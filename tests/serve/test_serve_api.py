@@ -28,8 +28,10 @@ def _post(server, body, path="/v1/completions"):
 
 def test_openai_client_text_prompt_matches_transformers(server, tiny_model):
     text = "The capital of France is"
-    out = _client(server).completions.create(model=server.model, prompt=text, max_tokens=1, logprobs=5)
-    ids = list(text.encode())        # the byte-level tokenizer: one token per byte
+    out = _client(server).completions.create(
+        model=server.model, prompt=text, max_tokens=1, logprobs=5
+    )
+    ids = list(text.encode())  # the byte-level tokenizer: one token per byte
     ref = hf_logprobs(tiny_model, ids)[-1]
     top_lp, top_ids = ref.topk(5)
     choice = out.choices[0]
@@ -55,14 +57,19 @@ def test_token_id_prompts_and_cached_tokens(server, tiny_model):
     assert [c["index"] for c in data["choices"]] == [0, 1]
     for choice, ids in zip(data["choices"], prompts):
         ref = hf_logprobs(tiny_model, ids)[-1]
-        assert math.isclose(choice["logprobs"]["token_logprobs"][0], float(ref.max()), abs_tol=FP32_ATOL)
+        assert math.isclose(
+            choice["logprobs"]["token_logprobs"][0], float(ref.max()), abs_tol=FP32_ATOL
+        )
     assert data["usage"]["prompt_tokens"] == 140
     # the same prompts again: their full blocks come from the cache (block size 16)
     again = _post(server, body).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 2 * 64
     for a, b in zip(data["choices"], again["choices"]):
-        assert math.isclose(a["logprobs"]["token_logprobs"][0], b["logprobs"]["token_logprobs"][0],
-                            abs_tol=FP32_ATOL)
+        assert math.isclose(
+            a["logprobs"]["token_logprobs"][0],
+            b["logprobs"]["token_logprobs"][0],
+            abs_tol=FP32_ATOL,
+        )
     # one token-id list, not nested; max_tokens 0: prefill only, no text
     one = _post(server, {"prompt": prompts[0], "max_tokens": 0}).json()
     assert one["choices"][0]["text"] == "" and one["usage"]["completion_tokens"] == 0
@@ -70,8 +77,10 @@ def test_token_id_prompts_and_cached_tokens(server, tiny_model):
 
 
 def test_list_of_strings_and_echo(server):
-    out = _client(server).completions.create(model=server.model, prompt=["ab", "xyz"], max_tokens=1, echo=True)
-    assert [c.text[:len(p)] for c, p in zip(out.choices, ["ab", "xyz"])] == ["ab", "xyz"]
+    out = _client(server).completions.create(
+        model=server.model, prompt=["ab", "xyz"], max_tokens=1, echo=True
+    )
+    assert [c.text[: len(p)] for c, p in zip(out.choices, ["ab", "xyz"])] == ["ab", "xyz"]
     assert all(len(c.text) == len(p) + 1 for c, p in zip(out.choices, ["ab", "xyz"]))
     assert out.usage.prompt_tokens == 5
 
@@ -82,37 +91,52 @@ def test_models_health_metrics(server):
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     _post(server, {"prompt": [1, 2, 3]})
     text = httpx.get(f"{server.url}/metrics").text
-    for name in ("wavepp_requests_total{outcome=\"ok\"}", "wavepp_requests_waiting", "wavepp_requests_running",
-                 "wavepp_prompt_tokens_total", "wavepp_cached_tokens_total", "wavepp_computed_tokens_total",
-                 "wavepp_prefix_hit_rate", "wavepp_ttft_seconds_bucket", "wavepp_queue_seconds_bucket",
-                 "wavepp_stage_busy_fraction{stage=\"1\"}", "wavepp_admission_round_seconds_count",
-                 "wavepp_stage_blocks{stage=\"0\",state=\"free\"}",
-                 "wavepp_stage_blocks{stage=\"1\",state=\"leased\"}"):
+    for name in (
+        'wavepp_requests_total{outcome="ok"}',
+        "wavepp_requests_waiting",
+        "wavepp_requests_running",
+        "wavepp_prompt_tokens_total",
+        "wavepp_cached_tokens_total",
+        "wavepp_computed_tokens_total",
+        "wavepp_prefix_hit_rate",
+        "wavepp_ttft_seconds_bucket",
+        "wavepp_queue_seconds_bucket",
+        'wavepp_stage_busy_fraction{stage="1"}',
+        "wavepp_admission_round_seconds_count",
+        'wavepp_stage_blocks{stage="0",state="free"}',
+        'wavepp_stage_blocks{stage="1",state="leased"}',
+    ):
         assert name in text, name
     ok = _metric(text, 'wavepp_requests_total{outcome="ok"}')
     _post(server, {"prompt": [4, 5, 6]})
-    assert _metric(httpx.get(f"{server.url}/metrics").text, 'wavepp_requests_total{outcome="ok"}') == ok + 1
+    assert (
+        _metric(httpx.get(f"{server.url}/metrics").text, 'wavepp_requests_total{outcome="ok"}')
+        == ok + 1
+    )
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"prompt": ""}, "prompt", "empty"),
-    ({"prompt": []}, "prompt", "non-empty"),
-    ({"prompt": [[]]}, "prompt[0]", "empty"),
-    ({"prompt": [1, 2, VOCAB]}, "prompt", "outside the vocabulary"),
-    ({"prompt": [[1], [2, -1]]}, "prompt[1]", "outside the vocabulary"),
-    ({"prompt": [1] * (MAX_POSITIONS + 1)}, "prompt", "at most 512 tokens"),
-    ({"prompt": 2.7}, "prompt", "must be"),
-    ({"prompt": [1, 2.5]}, "prompt", "must be integers"),
-    ({"prompt": [1, True]}, "prompt", "must be integers"),
-    ({"prompt": ["a", 3]}, "prompt[1]", "must be a string"),
-    ({}, "prompt", "required"),
-    ({"prompt": "a", "max_tokens": 16}, "max_tokens", "prefill engine"),
-    ({"prompt": "a", "max_tokens": "1"}, "max_tokens", "integer"),
-    ({"prompt": "a", "logprobs": 21}, "logprobs", "at most 20"),
-    ({"prompt": "a", "echo": "yes"}, "echo", "boolean"),
-    ({"prompt": "a", "model": "gpt-4"}, "model", "does not exist"),
-    ({"prompt": "a", "n": 2}, "n", "one choice"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"prompt": ""}, "prompt", "empty"),
+        ({"prompt": []}, "prompt", "non-empty"),
+        ({"prompt": [[]]}, "prompt[0]", "empty"),
+        ({"prompt": [1, 2, VOCAB]}, "prompt", "outside the vocabulary"),
+        ({"prompt": [[1], [2, -1]]}, "prompt[1]", "outside the vocabulary"),
+        ({"prompt": [1] * (MAX_POSITIONS + 1)}, "prompt", "at most 512 tokens"),
+        ({"prompt": 2.7}, "prompt", "must be"),
+        ({"prompt": [1, 2.5]}, "prompt", "must be integers"),
+        ({"prompt": [1, True]}, "prompt", "must be integers"),
+        ({"prompt": ["a", 3]}, "prompt[1]", "must be a string"),
+        ({}, "prompt", "required"),
+        ({"prompt": "a", "max_tokens": 16}, "max_tokens", "prefill engine"),
+        ({"prompt": "a", "max_tokens": "1"}, "max_tokens", "integer"),
+        ({"prompt": "a", "logprobs": 21}, "logprobs", "at most 20"),
+        ({"prompt": "a", "echo": "yes"}, "echo", "boolean"),
+        ({"prompt": "a", "model": "gpt-4"}, "model", "does not exist"),
+        ({"prompt": "a", "n": 2}, "n", "one choice"),
+    ],
+)
 def test_bad_input_is_400_naming_the_field(server, body, param, words):
     r = _post(server, body)
     assert r.status_code == 400, r.text
@@ -122,10 +146,14 @@ def test_bad_input_is_400_naming_the_field(server, body, param, words):
 
 
 def test_malformed_json_and_openai_error(server):
-    r = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": [1, 2', timeout=10,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        content=b'{"prompt": [1, 2',
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-    r = httpx.post(f"{server.url}/v1/completions", content=b'[1, 2]', timeout=10)
+    r = httpx.post(f"{server.url}/v1/completions", content=b"[1, 2]", timeout=10)
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
     r = httpx.post(f"{server.url}/v1/completions", content=b"[" * 5000 + b"]" * 5000, timeout=10)
     assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"]
@@ -150,20 +178,28 @@ def test_echo_prompt_logprobs_match_transformers_never_from_cache(server, tiny_m
     rng = random.Random(8)
     ids = [rng.randrange(VOCAB) for _ in range(50)]
     ref = hf_logprobs(tiny_model, ids)
-    assert _post(server, {"prompt": ids}).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert _post(server, {"prompt": ids}).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 48
+    assert (
+        _post(server, {"prompt": ids}).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == 0
+    )
+    assert (
+        _post(server, {"prompt": ids}).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == 48
+    )
     out = _post(server, {"prompt": ids, "echo": True, "max_tokens": 1, "prompt_logprobs": 2}).json()
-    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0    # computed, not reused
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed, not reused
     plp = out["choices"][0]["prompt_logprobs"]
     assert plp[0] is None and len(plp) == len(ids)
     for p in range(1, len(ids)):
         entry = plp[p][str(ids[p])]
         assert math.isclose(entry["logprob"], float(ref[p - 1, ids[p]]), abs_tol=FP32_ATOL), p
-        assert len(plp[p]) in (2, 3)    # the top 2, and the prompt's token if not among them
+        assert len(plp[p]) in (2, 3)  # the top 2, and the prompt's token if not among them
         for t, e in plp[p].items():
             assert math.isclose(e["logprob"], float(ref[p - 1, int(t)]), abs_tol=FP32_ATOL)
     # OpenAI's echo with logprobs: the prompt's tokens, then the first token
-    legacy = _client(server).completions.create(model=server.model, prompt=ids, max_tokens=1, echo=True, logprobs=1)
+    legacy = _client(server).completions.create(
+        model=server.model, prompt=ids, max_tokens=1, echo=True, logprobs=1
+    )
     lp = legacy.choices[0].logprobs
     assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None
     for p in range(1, len(ids)):
@@ -171,7 +207,9 @@ def test_echo_prompt_logprobs_match_transformers_never_from_cache(server, tiny_m
     assert math.isclose(lp.token_logprobs[-1], float(ref[-1].max()), abs_tol=FP32_ATOL)
 
 
-@pytest.mark.parametrize("apply_softmax, item_first", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize(
+    "apply_softmax, item_first", [(True, False), (False, False), (False, True)]
+)
 def test_score_matches_transformers(server, tiny_model, apply_softmax, item_first):
     import torch
 
@@ -179,8 +217,18 @@ def test_score_matches_transformers(server, tiny_model, apply_softmax, item_firs
     query = [rng.randrange(VOCAB) for _ in range(40)]
     items = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 17)]
     labels = [7, 42, 200]
-    r = _post(server, {"model": server.model, "query": query, "items": items, "label_token_ids": labels,
-                       "apply_softmax": apply_softmax, "item_first": item_first}, path="/v1/score")
+    r = _post(
+        server,
+        {
+            "model": server.model,
+            "query": query,
+            "items": items,
+            "label_token_ids": labels,
+            "apply_softmax": apply_softmax,
+            "item_first": item_first,
+        },
+        path="/v1/score",
+    )
     assert r.status_code == 200, r.text
     scores = r.json()["scores"]
     assert len(scores) == 3
@@ -193,21 +241,36 @@ def test_score_matches_transformers(server, tiny_model, apply_softmax, item_firs
         if apply_softmax:
             assert math.isclose(sum(row), 1.0, abs_tol=1e-9)
     # the query is reused: a second call finds it (and the items) cached
-    again = _post(server, {"query": query, "items": items, "label_token_ids": labels,
-                           "apply_softmax": apply_softmax, "item_first": item_first}, path="/v1/score").json()
+    again = _post(
+        server,
+        {
+            "query": query,
+            "items": items,
+            "label_token_ids": labels,
+            "apply_softmax": apply_softmax,
+            "item_first": item_first,
+        },
+        path="/v1/score",
+    ).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert sum(again["scores"], []) == pytest.approx(sum(scores, []), rel=1e-4, abs=1e-7)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"items": ["a"], "label_token_ids": [1]}, "query"),
-    ({"query": "a", "label_token_ids": [1]}, "items"),
-    ({"query": "a", "items": [], "label_token_ids": [1]}, "items"),
-    ({"query": "a", "items": ["b", ""], "label_token_ids": [1]}, "items[1]"),
-    ({"query": "a", "items": ["b"], "label_token_ids": [VOCAB]}, "label_token_ids"),
-    ({"query": "a", "items": ["b"]}, "label_token_ids"),
-    ({"query": "a", "items": ["b"], "label_token_ids": [1], "apply_softmax": 1}, "apply_softmax"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"items": ["a"], "label_token_ids": [1]}, "query"),
+        ({"query": "a", "label_token_ids": [1]}, "items"),
+        ({"query": "a", "items": [], "label_token_ids": [1]}, "items"),
+        ({"query": "a", "items": ["b", ""], "label_token_ids": [1]}, "items[1]"),
+        ({"query": "a", "items": ["b"], "label_token_ids": [VOCAB]}, "label_token_ids"),
+        ({"query": "a", "items": ["b"]}, "label_token_ids"),
+        (
+            {"query": "a", "items": ["b"], "label_token_ids": [1], "apply_softmax": 1},
+            "apply_softmax",
+        ),
+    ],
+)
 def test_score_bad_input_is_400(server, body, param):
     r = _post(server, body, path="/v1/score")
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

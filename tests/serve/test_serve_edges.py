@@ -50,12 +50,22 @@ def metric(server, name: str) -> float:
     raise KeyError(name)
 
 
-def aborted_after_disconnect(server, aborted: str, ok: str, before_aborted: float, before_ok: float,
-                             num_prompts: int, timeout_s: float, what: str) -> bool:
+def aborted_after_disconnect(
+    server,
+    aborted: str,
+    ok: str,
+    before_aborted: float,
+    before_ok: float,
+    num_prompts: int,
+    timeout_s: float,
+    what: str,
+) -> bool:
     """After a client left: wait until the server counts an abort (True) or all `num_prompts`
     finished (False); neither within timeout_s fails the test."""
     deadline = time.monotonic() + timeout_s
-    while metric(server, aborted) == before_aborted and metric(server, ok) < before_ok + num_prompts:
+    while (
+        metric(server, aborted) == before_aborted and metric(server, ok) < before_ok + num_prompts
+    ):
         assert time.monotonic() < deadline, f"the disconnected {what} neither aborted nor finished"
         time.sleep(0.1)
     return metric(server, aborted) > before_aborted
@@ -66,8 +76,13 @@ def test_overload_gets_429_with_retry_after(edge_server, tiny_model):
 
     async def main():
         async with httpx.AsyncClient(base_url=edge_server.url, timeout=120) as client:
-            return await asyncio.gather(*(client.post("/v1/completions", json={"prompt": p, "logprobs": 1})
-                                          for p in prompts))
+            return await asyncio.gather(
+                *(
+                    client.post("/v1/completions", json={"prompt": p, "logprobs": 1})
+                    for p in prompts
+                )
+            )
+
     responses = asyncio.run(main())
     codes = [r.status_code for r in responses]
     assert set(codes) <= {200, 429} and codes.count(429) > 0 and codes.count(200) > 0, codes
@@ -96,16 +111,25 @@ def test_client_disconnect_aborts(edge_server):
         try:
             httpx.post(f"{edge_server.url}/v1/completions", json=body, timeout=timeout_s)
             outcomes.append(f"answered within {timeout_s} s")
-            continue                       # finished in time: nothing to disconnect from
+            continue  # finished in time: nothing to disconnect from
         except httpx.TimeoutException:
             pass
-        if aborted_after_disconnect(edge_server, aborted, ok, before_aborted, before_ok, 4, 20, "request"):
+        if aborted_after_disconnect(
+            edge_server, aborted, ok, before_aborted, before_ok, 4, 20, "request"
+        ):
             break
         outcomes.append(f"finished after the client left at {timeout_s} s")
     else:
-        pytest.fail(f"no request was still running when its client disconnected, in 10 tries: {outcomes}")
+        pytest.fail(
+            f"no request was still running when its client disconnected, in 10 tries: {outcomes}"
+        )
     assert_clean(edge_server)
-    assert httpx.post(f"{edge_server.url}/v1/completions", json={"prompt": [1, 2, 3]}, timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            f"{edge_server.url}/v1/completions", json={"prompt": [1, 2, 3]}, timeout=60
+        ).status_code
+        == 200
+    )
 
 
 def test_killed_stage_is_503_naming_it(edge_server):
@@ -113,15 +137,17 @@ def test_killed_stage_is_503_naming_it(edge_server):
     inflight = {}
 
     def long_request():
-        inflight["r"] = httpx.post(f"{edge_server.url}/v1/completions", json={"prompt": _prompts(4, 480, 3)},
-                                   timeout=60)
+        inflight["r"] = httpx.post(
+            f"{edge_server.url}/v1/completions", json={"prompt": _prompts(4, 480, 3)}, timeout=60
+        )
+
     t = threading.Thread(target=long_request)
     t.start()
     time.sleep(0.05)
     os.kill(edge_server.stage_pids[0], signal.SIGKILL)
     t.join(60)
     assert not t.is_alive()
-    assert inflight["r"].status_code in (200, 503)    # it may have finished just before the kill
+    assert inflight["r"].status_code in (200, 503)  # it may have finished just before the kill
     deadline = time.monotonic() + 10
     while (health := httpx.get(f"{edge_server.url}/health", timeout=10)).status_code == 200:
         assert time.monotonic() < deadline
@@ -141,10 +167,14 @@ def test_sigterm_with_requests_in_flight_leaves_no_stage(tiny_model):
 
     def request():
         try:
-            done.append(httpx.post(f"{srv.url}/v1/completions", json={"prompt": _prompts(8, 480, 4)},
-                                   timeout=60).status_code)
+            done.append(
+                httpx.post(
+                    f"{srv.url}/v1/completions", json={"prompt": _prompts(8, 480, 4)}, timeout=60
+                ).status_code
+            )
         except httpx.HTTPError as exc:
             done.append(type(exc).__name__)
+
     threads = [threading.Thread(target=request) for _ in range(4)]
     for t in threads:
         t.start()

@@ -26,7 +26,9 @@ MESSAGES = [{"role": "user", "content": "Name a colour."}]
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     store = tmp_path_factory.mktemp("kv")
-    engine = Engine(str(tiny_model), pp=2, dtype="float32", kv_store=str(store), profile_waves=False)
+    engine = Engine(
+        str(tiny_model), pp=2, dtype="float32", kv_store=str(store), profile_waves=False
+    )
     fail = threading.Event()
     exporter = engine._core.stage.exporter
     write_part = exporter.store.write_part
@@ -70,7 +72,10 @@ def _reason(store, transfer_id):
 
 def test_a_failed_part_is_reported_in_the_answer_and_the_metrics(served):
     url, store, fail, engine = served
-    bodies = {"/v1/completions": {"prompt": [5, 6, 7] * 20}, "/v1/chat/completions": {"messages": MESSAGES}}
+    bodies = {
+        "/v1/completions": {"prompt": [5, 6, 7] * 20},
+        "/v1/chat/completions": {"messages": MESSAGES},
+    }
     answers = {}
     for failing in (False, True):
         if failing:
@@ -85,19 +90,25 @@ def test_a_failed_part_is_reported_in_the_answer_and_the_metrics(served):
     for path in bodies:
         ok, failed = answers[path, False], answers[path, True]
         text = "text" if path == "/v1/completions" else "message"
-        assert failed["choices"][0][text] == ok["choices"][0][text]     # the first token does not change
+        assert (
+            failed["choices"][0][text] == ok["choices"][0][text]
+        )  # the first token does not change
         params = ok["kv_transfer_params"]
-        assert "error" not in params and len(store.read(params["transfer_id"]).parts) == 2   # whole, at once
+        assert (
+            "error" not in params and len(store.read(params["transfer_id"]).parts) == 2
+        )  # whole, at once
         params = failed["kv_transfer_params"]
         assert params["error"] == "stage 0: [Errno 28] No space left on device (injected)", params
         # the answer's "error" is what the decode side reads first; the store's mark follows
         # off the engine's lock (the sweeper)
-        assert wait_for(lambda: _reason(store, params["transfer_id"]) == "failed")
+        assert wait_for(lambda params=params: _reason(store, params["transfer_id"]) == "failed")
         with pytest.raises(TransferError) as err:
             store.read(params["transfer_id"])
         assert "No space left on device" in str(err.value)
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    assert _metric(metrics, 'wavepp_kv_exports_total{outcome="written"}') == 6     # 4 answers x 2 stages - 2
+    assert (
+        _metric(metrics, 'wavepp_kv_exports_total{outcome="written"}') == 6
+    )  # 4 answers x 2 stages - 2
     assert _metric(metrics, 'wavepp_kv_exports_total{outcome="failed"}') == 2
     assert _metric(metrics, 'wavepp_requests_total{outcome="ok"}') == 4
     assert engine.kv_export_counts() == (6, 2)
@@ -117,7 +128,9 @@ def test_a_full_disk_still_answers_and_leaves_no_folder(served, monkeypatch):
     is left in the store (it was a 500 and an empty folder per request)."""
     url, store, _, engine = served
     before = sorted(p.name for p in store.root.iterdir())
-    ok = httpx.post(f"{url}/v1/completions", json={"prompt": [5, 6, 7] * 5, "max_tokens": 1}, timeout=60).json()
+    ok = httpx.post(
+        f"{url}/v1/completions", json={"prompt": [5, 6, 7] * 5, "max_tokens": 1}, timeout=60
+    ).json()
     from wavepp.kv_transfer import directory_store as store_module
 
     def full(path, data):
@@ -125,11 +138,14 @@ def test_a_full_disk_still_answers_and_leaves_no_folder(served, monkeypatch):
 
     monkeypatch.setattr(store_module, "_write_atomic", full)
     for _ in range(3):
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": [5, 6, 7] * 5, **HAND_OFF}, timeout=60)
+        r = httpx.post(
+            f"{url}/v1/completions", json={"prompt": [5, 6, 7] * 5, **HAND_OFF}, timeout=60
+        )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == ok["choices"][0]["text"]
         assert r.json()["kv_transfer_params"] == {
-            "error": "the KV store could not take the transfer: No space left on device"}
+            "error": "the KV store could not take the transfer: No space left on device"
+        }
     assert sorted(p.name for p in store.root.iterdir()) == before
 
 
@@ -140,11 +156,18 @@ def test_a_transfer_given_up_is_dropped_and_nothing_else_is(served):
     transfer_id = r.json()["kv_transfer_params"]["transfer_id"]
     assert (store.root / transfer_id).is_dir()
     gone = httpx.delete(f"{url}/v1/kv_transfers/{transfer_id}", timeout=10)
-    assert gone.status_code == 200 and gone.json() == {"id": transfer_id, "object": "kv_transfer", "deleted": True}
+    assert gone.status_code == 200 and gone.json() == {
+        "id": transfer_id,
+        "object": "kv_transfer",
+        "deleted": True,
+    }
     assert wait_for(lambda: not (store.root / transfer_id).exists())
     for name in (transfer_id, "my-notes", ".hidden", "x" * 300):
         r = httpx.delete(f"{url}/v1/kv_transfers/{name}", timeout=10)
-        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (name, r.text)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (
+            name,
+            r.text,
+        )
     assert (store.root / "my-notes").is_dir()
 
 
@@ -161,8 +184,11 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
     dead = f"http://127.0.0.1:{free_port()}"
     with app_in_thread(build_router(RouteConfig(url, dead, timeout_s=30))) as router:
         for i in range(4):
-            r = httpx.post(f"{router}/v1/completions", json={"prompt": [5, 6, 7 + i] * 10, "max_tokens": 4},
-                           timeout=60)
+            r = httpx.post(
+                f"{router}/v1/completions",
+                json={"prompt": [5, 6, 7 + i] * 10, "max_tokens": 4},
+                timeout=60,
+            )
             assert r.status_code == 502, r.text
             assert "decode server" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
     assert wait_for(lambda: transfers() == before), transfers() - before

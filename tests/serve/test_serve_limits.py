@@ -24,8 +24,15 @@ QUICK_S = 1.0
 
 @pytest.fixture(scope="module")
 def limited(tiny_model):
-    srv = ServerProcess(tiny_model, "--max-waiting", "16", "--max-prompts-per-request", "16",
-                        "--max-body-bytes", str(MAX_BODY))
+    srv = ServerProcess(
+        tiny_model,
+        "--max-waiting",
+        "16",
+        "--max-prompts-per-request",
+        "16",
+        "--max-body-bytes",
+        str(MAX_BODY),
+    )
     yield srv
     srv.stop()
 
@@ -57,9 +64,13 @@ class Beside:
     def _run(self):
         with httpx.Client(base_url=self.server.url, timeout=60) as client:
             while not self._stop.is_set():
-                for name, call in (("health", lambda: client.get("/health")),
-                                   ("completion", lambda: client.post(
-                                       "/v1/completions", json={"prompt": self.prompt}))):
+                for name, call in (
+                    ("health", lambda: client.get("/health")),
+                    (
+                        "completion",
+                        lambda: client.post("/v1/completions", json={"prompt": self.prompt}),
+                    ),
+                ):
                     r, s = _timed(call)
                     self.spans.append((name, r.status_code, s))
 
@@ -93,9 +104,10 @@ def test_a_body_past_the_limit_is_413_before_it_is_read(limited):
     r = _post(limited, "/v1/completions", content=b"[" + b"1," * (MAX_BODY // 2) + b"1]")
     assert "--max-body-bytes" in _error(r, 413)
 
-    def chunks():                          # no Content-Length: refused as it arrives
+    def chunks():  # no Content-Length: refused as it arrives
         for _ in range(MAX_BODY // 2**20 + 2):
             yield b" " * 2**20
+
     r = httpx.post(f"{limited.url}/v1/completions", content=chunks(), timeout=60)
     _error(r, 413)
     assert _post(limited, "/v1/completions", {"prompt": [1, 2, 3]}).status_code == 200
@@ -104,8 +116,11 @@ def test_a_body_past_the_limit_is_413_before_it_is_read(limited):
 def test_score_items_times_labels_past_the_limit_is_400_at_once(limited):
     """Before: every item x label prompt was built on the event loop (60,000 lists of 300
     tokens) and the answer was a 429 after seconds."""
-    body = {"query": list(range(1, 250)) + list(range(1, 50)), "items": [[5, 6, 7]],
-            "label_token_ids": [i % VOCAB for i in range(60_000)]}
+    body = {
+        "query": list(range(1, 250)) + list(range(1, 50)),
+        "items": [[5, 6, 7]],
+        "label_token_ids": [i % VOCAB for i in range(60_000)],
+    }
     r, seconds = _timed(lambda: _post(limited, "/v1/score", body))
     message = _error(r, 400)
     assert "1 items x 60000 labels" in message and "--max-prompts-per-request" in message
@@ -122,25 +137,28 @@ def test_more_prompts_than_can_be_queued_is_400_not_429(tiny_model):
         prompts = [[1, 2, 3 + i] for i in range(5)]
         message = _error(_post(srv, "/v1/completions", {"prompt": prompts}), 400)
         assert "--max-waiting" in message and "never" in message
-        message = _error(_post(srv, "/v1/completions", {"prompt": prompts * 2}), 400)   # 10 > 6
+        message = _error(_post(srv, "/v1/completions", {"prompt": prompts * 2}), 400)  # 10 > 6
         assert "--max-prompts-per-request" in message
         assert _post(srv, "/v1/completions", {"prompt": prompts[:4]}).status_code == 200
     finally:
         srv.stop()
 
 
-HUGE = b"9" * 5000      # past Python's int-to-str limit (4,300 digits): json.loads raises ValueError
+HUGE = b"9" * 5000  # past Python's int-to-str limit (4,300 digits): json.loads raises ValueError
 
 
-@pytest.mark.parametrize("path,template", [
-    ("/v1/completions", b'{"prompt": [%s]}'),
-    ("/v1/completions", b'{"prompt": [1, 2], "max_tokens": %s}'),
-    ("/v1/completions", b'{"prompt": [1, 2], "logprobs": %s}'),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "seed": %s}'),
-    ("/v1/score", b'{"query": [1], "items": [[2]], "label_token_ids": [%s]}'),
-    ("/tokenize", b'{"prompt": "a", "n": %s}'),
-    ("/detokenize", b'{"tokens": [%s]}'),
-])
+@pytest.mark.parametrize(
+    "path,template",
+    [
+        ("/v1/completions", b'{"prompt": [%s]}'),
+        ("/v1/completions", b'{"prompt": [1, 2], "max_tokens": %s}'),
+        ("/v1/completions", b'{"prompt": [1, 2], "logprobs": %s}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "seed": %s}'),
+        ("/v1/score", b'{"query": [1], "items": [[2]], "label_token_ids": [%s]}'),
+        ("/tokenize", b'{"prompt": "a", "n": %s}'),
+        ("/detokenize", b'{"tokens": [%s]}'),
+    ],
+)
 def test_an_integer_of_5000_digits_is_400(limited, path, template):
     message = _error(_post(limited, path, content=template % HUGE), 400)
     assert "JSON" in message
@@ -158,6 +176,7 @@ def test_a_large_answer_is_built_off_the_event_loop(limited):
     def big():
         out["r"] = _post(limited, "/v1/completions", body)
         done.set()
+
     thread = threading.Thread(target=big)
     thread.start()
     spans = []
@@ -182,26 +201,31 @@ def test_stream_slots_are_bounded_and_always_given_back():
         slots.take()
     assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "3"}
     a.release()
-    a.release()                            # idempotent: one slot back, not two
+    a.release()  # idempotent: one slot back, not two
     assert slots.num_open == 1
     c = slots.take()
 
     async def never_started():
         yield "x"
+
     gen = never_started()
     c.bind(gen)
-    del gen                                # a stream whose client left before its first event
+    del gen  # a stream whose client left before its first event
     import gc
+
     gc.collect()
     assert slots.num_open == 1
     b.release()
     assert slots.num_open == 0
 
 
-
-SMALL = (("GET", "/health", None), ("GET", "/v1/models", None),
-         ("POST", "/tokenize", {"prompt": "a short text"}),
-         ("POST", "/detokenize", {"tokens": [104, 105]}), ("GET", "/metrics", None))
+SMALL = (
+    ("GET", "/health", None),
+    ("GET", "/v1/models", None),
+    ("POST", "/tokenize", {"prompt": "a short text"}),
+    ("POST", "/detokenize", {"tokens": [104, 105]}),
+    ("GET", "/metrics", None),
+)
 # what a sub-millisecond request may wait beside the largest one on top of 2x its time alone:
 # the OS's share of a core on this 2-core machine, both of whose cores compute the large request
 # (stage 0 in the server's process, stage 1 in its own); measured here: at most 16 ms
@@ -218,19 +242,22 @@ def test_small_requests_beside_the_largest_answer_keep_their_latency(limited):
     prompts = [[rng.randrange(VOCAB) for _ in range(500)] for _ in range(16)]
     body = {"prompt": prompts, "echo": True, "logprobs": 20, "prompt_logprobs": 20}
     with httpx.Client(base_url=limited.url, timeout=60) as client:
+
         def small(i):
             method, path, small_body = SMALL[i % len(SMALL)]
             r, s = _timed(lambda: client.request(method, path, json=small_body))
             assert r.status_code == 200, r.text[:200]
             return s
+
         for i in range(len(SMALL)):
-            small(i)                                      # warm
+            small(i)  # warm
         alone = {i: sorted(small(i) for _ in range(9))[4] for i in range(len(SMALL))}
         done, out = threading.Event(), {}
 
         def big():
             out["r"], out["s"] = _timed(lambda: _post(limited, "/v1/completions", body))
             done.set()
+
         thread = threading.Thread(target=big)
         # this process's own full collections (its heap holds torch and transformers: 100-140
         # ms each, seen) would stall the small requests' clock, not the server
@@ -238,14 +265,16 @@ def test_small_requests_beside_the_largest_answer_keep_their_latency(limited):
         try:
             thread.start()
             beside = []
-            while not done.wait(0.005):       # over the large one's whole life: compute and answer
+            while not done.wait(0.005):  # over the large one's whole life: compute and answer
                 beside.append((len(beside), small(len(beside))))
             thread.join()
         finally:
             gc.enable()
     assert out["r"].status_code == 200 and len(out["r"].json()["choices"]) == 16
-    print(f"\nalone (median of 9, ms): {[round(alone[i] * 1e3, 2) for i in sorted(alone)]}; beside "
-          f"(ms): {[round(s * 1e3, 1) for _, s in beside]}; the large one {out['s']:.2f} s")
+    print(
+        f"\nalone (median of 9, ms): {[round(alone[i] * 1e3, 2) for i in sorted(alone)]}; beside "
+        f"(ms): {[round(s * 1e3, 1) for _, s in beside]}; the large one {out['s']:.2f} s"
+    )
     assert len(beside) >= 20, f"only {len(beside)} small requests ran beside the large one"
     for i, s in beside:
         bound = 2 * alone[i % len(SMALL)] + SCHEDULER_SLACK_S

@@ -37,7 +37,9 @@ class LockedEngine:
         self.max_prompt_tokens = 128
         self.submitted = []
         self.aborted = []
-        self.tokenizer = SimpleNamespace(token_text=lambda t: self.decode([t]), max_token_chars=lambda: 1)
+        self.tokenizer = SimpleNamespace(
+            token_text=lambda t: self.decode([t]), max_token_chars=lambda: 1
+        )
 
     def tokenize(self, prompt, *, add_special_tokens=True):
         return list(prompt.encode()) if isinstance(prompt, str) else list(prompt)
@@ -56,8 +58,11 @@ class LockedEngine:
             fut = Future()
             fut.request_id = len(self.submitted)
             self.submitted.append(ids)
-            fut.set_result(PrefillResult(fut.request_id, len(ids), 0, ids[-1], -0.5, ((ids[-1], -0.5),),
-                                         0.01, 0.0))
+            fut.set_result(
+                PrefillResult(
+                    fut.request_id, len(ids), 0, ids[-1], -0.5, ((ids[-1], -0.5),), 0.01, 0.0
+                )
+            )
             return fut
 
     def abort(self, request_id):
@@ -84,32 +89,50 @@ def served():
 
 def test_a_blocked_submit_does_not_block_other_requests(served):
     engine, url = served
-    engine.lock.acquire()                 # the engine is busy planning
+    engine.lock.acquire()  # the engine is busy planning
     blocked = {}
 
     def request(key, path, body):
         blocked[key] = httpx.post(f"{url}{path}", json=body, timeout=30)
-    threads = [threading.Thread(target=request, args=("completion", "/v1/completions", {"prompt": [1, 2, 3]})),
-               threading.Thread(target=request, args=("stream", "/v1/completions",
-                                                      {"prompt": [4, 5], "stream": True})),
-               threading.Thread(target=request, args=("chat", "/v1/chat/completions",
-                                                      {"messages": [{"role": "user", "content": "hi"}]}))]
+
+    threads = [
+        threading.Thread(
+            target=request, args=("completion", "/v1/completions", {"prompt": [1, 2, 3]})
+        ),
+        threading.Thread(
+            target=request, args=("stream", "/v1/completions", {"prompt": [4, 5], "stream": True})
+        ),
+        threading.Thread(
+            target=request,
+            args=(
+                "chat",
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}]},
+            ),
+        ),
+    ]
     try:
         for t in threads:
             t.start()
-        time.sleep(0.3)                   # all three are now inside submit, waiting for the lock
+        time.sleep(0.3)  # all three are now inside submit, waiting for the lock
         assert not blocked
-        for _ in range(3):                # the loop answers what does not need the lock
+        for _ in range(3):  # the loop answers what does not need the lock
             assert httpx.get(f"{url}/v1/models", timeout=FAST_S).json()["data"][0]["id"] == "fake"
             r = httpx.post(f"{url}/tokenize", json={"prompt": "abc"}, timeout=FAST_S)
             assert r.json()["tokens"] == [97, 98, 99]
-            assert httpx.post(f"{url}/v1/completions", content=b"[" * 5000, timeout=FAST_S).status_code == 400
-        assert not blocked                # and the three are still waiting for the lock
+            assert (
+                httpx.post(f"{url}/v1/completions", content=b"[" * 5000, timeout=FAST_S).status_code
+                == 400
+            )
+        assert not blocked  # and the three are still waiting for the lock
     finally:
         engine.lock.release()
     for t in threads:
         t.join(30)
-    assert blocked["completion"].status_code == 200 and blocked["completion"].json()["choices"][0]["text"] == "\x03"
+    assert (
+        blocked["completion"].status_code == 200
+        and blocked["completion"].json()["choices"][0]["text"] == "\x03"
+    )
     assert blocked["chat"].json()["choices"][0]["message"]["content"] == "i"
     assert blocked["stream"].text.endswith("data: [DONE]\n\n")
     assert len(engine.submitted) == 3
@@ -117,11 +140,27 @@ def test_a_blocked_submit_does_not_block_other_requests(served):
 
 def test_deep_and_malformed_bodies_are_400_never_500(served):
     _, url = served
-    bodies = [b"[" * 5000 + b"]" * 5000, b'{"prompt": ' + b"[" * 100_000, b'{"prompt": [1, ' + b"[" * 900 + b"]" * 901 + b"}",
-              b'{"messages": [{"role": "user", "content": ' + b"[" * 900 + b"]" * 900 + b"}]}",
-              b"\xff\xfe", b"", b"null", b'"text"', b'{"prompt": {"a": 1}}', b'{"prompt": NaN, "temperature": Infinity}',
-              b'{"prompt": [1], "temperature": NaN}', b'{"prompt": [1], "max_tokens": -Infinity}']
-    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/score"):
+    bodies = [
+        b"[" * 5000 + b"]" * 5000,
+        b'{"prompt": ' + b"[" * 100_000,
+        b'{"prompt": [1, ' + b"[" * 900 + b"]" * 901 + b"}",
+        b'{"messages": [{"role": "user", "content": ' + b"[" * 900 + b"]" * 900 + b"}]}",
+        b"\xff\xfe",
+        b"",
+        b"null",
+        b'"text"',
+        b'{"prompt": {"a": 1}}',
+        b'{"prompt": NaN, "temperature": Infinity}',
+        b'{"prompt": [1], "temperature": NaN}',
+        b'{"prompt": [1], "max_tokens": -Infinity}',
+    ]
+    for path in (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/tokenize",
+        "/detokenize",
+        "/v1/score",
+    ):
         for body in bodies:
             r = httpx.post(f"{url}{path}", content=body, timeout=10)
             assert r.status_code == 400, (path, body[:40], r.text[:200])
@@ -131,15 +170,52 @@ def test_deep_and_malformed_bodies_are_400_never_500(served):
 def _json_values():
     from hypothesis import strategies as st
 
-    scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
-    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                                max_size=4), max_leaves=12)
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**70), 2**70)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=8)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
 
 
-FIELDS = ("prompt", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "echo",
-          "prompt_logprobs", "stream", "stream_options", "temperature", "top_p", "top_k", "n", "seed", "stop",
-          "logit_bias", "response_format", "tools", "model", "query", "items", "label_token_ids", "tokens",
-          "add_generation_prompt", "continue_final_message", "return_token_strs", "add_special_tokens")
+FIELDS = (
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "prompt_logprobs",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "seed",
+    "stop",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "model",
+    "query",
+    "items",
+    "label_token_ids",
+    "tokens",
+    "add_generation_prompt",
+    "continue_final_message",
+    "return_token_strs",
+    "add_special_tokens",
+)
 
 
 def test_no_body_reaches_a_500(served):
@@ -150,7 +226,9 @@ def test_no_body_reaches_a_500(served):
     _, url = served
     client = httpx.Client(base_url=url, timeout=30)
     bodies = st.dictionaries(st.sampled_from(FIELDS), _json_values(), max_size=5) | _json_values()
-    paths = st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/score"])
+    paths = st.sampled_from(
+        ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/score"]
+    )
 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(paths, bodies)

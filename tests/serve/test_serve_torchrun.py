@@ -21,13 +21,43 @@ pytestmark = pytest.mark.slow
 
 def test_serve_two_nodes_under_torchrun(tiny_model):
     master, http = str(free_port()), free_port()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--master-addr", "127.0.0.1", "--master-port", master]
-    cmd = ["-m", "wavepp.cli", "serve", "--model", str(tiny_model), "--pp", "2", "--dtype", "float32",
-           "--port", str(http)]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        master,
+    ]
+    cmd = [
+        "-m",
+        "wavepp.cli",
+        "serve",
+        "--model",
+        str(tiny_model),
+        "--pp",
+        "2",
+        "--dtype",
+        "float32",
+        "--port",
+        str(http),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    nodes = [subprocess.Popen(torchrun + ["--node-rank", str(rank)] + cmd, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for rank in (1, 0)]
+    nodes = [
+        subprocess.Popen(
+            torchrun + ["--node-rank", str(rank)] + cmd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (1, 0)
+    ]
     try:
         url = f"http://127.0.0.1:{http}"
         deadline = time.monotonic() + 120
@@ -45,7 +75,7 @@ def test_serve_two_nodes_under_torchrun(tiny_model):
         assert r.status_code == 200, r.text
         lp = r.json()["choices"][0]["logprobs"]["token_logprobs"][0]
         assert math.isclose(lp, float(hf_logprobs(tiny_model, ids)[-1].max()), abs_tol=1e-4)
-        nodes[1].send_signal(signal.SIGTERM)     # rank 0's torchrun
+        nodes[1].send_signal(signal.SIGTERM)  # rank 0's torchrun
         for n in nodes:
             n.wait(timeout=60)
     finally:

@@ -29,10 +29,11 @@ def _while_encoding(tok: Tokenizer, long_text: str, fn):
         t0 = time.perf_counter()
         tok.encode(long_text)
         spans["long"] = time.perf_counter() - t0
+
     thread = threading.Thread(target=long)
     thread.start()
     started.wait()
-    time.sleep(0.05)                 # the long encode is under way
+    time.sleep(0.05)  # the long encode is under way
     t0 = time.perf_counter()
     fn()
     spans["short"] = time.perf_counter() - t0
@@ -43,7 +44,7 @@ def _while_encoding(tok: Tokenizer, long_text: str, fn):
 def test_a_long_encode_holds_no_other_thread(byte_tokenizer):
     tok = Tokenizer(byte_tokenizer)
     assert tok.encode("warm") == list(b"warm")
-    long_text = "abcd efgh " * 300_000          # 3 MB: most of a second or more to encode
+    long_text = "abcd efgh " * 300_000  # 3 MB: most of a second or more to encode
     spans = _while_encoding(tok, long_text, lambda: tok.encode("hello"))
     # with one lock for every caller the short encode waited for the whole long one
     assert spans["long"] > 0.3, spans
@@ -54,7 +55,7 @@ def test_token_text_does_not_wait_for_an_encode(byte_tokenizer):
     """The engine's result thread names each first token (token_text_if_loaded) under the
     engine's lock: it must not wait for a prompt being tokenized."""
     tok = Tokenizer(byte_tokenizer)
-    assert tok.token_text_if_loaded(104) is None        # not loaded: nothing is paid for it
+    assert tok.token_text_if_loaded(104) is None  # not loaded: nothing is paid for it
     tok.encode("x")
     spans = _while_encoding(tok, "abcd efgh " * 300_000, lambda: tok.token_text_if_loaded(104))
     assert spans["short"] < spans["long"] / 5, spans
@@ -67,8 +68,12 @@ def test_answers_match_one_instance(byte_tokenizer):
     out = {}
 
     def work(i):
-        out[i] = (tok.encode(texts[i]), tok.decode(list(range(40 + i, 60 + i))),
-                  [tok.token_text(t) for t in range(32, 40)])
+        out[i] = (
+            tok.encode(texts[i]),
+            tok.decode(list(range(40 + i, 60 + i))),
+            [tok.token_text(t) for t in range(32, 40)],
+        )
+
     threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
@@ -78,4 +83,4 @@ def test_answers_match_one_instance(byte_tokenizer):
         assert ids == ref(texts[i]).input_ids
         assert text == ref.decode(list(range(40 + i, 60 + i)))
         assert token_texts == [ref.decode([t]) for t in range(32, 40)]
-    assert tok.max_token_chars() == 1       # one character per byte-level token
+    assert tok.max_token_chars() == 1  # one character per byte-level token

@@ -12,7 +12,7 @@ STAGE = CostCoefficients(c_wave=1e-3, c0=1e-4, g=0.0, b=2e-5, a=0.0)
 def test_loop_costs_come_from_the_measured_exchanges():
     spans = [(-1, 0.0, 2e-4), (-1, 1.0, 1.0004), (-1, 2.0, 2.0003), (7, 3.0, 3.0013)]
     lc = loop_costs_from_rounds(spans)
-    assert lc.hop_s == pytest.approx(3e-4 / 2)                     # the median empty exchange, one way
+    assert lc.hop_s == pytest.approx(3e-4 / 2)  # the median empty exchange, one way
     assert lc.schedule_s == pytest.approx((2e-4 + 4e-4 + 3e-4 + 13e-4) / 4)
     assert lc.match_block_s == lc.alloc_block_s == lc.schedule_item_s == 0
     with pytest.raises(ValueError, match="no round spans"):

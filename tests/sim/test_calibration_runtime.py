@@ -20,7 +20,9 @@ def runtime_hardware(stage_samples, wave_spans) -> CpuHardware:
     hops = []
     for run in _runs(wave_spans):
         spans = {(stage, wave): (start, end) for stage, wave, start, end in run}
-        hops += [spans[(1, w)][0] - spans[(0, w)][1] for (s, w) in spans if s == 0 and (1, w) in spans]
+        hops += [
+            spans[(1, w)][0] - spans[(0, w)][1] for (s, w) in spans if s == 0 and (1, w) in spans
+        ]
     link = max(0.0, statistics.median(hops)) if hops else 0.0
     return CpuHardware.fit(samples, num_stages=2, transfer_latency_s=link, result_latency_s=link)
 
@@ -40,8 +42,16 @@ def _runs(wave_spans):
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     # big enough that compute, not Python, dominates a wave
-    return make_model(tmp_path_factory.mktemp("cal") / "m", num_layers=8, hidden_size=512, num_heads=8,
-                      num_kv_heads=4, intermediate_size=1536, vocab_size=2048, seed=3)
+    return make_model(
+        tmp_path_factory.mktemp("cal") / "m",
+        num_layers=8,
+        hidden_size=512,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=1536,
+        vocab_size=2048,
+        seed=3,
+    )
 
 
 def test_fitted_simulator_predicts_runtime_throughput(model):
@@ -55,12 +65,18 @@ def test_fitted_simulator_predicts_runtime_throughput(model):
     independent measurements."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > 2 * cores:
-        pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock throughput is not this machine's")
-    fit_on = make_workload("reuse", num_requests=48, num_groups=6, prompt_len=384, vocab_size=2048, seed=1)
-    check_on = make_workload("mixed", num_requests=48, num_groups=4, prompt_len=320, vocab_size=2048, seed=2)
+        pytest.skip(
+            f"load average {load:.1f} on {cores} cores: wall-clock throughput is not this machine's"
+        )
+    fit_on = make_workload(
+        "reuse", num_requests=48, num_groups=6, prompt_len=384, vocab_size=2048, seed=1
+    )
+    check_on = make_workload(
+        "mixed", num_requests=48, num_groups=4, prompt_len=320, vocab_size=2048, seed=2
+    )
     ratios = []
     with Engine(str(model), pp=2, dtype="bfloat16", stage_num_blocks=[2048, 2048]) as engine:
-        engine.prefill([p[:64] for p in fit_on.prompts[:4]])     # warm-up
+        engine.prefill([p[:64] for p in fit_on.prompts[:4]])  # warm-up
         for _ in range(2):
             ratio, predicted, real = _measure(engine, fit_on, check_on)
             assert predicted.cached_tokens == pytest.approx(real[0].cached_tokens, rel=0.05)
@@ -85,6 +101,8 @@ def _measure(engine, fit_on, check_on):
     sim = hardware.build("wavepp", stage_num_blocks=2048, block_size=16)
     predicted = run_sim(sim, check_on.prompts, 16, "wavepp")
     ratio = predicted.input_tok_s / statistics.median(m.input_tok_s for m in real)
-    print(f"runtime {[round(m.input_tok_s) for m in real]} tok/s, simulator {predicted.input_tok_s:.0f} "
-          f"tok/s, ratio to the median {ratio:.3f}")
+    print(
+        f"runtime {[round(m.input_tok_s) for m in real]} tok/s, simulator {predicted.input_tok_s:.0f} "
+        f"tok/s, ratio to the median {ratio:.3f}"
+    )
     return ratio, predicted, real

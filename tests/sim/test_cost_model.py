@@ -13,8 +13,16 @@ import itertools
 import pytest
 
 from wavepp.sim import (
-    HARDWARE, MODELS, ExecOverheads, ModelShape, StageCostModel, partition_layers, sparse_pairs,
-    stage_kv_tokens, transfer_seconds)
+    HARDWARE,
+    MODELS,
+    ExecOverheads,
+    ModelShape,
+    StageCostModel,
+    partition_layers,
+    sparse_pairs,
+    stage_kv_tokens,
+    transfer_seconds,
+)
 
 NO_OVERHEAD = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
 
@@ -32,21 +40,30 @@ def test_attention_throughput_matches_flashattention3_on_h100():
 def test_deepseek_v3_prefill_per_node_matches_sglang_large_scale_ep():
     m = MODELS["deepseek-v3"]
     node = StageCostModel(m, HARDWARE["H100"], 0, m.num_layers, first=True, last=True, degree=8)
-    chunks = [(0, 4096)] * 32      # SGLang ran 16k tokens per GPU per forward: 4 prompts each
+    chunks = [(0, 4096)] * 32  # SGLang ran 16k tokens per GPU per forward: 4 prompts each
     tok_s = sum(x for _, x in chunks) / node.wave_seconds(chunks)
     assert tok_s == pytest.approx(50302, rel=0.20)
 
 
-@pytest.mark.parametrize("name, total, active", [
-    ("glm-5", 744e9, 40e9), ("minimax-m2", 230e9, 10e9), ("kimi-k2", 1.04e12, 32e9),
-    ("deepseek-v3", 671e9, 37e9), ("kimi-linear", 48e9, 3e9)])
+@pytest.mark.parametrize(
+    "name, total, active",
+    [
+        ("glm-5", 744e9, 40e9),
+        ("minimax-m2", 230e9, 10e9),
+        ("kimi-k2", 1.04e12, 32e9),
+        ("deepseek-v3", 671e9, 37e9),
+        ("kimi-linear", 48e9, 3e9),
+    ],
+)
 def test_parameter_counts_match_the_model_cards(name, total, active):
     m = MODELS[name]
     assert m.num_params() == pytest.approx(total, rel=0.03)
     # cards differ on whether embeddings count as active: within 10% (one way or the other)
     embed = 2 * m.vocab_size * m.hidden_size
-    assert min(abs(m.num_active_params() - active), abs(m.num_active_params() - embed - active)) \
+    assert (
+        min(abs(m.num_active_params() - active), abs(m.num_active_params() - embed - active))
         <= 0.10 * active
+    )
 
 
 def test_sparse_pairs_closed_form_matches_brute_force():
@@ -61,11 +78,14 @@ def test_mla_prefix_reexpansion_per_cached_token_per_chunk():
     L = 65536
     flops = 2.0 * L * m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
     eff = hw.gemm_efficiency * L / (L + hw.gemm_half_rows)
-    assert cost.breakdown([(L, 1024)])["reexpansion"] == pytest.approx(flops / (hw.fp8_tflops * 1e12 * eff))
+    assert cost.breakdown([(L, 1024)])["reexpansion"] == pytest.approx(
+        flops / (hw.fp8_tflops * 1e12 * eff)
+    )
     assert cost.breakdown([(0, 1024)])["reexpansion"] == 0.0
     # two chunks after the same prefix pay it twice
     assert cost.breakdown([(L, 512), (L, 512)])["reexpansion"] == pytest.approx(
-        2 * cost.breakdown([(L, 1024)])["reexpansion"])
+        2 * cost.breakdown([(L, 1024)])["reexpansion"]
+    )
     # DSA runs absorbed (MQA) attention: no re-expansion term at all
     glm = StageCostModel(MODELS["glm-5"], hw, 5, 6, overheads=NO_OVERHEAD)
     assert "reexpansion" not in glm.breakdown([(L, 1024)])
@@ -92,8 +112,11 @@ def test_dsa_attention_is_linear_in_the_prefix_beyond_topk():
     dense = StageCostModel(MODELS["kimi-k2"], hw, 5, 6, overheads=NO_OVERHEAD)
     # only the indexer grows with the prefix; the sparse main attention stays at top-k keys
     assert b / a < 1.9
-    assert dense.breakdown([(128 * 1024, 4096)])["attention"] / dense.breakdown([(64 * 1024, 4096)])["attention"] \
-        == pytest.approx((128 * 1024 * 4096 + 4096 * 4097 / 2) / (64 * 1024 * 4096 + 4096 * 4097 / 2), rel=1e-3)
+    assert dense.breakdown([(128 * 1024, 4096)])["attention"] / dense.breakdown(
+        [(64 * 1024, 4096)]
+    )["attention"] == pytest.approx(
+        (128 * 1024 * 4096 + 4096 * 4097 / 2) / (64 * 1024 * 4096 + 4096 * 4097 / 2), rel=1e-3
+    )
 
 
 def test_tensor_parallel_divides_the_math_and_adds_collectives():
@@ -110,9 +133,11 @@ def test_tensor_parallel_divides_the_math_and_adds_collectives():
 def test_transfer_is_latency_plus_bytes_over_one_link_direction():
     m, hw = MODELS["glm-5"], HARDWARE["B300"]
     assert transfer_seconds(m, hw, 8192) == pytest.approx(
-        hw.link_latency_s + 8192 * m.hidden_size * 2 / (hw.link_gb_s * 1e9 / 2))
+        hw.link_latency_s + 8192 * m.hidden_size * 2 / (hw.link_gb_s * 1e9 / 2)
+    )
     assert transfer_seconds(m, hw, 8192, internode=True) == pytest.approx(
-        hw.internode_latency_s + 8192 * m.hidden_size * 2 / (hw.internode_gb_s * 1e9))
+        hw.internode_latency_s + 8192 * m.hidden_size * 2 / (hw.internode_gb_s * 1e9)
+    )
 
 
 @pytest.mark.parametrize("name, stages", [("minimax-m2", 4), ("kimi-k2", 8), ("glm-5", 4)])
@@ -129,7 +154,9 @@ def test_kv_pool_is_what_hbm_leaves_after_weights():
     m, hw = MODELS["minimax-m2"], HARDWARE["B300"]
     weights = sum(m.attention_params(i) + m.mlp_params(i) for i in range(15, 30)) * m.weight_bytes
     free = 288e9 * 0.9 - weights - 16e9
-    assert stage_kv_tokens(m, hw, 15, 30, first=False, last=False) == int(free / (15 * 2 * 8 * 128 * 2))
+    assert stage_kv_tokens(m, hw, 15, 30, first=False, last=False) == int(
+        free / (15 * 2 * 8 * 128 * 2)
+    )
     with pytest.raises(ValueError, match="weights per device"):
         stage_kv_tokens(MODELS["kimi-k2"], HARDWARE["H100"], 0, 61, first=True, last=True)
 
@@ -140,5 +167,6 @@ def test_shapes_and_specs_validate_their_fields():
     with pytest.raises(ValueError, match="gqa needs"):
         ModelShape("x", 64, 2, 10, 4)
     from wavepp.sim import HardwareSpec
+
     with pytest.raises(ValueError, match="hbm_tb_s"):
         HardwareSpec("x", 1, 1, 1, 0, 1, 0, 1, 0)

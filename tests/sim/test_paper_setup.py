@@ -19,8 +19,9 @@ def test_the_paper_setup_is_the_default_and_the_earlier_one_stays_reachable():
 
 def test_rows_name_the_weights_and_the_trtllm_mechanisms():
     small = [s for s in paper_grid() if s.workload.kind == "short_suffix"][:1]
-    small = with_overrides(small, num_requests=8, concurrency=4, token_scale=64,
-                           policies=("wavepp", "trtllm-pp"))
+    small = with_overrides(
+        small, num_requests=8, concurrency=4, token_scale=64, policies=("wavepp", "trtllm-pp")
+    )
     rows = run_grid(small)
     assert [(r["weights"], r["trtllm"]) for r in rows] == [("nvfp4", "rc26")] * 2
     assert all(r["num_failed"] == 0 for r in rows)
@@ -29,6 +30,7 @@ def test_rows_name_the_weights_and_the_trtllm_mechanisms():
 def test_the_attribution_steps_end_at_the_papers_trtllm():
     from wavepp.sim.attribution import STEPS, VARIANTS, attribution_markdown, attribution_rows
     from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_RC26
+
     assert STEPS[0][1:] == ("", TRTLLM_LEGACY) and STEPS[-1][1:] == ("nvfp4", TRTLLM_RC26)
     assert all(mech != TRTLLM_RC26 for _, _, mech in VARIANTS)
     rows = attribution_rows(("minimax-m2",), concurrency=8, num_requests=16)
@@ -38,6 +40,7 @@ def test_the_attribution_steps_end_at_the_papers_trtllm():
 
 def test_kimi_k3_is_a_hybrid_of_kimi_linears_pattern_at_2_8t():
     from wavepp.sim import HARDWARE, get_model
+
     m = get_model("kimi-k3")
     mla = [i + 1 for i in range(m.num_layers) if not m.is_linear(i)]
     assert mla == list(range(4, 61, 4)) + [61] and len(m.linear_layers) == 45
@@ -47,18 +50,25 @@ def test_kimi_k3_is_a_hybrid_of_kimi_linears_pattern_at_2_8t():
 
 def test_the_kimi_k3_grid_runs_the_hybrid_with_real_snapshots():
     from wavepp.sim.grid import kimi_k3_grid
+
     grid = kimi_k3_grid()
     assert len(grid) == 36 and {s.model for s in grid} == {"kimi-k3"}
     assert all(s.hardware == "GB300" and s.snapshot_interval_blocks == 4 for s in grid)
-    small = with_overrides([s for s in grid if s.workload.kind == "reuse"][:1], num_requests=8,
-                           concurrency=4, policies=("wavepp", "tp-ep"))
+    small = with_overrides(
+        [s for s in grid if s.workload.kind == "reuse"][:1],
+        num_requests=8,
+        concurrency=4,
+        policies=("wavepp", "tp-ep"),
+    )
     rows = run_grid(small)
     assert all(r["num_failed"] == 0 and r["hit_rate"] > 0 for r in rows)
 
 
 def test_the_ablation_settings_are_the_papers_three_on_both_kimi_shapes():
     from wavepp.sim.attribution import PAPER_ABLATION, ablation_settings
+
     settings = ablation_settings()
     assert {(s.model, s.workload.label, s.concurrency) for s in settings} == {
-        (m, w, c) for m in ("kimi-k2", "kimi-k3") for (w, c) in PAPER_ABLATION}
+        (m, w, c) for m in ("kimi-k2", "kimi-k3") for (w, c) in PAPER_ABLATION
+    }
     assert all(s.hardware == "B300" and s.pp == 8 for s in settings)

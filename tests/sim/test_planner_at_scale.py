@@ -4,8 +4,14 @@ paper's MPU parameters."""
 import pytest
 
 from wavepp.sched import PlannerConfig
-from wavepp.sched.cost_model import (CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients,
-                                     peak_wave_tokens, profile_wave_shapes)
+from wavepp.sched.cost_model import (
+    CostCoefficients,
+    CostModel,
+    efficient_wave_tokens,
+    fit_coefficients,
+    peak_wave_tokens,
+    profile_wave_shapes,
+)
 from wavepp.sched.planners import MPU_PAPER_TOKENS, MpuPlanner
 from wavepp.sim import SimSetup, get_hardware, get_model, run_setting
 from wavepp.sim.scenario import build_system
@@ -16,20 +22,43 @@ def setup_for(model):
     return SimSetup(get_model(model), get_hardware("B300"), 4, token_scale=16)
 
 
-@pytest.mark.parametrize("model,kind,c", [("glm-5", "reuse", 8), ("glm-5", "cold", 32),
-                                          ("minimax-m2", "mixed", 8), ("minimax-m2", "short_suffix", 32)])
+@pytest.mark.parametrize(
+    "model,kind,c",
+    [
+        ("glm-5", "reuse", 8),
+        ("glm-5", "cold", 32),
+        ("minimax-m2", "mixed", 8),
+        ("minimax-m2", "short_suffix", 32),
+    ],
+)
 def test_wavepp_not_below_static(model, kind, c):
     setup = setup_for(model)
     s = setup.sim_tokens
     n = max(32, 4 * c)
     if kind == "short_suffix":
-        w = make_workload(kind, num_requests=n, num_groups=8, prefix_len=s(28672), suffix_len=s(4096),
-                          block_size=setup.block_size, seed=0)
+        w = make_workload(
+            kind,
+            num_requests=n,
+            num_groups=8,
+            prefix_len=s(28672),
+            suffix_len=s(4096),
+            block_size=setup.block_size,
+            seed=0,
+        )
     elif kind == "cold":
-        w = make_workload(kind, num_requests=n, prompt_len=s(8192), block_size=setup.block_size, seed=0)
+        w = make_workload(
+            kind, num_requests=n, prompt_len=s(8192), block_size=setup.block_size, seed=0
+        )
     else:
-        w = make_workload(kind, num_requests=n, num_groups=8, prompt_len=s(8192), reuse_ratio=0.9,
-                          block_size=setup.block_size, seed=0)
+        w = make_workload(
+            kind,
+            num_requests=n,
+            num_groups=8,
+            prompt_len=s(8192),
+            reuse_ratio=0.9,
+            block_size=setup.block_size,
+            seed=0,
+        )
     ours, _ = run_setting("wavepp", setup, w, c)
     static, _ = run_setting("static", setup, w, c)
     assert ours.num_failed == static.num_failed == 0
@@ -42,7 +71,7 @@ def test_mpu_runs_the_papers_budgets():
     assert isinstance(planner, MpuPlanner) and MPU_PAPER_TOKENS == (16384, 8192)
     # in simulated tokens (16 real each): M = 16384 / 16, b_min = 8192 / 16
     assert planner.budgets == [1024, 512]
-    assert planner.ring == 8 and planner.target_waves == 12      # R = 2P, S = R + (F-1)P, F = 2
+    assert planner.ring == 8 and planner.target_waves == 12  # R = 2P, S = R + (F-1)P, F = 2
 
 
 def test_mpu_budgets_default_to_the_wave_limits():
@@ -57,6 +86,7 @@ def test_mpu_budgets_default_to_the_wave_limits():
 def test_fit_recovers_a_knee_from_the_profiling_shapes():
     truth = CostCoefficients(c_wave=2e-3, c0=1e-4, g=1e-7, b=1e-5, a=1e-9, knee_tokens=1024)
     from wavepp.sched import CostModel
+
     exact = CostModel(truth)
     samples = [(shape, exact.wave_time(shape)) for shape in profile_wave_shapes(8192, 16)]
     fit = fit_coefficients(samples)
@@ -71,7 +101,7 @@ def test_efficient_wave_is_the_smallest_spending_most_time_on_tokens():
     coef = CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0)
     # b*T >= 0.75 * (10 ms + b*T)  <=>  T >= 3000: the ladder from 65536 halves to 4096
     assert efficient_wave_tokens(coef, 65536, 16) == 4096
-    assert efficient_wave_tokens(coef, 2048, 16) == 2048      # none fits: the largest
+    assert efficient_wave_tokens(coef, 2048, 16) == 2048  # none fits: the largest
 
 
 def test_peak_wave_is_the_fastest_measured_one_chunk_wave_from_an_empty_cache():
@@ -87,7 +117,10 @@ def test_peak_wave_is_the_fastest_measured_one_chunk_wave_from_an_empty_cache():
     assert efficient_wave_tokens(coef, 65536, 16) == 4096
     # no attention: throughput only grows, the peak is the largest wave timed
     linear = CostModel(CostCoefficients(c_wave=9e-3, c0=1e-3, g=0.0, b=1e-5, a=0.0))
-    assert peak_wave_tokens([(s, linear.wave_time(s)) for s in profile_wave_shapes(65536, 16)]) == 65536
+    assert (
+        peak_wave_tokens([(s, linear.wave_time(s)) for s in profile_wave_shapes(65536, 16)])
+        == 65536
+    )
     # only one-chunk waves after no prefix count; none is an error
     with pytest.raises(ValueError, match="empty cache"):
         peak_wave_tokens([([(4096, 512)], 1.0), ([(0, 256)] * 4, 1.0)])
@@ -105,6 +138,7 @@ def test_kimi_largest_wave_is_its_measured_peak_at_every_scale():
 def test_ablation_steps_differ_in_one_mechanism():
     from wavepp.sim.grid import ablation_grid
     from wavepp.sim.systems import ABLATION, get_system
+
     base, wave, lease = (get_system(n) for n in ABLATION[:3])
     assert base.policy.inline_admission and not wave.policy.inline_admission
     assert base.chunk_tokens == wave.chunk_tokens == lease.chunk_tokens == MPU_PAPER_TOKENS[0]
@@ -127,12 +161,17 @@ def test_lockstep_differs_from_wavepp_in_admission_only():
         assert type(a) is type(b) and a.name == b.name == "balanced"
         assert a.config == b.config and a.rules == b.rules
         assert a.cost.coef == b.cost.coef
-        assert (a.target_waves, a.overhead_frac, a.tail_frac) == (b.target_waves, b.overhead_frac, b.tail_frac)
+        assert (a.target_waves, a.overhead_frac, a.tail_frac) == (
+            b.target_waves,
+            b.overhead_frac,
+            b.tail_frac,
+        )
         assert lock.leader.config == ours.leader.config
 
 
 def test_sglang_chunking_fits_its_own_warmup():
     from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
+
     lengths = warmup_lengths(16384)
     assert len(lengths) == 128 and lengths[:2] == [20480, 20320] and lengths[-1] == 160
     # an exact quadratic comes back (a, b, c)
@@ -154,8 +193,15 @@ def test_closed_loop_at_low_concurrency_keeps_waves_full():
     # the round keeps the waves of two suffixes that trtllm-pp's in-line admission runs
     setup = setup_for("glm-5")
     s = setup.sim_tokens
-    w = make_workload("short_suffix", num_requests=64, num_groups=8, prefix_len=s(28672),
-                      suffix_len=s(4096), block_size=setup.block_size, seed=0)
+    w = make_workload(
+        "short_suffix",
+        num_requests=64,
+        num_groups=8,
+        prefix_len=s(28672),
+        suffix_len=s(4096),
+        block_size=setup.block_size,
+        seed=0,
+    )
     ours, _ = run_setting("wavepp", setup, w, 8)
     trt, _ = run_setting("trtllm-pp", setup, w, 8)
     assert ours.num_waves <= trt.num_waves, (ours.num_waves, trt.num_waves)
@@ -168,10 +214,14 @@ def test_kimi_reuse_not_below_static(label, c):
     unbounded doubled waves lost to fixed 8,192-token waves by 3.8-11%: through 8 stages every
     wave longer than the rest costs 7 times its excess."""
     from wavepp.sim.grid import kimi_grid
-    setting, = [s for s in kimi_grid() if s.workload.label == label and s.concurrency == c]
+
+    (setting,) = [s for s in kimi_grid() if s.workload.label == label and s.concurrency == c]
     setup = setting.setup()
     w = setting.workload.build(setting.requests, setup)
-    assert build_system("wavepp", setup).leader.planner.config.max_wave_tokens * setup.token_scale == 8192
+    assert (
+        build_system("wavepp", setup).leader.planner.config.max_wave_tokens * setup.token_scale
+        == 8192
+    )
     ours, _ = run_setting("wavepp", setup, w, c)
     static, _ = run_setting("static", setup, w, c)
     assert ours.num_failed == static.num_failed == 0
@@ -184,9 +234,14 @@ def test_wavepp_not_below_trtllm_where_cold_prompts_fill_the_pipeline(c):
     # back to back with rising prefixes (FCFS) their chunks left wavepp 0.05-0.07% behind
     # TensorRT-LLM's loop, which sends one chunk per prompt; first chunks first puts it ahead
     from dataclasses import replace
+
     from wavepp.sim.grid import paper_grid, run_one
-    setting, = [s for s in paper_grid() if s.model == "glm-5" and s.workload.kind == "short_suffix"
-                and s.concurrency == c]
+
+    (setting,) = [
+        s
+        for s in paper_grid()
+        if s.model == "glm-5" and s.workload.kind == "short_suffix" and s.concurrency == c
+    ]
     rows = {r["policy"]: r for r in run_one(replace(setting, policies=("wavepp", "trtllm-pp")))}
     assert rows["wavepp"]["num_failed"] == rows["trtllm-pp"]["num_failed"] == 0
     assert rows["wavepp"]["input_tok_s"] > rows["trtllm-pp"]["input_tok_s"]

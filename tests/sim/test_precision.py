@@ -29,7 +29,7 @@ def test_a_large_nvfp4_gemm_runs_at_the_measured_efficiency():
     hw = HARDWARE["B300"]
     m = with_weights(MODELS["glm-5"], "nvfp4")
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
-    stage = StageCostModel(m, hw, 0, 1, overheads=none)        # layer 0: a dense MLP
+    stage = StageCostModel(m, hw, 0, 1, overheads=none)  # layer 0: a dense MLP
     T = 16384
     got = stage.breakdown([(0, T)])["mlp"]
     eff = 0.43 * T / (T + hw.gemm_half_rows)
@@ -44,6 +44,8 @@ def test_nvfp4_makes_the_paper_models_faster_but_not_their_attention():
     hw = HARDWARE["B300"]
     for name in ("glm-5", "minimax-m2"):
         fp8 = StageCostModel(MODELS[name], hw, 10, 20).breakdown([(28672, 4096)])
-        fp4 = StageCostModel(with_weights(MODELS[name], "nvfp4"), hw, 10, 20).breakdown([(28672, 4096)])
+        fp4 = StageCostModel(with_weights(MODELS[name], "nvfp4"), hw, 10, 20).breakdown(
+            [(28672, 4096)]
+        )
         assert fp4["moe_routed"] < 0.7 * fp8["moe_routed"]
         assert fp4["attention"] == fp8["attention"]

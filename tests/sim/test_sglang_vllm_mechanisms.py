@@ -18,29 +18,63 @@ from wavepp.sim.loops import LoopCosts
 from wavepp.sim.model_catalog import get_model
 from wavepp.sim.scenario import SimSetup, build_system
 from wavepp.sim.sglang import (
-    SGLANG_LEGACY, SGLANG_V0518, SglangMechanisms, SglangScheduling, get_sglang, sglang_planner)
+    SGLANG_LEGACY,
+    SGLANG_V0518,
+    SglangMechanisms,
+    SglangScheduling,
+    get_sglang,
+    sglang_planner,
+)
 from wavepp.sim.vllm_pp import VLLM_LEGACY, VLLM_V0280, VllmMechanisms, get_vllm
 
 BS, T = 16, 1e-3
 
 
 def no_host(**changes) -> LoopCosts:
-    base = dict(fetch_s=0.0, schedule_s=0.0, schedule_item_s=0.0, match_block_s=0.0, alloc_block_s=0.0,
-                relay_s=0.0, hop_s=0.0, finalize_s=0.0, block_tokens=BS)
+    base = dict(
+        fetch_s=0.0,
+        schedule_s=0.0,
+        schedule_item_s=0.0,
+        match_block_s=0.0,
+        alloc_block_s=0.0,
+        relay_s=0.0,
+        hop_s=0.0,
+        finalize_s=0.0,
+        block_tokens=BS,
+    )
     return LoopCosts(**{**base, **changes})
 
 
-def sglang_sim(mech: SglangMechanisms, *, stages: int = 2, budget: int = 4 * BS, host: LoopCosts | None = None,
-               coef: CostCoefficients | None = None):
+def sglang_sim(
+    mech: SglangMechanisms,
+    *,
+    stages: int = 2,
+    budget: int = 4 * BS,
+    host: LoopCosts | None = None,
+    coef: CostCoefficients | None = None,
+):
     """`sglang-pp` on `stages` ranks as build_system wires it: the PrefillAdder's planner and the
     mechanisms' hooks."""
     host = host or no_host()
     pcfg = PlannerConfig(block_size=BS, num_stages=stages, static_wave_tokens=budget)
-    planner = sglang_planner(mech, pcfg, CostModel(coef or CostCoefficients(c_wave=0.0, c0=0.0, g=0.0, b=1.0, a=0.0)))
+    planner = sglang_planner(
+        mech, pcfg, CostModel(coef or CostCoefficients(c_wave=0.0, c0=0.0, g=0.0, b=1.0, a=0.0))
+    )
     hooks = SglangScheduling(mech, planner, BS, host.block_tokens, host.match_block_s)
-    return build_sim("sglang-pp", stages, SimCosts(wave_seconds=lambda stage, chunks: T),
-                     stage_num_blocks=512, block_size=BS, planner_config=pcfg, max_waves_in_flight=stages,
-                     check_integrity=True, loop="sglang", loop_costs=host, planner=planner, sglang=hooks)
+    return build_sim(
+        "sglang-pp",
+        stages,
+        SimCosts(wave_seconds=lambda stage, chunks: T),
+        stage_num_blocks=512,
+        block_size=BS,
+        planner_config=pcfg,
+        max_waves_in_flight=stages,
+        check_integrity=True,
+        loop="sglang",
+        loop_costs=host,
+        planner=planner,
+        sglang=hooks,
+    )
 
 
 def request(request_id: int, num_blocks: int, fill: int = 0) -> Request:
@@ -49,12 +83,16 @@ def request(request_id: int, num_blocks: int, fill: int = 0) -> Request:
 
 # ---- dynamic_chunking ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dynamic, chunks", [
-    (False, [64, 64, 64]),
-    # f(l) = l^2: after L tokens the chunk x solves x^2 + 2Lx = 64^2, smoothed 0.75 toward 64,
-    # floored at 16 (64 / 4) and to the block: L = 64 -> 26.5 -> 35.9 -> 32; after that 16
-    (True, [64, 32, 16, 16, 16, 16, 16, 16]),
-])
+
+@pytest.mark.parametrize(
+    "dynamic, chunks",
+    [
+        (False, [64, 64, 64]),
+        # f(l) = l^2: after L tokens the chunk x solves x^2 + 2Lx = 64^2, smoothed 0.75 toward 64,
+        # floored at 16 (64 / 4) and to the block: L = 64 -> 26.5 -> 35.9 -> 32; after that 16
+        (True, [64, 32, 16, 16, 16, 16, 16, 16]),
+    ],
+)
 def test_dynamic_chunking_shrinks_the_chunks_after_the_first(dynamic, chunks):
     """A 12-block prompt under a 4-block chunked_prefill_size: without dynamic chunking every
     chunk is the budget; with it each chunk costs (by the fitted quadratic) what the first did."""
@@ -67,6 +105,7 @@ def test_dynamic_chunking_shrinks_the_chunks_after_the_first(dynamic, chunks):
 
 # ---- admit_on_schedule -----------------------------------------------------------------------
 
+
 def test_prefill_adder_takes_the_waiting_requests_that_fit_what_is_left():
     """Budget 4 blocks; the running request's last block goes first (3 left); a waiting request
     with 2 of 3 blocks cached is charged its 1 new block (2 left); a cold 4-block request is cut
@@ -76,8 +115,11 @@ def test_prefill_adder_takes_the_waiting_requests_that_fit_what_is_left():
     warm, cold, later = request(1, 3, fill=7), request(2, 4), request(3, 4)
     cached = {1: 2 * BS, 2: 0, 3: 0}
     leader = SimpleNamespace(plannable=[running], waiting=[warm, cold, later])
-    planner = sglang_planner(SGLANG_V0518, PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
-                             CostModel())
+    planner = sglang_planner(
+        SGLANG_V0518,
+        PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
+        CostModel(),
+    )
     hooks = SglangScheduling(SGLANG_V0518, planner, BS, BS, 0.0)
     assert hooks.round_size(leader, lambda r: cached[r.request_id]) == 2
     eager = SglangScheduling(SGLANG_LEGACY, planner, BS, BS, 0.0)
@@ -99,6 +141,7 @@ def test_admission_on_schedule_keeps_the_rest_waiting(admit_on_schedule, admitte
 
 # ---- match_scope -----------------------------------------------------------------------------
 
+
 def test_a_pass_walks_what_it_takes_and_where_it_stops():
     """Walks of 1 us per block: taking the first of [3 of 4 blocks cached, cold, cold] walks
     it (3 matched + the miss) and the next (its miss): 5 blocks; taking all walks 6; "admitted":
@@ -106,20 +149,32 @@ def test_a_pass_walks_what_it_takes_and_where_it_stops():
     waiting = [request(1, 4, fill=7), request(2, 4), request(3, 4)]
     leader = SimpleNamespace(plannable=[], waiting=waiting)
     cached = {1: 3 * BS, 2: 0, 3: 0}
-    planner = sglang_planner(SGLANG_V0518, PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
-                             CostModel())
+    planner = sglang_planner(
+        SGLANG_V0518,
+        PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
+        CostModel(),
+    )
     hooks = SglangScheduling(SGLANG_V0518, planner, BS, BS, 1e-6)
-    assert hooks.considered_match_s(leader, 1, lambda r: cached[r.request_id]) == pytest.approx(5e-6)
-    assert hooks.considered_match_s(leader, None, lambda r: cached[r.request_id]) == pytest.approx(6e-6)
-    admitted = SglangScheduling(SGLANG_V0518.with_changes(match_scope="admitted"), planner, BS, BS, 1e-6)
+    assert hooks.considered_match_s(leader, 1, lambda r: cached[r.request_id]) == pytest.approx(
+        5e-6
+    )
+    assert hooks.considered_match_s(leader, None, lambda r: cached[r.request_id]) == pytest.approx(
+        6e-6
+    )
+    admitted = SglangScheduling(
+        SGLANG_V0518.with_changes(match_scope="admitted"), planner, BS, BS, 1e-6
+    )
     assert admitted.considered_match_s(leader, 1, lambda r: cached[r.request_id]) == 0.0
 
 
 def test_a_walk_counts_blocks_of_real_tokens():
     """At 16 real tokens per simulated one, 64 matched simulated tokens are 1,024 real: 32 blocks
     of 32 tokens matched and the miss; a walk never counts past the prompt's last block."""
-    planner = sglang_planner(SGLANG_V0518, PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
-                             CostModel())
+    planner = sglang_planner(
+        SGLANG_V0518,
+        PlannerConfig(block_size=BS, num_stages=2, static_wave_tokens=4 * BS),
+        CostModel(),
+    )
     hooks = SglangScheduling(SGLANG_V0518, planner, BS, 32, 1e-6, token_scale=16)
     assert hooks.walk_s(64, 128) == pytest.approx(33e-6)
     assert hooks.walk_s(128, 128) == pytest.approx(64e-6)
@@ -142,15 +197,25 @@ def test_the_walks_delay_the_first_launch_on_every_rank():
 
 # ---- presets and vLLM's budget ---------------------------------------------------------------
 
+
 def test_presets_and_validation():
     assert get_sglang("legacy") == SglangMechanisms()
-    assert (SGLANG_LEGACY.dynamic_chunking, SGLANG_LEGACY.admit_on_schedule, SGLANG_LEGACY.match_scope) == (
-        True, False, "admitted")
-    assert (SGLANG_V0518.dynamic_chunking, SGLANG_V0518.admit_on_schedule, SGLANG_V0518.match_scope,
-            SGLANG_V0518.min_free_memory) == (False, True, "considered", True)
+    assert (
+        SGLANG_LEGACY.dynamic_chunking,
+        SGLANG_LEGACY.admit_on_schedule,
+        SGLANG_LEGACY.match_scope,
+    ) == (True, False, "admitted")
+    assert (
+        SGLANG_V0518.dynamic_chunking,
+        SGLANG_V0518.admit_on_schedule,
+        SGLANG_V0518.match_scope,
+        SGLANG_V0518.min_free_memory,
+    ) == (False, True, "considered", True)
     assert not SGLANG_LEGACY.min_free_memory
     assert get_sglang("v0.5.18-dynamic").dynamic_chunking
-    assert get_vllm("legacy") == VllmMechanisms(8192) and get_vllm("v0.28.0") == VllmMechanisms(16384)
+    assert get_vllm("legacy") == VllmMechanisms(8192) and get_vllm("v0.28.0") == VllmMechanisms(
+        16384
+    )
     with pytest.raises(ValueError, match="match_scope"):
         SglangMechanisms(match_scope="every")
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
@@ -164,18 +229,26 @@ def test_pools_hold_the_smallest_free_memory_of_the_ranks(model):
     """v0.5.18 sizes every rank's pool from the free memory after the weights, MIN over the
     ranks, over the rank's own layers' bytes per token; the legacy preset keeps each rank's own."""
     from wavepp.sim.stages import partition_layers, stage_kv_tokens
+
     m, hw = get_model(model), get_hardware("B300")
     own = SimSetup(m, hw, 4, token_scale=64, sglang=SGLANG_LEGACY)
     shared = SimSetup(m, hw, 4, token_scale=64, sglang=SGLANG_V0518)
     bounds = partition_layers(m, hw, 4)
-    tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == 3) for i, (a, b) in enumerate(bounds)]
+    tokens = [
+        stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == 3) for i, (a, b) in enumerate(bounds)
+    ]
     per_token = [sum(m.kv_bytes_per_token(j) for j in range(a, b)) for a, b in bounds]
     free = min(t * p for t, p in zip(tokens, per_token))
-    pools = {name: [srv.pool.num_blocks for srv in build_system("sglang-pp", setup).servers]
-             for name, setup in (("own", own), ("shared", shared))}
+    pools = {
+        name: [srv.pool.num_blocks for srv in build_system("sglang-pp", setup).servers]
+        for name, setup in (("own", own), ("shared", shared))
+    }
     assert pools["own"] == [t // (16 * 64) for t in tokens]
     assert pools["shared"] == [int(free / p) // (16 * 64) for p in per_token]
-    assert all(a <= b for a, b in zip(pools["shared"], pools["own"])) and pools["shared"] != pools["own"]
+    assert (
+        all(a <= b for a, b in zip(pools["shared"], pools["own"]))
+        and pools["shared"] != pools["own"]
+    )
 
 
 @pytest.mark.parametrize("vllm, tokens", [(VLLM_LEGACY, 8192), (VLLM_V0280, 16384)])

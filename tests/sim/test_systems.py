@@ -6,7 +6,15 @@ import math
 import pytest
 
 from wavepp.sched import CostCoefficients, CostModel, DynamicChunkPlanner, PlannerConfig
-from wavepp.sim import HARDWARE, MODELS, SYSTEMS, SimSetup, build_system, run_setting, stage_kv_tokens
+from wavepp.sim import (
+    HARDWARE,
+    MODELS,
+    SYSTEMS,
+    SimSetup,
+    build_system,
+    run_setting,
+    stage_kv_tokens,
+)
 from wavepp.workloads import make_workload
 
 
@@ -21,36 +29,54 @@ def test_dynamic_chunk_solves_for_the_initial_chunk_time():
     a, b, base, L = 1e-9, 1e-5, 4096, 16384
     x = p.chunk_budget(L)
     # f(L + x) - f(L) = f(base) - f(0) for f(l) = a l^2 + b l, to within one block
-    target = a * base ** 2 + b * base
-    cost = lambda n: a * ((L + n) ** 2 - L ** 2) + b * n
+    target = a * base**2 + b * base
+
+    def cost(n):
+        return a * ((L + n) ** 2 - L**2) + b * n
+
     assert cost(x) <= target < cost(x + 16)
     assert x % 16 == 0
 
 
 def test_dynamic_chunk_smooths_floors_and_aligns():
     p = planner(smooth=0.75)
-    sizes = [p.chunk_budget(L) for L in (0, 4096, 16384, 65536, 10 ** 7)]
+    sizes = [p.chunk_budget(L) for L in (0, 4096, 16384, 65536, 10**7)]
     assert sizes == sorted(sizes, reverse=True)
     assert all(s % 16 == 0 and s >= 4096 // 4 for s in sizes)
     a, b, base, L = 1e-9, 1e-5, 4096, 16384
-    lin, target = 2 * a * L + b, a * base ** 2 + b * base
+    lin, target = 2 * a * L + b, a * base**2 + b * base
     root = (-lin + math.sqrt(lin * lin + 4 * a * target)) / (2 * a)
     assert sizes[2] == int(base + 0.75 * (root - base)) // 16 * 16
-    assert {planner(smooth=0.0).chunk_budget(L) for L in (0, 10 ** 6)} == {4096}
+    assert {planner(smooth=0.0).chunk_budget(L) for L in (0, 10**6)} == {4096}
     with pytest.raises(ValueError, match="smooth"):
         planner(smooth=1.5)
 
 
 def small_setup(model="glm-5", devices=4, **kwargs):
-    return SimSetup(MODELS[model], HARDWARE["B300"], devices, token_scale=64, block_size=8,
-                    max_wave_tokens=32768, max_round_requests=16, **kwargs)
+    return SimSetup(
+        MODELS[model],
+        HARDWARE["B300"],
+        devices,
+        token_scale=64,
+        block_size=8,
+        max_wave_tokens=32768,
+        max_round_requests=16,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("system", list(SYSTEMS))
 def test_every_system_finishes_every_request_with_intact_caches(system):
-    setup = small_setup(max_pool_blocks=1024)     # integrity checks walk every block
-    work = make_workload("short_suffix", num_requests=12, num_groups=3, prefix_len=128, suffix_len=32,
-                         block_size=8, seed=1)
+    setup = small_setup(max_pool_blocks=1024)  # integrity checks walk every block
+    work = make_workload(
+        "short_suffix",
+        num_requests=12,
+        num_groups=3,
+        prefix_len=128,
+        suffix_len=32,
+        block_size=8,
+        seed=1,
+    )
     result, sim = run_setting(system, setup, work, 6, check_integrity=True)
     assert result.num_failed == 0 and result.num_requests == 12
     assert result.input_tok_s > 0 and 0 < result.hit_rate <= work.ideal_hit_rate + 1e-9
@@ -62,8 +88,10 @@ def test_every_system_finishes_every_request_with_intact_caches(system):
 
 def test_topologies_and_rings_of_the_baselines():
     setup = small_setup()
-    per_stage = [stage_kv_tokens(setup.model, setup.hardware, a, b, first=i == 0, last=i == 3)
-                 for i, (a, b) in enumerate([(0, 20), (20, 39), (39, 58), (58, 78)])]
+    per_stage = [
+        stage_kv_tokens(setup.model, setup.hardware, a, b, first=i == 0, last=i == 3)
+        for i, (a, b) in enumerate([(0, 20), (20, 39), (39, 58), (58, 78)])
+    ]
     vllm = build_system("vllm-pp", setup)
     assert len(vllm.servers) == 1 and vllm.num_stages == 4
     assert vllm.servers[0].pool.num_blocks == min(per_stage) // (8 * 64)
@@ -80,7 +108,9 @@ def test_topologies_and_rings_of_the_baselines():
 def test_hybrid_model_runs_with_snapshot_boundaries(interval):
     # integrity checks walk every block
     setup = small_setup("kimi-linear", max_pool_blocks=512, snapshot_interval_blocks=interval)
-    work = make_workload("reuse", num_requests=8, num_groups=2, prompt_len=160, block_size=8, seed=2)
+    work = make_workload(
+        "reuse", num_requests=8, num_groups=2, prompt_len=160, block_size=8, seed=2
+    )
     result, sim = run_setting("wavepp", setup, work, 4, check_integrity=True)
     assert sim.leader.config.hybrid and result.num_failed == 0
     assert result.hit_rate <= work.ideal_hit_rate + 1e-9
@@ -93,8 +123,15 @@ def test_hybrid_model_runs_with_snapshot_boundaries(interval):
 
 def test_wavepp_beats_lockstep_on_short_suffixes_at_high_concurrency():
     setup = small_setup()
-    work = make_workload("short_suffix", num_requests=96, num_groups=8, prefix_len=448, suffix_len=64,
-                         block_size=8, seed=3)
+    work = make_workload(
+        "short_suffix",
+        num_requests=96,
+        num_groups=8,
+        prefix_len=448,
+        suffix_len=64,
+        block_size=8,
+        seed=3,
+    )
     wave, _ = run_setting("wavepp", setup, work, 48)
     lock, _ = run_setting("lockstep", setup, work, 48)
     assert wave.num_failed == lock.num_failed == 0
@@ -103,11 +140,14 @@ def test_wavepp_beats_lockstep_on_short_suffixes_at_high_concurrency():
 
 
 def test_open_loop_replays_the_arrival_times(tmp_path):
-    lines = ['{"timestamp": %d, "input_length": 1500, "hash_ids": [1, 2, %d]}' % (t, 10 + t)
-             for t in (0, 250, 1250)]
+    lines = [
+        '{"timestamp": %d, "input_length": 1500, "hash_ids": [1, 2, %d]}' % (t, 10 + t)
+        for t in (0, 250, 1250)
+    ]
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(lines) + "\n")
     from wavepp.workloads import trace
+
     setup = small_setup(max_pool_blocks=256)
     work = trace(path, tokens_per_block=8, block_size=8, time_scale=2.0)
     result, sim = run_setting("wavepp", setup, work, 1, check_integrity=True)
@@ -123,7 +163,9 @@ def test_policies_come_from_one_registry():
     assert list(SYSTEMS) == list(POLICIES)
     assert all(SYSTEMS[name].policy is POLICIES[name] for name in POLICIES)
     assert "vllm-pp" not in runtime_policies() and bench_policies()[-1] == "single-stage"
-    with pytest.raises(ValueError, match="unknown policy 'vllm-pp'; choose one of wavepp, wavepp-mpu"):
+    with pytest.raises(
+        ValueError, match="unknown policy 'vllm-pp'; choose one of wavepp, wavepp-mpu"
+    ):
         get_policy("vllm-pp", runtime=True)
     with pytest.raises(ValueError, match="unknown policy 'x'; choose one of .*tp-ep"):
         get_policy("x")

@@ -10,30 +10,64 @@ from wavepp.sched import PlannerConfig
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
 from wavepp.sim.loops import LoopCosts
 from wavepp.sim.trtllm import (
-    TRTLLM_LEGACY, TRTLLM_RC26, MicroBatchPlanner, TrtllmMechanisms, TrtllmScheduling, budget_chunk,
-    shifted_end)
+    TRTLLM_LEGACY,
+    TRTLLM_RC26,
+    MicroBatchPlanner,
+    TrtllmMechanisms,
+    TrtllmScheduling,
+    budget_chunk,
+    shifted_end,
+)
 
 BS, T = 16, 1e-3
 
 
 def no_host(**changes) -> LoopCosts:
-    base = dict(fetch_s=0.0, schedule_s=0.0, schedule_item_s=0.0, match_block_s=0.0, alloc_block_s=0.0,
-                relay_s=0.0, hop_s=0.0, finalize_s=0.0, block_tokens=BS)
+    base = dict(
+        fetch_s=0.0,
+        schedule_s=0.0,
+        schedule_item_s=0.0,
+        match_block_s=0.0,
+        alloc_block_s=0.0,
+        relay_s=0.0,
+        hop_s=0.0,
+        finalize_s=0.0,
+        block_tokens=BS,
+    )
     return LoopCosts(**{**base, **changes})
 
 
-def trtllm_sim(mech: TrtllmMechanisms, *, stages: int = 4, budget: int = 64, host: LoopCosts | None = None,
-               blocks: int = 512):
+def trtllm_sim(
+    mech: TrtllmMechanisms,
+    *,
+    stages: int = 4,
+    budget: int = 64,
+    host: LoopCosts | None = None,
+    blocks: int = 512,
+):
     pcfg = PlannerConfig(block_size=BS, num_stages=stages, static_wave_tokens=budget)
     planner = MicroBatchPlanner(pcfg, mech, budget) if mech.budget_charge != "static" else None
     hooks = TrtllmScheduling(mech, budget, BS, BS)
-    return build_sim("trtllm-pp", stages, SimCosts(wave_seconds=lambda stage, chunks: T),
-                     stage_num_blocks=blocks, block_size=BS, planner_config=pcfg, max_waves_in_flight=stages,
-                     check_integrity=True, loop="trtllm", loop_costs=host or no_host(), planner=planner,
-                     trtllm=hooks, serial_chunks=not mech.overlap_chunks)
+    return build_sim(
+        "trtllm-pp",
+        stages,
+        SimCosts(wave_seconds=lambda stage, chunks: T),
+        stage_num_blocks=blocks,
+        block_size=BS,
+        planner_config=pcfg,
+        max_waves_in_flight=stages,
+        check_integrity=True,
+        loop="trtllm",
+        loop_costs=host or no_host(),
+        planner=planner,
+        trtllm=hooks,
+        serial_chunks=not mech.overlap_chunks,
+    )
 
 
-def shared_prefix_prompts(n: int, prefix_blocks: int = 3, suffix_blocks: int = 1) -> list[list[int]]:
+def shared_prefix_prompts(
+    n: int, prefix_blocks: int = 3, suffix_blocks: int = 1
+) -> list[list[int]]:
     prefix = [7] * (prefix_blocks * BS)
     return [prefix + [1000 + i] * (suffix_blocks * BS) for i in range(n)]
 
@@ -57,19 +91,22 @@ def test_cached_tokens_charged_leave_one_request_per_microbatch(charge, per_wave
     sim = trtllm_sim(mech)
     report = run_closed_loop(sim, shared_prefix_prompts(33), 8)
     assert report.num_failed == 0
-    warm = [w for w in [w.chunks for w in sim.waves_sent] if w and all(c.start == 3 * BS for c in w)]
+    warm = [
+        w for w in [w.chunks for w in sim.waves_sent] if w and all(c.start == 3 * BS for c in w)
+    ]
     assert warm and max(len(w) for w in warm) == per_wave
     assert all(c.num_tokens == BS for w in warm for c in w)
 
 
-def steady_period(mech: TrtllmMechanisms, host: LoopCosts, stages: int = 4, n: int = 24,
-                  steady: bool = True) -> float:
+def steady_period(
+    mech: TrtllmMechanisms, host: LoopCosts, stages: int = 4, n: int = 24, steady: bool = True
+) -> float:
     """The spacing of rank 0's launches once the pipeline is full (their mean if not `steady`)."""
     sim = trtllm_sim(mech, stages=stages, host=host)
     report = run_closed_loop(sim, [[i + 1] * 64 for i in range(n)], 4 * stages)
     assert report.num_failed == 0
     starts = sorted(start for stage, _, start, _ in sim.wave_spans if stage == 0)
-    gaps = [b - a for a, b in zip(starts, starts[1:])][n // 2:]
+    gaps = [b - a for a, b in zip(starts, starts[1:])][n // 2 :]
     if steady:
         assert max(gaps) == pytest.approx(min(gaps), rel=1e-9)
     return sum(gaps) / len(gaps)
@@ -101,7 +138,9 @@ def test_without_the_forward_sync_host_work_and_forward_overlap():
 
 
 def test_walk_cost_per_block_grows_with_the_reused_prefix():
-    hooks = TrtllmScheduling(TRTLLM_LEGACY.with_changes(probe="blocks", probe_block_s=1e-6), 64, BS, BS)
+    hooks = TrtllmScheduling(
+        TRTLLM_LEGACY.with_changes(probe="blocks", probe_block_s=1e-6), 64, BS, BS
+    )
     # a miss walks one block; a 28-block hit walks 28 and the miss after them
     assert hooks.scheduled_probe_s([(0, 32 * BS)]) == pytest.approx(1e-6)
     assert hooks.scheduled_probe_s([(28 * BS, 32 * BS), (0, 4 * BS)]) == pytest.approx(30e-6)
@@ -124,7 +163,9 @@ def test_reuse_becomes_visible_when_the_computing_request_retires():
     first is in flight. Visible on retirement, it computes the prompt again (no reuse at all);
     otherwise it reuses the first's blocks."""
     prompts = [[5] * (4 * BS)] * 2
-    strict = TRTLLM_LEGACY.with_changes(budget_charge="prompt", reuse_on_retire=True, admit_on_schedule=True)
+    strict = TRTLLM_LEGACY.with_changes(
+        budget_charge="prompt", reuse_on_retire=True, admit_on_schedule=True
+    )
     report = run_closed_loop(trtllm_sim(strict), prompts, 2)
     assert report.num_failed == 0 and report.cached_tokens == 0
     report = run_closed_loop(trtllm_sim(strict.with_changes(reuse_on_retire=False)), prompts, 2)
@@ -138,7 +179,9 @@ def test_requests_are_admitted_when_the_scheduler_takes_them():
     sim = trtllm_sim(TRTLLM_LEGACY.with_changes(budget_charge="prompt", admit_on_schedule=True))
     report = run_closed_loop(sim, [[i + 1] * (4 * BS) for i in range(12)], 12)
     assert report.num_failed == 0
-    assert max(len(w) for w in [w.chunks for w in sim.waves_sent]) == 1       # 4-block prompts, a 4-block budget
+    assert (
+        max(len(w) for w in [w.chunks for w in sim.waves_sent]) == 1
+    )  # 4-block prompts, a 4-block budget
 
 
 @pytest.mark.parametrize("overlap, seconds", [(False, 3 * 4 * T), (True, (3 + 4 - 1) * T)])
@@ -148,16 +191,19 @@ def test_chunks_of_one_request_follow_each_other_only_when_overlapped(overlap, s
     mech = TRTLLM_LEGACY.with_changes(overlap_chunks=overlap)
     report = run_closed_loop(trtllm_sim(mech), [[3] * (12 * BS)], 1)
     assert report.num_failed == 0
-    assert report.seconds == pytest.approx(seconds, rel=1e-9) if overlap else report.seconds >= seconds
+    assert (
+        report.seconds == pytest.approx(seconds, rel=1e-9) if overlap else report.seconds >= seconds
+    )
 
 
 def test_pools_sized_to_the_smallest_rank():
-    from wavepp.sim.grid import WorkloadShape  # noqa: F401 - the grid's setup path
     from wavepp.sim import get_hardware, get_model
+    from wavepp.sim.grid import WorkloadShape  # noqa: F401 - the grid's setup path
     from wavepp.sim.scenario import SimSetup, build_system
+
     setup = SimSetup(get_model("glm-5"), get_hardware("B300"), 4, trtllm=TRTLLM_LEGACY)
     sizes = [s.pool.num_blocks for s in build_system("trtllm-pp", setup).servers]
-    assert len(set(sizes)) > 1          # the ranks differ: embedding, LM head, dense layers
+    assert len(set(sizes)) > 1  # the ranks differ: embedding, LM head, dense layers
     rc26 = SimSetup(get_model("glm-5"), get_hardware("B300"), 4, trtllm=TRTLLM_RC26)
     assert [s.pool.num_blocks for s in build_system("trtllm-pp", rc26).servers] == [min(sizes)] * 4
     assert [s.pool.num_blocks for s in build_system("wavepp", rc26).servers] == sizes

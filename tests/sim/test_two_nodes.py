@@ -19,7 +19,7 @@ def _setup(**kwargs):
 
 
 def _hop(num_tokens, *, internode):
-    data = num_tokens * K3.hidden_size * 2.0      # bf16 hidden states
+    data = num_tokens * K3.hidden_size * 2.0  # bf16 hidden states
     if internode:
         return HW.internode_latency_s + data / (HW.internode_gb_s * 1e9)
     return HW.link_latency_s + data / (HW.link_gb_s * 1e9 / 2)
@@ -27,22 +27,41 @@ def _hop(num_tokens, *, internode):
 
 def test_only_the_boundary_between_nodes_crosses_the_nic():
     setup = _setup(gpus_per_node=4)
-    assert [setup.crosses_nodes(s) for s in range(8)] == [False, False, False, True,
-                                                          False, False, False, True]
+    assert [setup.crosses_nodes(s) for s in range(8)] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
     costs = scaled_costs([], setup, local=False)
     for s in range(7):
-        assert costs.transfer_seconds(s, 256) == pytest.approx(_hop(256 * 16, internode=s == 3), rel=1e-12)
-    assert costs.result_seconds == HW.internode_latency_s      # stage 7 (node 1) -> rank 0 (node 0)
+        assert costs.transfer_seconds(s, 256) == pytest.approx(
+            _hop(256 * 16, internode=s == 3), rel=1e-12
+        )
+    assert costs.result_seconds == HW.internode_latency_s  # stage 7 (node 1) -> rank 0 (node 0)
     one_node = scaled_costs([], _setup(), local=False)
-    assert one_node.transfer_seconds(3, 256) == pytest.approx(_hop(256 * 16, internode=False), rel=1e-12)
+    assert one_node.transfer_seconds(3, 256) == pytest.approx(
+        _hop(256 * 16, internode=False), rel=1e-12
+    )
     assert one_node.result_seconds == HW.link_latency_s
 
 
 def test_the_stage_after_the_node_boundary_starts_later_by_exactly_the_nic_hop():
     setup = _setup(gpus_per_node=4)
-    costs = replace(scaled_costs([], setup, local=False), wave_seconds=lambda stage, chunks: T,
-                    round_latency_s=0.0, round_msg_s=0.0, round_item_s=0.0, round_leased_block_s=0.0,
-                    round_new_block_s=0.0, leader_item_s=0.0)
+    costs = replace(
+        scaled_costs([], setup, local=False),
+        wave_seconds=lambda stage, chunks: T,
+        round_latency_s=0.0,
+        round_msg_s=0.0,
+        round_item_s=0.0,
+        round_leased_block_s=0.0,
+        round_new_block_s=0.0,
+        leader_item_s=0.0,
+    )
     pcfg = PlannerConfig(block_size=16, num_stages=8, static_wave_tokens=64)
     sim = build_sim("static", 8, costs, stage_num_blocks=64, block_size=16, planner_config=pcfg)
     report = run_closed_loop(sim, [[5] * 64], 1)
@@ -50,7 +69,9 @@ def test_the_stage_after_the_node_boundary_starts_later_by_exactly_the_nic_hop()
     gaps = [span[s + 1][0] - span[s][1] for s in range(7)]
     nic, nvlink = _hop(64 * 16, internode=True), _hop(64 * 16, internode=False)
     assert gaps == pytest.approx([nvlink] * 3 + [nic] + [nvlink] * 3, rel=1e-12)
-    assert report.seconds == pytest.approx(8 * T + 6 * nvlink + nic + HW.internode_latency_s, rel=1e-12)
+    assert report.seconds == pytest.approx(
+        8 * T + 6 * nvlink + nic + HW.internode_latency_s, rel=1e-12
+    )
 
 
 def _nic_ring(data):
@@ -67,7 +88,8 @@ def test_tp_collectives_across_two_nodes_run_at_the_nic():
     assert two._collectives(0, tokens) == pytest.approx(2 * _nic_ring(data), rel=1e-12)
     nvlink = HW.link_gb_s * 1e9 / 2
     assert one._collectives(0, tokens) == pytest.approx(
-        2 * (2.0 * 7 / 8 * data / nvlink + HW.link_latency_s), rel=1e-12)
+        2 * (2.0 * 7 / 8 * data / nvlink + HW.link_latency_s), rel=1e-12
+    )
     # an MoE layer: the all-reduce, then dispatch (FP8) and combine (bf16) of k copies a token,
     # 4 of 8 shares to the other node over the NIC beside 3 over NVLink, and the all-gather
     k = K3.num_experts_per_tok
@@ -75,6 +97,7 @@ def test_tp_collectives_across_two_nodes_run_at_the_nic():
     a2a = max(sent * 4 / 8 / (HW.internode_gb_s * 1e9), sent * 3 / 8 / nvlink)
     gather = 7 / 8 * data / (HW.internode_gb_s * 1e9)
     assert two._collectives(1, tokens) == pytest.approx(
-        _nic_ring(data) + a2a + gather + 3 * HW.internode_latency_s, rel=1e-12)
+        _nic_ring(data) + a2a + gather + 3 * HW.internode_latency_s, rel=1e-12
+    )
     with pytest.raises(ValueError, match="num_nodes"):
         StageCostModel(K3, HW, 0, 1, degree=2, num_nodes=3)

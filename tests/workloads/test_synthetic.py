@@ -6,7 +6,7 @@ from wavepp.workloads import cold, gsp, ideal_hit_rate, make_workload, mixed, re
 
 
 def test_ideal_hit_rate_counts_whole_chained_blocks_and_keeps_the_last_token():
-    a = list(range(1, 9))                      # 8 tokens: blocks [1..4] [5..8]
+    a = list(range(1, 9))  # 8 tokens: blocks [1..4] [5..8]
     # the second prompt extends the first by one token: both blocks reusable (cap (9-1)//4*4 = 8)
     assert ideal_hit_rate([a, a + [9]], 4) == pytest.approx(8 / 17)
     # a repeat is capped at one block short: the block holding the final token is recomputed
@@ -25,7 +25,7 @@ def test_cold_prompts_share_nothing():
 
 
 def test_reuse_groups_share_the_prefix_and_not_the_suffix():
-    w = reuse(6, 2, 10, reuse_ratio=0.8, block_size=4, seed=3)   # prefix 8 = two blocks
+    w = reuse(6, 2, 10, reuse_ratio=0.8, block_size=4, seed=3)  # prefix 8 = two blocks
     p = w.prompts
     assert p[2][:8] == p[0][:8] and p[4][:8] == p[0][:8] and p[3][:8] == p[1][:8]
     assert p[0][:8] != p[1][:8]
@@ -70,7 +70,8 @@ def test_gsp_matches_sglang_shape_and_shuffle_keeps_the_prompts():
 @pytest.mark.parametrize("name", ["cold", "reuse", "short_suffix", "mixed", "gsp"])
 def test_same_seed_same_prompts_other_seed_other_prompts(name):
     small = {"gsp": {"num_groups": 3, "prompts_per_group": 2, "system_prompt_len": 40}}.get(
-        name, {"num_requests": 6})
+        name, {"num_requests": 6}
+    )
     a = make_workload(name, seed=7, **small)
     b = make_workload(name, seed=7, **small)
     c = make_workload(name, seed=8, **small)
@@ -83,7 +84,9 @@ def test_registry_rejects_unknown_names_and_parameters():
         make_workload("nope")
     with pytest.raises(ValueError, match="no parameter"):
         make_workload("cold", prefix_len=3)
-    assert make_workload("short-suffix", num_requests=3, prefix_len=32, suffix_len=4).num_tokens == 108
+    assert (
+        make_workload("short-suffix", num_requests=3, prefix_len=32, suffix_len=4).num_tokens == 108
+    )
 
 
 def test_validation_names_the_field():

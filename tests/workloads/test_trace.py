@@ -28,9 +28,9 @@ def test_each_hash_id_is_one_deterministic_block_and_the_last_block_scales(tmp_p
     a, b, c = w.prompts
     # last blocks: 488 -> round(7.6) = 8 tokens; 88 -> round(1.4) = 1; 100 -> round(1.6) = 2
     assert [len(a), len(b), len(c)] == [16, 9, 2]
-    assert a[:8] == b[:8]                 # shared id 1
-    assert b[8:] != a[8:9]                # ids 2 and 3 differ
-    assert c == a[8:10]                   # id 2 again: the same tokens (a prefix of its block)
+    assert a[:8] == b[:8]  # shared id 1
+    assert b[8:] != a[8:9]  # ids 2 and 3 differ
+    assert c == a[8:10]  # id 2 again: the same tokens (a prefix of its block)
     assert w.arrival_times_s == (0.0, 1.0, 3.0)
     # request b reuses block 1 (capped at (9-1)//8*8 = 8); c's block 2 sits at a new position
     assert w.ideal_hit_rate == pytest.approx(8 / 27)
@@ -42,12 +42,15 @@ def test_max_requests_and_full_scale(tmp_path):
     assert [len(p) for p in w.prompts] == [1000, 600]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("{not json", "not valid JSON"),
-    (json.dumps({"timestamp": 1, "input_length": 10}), "missing field 'hash_ids'"),
-    (json.dumps({"timestamp": 1, "input_length": 2000, "hash_ids": [5]}), "does not fit"),
-    (json.dumps({"timestamp": -1, "input_length": 10, "hash_ids": [5]}), "timestamp"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"timestamp": 1, "input_length": 10}), "missing field 'hash_ids'"),
+        (json.dumps({"timestamp": 1, "input_length": 2000, "hash_ids": [5]}), "does not fit"),
+        (json.dumps({"timestamp": -1, "input_length": 10, "hash_ids": [5]}), "timestamp"),
+    ],
+)
 def test_malformed_lines_are_reported_with_their_line_number(tmp_path, bad, message):
     path = write(tmp_path, RECORDS[:1], [bad])
     with pytest.raises(ValueError, match=message) as info:

@@ -12,8 +12,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from wavepp.workloads import Workload
 from wavepp.sched.stats import quantile
+from wavepp.workloads import Workload
 
 
 class BenchError(RuntimeError):
@@ -41,17 +41,25 @@ class Measurement:
     stage_utilization: list[float]
     stage_idle_input_frac: list[float]
     stage_idle_admission_frac: list[float]
-    admission_p50_ms: float | None      # None (and empty per-stage lists): not available (over
-    admission_p99_ms: float | None      # HTTP, when the server's /metrics does not give it)
+    admission_p50_ms: float | None  # None (and empty per-stage lists): not available (over
+    admission_p99_ms: float | None  # HTTP, when the server's /metrics does not give it)
     num_waves: int | None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_label: str,
-                    repeat: int = 0, on_progress=None, open_loop: bool = False,
-                    submit_options: dict | None = None) -> Measurement:
+def run_closed_loop(
+    engine,
+    workload: Workload,
+    concurrency: int,
+    *,
+    policy_label: str,
+    repeat: int = 0,
+    on_progress=None,
+    open_loop: bool = False,
+    submit_options: dict | None = None,
+) -> Measurement:
     """Keep `concurrency` requests outstanding until every prompt is done (or, with
     `open_loop`, submit at the workload's arrival times). `submit_options`: keyword arguments
     of every `engine.submit` (e.g. kv_transfer=True). Raises BenchError, naming the first
@@ -74,7 +82,7 @@ def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_labe
     def finished(i, fut):
         try:
             results[i] = fut.result()
-        except Exception as exc:   # noqa: BLE001 - recorded as a failure below
+        except Exception as exc:  # noqa: BLE001 - recorded as a failure below
             results[i] = exc
         with lock:
             state["finished"] += 1
@@ -98,16 +106,22 @@ def run_closed_loop(engine, workload: Workload, concurrency: int, *, policy_labe
             submit_next()
     done.wait()
     seconds = time.perf_counter() - t0
-    failed = [f"{type(r).__name__}: {r}" if isinstance(r, Exception) else r.error
-              for r in results if isinstance(r, Exception) or not r.ok]
+    failed = [
+        f"{type(r).__name__}: {r}" if isinstance(r, Exception) else r.error
+        for r in results
+        if isinstance(r, Exception) or not r.ok
+    ]
     if failed:
-        raise BenchError(f"{workload.name} c={concurrency} {policy_label}: {len(failed)} of {len(prompts)} "
-                         f"requests failed; the first: {failed[0]}")
+        raise BenchError(
+            f"{workload.name} c={concurrency} {policy_label}: {len(failed)} of {len(prompts)} "
+            f"requests failed; the first: {failed[0]}"
+        )
     return summarize(engine, workload, results, seconds, policy_label, concurrency, repeat)
 
 
-def summarize(engine, workload: Workload, results, seconds: float, policy: str, concurrency: int,
-              repeat: int) -> Measurement:
+def summarize(
+    engine, workload: Workload, results, seconds: float, policy: str, concurrency: int, repeat: int
+) -> Measurement:
     ok = [r for r in results if not isinstance(r, Exception) and r.ok]
     inp = sum(r.num_prompt_tokens for r in ok)
     cached = sum(r.num_cached_tokens for r in ok)
@@ -116,17 +130,34 @@ def summarize(engine, workload: Workload, results, seconds: float, policy: str, 
     rounds = sorted(1e3 * x for x in stats.round_latencies_s) or [0.0]
     util = [min(1.0, st.busy_s / seconds) for st in stats.stages]
     wait_in = [min(1.0, st.idle_input_s / seconds) for st in stats.stages]
-    wait_adm = [min(1.0, (st.idle_admission_s + (st.round_s if i else 0.0)) / seconds)
-                for i, st in enumerate(stats.stages)]
+    wait_adm = [
+        min(1.0, (st.idle_admission_s + (st.round_s if i else 0.0)) / seconds)
+        for i, st in enumerate(stats.stages)
+    ]
     return Measurement(
-        workload=workload.name, policy=policy, pp=len(stats.stages), concurrency=concurrency,
-        repeat=repeat, num_requests=len(results), num_failed=len(results) - len(ok), input_tokens=inp,
-        cached_tokens=cached, seconds=seconds, input_tok_s=inp / seconds,
-        computed_tok_s=(inp - cached) / seconds, hit_rate=cached / inp if inp else 0.0,
-        ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_ms=quantile(ttft, 0.5),
-        ttft_p95_ms=quantile(ttft, 0.95), stage_utilization=util, stage_idle_input_frac=wait_in,
-        stage_idle_admission_frac=wait_adm, admission_p50_ms=quantile(rounds, 0.5),
-        admission_p99_ms=quantile(rounds, 0.99), num_waves=stats.num_waves)
+        workload=workload.name,
+        policy=policy,
+        pp=len(stats.stages),
+        concurrency=concurrency,
+        repeat=repeat,
+        num_requests=len(results),
+        num_failed=len(results) - len(ok),
+        input_tokens=inp,
+        cached_tokens=cached,
+        seconds=seconds,
+        input_tok_s=inp / seconds,
+        computed_tok_s=(inp - cached) / seconds,
+        hit_rate=cached / inp if inp else 0.0,
+        ideal_hit_rate=workload.ideal_hit_rate,
+        ttft_p50_ms=quantile(ttft, 0.5),
+        ttft_p95_ms=quantile(ttft, 0.95),
+        stage_utilization=util,
+        stage_idle_input_frac=wait_in,
+        stage_idle_admission_frac=wait_adm,
+        admission_p50_ms=quantile(rounds, 0.5),
+        admission_p99_ms=quantile(rounds, 0.99),
+        num_waves=stats.num_waves,
+    )
 
 
 def median_rows(rows: list[Measurement]) -> list[dict]:
@@ -137,10 +168,18 @@ def median_rows(rows: list[Measurement]) -> list[dict]:
     for m in rows:
         groups.setdefault((m.workload, m.policy, m.concurrency), []).append(m)
     out = []
-    for (wl, pol, c), ms in groups.items():
+    for (_wl, _pol, _c), ms in groups.items():
         row = ms[0].to_dict()
-        for key in ("seconds", "input_tok_s", "computed_tok_s", "hit_rate", "ttft_p50_ms", "ttft_p95_ms",
-                    "admission_p50_ms", "admission_p99_ms"):
+        for key in (
+            "seconds",
+            "input_tok_s",
+            "computed_tok_s",
+            "hit_rate",
+            "ttft_p50_ms",
+            "ttft_p95_ms",
+            "admission_p50_ms",
+            "admission_p99_ms",
+        ):
             values = [getattr(m, key) for m in ms]
             row[key] = None if None in values else statistics.median(values)
         for key in ("stage_utilization", "stage_idle_input_frac", "stage_idle_admission_frac"):

@@ -7,13 +7,17 @@ import platform
 from pathlib import Path
 
 import torch
+
 from wavepp.jsonfile import write_json  # noqa: F401 - part of this module's API
 
 
 def machine() -> str:
     import os
-    return (f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
-            f"{platform.python_version()}, torch {torch.__version__}")
+
+    return (
+        f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
+        f"{platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def print_table(rows: list[dict], console, title: str) -> None:
@@ -25,10 +29,25 @@ def print_table(rows: list[dict], console, title: str) -> None:
     table = Table(title=title)
     policies = [r["policy"] for r in rows]
     ref_policy = "wavepp" if "wavepp" in policies else (policies[0] if policies else "wavepp")
-    for col in ("workload", "c", "policy", "input tok/s", "computed tok/s", f"vs {ref_policy}",
-                "hit / ideal", "TTFT p50/p95 ms", "stage util", "idle in/adm", "adm p50/p99 ms"):
+    for col in (
+        "workload",
+        "c",
+        "policy",
+        "input tok/s",
+        "computed tok/s",
+        f"vs {ref_policy}",
+        "hit / ideal",
+        "TTFT p50/p95 ms",
+        "stage util",
+        "idle in/adm",
+        "adm p50/p99 ms",
+    ):
         table.add_column(col, justify="right" if col not in ("workload", "policy") else "left")
-    base = {(r["workload"], r["concurrency"]): r["input_tok_s"] for r in rows if r["policy"] == ref_policy}
+    base = {
+        (r["workload"], r["concurrency"]): r["input_tok_s"]
+        for r in rows
+        if r["policy"] == ref_policy
+    }
     best = {}
     for r in rows:
         key = (r["workload"], r["concurrency"])
@@ -37,21 +56,39 @@ def print_table(rows: list[dict], console, title: str) -> None:
         ref = base.get((r["workload"], r["concurrency"]))
         ratio = f"{r['input_tok_s'] / ref:.2f}x" if ref else "-"
         util = "/".join(f"{u:.0%}" for u in r["stage_utilization"]) or "n/a"
-        idle = "/".join(f"{a:.0%}:{b:.0%}" for a, b in zip(r["stage_idle_input_frac"],
-                                                         r["stage_idle_admission_frac"])) or "n/a"
-        adm = "n/a" if r["admission_p50_ms"] is None else \
-            f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}"
+        idle = (
+            "/".join(
+                f"{a:.0%}:{b:.0%}"
+                for a, b in zip(r["stage_idle_input_frac"], r["stage_idle_admission_frac"])
+            )
+            or "n/a"
+        )
+        adm = (
+            "n/a"
+            if r["admission_p50_ms"] is None
+            else f"{r['admission_p50_ms']:.1f} / {r['admission_p99_ms']:.1f}"
+        )
         fastest = r["input_tok_s"] == best[(r["workload"], r["concurrency"])]
-        table.add_row(r["workload"], str(r["concurrency"]), r["policy"], f"{r['input_tok_s']:,.0f}",
-                      f"{r['computed_tok_s']:,.0f}", ratio,
-                      f"{r['hit_rate']:.1%} / {r['ideal_hit_rate']:.1%}",
-                      f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}", util, idle, adm,
-                      style="bold" if fastest and len(rows) > 1 else None)
+        table.add_row(
+            r["workload"],
+            str(r["concurrency"]),
+            r["policy"],
+            f"{r['input_tok_s']:,.0f}",
+            f"{r['computed_tok_s']:,.0f}",
+            ratio,
+            f"{r['hit_rate']:.1%} / {r['ideal_hit_rate']:.1%}",
+            f"{r['ttft_p50_ms']:,.0f} / {r['ttft_p95_ms']:,.0f}",
+            util,
+            idle,
+            adm,
+            style="bold" if fastest and len(rows) > 1 else None,
+        )
     console.print(table)
 
 
 def write_plot(path: str, rows: list[dict]) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -59,8 +96,11 @@ def write_plot(path: str, rows: list[dict]) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
     for ax, wl in zip(axes[0], workloads):
         for pol in sorted({r["policy"] for r in rows if r["workload"] == wl}):
-            pts = sorted((r["concurrency"], r["input_tok_s"]) for r in rows
-                         if r["workload"] == wl and r["policy"] == pol)
+            pts = sorted(
+                (r["concurrency"], r["input_tok_s"])
+                for r in rows
+                if r["workload"] == wl and r["policy"] == pol
+            )
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
         ax.set_xscale("log", base=2)
         ax.set_title(wl)
@@ -82,15 +122,40 @@ def chrome_trace(stats, label: str, pid: int) -> list[dict]:
     events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}}]
     num_stages = len(stats.stages)
     for s in range(num_stages):
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": s, "args": {"name": f"stage {s}"}})
-    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": num_stages,
-                   "args": {"name": "admission rounds"}})
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": s, "args": {"name": f"stage {s}"}}
+        )
+    events.append(
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid,
+            "tid": num_stages,
+            "args": {"name": "admission rounds"},
+        }
+    )
     for stage, wave, start, end in spans:
-        events.append({"ph": "X", "name": f"wave {wave}", "pid": pid, "tid": stage,
-                       "ts": 1e6 * (start - t0), "dur": 1e6 * (end - start)})
+        events.append(
+            {
+                "ph": "X",
+                "name": f"wave {wave}",
+                "pid": pid,
+                "tid": stage,
+                "ts": 1e6 * (start - t0),
+                "dur": 1e6 * (end - start),
+            }
+        )
     for rid, start, end in stats.round_spans:
-        events.append({"ph": "X", "name": f"round {rid}", "pid": pid, "tid": num_stages,
-                       "ts": 1e6 * (start - t0), "dur": 1e6 * (end - start)})
+        events.append(
+            {
+                "ph": "X",
+                "name": f"round {rid}",
+                "pid": pid,
+                "tid": num_stages,
+                "ts": 1e6 * (start - t0),
+                "dur": 1e6 * (end - start),
+            }
+        )
     return events
 
 

@@ -19,9 +19,6 @@ from wavepp.cache.errors import (
 from wavepp.cache.hashing import hash_blocks
 from wavepp.cache.host_tier import HostLoad, HostTier
 from wavepp.cache.pool import BlockPool
-from wavepp.cache.snapshot_plan import default_interval_blocks, snapshot_boundaries
-from wavepp.cache.snapshot_records import SnapshotMatch
-from wavepp.cache.snapshots import HybridPool
 from wavepp.cache.results import (
     CapacityView,
     CommitResult,
@@ -30,6 +27,9 @@ from wavepp.cache.results import (
     PoolRequestState,
     ReserveResult,
 )
+from wavepp.cache.snapshot_plan import default_interval_blocks, snapshot_boundaries
+from wavepp.cache.snapshot_records import SnapshotMatch
+from wavepp.cache.snapshots import HybridPool
 
 __all__ = [
     "AlreadyReleasedError",

@@ -127,7 +127,9 @@ class LeafQueue:
 
     def items(self) -> list[BlockEntry]:
         """Entries with a live item, in heap (not sorted) order; for integrity checks."""
-        return [item[3] for item in self._heap if item[0] == item[3].leaf_key == item[3].last_access]
+        return [
+            item[3] for item in self._heap if item[0] == item[3].leaf_key == item[3].last_access
+        ]
 
 
 _NO_ITEM = -2  # leaf_key of an entry with no live item; never a clock value

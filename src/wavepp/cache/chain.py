@@ -41,7 +41,7 @@ class RequestChains(BlockStore):
                 if num_registered or not self._borrowable(taken, parent):
                     break
                 self._borrow(request, taken)
-                own.append(BlockEntry(None, None, depth, request_id))   # computed again, privately
+                own.append(BlockEntry(None, None, depth, request_id))  # computed again, privately
                 parent = taken
                 depth += 1
                 continue
@@ -53,8 +53,8 @@ class RequestChains(BlockStore):
             own.append(entry)
             depth += 1
             num_registered += 1
-        for depth in range(depth, len(request.leased) + escrow.num_blocks):
-            own.append(BlockEntry(None, None, depth, request_id))
+        for unhashed_depth in range(depth, len(request.leased) + escrow.num_blocks):
+            own.append(BlockEntry(None, None, unhashed_depth, request_id))
         self._pending_registered(num_registered)
         request.own = own
         request.new_block_hashes = tuple(new_block_hashes)

@@ -55,7 +55,9 @@ class PendingBlockError(CacheError):
     rather than hand out a block table that points at KV nobody wrote.
     """
 
-    def __init__(self, request_id: Hashable, owner_id: Hashable, operation: str, detail: str) -> None:
+    def __init__(
+        self, request_id: Hashable, owner_id: Hashable, operation: str, detail: str
+    ) -> None:
         self.request_id = request_id
         self.owner_id = owner_id
         super().__init__(

@@ -48,7 +48,8 @@ class HostTier:
         if capacity_bytes < 0 or block_bytes <= 0 or snapshot_bytes < 0:
             raise InvalidArgumentError(
                 f"HostTier needs capacity_bytes >= 0, block_bytes > 0 and snapshot_bytes >= 0, "
-                f"got {capacity_bytes}, {block_bytes}, {snapshot_bytes}")
+                f"got {capacity_bytes}, {block_bytes}, {snapshot_bytes}"
+            )
         self.capacity_bytes = capacity_bytes
         self.block_bytes = block_bytes
         self.snapshot_bytes = snapshot_bytes
@@ -56,9 +57,9 @@ class HostTier:
         self._blocks: OrderedDict[int, tuple[bool, bool]] = OrderedDict()
         self.used_bytes = 0
         self.transferred_bytes = 0
-        self.num_offloaded = 0          # blocks copied in
-        self.num_loaded = 0             # blocks copied back out
-        self.num_dropped = 0            # blocks the LRU let go (snapshots held alone not counted)
+        self.num_offloaded = 0  # blocks copied in
+        self.num_loaded = 0  # blocks copied back out
+        self.num_dropped = 0  # blocks the LRU let go (snapshots held alone not counted)
 
     def __len__(self) -> int:
         """Blocks held (snapshots held alone not counted)."""
@@ -84,11 +85,16 @@ class HostTier:
             n += 1
         return n - start
 
-    def snapshot_boundaries(self, block_hashes: Sequence[int], start: int, end: int) -> tuple[int, ...]:
+    def snapshot_boundaries(
+        self, block_hashes: Sequence[int], start: int, end: int
+    ) -> tuple[int, ...]:
         """Boundaries b in (start, end] (in blocks) whose block b - 1 the tier holds with its
         snapshot. Mutates nothing."""
-        return tuple(b for b in range(start + 1, end + 1)
-                     if self._blocks.get(block_hashes[b - 1], (False, False)) == (True, True))
+        return tuple(
+            b
+            for b in range(start + 1, end + 1)
+            if self._blocks.get(block_hashes[b - 1], (False, False)) == (True, True)
+        )
 
     def onboard(self, block_hashes: Sequence[int], num_snapshots: int) -> HostLoad:
         """Copy `block_hashes` (all held here) and `num_snapshots` snapshots back to the GPU.
@@ -112,7 +118,9 @@ class HostTier:
         if used != self.used_bytes:
             raise IntegrityError(f"host tier: {self.used_bytes} bytes counted, {used} held")
         if used > self.capacity_bytes:
-            raise IntegrityError(f"host tier: {used} bytes held past a capacity of {self.capacity_bytes}")
+            raise IntegrityError(
+                f"host tier: {used} bytes held past a capacity of {self.capacity_bytes}"
+            )
 
     # ---- private helpers --------------------------------------------------------------------
 
@@ -126,7 +134,7 @@ class HostTier:
             if old != (False, False):
                 self._blocks[block_hash] = old
             return
-        self._blocks[block_hash] = new     # most recently used
+        self._blocks[block_hash] = new  # most recently used
         self.num_offloaded += new[0] and not old[0]
         num_bytes = self._size(*new) - self._size(*old)
         self.used_bytes += num_bytes

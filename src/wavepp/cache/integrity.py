@@ -39,11 +39,15 @@ def check_pool(pool: BlockPool) -> None:
         linked_children = children.get(entry, []) if entry.linked else []
         victim_children = [c for c in linked_children if c.victim_of is not None]
         listed = entry.victim_children or []
-        _check(len(listed) == len(victim_children) and set(listed) == set(victim_children),
-               f"block {entry.block_id} lists {len(listed)} victim children, has {len(victim_children)}")
+        _check(
+            len(listed) == len(victim_children) and set(listed) == set(victim_children),
+            f"block {entry.block_id} lists {len(listed)} victim children, has {len(victim_children)}",
+        )
         if entry.victim_of is not None and entry.linked:
-            _check(len(victim_children) == len(linked_children),
-                   f"victim block {entry.block_id} has a non-victim child")
+            _check(
+                len(victim_children) == len(linked_children),
+                f"victim block {entry.block_id} has a non-victim child",
+            )
     _check_block_states(pool, free_ids, victim_owner)
     # The leaf queue is lazy (stale items are dropped when they surface), so check what it
     # would yield: every evictable leaf has a live item, and the first valid item is the
@@ -51,21 +55,31 @@ def check_pool(pool: BlockPool) -> None:
     live_leaves = set(pool._leaves.items())
     evictable_leaves = [e for e in entries if is_evictable_leaf(e)]
     for entry in evictable_leaves:
-        _check(entry in live_leaves, f"evictable leaf block {entry.block_id} missing from the leaf queue")
+        _check(
+            entry in live_leaves,
+            f"evictable leaf block {entry.block_id} missing from the leaf queue",
+        )
     valid = [e for e in live_leaves if is_evictable_leaf(e)]
     if evictable_leaves:
         first, expected = min(valid, key=leaf_order), min(evictable_leaves, key=leaf_order)
-        _check(first is expected, f"leaf queue yields block {first.block_id} before {expected.block_id}")
+        _check(
+            first is expected,
+            f"leaf queue yields block {first.block_id} before {expected.block_id}",
+        )
     for request in pool._requests.values():
         hashes = request.chain_hashes()
         found, expected = pool.match(hashes), pool.match_linear(hashes)
-        _check(found.num_blocks == expected,
-               f"match {found.num_blocks} != linear {expected} for {request.request_id!r}")
+        _check(
+            found.num_blocks == expected,
+            f"match {found.num_blocks} != linear {expected} for {request.request_id!r}",
+        )
         computed = 0
         while computed < expected and pool._index[hashes[computed]].computed:
             computed += 1
-        _check(found.num_computed_blocks == computed,
-               f"match computed {found.num_computed_blocks} != {computed}")
+        _check(
+            found.num_computed_blocks == computed,
+            f"match computed {found.num_computed_blocks} != {computed}",
+        )
 
 
 def _check_escrows(pool: BlockPool, free_ids: set[int]) -> dict[int, object]:
@@ -76,21 +90,32 @@ def _check_escrows(pool: BlockPool, free_ids: set[int]) -> dict[int, object]:
             continue
         who = f"escrow of {request_id!r}"
         _check(len(escrow.victims) <= escrow.num_blocks, f"{who} holds more victims than it needs")
-        _check(not escrow.committed or escrow.num_missing == 0, f"committed {who} is short of victims")
+        _check(
+            not escrow.committed or escrow.num_missing == 0, f"committed {who} is short of victims"
+        )
         for block_id, entry in escrow.victims.items():
             _check(block_id not in victim_owner, f"block {block_id} is a victim of two escrows")
-            _check(block_id not in free_ids, f"victim block {block_id} of {who} is on the free list")
+            _check(
+                block_id not in free_ids, f"victim block {block_id} of {who} is on the free list"
+            )
             victim_owner[block_id] = request_id
-            _check(pool._block_entries[block_id] is entry, f"victim block {block_id} of {who} changed owner")
+            _check(
+                pool._block_entries[block_id] is entry,
+                f"victim block {block_id} of {who} changed owner",
+            )
             if entry is not None:
-                _check(entry.block_id == block_id and entry.victim_of == request_id,
-                       f"victim {block_id} mislabeled")
+                _check(
+                    entry.block_id == block_id and entry.victim_of == request_id,
+                    f"victim {block_id} mislabeled",
+                )
                 _check(entry.ref_count == 0, f"victim block {block_id} of {who} is referenced")
                 _check(entry.computed, f"victim block {block_id} of {who} is not computed")
     for entry in pool._block_entries:
         if entry is not None and entry.victim_of is not None:
-            _check(entry.block_id in victim_owner,
-                   f"block {entry.block_id} marked victim but held by no escrow")
+            _check(
+                entry.block_id in victim_owner,
+                f"block {entry.block_id} marked victim but held by no escrow",
+            )
     return victim_owner
 
 
@@ -98,33 +123,53 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
     holders: dict[BlockEntry, int] = {}
     for request_id, request in pool._requests.items():
         for depth, entry in enumerate(request.leased):
-            _check(entry.depth == depth, f"{request_id!r} leased block {depth} has depth {entry.depth}")
+            _check(
+                entry.depth == depth, f"{request_id!r} leased block {depth} has depth {entry.depth}"
+            )
             holders[entry] = holders.get(entry, 0) + 1
         for i, entry in enumerate(request.borrowed):
             depth = len(request.leased) + i
-            _check(entry.depth == depth and entry.computed,
-                   f"{request_id!r} borrowed block {depth} has depth {entry.depth} or is pending")
+            _check(
+                entry.depth == depth and entry.computed,
+                f"{request_id!r} borrowed block {depth} has depth {entry.depth} or is pending",
+            )
             holders[entry] = holders.get(entry, 0) + 1
         for i, entry in enumerate(request.own):
-            _check(entry.owned and entry.owner_id == request_id,
-                   f"{request_id!r} own block {i} not owned by it")
+            _check(
+                entry.owned and entry.owner_id == request_id,
+                f"{request_id!r} own block {i} not owned by it",
+            )
             holders[entry] = holders.get(entry, 0) + 1
             if request.block_table is not None:
                 expected = request.block_table[len(request.leased) + i]
-                _check(entry.block_id == expected, f"{request_id!r} own block {i} is not block {expected}")
+                _check(
+                    entry.block_id == expected,
+                    f"{request_id!r} own block {i} is not block {expected}",
+                )
             else:
-                _check(entry.block_id is None, f"{request_id!r} own block {i} has a block before materialize")
-    entries = set(holders) | set(pool._index.values()) | {e for e in pool._block_entries if e is not None}
+                _check(
+                    entry.block_id is None,
+                    f"{request_id!r} own block {i} has a block before materialize",
+                )
+    entries = (
+        set(holders) | set(pool._index.values()) | {e for e in pool._block_entries if e is not None}
+    )
     for entry in entries:
         num_holders = holders.get(entry, 0)
-        _check(entry.ref_count == num_holders,
-               f"block {entry.block_id} ref_count {entry.ref_count} != {num_holders} holders")
+        _check(
+            entry.ref_count == num_holders,
+            f"block {entry.block_id} ref_count {entry.ref_count} != {num_holders} holders",
+        )
         if entry.owned:
-            _check(entry.owner_id in pool._requests,
-                   f"block {entry.block_id} owned by gone {entry.owner_id!r}")
+            _check(
+                entry.owner_id in pool._requests,
+                f"block {entry.block_id} owned by gone {entry.owner_id!r}",
+            )
         if entry.linked:
-            _check(pool._index.get(entry.block_hash) is entry,
-                   f"linked block {entry.block_id} not in the index")
+            _check(
+                pool._index.get(entry.block_hash) is entry,
+                f"linked block {entry.block_id} not in the index",
+            )
         elif num_holders == 0 and entry.block_id is not None and entry.victim_of is None:
             leaked = pool._block_entries[entry.block_id] is entry
             _check(not leaked, f"block {entry.block_id} leaked: unreferenced and not cached")
@@ -134,32 +179,45 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
 def _check_index(pool: BlockPool, entries: set[BlockEntry]) -> dict[BlockEntry, list[BlockEntry]]:
     children: dict[BlockEntry, list[BlockEntry]] = {}
     for block_hash, entry in pool._index.items():
-        _check(entry.block_hash == block_hash and entry.linked, f"index entry {block_hash:#x} mislabeled")
+        _check(
+            entry.block_hash == block_hash and entry.linked,
+            f"index entry {block_hash:#x} mislabeled",
+        )
         parent = entry.parent
         if parent is None:
             _check(entry.depth == 0, f"root block {entry.block_id} at depth {entry.depth}")
         else:
             _check(parent.linked, f"block {entry.block_id} cached under an evicted parent")
-            _check(entry.depth == parent.depth + 1,
-                   f"block {entry.block_id} depth {entry.depth} under {parent.depth}")
+            _check(
+                entry.depth == parent.depth + 1,
+                f"block {entry.block_id} depth {entry.depth} under {parent.depth}",
+            )
             children.setdefault(parent, []).append(entry)
         if entry.computed:
             _check(entry.block_id is not None, f"computed entry {block_hash:#x} has no block")
-            _check(parent is None or parent.computed,
-                   f"computed block {entry.block_id} under a pending parent")
+            _check(
+                parent is None or parent.computed,
+                f"computed block {entry.block_id} under a pending parent",
+            )
         else:
             _check(entry.owned, f"pending entry {block_hash:#x} has no owner")
         if entry.block_id is not None:
-            _check(pool._block_entries[entry.block_id] is entry,
-                   f"block {entry.block_id} map disagrees with index")
+            _check(
+                pool._block_entries[entry.block_id] is entry,
+                f"block {entry.block_id} map disagrees with index",
+            )
     for entry in entries:
         num_children = len(children.get(entry, ()))
-        _check(entry.num_children == num_children or not entry.linked,
-               f"block {entry.block_id} counts {entry.num_children} children, has {num_children}")
+        _check(
+            entry.num_children == num_children or not entry.linked,
+            f"block {entry.block_id} counts {entry.num_children} children, has {num_children}",
+        )
     return children
 
 
-def _check_block_states(pool: BlockPool, free_ids: set[int], victim_owner: dict[int, object]) -> None:
+def _check_block_states(
+    pool: BlockPool, free_ids: set[int], victim_owner: dict[int, object]
+) -> None:
     counts = {"free": 0, "escrowed": 0, "in_use": 0, "leased": 0, "evictable": 0}
     for block_id, entry in enumerate(pool._block_entries):
         if block_id in free_ids:
@@ -169,19 +227,29 @@ def _check_block_states(pool: BlockPool, free_ids: set[int], victim_owner: dict[
         elif entry is None:
             raise IntegrityError(f"block {block_id} leaked: not free, not escrowed, no entry")
         else:
-            _check(entry.block_id == block_id, f"block {block_id} maps to an entry of block {entry.block_id}")
+            _check(
+                entry.block_id == block_id,
+                f"block {block_id} maps to an entry of block {entry.block_id}",
+            )
             state = "in_use" if entry.owned else "leased" if entry.ref_count else "evictable"
             if state == "evictable":
-                _check(entry.linked and entry.computed, f"unreferenced block {block_id} is not cached")
+                _check(
+                    entry.linked and entry.computed, f"unreferenced block {block_id} is not cached"
+                )
         counts[state] += 1
     view = pool.capacity()
     found = (view.num_free, view.num_escrowed, view.num_in_use, view.num_leased, view.num_evictable)
-    _check(found == tuple(counts.values()), f"capacity {found} != counted {tuple(counts.values())} "
-           "(free, escrowed, in_use, leased, evictable)")
+    _check(
+        found == tuple(counts.values()),
+        f"capacity {found} != counted {tuple(counts.values())} "
+        "(free, escrowed, in_use, leased, evictable)",
+    )
     _check(sum(counts.values()) == pool.num_blocks, "block states do not add up to num_blocks")
     num_pending = sum(1 for e in pool._index.values() if not e.computed)
-    _check(view.num_pending == num_pending,
-           f"num_pending {view.num_pending} != {num_pending} pending entries")
+    _check(
+        view.num_pending == num_pending,
+        f"num_pending {view.num_pending} != {num_pending} pending entries",
+    )
 
 
 def _check(condition: bool, message: str) -> None:

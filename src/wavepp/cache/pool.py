@@ -25,6 +25,7 @@ from collections.abc import Hashable, Sequence
 
 from wavepp.cache import integrity
 from wavepp.cache.block import BlockEntry
+from wavepp.cache.chain import RequestChains
 from wavepp.cache.errors import (
     AlreadyReleasedError,
     InvalidArgumentError,
@@ -36,7 +37,6 @@ from wavepp.cache.escrow import Escrow, Victim, pick_victims, unmark_victim
 from wavepp.cache.host_tier import HostTier
 from wavepp.cache.pool_request import PoolRequest
 from wavepp.cache.results import CommitResult, LeaseResult, PoolRequestState, ReserveResult
-from wavepp.cache.chain import RequestChains
 
 _NUM_RETIRED_REMEMBERED = 1 << 16  # released ids kept to tell "released twice" from "unknown"
 _RESERVED = (PoolRequestState.RESERVED,)
@@ -59,8 +59,14 @@ class BlockPool(RequestChains):
 
     keeps_snapshots = False
 
-    def __init__(self, num_blocks: int, block_size: int, *, max_leased_blocks: int | None = None,
-                 host_tier: HostTier | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        max_leased_blocks: int | None = None,
+        host_tier: HostTier | None = None,
+    ) -> None:
         super().__init__(num_blocks, block_size, host_tier)
         if max_leased_blocks is not None and max_leased_blocks < 0:
             raise InvalidArgumentError(f"max_leased_blocks must be >= 0, got {max_leased_blocks}")
@@ -70,7 +76,9 @@ class BlockPool(RequestChains):
 
     # ---- admission: lease, reserve, commit, cancel -------------------------------------------
 
-    def lease(self, request_id: Hashable, block_hashes: Sequence[int], num_blocks: int) -> LeaseResult:
+    def lease(
+        self, request_id: Hashable, block_hashes: Sequence[int], num_blocks: int
+    ) -> LeaseResult:
         """Pin the first `num_blocks` entries of `block_hashes` for `request_id` (ref + 1 each).
 
         The blocks are safe to read from until release/free. Touches them in prefix order.
@@ -81,9 +89,13 @@ class BlockPool(RequestChains):
         """
         if request_id in self._requests:
             state = self._requests[request_id].state.value
-            raise RequestStateError(request_id, "lease", state, "a request leases once, before reserve")
+            raise RequestStateError(
+                request_id, "lease", state, "a request leases once, before reserve"
+            )
         if not 0 <= num_blocks <= len(block_hashes):
-            raise InvalidArgumentError(f"lease: num_blocks={num_blocks} not in [0, {len(block_hashes)}]")
+            raise InvalidArgumentError(
+                f"lease: num_blocks={num_blocks} not in [0, {len(block_hashes)}]"
+            )
         entries = []
         for block_hash in block_hashes[:num_blocks]:
             entry = self._index.get(block_hash)
@@ -189,7 +201,9 @@ class BlockPool(RequestChains):
         A committed request's PENDING entries leave the index (readers that leased one keep
         it, dead). The request is LEASED again and may reserve anew.
         """
-        request = self._get(request_id, "cancel", _RESERVED + _COMMITTED, "nothing reserved to cancel")
+        request = self._get(
+            request_id, "cancel", _RESERVED + _COMMITTED, "nothing reserved to cancel"
+        )
         self._drop_own(request)
         self._drop_borrowed(request)
         self._return_escrow(request)
@@ -204,13 +218,17 @@ class BlockPool(RequestChains):
         followed by new ones. Raises PendingBlockError, changing nothing, if a leased entry's
         owner has not materialized it yet or let it go uncomputed.
         """
-        request = self._get(request_id, "materialize", _COMMITTED, "only a committed escrow materializes")
+        request = self._get(
+            request_id, "materialize", _COMMITTED, "only a committed escrow materializes"
+        )
         for entry in request.leased:
             if not entry.computed and not entry.owned:
                 detail = "was released before it was computed"
                 raise PendingBlockError(request_id, entry.owner_id, "materialize", detail)
             if entry.block_id is None:
-                raise PendingBlockError(request_id, entry.owner_id, "materialize", "is not materialized yet")
+                raise PendingBlockError(
+                    request_id, entry.owner_id, "materialize", "is not materialized yet"
+                )
         escrow = request.escrow
         assert escrow is not None
         for entry in escrow.victims.values():
@@ -236,7 +254,9 @@ class BlockPool(RequestChains):
         Idempotent for a count <= the last one. Raises InvalidArgumentError beyond the
         request's blocks, PendingBlockError if its leased prefix is not computed yet.
         """
-        request = self._get(request_id, "publish", _MATERIALIZED, "publish needs materialized blocks")
+        request = self._get(
+            request_id, "publish", _MATERIALIZED, "publish needs materialized blocks"
+        )
         block_size = self.block_size
         num_leased = len(request.leased)
         num_tokens = request.num_blocks * block_size
@@ -248,9 +268,15 @@ class BlockPool(RequestChains):
         if num_computed_tokens <= request.num_computed_tokens:
             return
         # tokens: [0, num_leased * B) leased | [num_leased * B, num_tokens) own blocks
-        if num_computed_tokens > num_leased * block_size and num_leased and not request.leased[-1].computed:
+        if (
+            num_computed_tokens > num_leased * block_size
+            and num_leased
+            and not request.leased[-1].computed
+        ):
             owner_id = request.leased[-1].owner_id
-            raise PendingBlockError(request_id, owner_id, "publish", "is not computed (published) yet")
+            raise PendingBlockError(
+                request_id, owner_id, "publish", "is not computed (published) yet"
+            )
         start = max(request.num_computed_tokens // block_size - num_leased, 0)  # own block index
         end = max(num_computed_tokens // block_size - num_leased, 0)
         for entry in request.own[start:end]:
@@ -294,7 +320,11 @@ class BlockPool(RequestChains):
     # ---- private helpers --------------------------------------------------------------------
 
     def _get(
-        self, request_id: Hashable, operation: str, states: tuple[PoolRequestState, ...] = (), detail: str = ""
+        self,
+        request_id: Hashable,
+        operation: str,
+        states: tuple[PoolRequestState, ...] = (),
+        detail: str = "",
     ) -> PoolRequest:
         """The request's record; raises if unknown, or if `states` are given and it is in none."""
         request = self._requests.get(request_id)

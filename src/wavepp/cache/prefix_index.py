@@ -33,9 +33,13 @@ class BlockStore:
             raise InvalidArgumentError(f"block_size must be positive, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.host_tier = host_tier  # evicted computed blocks go there (offload victims); None: dropped
+        self.host_tier = (
+            host_tier  # evicted computed blocks go there (offload victims); None: dropped
+        )
         self._index: dict[int, BlockEntry] = {}  # hash -> linked entry
-        self._block_entries: list[BlockEntry | None] = [None] * num_blocks  # block id -> owner entry
+        self._block_entries: list[BlockEntry | None] = [
+            None
+        ] * num_blocks  # block id -> owner entry
         self._free_ids: list[int] = list(range(num_blocks))  # a heap: lowest id first
         self._leaves = LeafQueue()
         self._clock = 0  # logical time: ticks once per touched block

@@ -25,13 +25,16 @@ from __future__ import annotations
 import math
 
 
-def snapshot_boundaries(num_cached_blocks: int, num_tokens: int, block_size: int,
-                        interval_blocks: int) -> tuple[int, ...]:
+def snapshot_boundaries(
+    num_cached_blocks: int, num_tokens: int, block_size: int, interval_blocks: int
+) -> tuple[int, ...]:
     """Boundaries (in blocks, increasing) a request saves when it computes after
     `num_cached_blocks` reused blocks: grid points in (num_cached, full blocks], and its last
     reusable boundary."""
     if interval_blocks < 1 or block_size < 1:
-        raise ValueError(f"interval_blocks and block_size must be >= 1, got {interval_blocks}, {block_size}")
+        raise ValueError(
+            f"interval_blocks and block_size must be >= 1, got {interval_blocks}, {block_size}"
+        )
     num_full = num_tokens // block_size
     first = (num_cached_blocks // interval_blocks + 1) * interval_blocks
     boundaries = set(range(first, num_full + 1, interval_blocks))
@@ -41,8 +44,9 @@ def snapshot_boundaries(num_cached_blocks: int, num_tokens: int, block_size: int
     return tuple(sorted(boundaries))
 
 
-def default_interval_blocks(bytes_per_snapshot: int, bytes_per_block: int, *,
-                            max_overhead: float = 0.25) -> int:
+def default_interval_blocks(
+    bytes_per_snapshot: int, bytes_per_block: int, *, max_overhead: float = 0.25
+) -> int:
     """The smallest grid interval whose snapshots cost at most `max_overhead` of block memory
     (1 when blocks cost nothing: a stage of linear-attention layers only keeps snapshots at
     every block boundary it can afford)."""

@@ -22,14 +22,14 @@ class Snapshot:
     """The state after block `num_blocks` - 1 of a chain, in slot `slot`."""
 
     block_hash: int
-    num_blocks: int                  # the boundary, in blocks
+    num_blocks: int  # the boundary, in blocks
     slot: int
     grid: bool
-    parent: Snapshot | None          # grid snapshots: the one at the previous grid point
-    owner_id: Hashable = None        # the request that writes it (kept for messages and checks)
-    computed: bool = True            # False: pending, its owner has not written it yet
-    dead: bool = False               # pending and dropped: held only by the requests leasing it
-    ref_count: int = 0               # leasing requests
+    parent: Snapshot | None  # grid snapshots: the one at the previous grid point
+    owner_id: Hashable = None  # the request that writes it (kept for messages and checks)
+    computed: bool = True  # False: pending, its owner has not written it yet
+    dead: bool = False  # pending and dropped: held only by the requests leasing it
+    ref_count: int = 0  # leasing requests
     num_grid_children: int = 0
     last_access: int = 0
 
@@ -41,8 +41,12 @@ class SnapshotPlan:
     commit) or in `slots` (attached at publish if it can be then); either way the request
     writes the state there when its chunk passes the boundary."""
 
-    slots: dict[int, int] = field(default_factory=dict)       # boundary (blocks) -> slot, not yet attached
-    pending: dict[int, Snapshot] = field(default_factory=dict)   # boundary (blocks) -> own pending snapshot
+    slots: dict[int, int] = field(
+        default_factory=dict
+    )  # boundary (blocks) -> slot, not yet attached
+    pending: dict[int, Snapshot] = field(
+        default_factory=dict
+    )  # boundary (blocks) -> own pending snapshot
     working_slot: int | None = None
     leased: Snapshot | None = None
 
@@ -55,7 +59,10 @@ class SnapshotPlan:
 
     def held_slots(self) -> list[int]:
         """The slots the plan itself holds (pending snapshots hold their own)."""
-        return [*self.slots.values(), *([self.working_slot] if self.working_slot is not None else [])]
+        return [
+            *self.slots.values(),
+            *([self.working_slot] if self.working_slot is not None else []),
+        ]
 
 
 @dataclass(frozen=True, slots=True)

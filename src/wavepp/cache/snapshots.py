@@ -35,8 +35,8 @@ checks the one at k itself.
 A snapshot leaves with its block (leaf-only block eviction: the deeper snapshots are gone
 before) or before it, alone, when reserve needs slots: the least recently used unpinned
 computed one that no grid snapshot hangs below. With a host tier, either way it leaves a copy
-there (`HostTier.offload` with its block, `offload_snapshot` alone). Reserve evicts its victims at once (not at
-materialize as blocks do): a snapshot is small and one round seldom needs many.
+there (`HostTier.offload` with its block, `offload_snapshot` alone). Reserve evicts its
+victims at once (not at materialize as blocks do): a snapshot is small, rounds need few.
 """
 
 from __future__ import annotations
@@ -58,19 +58,31 @@ class HybridPool(BlockPool):
 
     keeps_snapshots = True
 
-    def __init__(self, num_blocks: int, block_size: int, *, num_slots: int, interval_blocks: int,
-                 bytes_per_snapshot: int = 0, max_leased_blocks: int | None = None,
-                 host_tier: HostTier | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        num_slots: int,
+        interval_blocks: int,
+        bytes_per_snapshot: int = 0,
+        max_leased_blocks: int | None = None,
+        host_tier: HostTier | None = None,
+    ) -> None:
         if num_slots < 1 or interval_blocks < 1:
-            raise InvalidArgumentError(f"HybridPool needs num_slots >= 1 and interval_blocks >= 1, "
-                                       f"got {num_slots}, {interval_blocks}")
+            raise InvalidArgumentError(
+                f"HybridPool needs num_slots >= 1 and interval_blocks >= 1, "
+                f"got {num_slots}, {interval_blocks}"
+            )
         self.num_slots = num_slots
         self.interval_blocks = interval_blocks
         self.bytes_per_snapshot = bytes_per_snapshot
-        self._snapshots: dict[int, Snapshot] = {}     # block hash -> snapshot after that block
+        self._snapshots: dict[int, Snapshot] = {}  # block hash -> snapshot after that block
         self._free_slots: list[int] = list(range(num_slots))
         self._plans: dict[Hashable, SnapshotPlan] = {}
-        super().__init__(num_blocks, block_size, max_leased_blocks=max_leased_blocks, host_tier=host_tier)
+        super().__init__(
+            num_blocks, block_size, max_leased_blocks=max_leased_blocks, host_tier=host_tier
+        )
 
     # ---- hints ------------------------------------------------------------------------------
 
@@ -106,7 +118,9 @@ class HybridPool(BlockPool):
 
     # ---- admission --------------------------------------------------------------------------
 
-    def lease(self, request_id: Hashable, block_hashes: Sequence[int], num_blocks: int) -> LeaseResult:
+    def lease(
+        self, request_id: Hashable, block_hashes: Sequence[int], num_blocks: int
+    ) -> LeaseResult:
         """As `BlockPool.lease`, and pin the snapshot after block `num_blocks` - 1 (not ok,
         holding nothing, if there is none: the request cannot resume there on this stage)."""
         snapshot = None
@@ -131,14 +145,20 @@ class HybridPool(BlockPool):
         self._get(request_id, "reserve_snapshots")
         plan = self._plans.setdefault(request_id, SnapshotPlan())
         if plan.slots or plan.pending or plan.working_slot is not None:
-            raise InvalidArgumentError(f"reserve_snapshots: request {request_id!r} holds slots already")
+            raise InvalidArgumentError(
+                f"reserve_snapshots: request {request_id!r} holds slots already"
+            )
         needed = len(boundaries) + 1
         victims = self._snapshot_victims(needed - len(self._free_slots))
         if victims is None:
-            return ReserveResult(False, 0, (), f"need {needed} snapshot slots, "
-                                 f"{len(self._free_slots)} free and too few evictable")
+            return ReserveResult(
+                False,
+                0,
+                (),
+                f"need {needed} snapshot slots, {len(self._free_slots)} free and too few evictable",
+            )
         for victim in victims:
-            if self.host_tier is not None:      # its block stays here; the state goes to the host
+            if self.host_tier is not None:  # its block stays here; the state goes to the host
                 self.host_tier.offload_snapshot(victim.block_hash)
             self._drop_snapshot(victim)
         slots = [heapq.heappop(self._free_slots) for _ in range(needed)]
@@ -179,7 +199,9 @@ class HybridPool(BlockPool):
         plan = self._plans.get(request_id)
         if plan is None:
             return
-        for boundary in sorted(b for b in plan.pending if b * self.block_size <= num_computed_tokens):
+        for boundary in sorted(
+            b for b in plan.pending if b * self.block_size <= num_computed_tokens
+        ):
             snapshot = plan.pending.pop(boundary)
             snapshot.computed = True
             self._touch_snapshot(snapshot)
@@ -200,8 +222,6 @@ class HybridPool(BlockPool):
     def release(self, request_id: Hashable) -> None:
         super().release(request_id)
         self._retire_plan(request_id)
-
-    # ---- views ------------------------------------------------------------------------------
 
     @property
     def num_snapshots(self) -> int:
@@ -237,7 +257,7 @@ class HybridPool(BlockPool):
         if grid and boundary > self.interval_blocks:
             parent = self._snapshots.get(hashes[boundary - self.interval_blocks - 1])
             if parent is None:
-                return False     # keep the grid snapshots of every chain a prefix of the grid
+                return False  # keep the grid snapshots of every chain a prefix of the grid
         snapshot = Snapshot(block_hash, boundary, slot, grid, parent)
         if parent is not None:
             parent.num_grid_children += 1
@@ -258,16 +278,24 @@ class HybridPool(BlockPool):
         taken: set[int] = set()
         children_left = {}
         while len(chosen) < count:
-            candidates = [s for s in self._snapshots.values() if id(s) not in taken and s.ref_count == 0
-                          and s.computed and s.num_grid_children - children_left.get(id(s), 0) == 0]
+            candidates = [
+                s
+                for s in self._snapshots.values()
+                if id(s) not in taken
+                and s.ref_count == 0
+                and s.computed
+                and s.num_grid_children - children_left.get(id(s), 0) == 0
+            ]
             if not candidates:
                 return None
             candidates.sort(key=lambda s: (s.last_access, -s.num_blocks, s.slot))
-            for snapshot in candidates[:count - len(chosen)]:
+            for snapshot in candidates[: count - len(chosen)]:
                 chosen.append(snapshot)
                 taken.add(id(snapshot))
                 if snapshot.parent is not None:
-                    children_left[id(snapshot.parent)] = children_left.get(id(snapshot.parent), 0) + 1
+                    children_left[id(snapshot.parent)] = (
+                        children_left.get(id(snapshot.parent), 0) + 1
+                    )
         return chosen
 
     def _drop_snapshot(self, snapshot: Snapshot) -> None:
@@ -302,17 +330,29 @@ class HybridPool(BlockPool):
                 continue
             block_hash = hashes[boundary - 1]
             entry = self._index.get(block_hash)
-            if entry is None or entry.computed or entry.owner_id != request_id or not entry.owned \
-                    or block_hash in self._snapshots:
+            if (
+                entry is None
+                or entry.computed
+                or entry.owner_id != request_id
+                or not entry.owned
+                or block_hash in self._snapshots
+            ):
                 continue
             grid = boundary % step == 0
             parent = None
             if grid and boundary > step:
                 parent = self._snapshots.get(hashes[boundary - step - 1])
                 if parent is None:
-                    continue     # keep the grid snapshots of every chain a prefix of the grid
-            snapshot = Snapshot(block_hash, boundary, plan.slots.pop(boundary), grid, parent,
-                                owner_id=request_id, computed=False)
+                    continue  # keep the grid snapshots of every chain a prefix of the grid
+            snapshot = Snapshot(
+                block_hash,
+                boundary,
+                plan.slots.pop(boundary),
+                grid,
+                parent,
+                owner_id=request_id,
+                computed=False,
+            )
             if parent is not None:
                 parent.num_grid_children += 1
             self._snapshots[block_hash] = snapshot

@@ -13,10 +13,12 @@ __all__ = ["comma_list", "main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="wavepp", description="Pipeline-parallel LLM prefill with cross-stage prefix reuse.")
+        prog="wavepp", description="Pipeline-parallel LLM prefill with cross-stage prefix reuse."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from wavepp.cli import bench, make_model, models, prefill, route, serve, simulate
+
     for command in (models, make_model, prefill, bench, simulate, serve, route):
         command.add_parser(sub)
 
@@ -29,4 +31,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"wavepp {args.command}: error: {exc}", file=sys.stderr)
         return 2
-

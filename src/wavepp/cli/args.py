@@ -16,13 +16,24 @@ def layer_split(text: str | None) -> list[int] | None:
     try:
         return [int(t) for t in comma_list(text)]
     except ValueError:
-        raise ValueError(f"--layer-split takes layer counts separated by commas, e.g. 14,16; got {text!r}") from None
+        raise ValueError(
+            f"--layer-split takes layer counts separated by commas, e.g. 14,16; got {text!r}"
+        ) from None
 
 
 def add_stage_args(p) -> None:
     """--layer-split and --no-pin-cpus, how the layers and CPUs are shared out among stages."""
-    p.add_argument("--layer-split", default=None, metavar="N,N,...",
-                   help="layers per stage, comma separated (default: balanced)")
-    p.add_argument("--no-pin-cpus", dest="pin_cpus", action="store_false", default=None,
-                   help="leave the stage processes unpinned (default on the CPU: each stage pinned to "
-                        "CPUs of its own)")
+    p.add_argument(
+        "--layer-split",
+        default=None,
+        metavar="N,N,...",
+        help="layers per stage, comma separated (default: balanced)",
+    )
+    p.add_argument(
+        "--no-pin-cpus",
+        dest="pin_cpus",
+        action="store_false",
+        default=None,
+        help="leave the stage processes unpinned (default on the CPU: each stage pinned to "
+        "CPUs of its own)",
+    )

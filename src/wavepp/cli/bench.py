@@ -7,54 +7,96 @@ import itertools
 import time
 
 from wavepp.cli.args import add_stage_args, comma_list, layer_split
+from wavepp.cli.bench_http import check_http_args, run_over_http
 from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
-
 
 DEFAULT_POLICIES = "wavepp,wavepp-mpu,static,trtllm-pp,sglang-pp,lockstep,single-stage"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark policies side by side on workloads",
-                       description="Closed-loop benchmark: every (workload, concurrency) runs each "
-                                   "policy in turn, from empty caches, repeated and interleaved; "
-                                   "prints medians and ratios to lockstep. With --url: the same "
-                                   "workloads over HTTP against a running `wavepp serve` (its model, "
-                                   "pp and policy); vLLM's `vllm bench serve` measures the same server "
-                                   "from outside (benchmarks/vllm_bench_serve.py).")
-    p.add_argument("--url", default=None,
-                   help="measure a running `wavepp serve` at this URL (e.g. http://127.0.0.1:8000) over HTTP; "
-                        "the policy, pp and dtype are the server's, and caches are emptied between runs "
-                        "only if it was started with --debug")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="with --url: seconds one request may take")
-    p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2; "
-                                                 "with --url: the served model's name)")
-    p.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2; with --url: the server's)")
+    p = sub.add_parser(
+        "bench",
+        help="benchmark policies side by side on workloads",
+        description="Closed-loop benchmark: every (workload, concurrency) runs each "
+        "policy in turn, from empty caches, repeated and interleaved; "
+        "prints medians and ratios to lockstep. With --url: the same "
+        "workloads over HTTP against a running `wavepp serve` (its model, "
+        "pp and policy); vLLM's `vllm bench serve` measures the same server "
+        "from outside (benchmarks/vllm_bench_serve.py).",
+    )
+    p.add_argument(
+        "--url",
+        default=None,
+        help="measure a running `wavepp serve` at this URL (e.g. http://127.0.0.1:8000) over HTTP; "
+        "the policy, pp and dtype are the server's, and caches are emptied between runs "
+        "only if it was started with --debug",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=300.0, help="with --url: seconds one request may take"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="built-in name or HF-format directory (default: smollm2; "
+        "with --url: the served model's name)",
+    )
+    p.add_argument(
+        "--pp", type=int, default=None, help="pipeline stages (default 2; with --url: the server's)"
+    )
     add_stage_args(p)
-    p.add_argument("--workload", default="short-suffix,reuse",
-                   help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)")
-    p.add_argument("--policy", default=None,
-                   help=f"comma list of: {', '.join(bench_policies())} (default: {DEFAULT_POLICIES}; "
-                        f"with --url: the server's, which HTTP cannot switch)")
+    p.add_argument(
+        "--workload",
+        default="short-suffix,reuse",
+        help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        help=f"comma list of: {', '.join(bench_policies())} (default: {DEFAULT_POLICIES}; "
+        f"with --url: the server's, which HTTP cannot switch)",
+    )
     p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
-                        "so that high concurrencies reach a steady state of finishing and arriving requests)")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
+        "so that high concurrencies reach a steady state of finishing and arriving requests)",
+    )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--prompt-len", type=int, default=512, help="cold, reuse, mixed: prompt length")
-    p.add_argument("--prefix-len", type=int, default=1536,
-                   help="short-suffix: shared prefix; gsp: system prompt")
+    p.add_argument(
+        "--prefix-len",
+        type=int,
+        default=1536,
+        help="short-suffix: shared prefix; gsp: system prompt",
+    )
     p.add_argument("--suffix-len", type=int, default=64, help="short-suffix: suffix; gsp: question")
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--trace-file", default=None, help="Mooncake JSONL for the trace workload")
-    p.add_argument("--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
-                   help="default bfloat16; with --url: the server's")
-    p.add_argument("--device", default=None, choices=["cpu", "cuda", "auto"],
-                   help="where stages compute (default cpu; not with --url: the server's)")
-    p.add_argument("--snapshot-interval", default=None, metavar="BLOCKS",
-                   help="hybrid models (kimi_linear): comma list of snapshot intervals in blocks, each "
-                        "run side by side (default: the interval chosen from memory)")
+    p.add_argument(
+        "--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="default bfloat16; with --url: the server's",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        choices=["cpu", "cuda", "auto"],
+        help="where stages compute (default cpu; not with --url: the server's)",
+    )
+    p.add_argument(
+        "--snapshot-interval",
+        default=None,
+        metavar="BLOCKS",
+        help="hybrid models (kimi_linear): comma list of snapshot intervals in blocks, each "
+        "run side by side (default: the interval chosen from memory)",
+    )
     p.add_argument("--json", default=None, metavar="FILE")
     p.add_argument("--plot", default=None, metavar="FILE.png")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="Chrome trace (Perfetto)")
@@ -73,12 +115,22 @@ def build_workloads(args, vocab_size: int, num_requests: int, block_size: int | 
     vocabulary (ideal hit rates at `block_size`, default the engine's 16)."""
     from wavepp.workloads import WorkloadOptions, workload_from_options
 
-    common = {"vocab_size": vocab_size} if block_size is None else {"vocab_size": vocab_size,
-                                                                      "block_size": block_size}
+    common = (
+        {"vocab_size": vocab_size}
+        if block_size is None
+        else {"vocab_size": vocab_size, "block_size": block_size}
+    )
     opts = WorkloadOptions(
-        num_requests=num_requests, prompt_len=args.prompt_len, prefix_len=args.prefix_len,
-        suffix_len=args.suffix_len, num_groups=args.num_groups, tokens_per_block=args.tokens_per_block,
-        max_trace_requests=num_requests, trace_file=args.trace_file, common=common)
+        num_requests=num_requests,
+        prompt_len=args.prompt_len,
+        prefix_len=args.prefix_len,
+        suffix_len=args.suffix_len,
+        num_groups=args.num_groups,
+        tokens_per_block=args.tokens_per_block,
+        max_trace_requests=num_requests,
+        trace_file=args.trace_file,
+        common=common,
+    )
     return [workload_from_options(name, opts) for name in comma_list(args.workload)]
 
 
@@ -88,8 +140,8 @@ def run(args) -> int:
 
     from wavepp.bench.measure import median_rows
     from wavepp.bench.report import machine, print_table, write_json, write_plot, write_trace
-    from wavepp.models import load_model_config
     from wavepp.model_store import DEFAULT_MODEL, resolve_model
+    from wavepp.models import load_model_config
     from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
     console = Console(width=max(Console().width, 160))
@@ -97,12 +149,16 @@ def run(args) -> int:
     if args.url:
         from wavepp.bench.http import server_info
 
-        args.url = args.url.rstrip("/").removesuffix("/v1")   # the server, or OpenAI's base URL
+        args.url = args.url.rstrip("/").removesuffix("/v1")  # the server, or OpenAI's base URL
         info = server_info(args.url)
-        policies = _check_http_args(args, info)
+        policies = check_http_args(args, info)
         model, vocab_size, block_size = info.model, info.vocab_size, info.block_size
     else:
-        args.policy, args.pp, args.dtype = args.policy or DEFAULT_POLICIES, args.pp or 2, args.dtype or "bfloat16"
+        args.policy, args.pp, args.dtype = (
+            args.policy or DEFAULT_POLICIES,
+            args.pp or 2,
+            args.dtype or "bfloat16",
+        )
         policies = check_policies(comma_list(args.policy), bench_policies())
         model = args.model or DEFAULT_MODEL
         vocab_size, block_size = load_model_config(resolve_model(model)).vocab_size, None
@@ -115,50 +171,94 @@ def run(args) -> int:
             sized[n] = build_workloads(args, vocab_size, n, block_size)
         workloads[c] = sized[n]
     where = f"over HTTP at {args.url} (policy {policies[0]}), client" if args.url else ""
-    console.print(f"[bold]wavepp bench[/] model={model} pp={args.pp} dtype={args.dtype} {where} on {machine()}")
-    intervals = [int(i) for i in comma_list(args.snapshot_interval)] if args.snapshot_interval else [None]
+    console.print(
+        f"[bold]wavepp bench[/] model={model} pp={args.pp} dtype={args.dtype} {where} on {machine()}"
+    )
+    intervals = (
+        [int(i) for i in comma_list(args.snapshot_interval)] if args.snapshot_interval else [None]
+    )
     ideal_on_grid = {}
     for wls in sized.values():
         for wl in wls:
             grid = ""
             for interval in intervals if intervals != [None] else []:
-                ideal_on_grid[(wl.name, wl.num_requests, interval)] = rate = \
+                ideal_on_grid[(wl.name, wl.num_requests, interval)] = rate = (
                     ideal_snapshot_hit_rate(wl.prompts, wl.block_size, interval)
+                )
                 grid += f", on a snapshot grid of {interval} blocks {rate:.1%}"
-            console.print(f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
-                          f"ideal hit rate {wl.ideal_hit_rate:.1%}{grid}")
+            console.print(
+                f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
+                f"ideal hit rate {wl.ideal_hit_rate:.1%}{grid}"
+            )
     t_start = time.perf_counter()
     pipeline_policies = [p for p in policies if p != SINGLE_STAGE]
     rows, trace_events, kernels = [], [], {}
-    total = sum(wl.num_requests for c in concurrencies for wl in workloads[c]) * len(policies) * args.repeat \
+    total = (
+        sum(wl.num_requests for c in concurrencies for wl in workloads[c])
+        * len(policies)
+        * args.repeat
         * len(intervals)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as progress:
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         task = progress.add_task("warm-up", total=total)
         if args.url:
-            http_rows, caches_reset = _run_over_http(args, info, concurrencies, workloads, progress, task)
+            http_rows, caches_reset = run_over_http(
+                args, info, concurrencies, workloads, progress, task
+            )
             rows += http_rows
         else:
             # snapshot intervals interleave like policies: Engine.reset switches every stage's grid
-            rows += _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals,
-                                  ideal_on_grid, progress, task, trace_events, kernels)
+            rows += _run_policies(
+                args,
+                model,
+                policies,
+                pipeline_policies,
+                concurrencies,
+                workloads,
+                intervals,
+                ideal_on_grid,
+                progress,
+                task,
+                trace_events,
+                kernels,
+            )
     med = median_rows(rows)
     title = f"medians of {args.repeat} interleaved run(s); fastest first, in bold"
     http_meta = {}
     if args.url:
-        http_meta = {"url": args.url, "caches_reset": caches_reset,
-                     "stage_figures_from": "/metrics" if med and med[0]["stage_utilization"] else None}
-        title = (f"medians of {args.repeat} run(s) over HTTP at {args.url}, policy {policies[0]} (the server's); "
-                 f"caches {'emptied before each run (POST /debug/reset)' if caches_reset else 'NOT reset between runs (start the server with --debug)'}; "
-                 f"TTFT at the client; stage util, idle and admission "
-                 f"{'from /metrics (admission: histogram buckets, interpolated)' if http_meta['stage_figures_from'] else 'n/a: not in the server /metrics'}")
+        http_meta = {
+            "url": args.url,
+            "caches_reset": caches_reset,
+            "stage_figures_from": "/metrics" if med and med[0]["stage_utilization"] else None,
+        }
+        title = (
+            f"medians of {args.repeat} run(s) over HTTP at {args.url}, policy {policies[0]} (the server's); "
+            f"caches {'emptied before each run (POST /debug/reset)' if caches_reset else 'NOT reset between runs (start the server with --debug)'}; "
+            f"TTFT at the client; stage util, idle and admission "
+            f"{'from /metrics (admission: histogram buckets, interpolated)' if http_meta['stage_figures_from'] else 'n/a: not in the server /metrics'}"
+        )
     print_table(med, console, title)
     console.print(f"total {time.perf_counter() - t_start:.0f} s")
-    meta = {"model": model, "pp": args.pp, "dtype": args.dtype, "machine": machine(), **http_meta,
-            **({"kernels": kernels} if kernels else {}),
-            "ideal_on_snapshot_grid": [{"workload": w, "num_requests": n, "interval_blocks": i, "ideal_hit_rate": r}
-                                       for (w, n, i), r in ideal_on_grid.items()],
-            "repeat": args.repeat, "command": "wavepp bench " + " ".join(_argv(args))}
+    meta = {
+        "model": model,
+        "pp": args.pp,
+        "dtype": args.dtype,
+        "machine": machine(),
+        **http_meta,
+        **({"kernels": kernels} if kernels else {}),
+        "ideal_on_snapshot_grid": [
+            {"workload": w, "num_requests": n, "interval_blocks": i, "ideal_hit_rate": r}
+            for (w, n, i), r in ideal_on_grid.items()
+        ],
+        "repeat": args.repeat,
+        "command": "wavepp bench " + " ".join(_argv(args)),
+    }
     if args.json:
         write_json(args.json, [m.to_dict() for m in rows], {**meta, "medians": med})
         console.print(f"wrote {args.json}")
@@ -171,62 +271,26 @@ def run(args) -> int:
     return 0
 
 
-def _check_http_args(args, info) -> list[str]:
-    """With --url: the server's policy; what HTTP cannot change must agree with the server."""
-    if args.policy is not None and comma_list(args.policy) != [info.policy]:
-        raise ValueError(f"the server at {args.url} runs policy {info.policy!r}; a policy cannot be switched "
-                         f"over HTTP: restart it with `wavepp serve --policy ...`, or leave out --policy")
-    for name, ours, theirs in (("pp", args.pp, info.pp), ("dtype", args.dtype, info.dtype)):
-        if ours is not None and ours != theirs:
-            raise ValueError(f"the server at {args.url} runs --{name} {theirs}, not {ours}; leave out --{name}")
-    for name in ("snapshot_interval", "trace", "device"):
-        if getattr(args, name):
-            raise ValueError(f"--{name.replace('_', '-')} is not available with --url (the bench cannot "
-                             f"configure or trace the server's engine)")
-    if args.model is not None and args.model != info.model:
-        raise ValueError(f"the server at {args.url} serves {info.model!r}, not {args.model!r}; leave out --model")
-    args.pp, args.dtype = info.pp, info.dtype
-    return [info.policy]
-
-
-def _run_over_http(args, info, concurrencies, workloads, progress, task) -> tuple[list, bool]:
-    """Every (workload, concurrency) over HTTP, repeated; before each run the server's caches are
-    emptied if it allows (--debug). Returns the measurements and whether caches were emptied."""
-    from wavepp.bench.http import HTTPBenchError, reset_caches, run_http_closed_loop
-    from wavepp.serve.loadgen import run_load
-
-    first = workloads[concurrencies[0]]
-    # warm up, as in-process: the server's first forwards are slow
-    warm = run_load(args.url, [wl.prompts[0][:256] for wl in first], concurrency=len(first), model=info.model,
-                    timeout_s=args.timeout_s)
-    if warm.num_ok != len(first):
-        raise HTTPBenchError(f"warm-up requests to {args.url} failed: "
-                             f"{(warm.errors or ['429: too many waiting'])[0]}")
-    rows, caches_reset = [], True
-    for rep in range(args.repeat):
-        for index in range(len(first)):
-            for c in concurrencies:
-                wl = workloads[c][index]
-                caches_reset = reset_caches(info) and caches_reset
-                progress.update(task, description=f"{wl.name} c={c} {info.policy} over HTTP (run {rep + 1})")
-                m = run_http_closed_loop(info, wl, c, repeat=rep, timeout_s=args.timeout_s,
-                                         on_progress=lambda n: progress.advance(task, n))
-                rows.append(m)
-                util = "/".join(f"{u:.0%}" for u in m.stage_utilization) or "n/a"
-                progress.console.print(
-                    f"  {wl.name} c={c} {info.policy} over HTTP run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-                    f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}, TTFT p50 {m.ttft_p50_ms:,.0f} ms, "
-                    f"util {util}")
-    return rows, caches_reset
-
-
 def _argv(args) -> list[str]:
     import sys
+
     return sys.argv[2:]
 
 
-def _run_policies(args, model, policies, pipeline_policies, concurrencies, workloads, intervals, ideal_on_grid,
-                  progress, task, trace_events, kernels: dict) -> list:
+def _run_policies(
+    args,
+    model,
+    policies,
+    pipeline_policies,
+    concurrencies,
+    workloads,
+    intervals,
+    ideal_on_grid,
+    progress,
+    task,
+    trace_events,
+    kernels: dict,
+) -> list:
     """Every (workload, concurrency, snapshot interval, policy), interleaved run by run on the
     same engines (intervals [None]: the default grid). Fills `kernels`: engine name ("pp",
     "single") -> each stage's kernel paths."""
@@ -237,24 +301,45 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
     engines, rows = {}, []
     try:
         if pipeline_policies:
-            engines["pp"] = Engine(model, pp=args.pp, policy=pipeline_policies[0], dtype=args.dtype,
-                                   snapshot_interval_blocks=intervals[0], device=args.device or "cpu",
-                                   layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
+            engines["pp"] = Engine(
+                model,
+                pp=args.pp,
+                policy=pipeline_policies[0],
+                dtype=args.dtype,
+                snapshot_interval_blocks=intervals[0],
+                device=args.device or "cpu",
+                layer_split=layer_split(args.layer_split),
+                pin_cpus=args.pin_cpus,
+            )
         if SINGLE_STAGE in policies:
-            engines["single"] = Engine(model, pp=1, policy="wavepp", dtype=args.dtype,
-                                       snapshot_interval_blocks=intervals[0], device=args.device or "cpu")
+            engines["single"] = Engine(
+                model,
+                pp=1,
+                policy="wavepp",
+                dtype=args.dtype,
+                snapshot_interval_blocks=intervals[0],
+                device=args.device or "cpu",
+            )
         first = workloads[concurrencies[0]]
-        for name, engine in engines.items():   # warm up: first forwards are slow
+        for name, engine in engines.items():  # warm up: first forwards are slow
             engine.prefill([wl.prompts[0][:256] for wl in first])
             if engine.profile is not None:
                 progress.console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
-        for name, engine in engines.items():   # after every start-up: rank 0's choice is per process
+        for name, engine in engines.items():  # after every start-up: rank 0's choice is per process
             kernels[name] = list(engine.stage_kernels)
-            split = f" (layers per stage {','.join(map(str, engine.config.layer_split))})" if engine.config.layer_split else ""
+            split = (
+                f" (layers per stage {','.join(map(str, engine.config.layer_split))})"
+                if engine.config.layer_split
+                else ""
+            )
             cpus = engine.stage_cpus
-            progress.console.print(f"  kernels ({name}){split}: " + "; ".join(
-                f"stage {i} {k}" + (f" cpus {','.join(map(str, cpus[i]))}" if cpus else "")
-                for i, k in enumerate(kernels[name])))
+            progress.console.print(
+                f"  kernels ({name}){split}: "
+                + "; ".join(
+                    f"stage {i} {k}" + (f" cpus {','.join(map(str, cpus[i]))}" if cpus else "")
+                    for i, k in enumerate(kernels[name])
+                )
+            )
         for rep in range(args.repeat):
             for index in range(len(first)):
                 for c, interval in itertools.product(concurrencies, intervals):
@@ -262,21 +347,39 @@ def _run_policies(args, model, policies, pipeline_policies, concurrencies, workl
                     order = policies if rep % 2 == 0 else list(reversed(policies))
                     for pol in order:
                         engine = engines["single" if pol == SINGLE_STAGE else "pp"]
-                        engine.reset("wavepp" if pol == SINGLE_STAGE else pol, snapshot_interval_blocks=interval)
+                        engine.reset(
+                            "wavepp" if pol == SINGLE_STAGE else pol,
+                            snapshot_interval_blocks=interval,
+                        )
                         label = pol if interval is None else f"{pol} snap={interval}"
-                        progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
-                        m = run_closed_loop(engine, wl, c, policy_label=label, repeat=rep,
-                                            on_progress=lambda n: progress.advance(task, n))
+                        progress.update(
+                            task, description=f"{wl.name} c={c} {label} (run {rep + 1})"
+                        )
+                        m = run_closed_loop(
+                            engine,
+                            wl,
+                            c,
+                            policy_label=label,
+                            repeat=rep,
+                            on_progress=lambda n: progress.advance(task, n),
+                        )
                         rows.append(m)
-                        grid = "" if interval is None else \
-                            f" (ideal on the grid {ideal_on_grid[(wl.name, wl.num_requests, interval)]:.1%})"
+                        grid = (
+                            ""
+                            if interval is None
+                            else f" (ideal on the grid {ideal_on_grid[(wl.name, wl.num_requests, interval)]:.1%})"
+                        )
                         progress.console.print(
                             f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
                             f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
-                            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}")
+                            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}"
+                        )
                         if args.trace:
-                            trace_events += chrome_trace(engine.stats(), f"{wl.name} c={c} {label} r{rep}",
-                                                         pid=len(trace_events) + 1)
+                            trace_events += chrome_trace(
+                                engine.stats(),
+                                f"{wl.name} c={c} {label} r{rep}",
+                                pid=len(trace_events) + 1,
+                            )
     finally:
         for engine in engines.values():
             engine.shutdown()

@@ -23,11 +23,20 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from wavepp.make_model import TinyModelSpec, make_model
 
-    spec = TinyModelSpec(arch=args.arch, num_layers=args.layers, hidden_size=args.hidden_size,
-                         num_heads=args.heads, num_kv_heads=args.kv_heads,
-                         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
-                         tie_word_embeddings=args.tie_word_embeddings, seed=args.seed)
+    spec = TinyModelSpec(
+        arch=args.arch,
+        num_layers=args.layers,
+        hidden_size=args.hidden_size,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        intermediate_size=args.intermediate_size,
+        vocab_size=args.vocab_size,
+        tie_word_embeddings=args.tie_word_embeddings,
+        seed=args.seed,
+    )
     path = make_model(args.path, spec)
-    print(f"wrote {spec.arch} ({spec.num_layers} layers, hidden {spec.hidden_size}, "
-          f"vocab {spec.vocab_size}, seed {spec.seed}) to {path}")
+    print(
+        f"wrote {spec.arch} ({spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"vocab {spec.vocab_size}, seed {spec.seed}) to {path}"
+    )
     return 0

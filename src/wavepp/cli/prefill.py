@@ -11,32 +11,50 @@ from wavepp.sched.policy import runtime_policies
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("prefill", help="prefill prompts through the pipeline; print first tokens",
-                       description="Prefill prompts and print each one's first token and logprob. "
-                                   "Under torchrun (one rank per stage, any number of nodes) rank 0 "
-                                   "prints and the other ranks serve their stage.")
+    p = sub.add_parser(
+        "prefill",
+        help="prefill prompts through the pipeline; print first tokens",
+        description="Prefill prompts and print each one's first token and logprob. "
+        "Under torchrun (one rank per stage, any number of nodes) rank 0 "
+        "prints and the other ranks serve their stage.",
+    )
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt texts")
     p.add_argument("--token-ids", metavar="FILE", help="a JSON list of token-id lists")
-    p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
-    p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p.add_argument(
+        "--model", default=None, help="built-in name or HF-format directory (default: smollm2)"
+    )
+    p.add_argument(
+        "--pp", type=int, default=2, help="pipeline stages, one process each (default 2)"
+    )
     add_stage_args(p)
-    p.add_argument("--policy", default="wavepp", choices=runtime_policies(),
-                   help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
+    p.add_argument(
+        "--policy",
+        default="wavepp",
+        choices=runtime_policies(),
+        help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                   help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
-                        "auto (cuda when there is one); default cpu")
-    p.add_argument("--stage-num-blocks", default=None,
-                   help="cache blocks per stage, comma separated (default: sized from the model)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda", "auto"],
+        help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
+        "auto (cuda when there is one); default cpu",
+    )
+    p.add_argument(
+        "--stage-num-blocks",
+        default=None,
+        help="cache blocks per stage, comma separated (default: sized from the model)",
+    )
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per prompt")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from wavepp.runtime import torchrun_rank
     from wavepp.model_store import DEFAULT_MODEL
+    from wavepp.runtime import torchrun_rank
 
     ranks = torchrun_rank()
     if ranks is not None and ranks[0] != 0:
@@ -54,10 +72,19 @@ def run(args) -> int:
 
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
     t0 = time.perf_counter()
-    with Engine(args.model or DEFAULT_MODEL, pp=args.pp, policy=args.policy, dtype=args.dtype,
-                block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
-                device=args.device, layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus) as engine:
-        prompts = [engine.tokenize(p) for p in prompts]   # the tokenizer loads outside the timing
+    with Engine(
+        args.model or DEFAULT_MODEL,
+        pp=args.pp,
+        policy=args.policy,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        stage_num_blocks=blocks,
+        top_k=args.top_k,
+        device=args.device,
+        layer_split=layer_split(args.layer_split),
+        pin_cpus=args.pin_cpus,
+    ) as engine:
+        prompts = [engine.tokenize(p) for p in prompts]  # the tokenizer loads outside the timing
         t1 = time.perf_counter()
         results = engine.prefill(prompts)
         t2 = time.perf_counter()
@@ -68,14 +95,18 @@ def run(args) -> int:
     for i, r in enumerate(results):
         if r.ok:
             text = f" {r.first_token_text!r}" if r.first_token_text is not None else ""
-            print(f"[{i}] {r.num_prompt_tokens} tokens ({r.num_cached_tokens} cached) -> "
-                  f"first token {r.first_token_id}{text} logprob {r.first_token_logprob:.4f} "
-                  f"ttft {1e3 * r.ttft_s:.1f} ms")
+            print(
+                f"[{i}] {r.num_prompt_tokens} tokens ({r.num_cached_tokens} cached) -> "
+                f"first token {r.first_token_id}{text} logprob {r.first_token_logprob:.4f} "
+                f"ttft {1e3 * r.ttft_s:.1f} ms"
+            )
         else:
             print(f"[{i}] failed: {r.error}")
     n = sum(r.num_prompt_tokens for r in results)
-    print(f"{len(results)} prompts, {n} tokens in {t2 - t1:.3f} s ({n / (t2 - t1):.0f} tok/s); "
-          f"start-up {t1 - t0:.1f} s; pp={args.pp} policy={args.policy} dtype={args.dtype}")
+    print(
+        f"{len(results)} prompts, {n} tokens in {t2 - t1:.3f} s ({n / (t2 - t1):.0f} tok/s); "
+        f"start-up {t1 - t0:.1f} s; pp={args.pp} policy={args.policy} dtype={args.dtype}"
+    )
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -89,8 +120,13 @@ def serve_stage(ranks, device: str = "cpu") -> int:
 
     rank, world = ranks
     device = resolve_device(device)
-    channels = Channels(rank, world, default_backend(device, world), init_method="env://",
-                        device=stage_device(device, torchrun_local_rank()))
+    channels = Channels(
+        rank,
+        world,
+        default_backend(device, world),
+        init_method="env://",
+        device=stage_device(device, torchrun_local_rank()),
+    )
     run_worker(channels)
     channels.close()
     return 0

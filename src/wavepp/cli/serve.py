@@ -7,62 +7,122 @@ from wavepp.sched.policy import runtime_policies
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve the pipeline over HTTP (OpenAI-style completions and chat, /metrics)",
-                       description="Start the pipeline, then serve POST /v1/completions, /v1/chat/completions "
-                                   "(JSON or streamed), /v1/score, /tokenize, /detokenize, GET /v1/models, "
-                                   "/health and /metrics until SIGTERM or SIGINT. Under "
-                                   "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
-                                   "and the other ranks serve their stage.")
-    p.add_argument("--model", default=None, help="built-in name or HF-format directory (default: smollm2)")
-    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    p.add_argument("--pp", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p = sub.add_parser(
+        "serve",
+        help="serve the pipeline over HTTP (OpenAI-style completions and chat, /metrics)",
+        description="Start the pipeline, then serve POST /v1/completions, /v1/chat/completions "
+        "(JSON or streamed), /v1/score, /tokenize, /detokenize, GET /v1/models, "
+        "/health and /metrics until SIGTERM or SIGINT. Under "
+        "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
+        "and the other ranks serve their stage.",
+    )
+    p.add_argument(
+        "--model", default=None, help="built-in name or HF-format directory (default: smollm2)"
+    )
+    p.add_argument(
+        "--served-model-name", default=None, help="the model's name in the API (default: --model)"
+    )
+    p.add_argument(
+        "--pp", type=int, default=2, help="pipeline stages, one process each (default 2)"
+    )
     add_stage_args(p)
-    p.add_argument("--policy", default="wavepp", choices=runtime_policies(),
-                   help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}")
+    p.add_argument(
+        "--policy",
+        default="wavepp",
+        choices=runtime_policies(),
+        help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-waiting", type=int, default=256,
-                   help="prompts queued and not yet admitted beyond which requests get 429 (default 256)")
-    p.add_argument("--max-body-bytes", type=int, default=None,
-                   help="largest request body taken; a larger one gets 413 (default 32 MiB)")
-    p.add_argument("--max-prompts-per-request", type=int, default=None,
-                   help="most prompts in one request (a score request: items x labels); more get "
-                        "400 (default 256; never more than --max-waiting)")
-    p.add_argument("--max-streams", type=int, default=None,
-                   help="most streamed answers open at once; beyond them requests get 429 "
-                        "(default 256)")
-    p.add_argument("--drain-s", type=float, default=10.0,
-                   help="on SIGTERM, seconds to let requests in flight finish before aborting them")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="prompts queued and not yet admitted beyond which requests get 429 (default 256)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body taken; a larger one gets 413 (default 32 MiB)",
+    )
+    p.add_argument(
+        "--max-prompts-per-request",
+        type=int,
+        default=None,
+        help="most prompts in one request (a score request: items x labels); more get "
+        "400 (default 256; never more than --max-waiting)",
+    )
+    p.add_argument(
+        "--max-streams",
+        type=int,
+        default=None,
+        help="most streamed answers open at once; beyond them requests get 429 (default 256)",
+    )
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, seconds to let requests in flight finish before aborting them",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                   help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
-                        "auto (cuda when there is one); default cpu")
-    p.add_argument("--stage-num-blocks", default=None,
-                   help="cache blocks per stage, comma separated (default: sized from the model)")
-    p.add_argument("--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)")
-    p.add_argument("--kv-store", default=None, metavar="DIR",
-                   help="where every stage writes the KV of requests sent with kv_transfer_params "
-                        "{\"do_remote_decode\": true}, for a decode engine (docs/disaggregation.md)")
-    p.add_argument("--kv-store-max-gib", type=float, default=None,
-                   help="with --kv-store: the store's size beyond which the oldest transfers go")
-    p.add_argument("--kv-ttl-s", type=float, default=600.0,
-                   help="with --kv-store: seconds a transfer not taken lives (default 600)")
-    p.add_argument("--kv-export-wait-s", type=float, default=60.0,
-                   help="with --kv-store: seconds an answer waits for the stages' KV parts after the "
-                        "prefill; parts not written by then are named failed (default 60)")
-    p.add_argument("--debug", action="store_true",
-                   help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
-                        "`wavepp bench --url` uses between runs)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda", "auto"],
+        help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
+        "auto (cuda when there is one); default cpu",
+    )
+    p.add_argument(
+        "--stage-num-blocks",
+        default=None,
+        help="cache blocks per stage, comma separated (default: sized from the model)",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)"
+    )
+    p.add_argument(
+        "--kv-store",
+        default=None,
+        metavar="DIR",
+        help="where every stage writes the KV of requests sent with kv_transfer_params "
+        '{"do_remote_decode": true}, for a decode engine (docs/disaggregation.md)',
+    )
+    p.add_argument(
+        "--kv-store-max-gib",
+        type=float,
+        default=None,
+        help="with --kv-store: the store's size beyond which the oldest transfers go",
+    )
+    p.add_argument(
+        "--kv-ttl-s",
+        type=float,
+        default=600.0,
+        help="with --kv-store: seconds a transfer not taken lives (default 600)",
+    )
+    p.add_argument(
+        "--kv-export-wait-s",
+        type=float,
+        default=60.0,
+        help="with --kv-store: seconds an answer waits for the stages' KV parts after the "
+        "prefill; parts not written by then are named failed (default 60)",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
+        "`wavepp bench --url` uses between runs)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from wavepp.cli.prefill import serve_stage
     from wavepp.engine_config import EngineConfig
+    from wavepp.model_store import DEFAULT_MODEL
     from wavepp.runtime import torchrun_rank
     from wavepp.serve import ServeConfig, run_server
-    from wavepp.model_store import DEFAULT_MODEL
 
     ranks = torchrun_rank()
     if ranks is not None and ranks[0] != 0:
@@ -70,16 +130,29 @@ def run(args) -> int:
 
     model = args.model or DEFAULT_MODEL
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
-    engine_config = EngineConfig(model, pp=args.pp, policy=args.policy, dtype=args.dtype,
-                                 block_size=args.block_size, stage_num_blocks=blocks, top_k=args.top_k,
-                                 device=args.device, kv_store=args.kv_store,
-                                 kv_store_max_gib=args.kv_store_max_gib, kv_ttl_s=args.kv_ttl_s,
-                                 kv_export_wait_s=args.kv_export_wait_s,
-                                 layer_split=layer_split(args.layer_split), pin_cpus=args.pin_cpus)
-    limits = {name: getattr(args, name) for name in
-              ("max_body_bytes", "max_prompts_per_request", "max_streams")
-              if getattr(args, name) is not None}     # else ServeConfig's defaults
-    config = ServeConfig(args.served_model_name or model, max_waiting=args.max_waiting,
-                         debug=args.debug, **limits)
+    engine_config = EngineConfig(
+        model,
+        pp=args.pp,
+        policy=args.policy,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        stage_num_blocks=blocks,
+        top_k=args.top_k,
+        device=args.device,
+        kv_store=args.kv_store,
+        kv_store_max_gib=args.kv_store_max_gib,
+        kv_ttl_s=args.kv_ttl_s,
+        kv_export_wait_s=args.kv_export_wait_s,
+        layer_split=layer_split(args.layer_split),
+        pin_cpus=args.pin_cpus,
+    )
+    limits = {
+        name: getattr(args, name)
+        for name in ("max_body_bytes", "max_prompts_per_request", "max_streams")
+        if getattr(args, name) is not None
+    }  # else ServeConfig's defaults
+    config = ServeConfig(
+        args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug, **limits
+    )
     run_server(engine_config, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

@@ -21,72 +21,155 @@ from wavepp.workloads.registry import WORKLOAD_NAMES
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("simulate", help="simulate wavepp and baselines on modeled GPUs",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", choices=["paper", "kimi", "kimi-k3", "ablation", "all"], help="run a reconstructed paper grid")
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate wavepp and baselines on modeled GPUs",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--grid",
+        choices=["paper", "kimi", "kimi-k3", "ablation", "all"],
+        help="run a reconstructed paper grid",
+    )
     p.add_argument("--jobs", type=int, default=2, help="parallel processes for --grid (default 2)")
-    p.add_argument("--setup", choices=["paper", "legacy", "nvlink"], default="paper",
-                   help="--grid paper: the paper's setup (NVFP4 weights, trtllm-pp as TensorRT-LLM 1.3.0rc26) "
-                        "or legacy, the earlier one (FP8 weights, the earlier trtllm-pp); --grid kimi-k3: the "
-                        "paper's (two nodes of 4, a 128 GiB host KV tier per rank) or nvlink, the earlier one "
-                        "(one NVLink domain, no host tier)")
-    p.add_argument("--weights", choices=["bf16", "fp8", "nvfp4"], default=None,
-                   help="linear layers' weight format (default: the model's own; --grid: the grid's)")
-    p.add_argument("--trtllm", choices=["legacy", "rc26"], default=None,
-                   help="TensorRT-LLM's mechanisms in trtllm-pp (default legacy; --grid: the grid's)")
-    p.add_argument("--sglang", choices=["legacy", "v0.5.18", "v0.5.18-dynamic"], default=None,
-                   help="SGLang's mechanisms in sglang-pp (sim/sglang.py; default legacy; --grid: the grid's)")
-    p.add_argument("--vllm", choices=["legacy", "v0.28.0"], default=None,
-                   help="vLLM's mechanisms in vllm-pp (sim/vllm_pp.py; default legacy; --grid: the grid's)")
-    p.add_argument("--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3")
+    p.add_argument(
+        "--setup",
+        choices=["paper", "legacy", "nvlink"],
+        default="paper",
+        help="--grid paper: the paper's setup (NVFP4 weights, trtllm-pp as TensorRT-LLM 1.3.0rc26) "
+        "or legacy, the earlier one (FP8 weights, the earlier trtllm-pp); --grid kimi-k3: the "
+        "paper's (two nodes of 4, a 128 GiB host KV tier per rank) or nvlink, the earlier one "
+        "(one NVLink domain, no host tier)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=["bf16", "fp8", "nvfp4"],
+        default=None,
+        help="linear layers' weight format (default: the model's own; --grid: the grid's)",
+    )
+    p.add_argument(
+        "--trtllm",
+        choices=["legacy", "rc26"],
+        default=None,
+        help="TensorRT-LLM's mechanisms in trtllm-pp (default legacy; --grid: the grid's)",
+    )
+    p.add_argument(
+        "--sglang",
+        choices=["legacy", "v0.5.18", "v0.5.18-dynamic"],
+        default=None,
+        help="SGLang's mechanisms in sglang-pp (sim/sglang.py; default legacy; --grid: the grid's)",
+    )
+    p.add_argument(
+        "--vllm",
+        choices=["legacy", "v0.28.0"],
+        default=None,
+        help="vLLM's mechanisms in vllm-pp (sim/vllm_pp.py; default legacy; --grid: the grid's)",
+    )
+    p.add_argument(
+        "--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3"
+    )
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
-    p.add_argument("--workload", default="short-suffix",
-                   help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)")
-    p.add_argument("--policy", default=None,
-                   help=f"comma list of: {', '.join(simulator_policies())} (default wavepp,lockstep; "
-                        f"--grid: the grid's own list, every policy)")
+    p.add_argument(
+        "--workload",
+        default="short-suffix",
+        help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        help=f"comma list of: {', '.join(simulator_policies())} (default wavepp,lockstep; "
+        f"--grid: the grid's own list, every policy)",
+    )
     p.add_argument("--concurrency", default="8,32,128", help="comma list (closed loop)")
-    p.add_argument("--num-requests", type=int, default=0,
-                   help="requests per setting (0: max(32, 4 x concurrency); trace: 256)")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=0,
+        help="requests per setting (0: max(32, 4 x concurrency); trace: 256)",
+    )
     p.add_argument("--prompt-len", type=int, default=8192, help="real tokens (cold, reuse, mixed)")
-    p.add_argument("--prefix-len", type=int, default=28672,
-                   help="real tokens (short-suffix: shared prefix; gsp: system prompt)")
-    p.add_argument("--suffix-len", type=int, default=4096, help="real tokens (short-suffix: suffix; gsp: question)")
+    p.add_argument(
+        "--prefix-len",
+        type=int,
+        default=28672,
+        help="real tokens (short-suffix: shared prefix; gsp: system prompt)",
+    )
+    p.add_argument(
+        "--suffix-len",
+        type=int,
+        default=4096,
+        help="real tokens (short-suffix: suffix; gsp: question)",
+    )
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--reuse-ratio", type=float, default=0.9)
     p.add_argument("--trace-file", default=None, help="Mooncake JSONL (default: the shared copy)")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace: arrival time multiplier")
-    p.add_argument("--token-scale", type=int, default=None,
-                   help="real tokens per simulated token (default 16; --grid: the grid's own, 16 for paper "
-                        "and 256 for kimi and ablation: a decision taken at one scale is worth checking at another)")
+    p.add_argument(
+        "--token-scale",
+        type=int,
+        default=None,
+        help="real tokens per simulated token (default 16; --grid: the grid's own, 16 for paper "
+        "and 256 for kimi and ablation: a decision taken at one scale is worth checking at another)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="simulated tokens per cache block")
-    p.add_argument("--max-wave-tokens", type=int, default=0,
-                   help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)")
-    p.add_argument("--internode", action="store_true", help="one stage per node: transfers over the NIC")
-    p.add_argument("--gpus-per-node", type=int, default=0,
-                   help="GPUs per node (0: one NVLink domain): stage boundaries between nodes and tp-ep's "
-                        "collectives across them go over the NICs")
-    p.add_argument("--host-kv-gib", type=float, default=0.0,
-                   help="a host (CPU) KV tier of this many GiB per rank for wavepp's systems (0: none)")
-    p.add_argument("--host-tier-baselines", action="store_true",
-                   help="give the host KV tier to the baselines too (sglang-pp, trtllm-pp, tp-ep)")
-    p.add_argument("--snapshot-interval-blocks", type=int, default=0,
-                   help="hybrid models: real state snapshots every this many blocks (0: a stand-in that "
-                        "resumes only where a chunk ended)")
+    p.add_argument(
+        "--max-wave-tokens",
+        type=int,
+        default=0,
+        help="largest wave of wavepp and lockstep, real tokens (0: from the profiling pass)",
+    )
+    p.add_argument(
+        "--internode", action="store_true", help="one stage per node: transfers over the NIC"
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=0,
+        help="GPUs per node (0: one NVLink domain): stage boundaries between nodes and tp-ep's "
+        "collectives across them go over the NICs",
+    )
+    p.add_argument(
+        "--host-kv-gib",
+        type=float,
+        default=0.0,
+        help="a host (CPU) KV tier of this many GiB per rank for wavepp's systems (0: none)",
+    )
+    p.add_argument(
+        "--host-tier-baselines",
+        action="store_true",
+        help="give the host KV tier to the baselines too (sglang-pp, trtllm-pp, tp-ep)",
+    )
+    p.add_argument(
+        "--snapshot-interval-blocks",
+        type=int,
+        default=0,
+        help="hybrid models: real state snapshots every this many blocks (0: a stand-in that "
+        "resumes only where a chunk ended)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check-integrity", action="store_true", help="check every cache after every event")
+    p.add_argument(
+        "--check-integrity", action="store_true", help="check every cache after every event"
+    )
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a throughput plot (PNG)")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as Markdown (best in bold)")
-    p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the runs (not with --grid)")
+    p.add_argument(
+        "--trace", metavar="PATH", help="write a Chrome trace of the runs (not with --grid)"
+    )
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
     from wavepp.sim.output import (
-        grid_summary, markdown_tables, print_table, write_json, write_plot, write_trace)
+        grid_summary,
+        markdown_tables,
+        print_table,
+        write_json,
+        write_plot,
+        write_trace,
+    )
 
     t0 = time.perf_counter()
     traces = []
@@ -94,8 +177,9 @@ def run(args) -> int:
         if args.trace:
             raise ValueError("--trace records single settings; drop --grid or --trace")
         from wavepp.sim.grid import get_grid, run_grid, with_overrides
+
         settings = get_grid(args.grid, paper_setup=args.setup)
-        for name in ("weights", "trtllm", "sglang", "vllm"):     # the grid's unless given
+        for name in ("weights", "trtllm", "sglang", "vllm"):  # the grid's unless given
             if getattr(args, name):
                 settings = with_overrides(settings, **{name: getattr(args, name)})
         if args.policy:
@@ -111,8 +195,10 @@ def run(args) -> int:
     print_table(rows)
     for line in grid_summary(rows):
         print(line)
-    print(f"simulated {len(rows)} runs in {wall:.1f} s on {platform.machine()} "
-          f"({platform.python_implementation()} {platform.python_version()})")
+    print(
+        f"simulated {len(rows)} runs in {wall:.1f} s on {platform.machine()} "
+        f"({platform.python_implementation()} {platform.python_version()})"
+    )
     meta = {"argv": sys.argv[1:], "wall_s": wall}
     if args.json:
         write_json(args.json, rows, meta)
@@ -120,6 +206,7 @@ def run(args) -> int:
         write_plot(rows, args.plot)
     if args.markdown:
         from pathlib import Path
+
         Path(args.markdown).write_text(markdown_tables(rows))
     if args.trace:
         write_trace(traces, args.trace)
@@ -129,32 +216,61 @@ def run(args) -> int:
 def _run_settings(args) -> tuple[list[dict], list]:
     from wavepp.sim.hardware import get_hardware
     from wavepp.sim.model_catalog import get_model
-    from wavepp.sim.scenario import SimSetup, run_setting
-
     from wavepp.sim.precision import with_weights
+    from wavepp.sim.scenario import SimSetup, run_setting
     from wavepp.sim.sglang import get_sglang
     from wavepp.sim.trtllm import get_trtllm
     from wavepp.sim.vllm_pp import get_vllm
 
-    setup = SimSetup(with_weights(get_model(args.model), args.weights or ""), get_hardware(args.hardware), args.pp,
-                     token_scale=16 if args.token_scale is None else args.token_scale, block_size=args.block_size,
-                     max_wave_tokens=args.max_wave_tokens, internode=args.internode,
-                     gpus_per_node=args.gpus_per_node, host_kv_gib=args.host_kv_gib,
-                     host_tier_for_baselines=args.host_tier_baselines,
-                     trtllm=get_trtllm(args.trtllm or "legacy"), sglang=get_sglang(args.sglang or "legacy"),
-                     vllm=get_vllm(args.vllm or "legacy"),
-                     snapshot_interval_blocks=args.snapshot_interval_blocks)
+    setup = SimSetup(
+        with_weights(get_model(args.model), args.weights or ""),
+        get_hardware(args.hardware),
+        args.pp,
+        token_scale=16 if args.token_scale is None else args.token_scale,
+        block_size=args.block_size,
+        max_wave_tokens=args.max_wave_tokens,
+        internode=args.internode,
+        gpus_per_node=args.gpus_per_node,
+        host_kv_gib=args.host_kv_gib,
+        host_tier_for_baselines=args.host_tier_baselines,
+        trtllm=get_trtllm(args.trtllm or "legacy"),
+        sglang=get_sglang(args.sglang or "legacy"),
+        vllm=get_vllm(args.vllm or "legacy"),
+        snapshot_interval_blocks=args.snapshot_interval_blocks,
+    )
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
     for kind, conc in ((k, c) for k in comma_list(args.workload) for c in concurrencies):
         workload = _workload(kind, args, setup, args.num_requests or max(32, 4 * conc))
         for policy in policies:
-            result, sim = run_setting(policy, setup, workload, conc, check_integrity=args.check_integrity)
-            rows.append({"grid": "", "model": result.model, "hardware": result.hardware,
-                         "pp": result.num_devices, "workload": workload.name, "concurrency": conc,
-                         "policy": policy, **{k: v for k, v in result.row().items() if k not in (
-                             "system", "model", "hardware", "num_devices", "workload", "concurrency")}})
+            result, sim = run_setting(
+                policy, setup, workload, conc, check_integrity=args.check_integrity
+            )
+            rows.append(
+                {
+                    "grid": "",
+                    "model": result.model,
+                    "hardware": result.hardware,
+                    "pp": result.num_devices,
+                    "workload": workload.name,
+                    "concurrency": conc,
+                    "policy": policy,
+                    **{
+                        k: v
+                        for k, v in result.row().items()
+                        if k
+                        not in (
+                            "system",
+                            "model",
+                            "hardware",
+                            "num_devices",
+                            "workload",
+                            "concurrency",
+                        )
+                    },
+                }
+            )
             if args.trace:
                 traces.append((f"{policy} {workload.name} c={conc}", sim))
     return rows, traces
@@ -171,9 +287,16 @@ def _workload(name: str, args, setup, num_requests: int):
         raise ValueError("--token-scale must divide 512 for the Mooncake trace")
     s = setup.sim_tokens
     opts = WorkloadOptions(
-        num_requests=num_requests, prompt_len=s(args.prompt_len), prefix_len=s(args.prefix_len),
-        suffix_len=s(args.suffix_len), num_groups=args.num_groups, reuse_ratio=args.reuse_ratio,
-        tokens_per_block=512 // setup.token_scale, max_trace_requests=args.num_requests or 256,
-        trace_file=args.trace_file, time_scale=args.time_scale,
-        common={"block_size": setup.block_size, "seed": args.seed})
+        num_requests=num_requests,
+        prompt_len=s(args.prompt_len),
+        prefix_len=s(args.prefix_len),
+        suffix_len=s(args.suffix_len),
+        num_groups=args.num_groups,
+        reuse_ratio=args.reuse_ratio,
+        tokens_per_block=512 // setup.token_scale,
+        max_trace_requests=args.num_requests or 256,
+        trace_file=args.trace_file,
+        time_scale=args.time_scale,
+        common={"block_size": setup.block_size, "seed": args.seed},
+    )
     return workload_from_options(name, opts)

@@ -34,8 +34,11 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                              KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -48,9 +51,9 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 @dataclass(frozen=True)
 class LoadSpec:
     transfer_id: str
-    start: int                   # tokens [start, end) of the prompt are loaded
+    start: int  # tokens [start, end) of the prompt are loaded
     end: int
-    block_ids: tuple[int, ...]   # the request's vLLM blocks, from its first token
+    block_ids: tuple[int, ...]  # the request's vLLM blocks, from its first token
     block_size: int
 
 
@@ -66,8 +69,10 @@ class WavePPConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         if not extra.get("store"):
-            raise ValueError('WavePPConnector needs kv_connector_extra_config {"store": DIR}, the '
-                             "directory wavepp serve --kv-store writes to")
+            raise ValueError(
+                'WavePPConnector needs kv_connector_extra_config {"store": DIR}, the '
+                "directory wavepp serve --kv-store writes to"
+            )
         self.store = DirectoryStore(extra["store"])
         self.block_size = vllm_config.cache_config.block_size
         model = vllm_config.model_config
@@ -83,26 +88,38 @@ class WavePPConnector(KVConnectorBase_V1):
             pools, self._rope_interleave = KV_POOLS, False
             kv_width = model.get_num_kv_heads(vllm_config.parallel_config) * model.get_head_size()
         self.planner = DecodePlanner(
-            self.store, block_size=self.block_size, num_layers=model.get_num_layers(vllm_config.parallel_config),
-            kv_width=kv_width, pools=pools, wait_s=float(extra.get("wait_s", 5.0)))
+            self.store,
+            block_size=self.block_size,
+            num_layers=model.get_num_layers(vllm_config.parallel_config),
+            kv_width=kv_width,
+            pools=pools,
+            wait_s=float(extra.get("wait_s", 5.0)),
+        )
         self.num_loaded_tokens = 0
-        self._plans: dict[str, tuple[str, int, int]] = {}    # request id -> (transfer, start, end)
-        self._scheduled: dict[str, str] = {}                 # request id -> transfer, until it ends
+        self._plans: dict[str, tuple[str, int, int]] = {}  # request id -> (transfer, start, end)
+        self._scheduled: dict[str, str] = {}  # request id -> transfer, until it ends
 
     @property
     def num_misses(self) -> int:
         return self.planner.num_misses
 
     # ---- scheduler side ----------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         """Verified once per request (DecodePlanner); None while the stages are still writing."""
         params = request.kv_transfer_params
-        n = self.planner.num_new_tokens(request.request_id, params, request.prompt_token_ids or (),
-                                        num_computed_tokens)
+        n = self.planner.num_new_tokens(
+            request.request_id, params, request.prompt_token_ids or (), num_computed_tokens
+        )
         if not n:
             self._plans.pop(request.request_id, None)
             return n, False
-        self._plans[request.request_id] = (params["transfer_id"], num_computed_tokens, num_computed_tokens + n)
+        self._plans[request.request_id] = (
+            params["transfer_id"],
+            num_computed_tokens,
+            num_computed_tokens + n,
+        )
         return n, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -112,12 +129,14 @@ class WavePPConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         meta = WavePPConnectorMetadata()
         for new in scheduler_output.scheduled_new_reqs:
-            self.planner.forget(new.req_id)      # scheduled: vLLM asks again only after a preemption
+            self.planner.forget(new.req_id)  # scheduled: vLLM asks again only after a preemption
             plan = self._plans.pop(new.req_id, None)
             if plan is None:
                 continue
             transfer_id, start, end = plan
-            meta.loads.append(LoadSpec(transfer_id, start, end, tuple(new.block_ids[0]), self.block_size))
+            meta.loads.append(
+                LoadSpec(transfer_id, start, end, tuple(new.block_ids[0]), self.block_size)
+            )
             self._scheduled[new.req_id] = transfer_id
             self.num_loaded_tokens += end - start
         return meta
@@ -140,47 +159,67 @@ class WavePPConnector(KVConnectorBase_V1):
             rows = self._read_rows(load.transfer_id)
             positions = torch.arange(load.start, load.end)
             blocks = torch.tensor(load.block_ids, dtype=torch.int64)
-            slots = blocks[positions // load.block_size] * load.block_size + positions % load.block_size
+            slots = (
+                blocks[positions // load.block_size] * load.block_size + positions % load.block_size
+            )
             for name, layer in forward_context.no_compile_layers.items():
                 cache = getattr(layer, "kv_cache", None)
                 match = _LAYER.search(name)
-                if cache is None or not cache.numel() or match is None or int(match.group(1)) not in rows:
+                if (
+                    cache is None
+                    or not cache.numel()
+                    or match is None
+                    or int(match.group(1)) not in rows
+                ):
                     continue
                 pools = rows[int(match.group(1))]
                 if isinstance(layer, MLAAttention):
-                    self._load_latents(layer, pools["latent"][load.start:load.end], cache, slots)
+                    self._load_latents(layer, pools["latent"][load.start : load.end], cache, slots)
                     continue
                 key, value = pools["key"], pools["value"]
                 num_kv_heads = layer.num_kv_heads
                 # [tokens, kv_heads * head_dim] -> [tokens, kv_heads, head_dim], the cache's dtype
-                key = key[load.start:load.end].view(-1, num_kv_heads, key.shape[-1] // num_kv_heads)
-                value = value[load.start:load.end].view(-1, num_kv_heads, value.shape[-1] // num_kv_heads)
+                key = key[load.start : load.end].view(
+                    -1, num_kv_heads, key.shape[-1] // num_kv_heads
+                )
+                value = value[load.start : load.end].view(
+                    -1, num_kv_heads, value.shape[-1] // num_kv_heads
+                )
                 dtype = cache.dtype if cache.is_floating_point() else key.dtype
-                layer.impl.do_kv_cache_update(layer, key.to(cache.device, dtype), value.to(cache.device, dtype),
-                                              cache, slots.to(cache.device))
+                layer.impl.do_kv_cache_update(
+                    layer,
+                    key.to(cache.device, dtype),
+                    value.to(cache.device, dtype),
+                    cache,
+                    slots.to(cache.device),
+                )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
-        return   # a consumer: nothing is saved
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any
+    ) -> None:
+        return  # a consumer: nothing is saved
 
     def wait_for_save(self) -> None:
         return
 
-    def _load_latents(self, layer: MLAAttention, latent: torch.Tensor, cache: torch.Tensor,
-                      slots: torch.Tensor) -> None:
+    def _load_latents(
+        self, layer: MLAAttention, latent: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
         """latent: [tokens, kv_lora_rank + rope] rows [c | k_rope] -> the layer's cache at `slots`."""
         rank = layer.kv_lora_rank
         latent = latent.to(cache.device, cache.dtype)
-        kv_c_normed = latent[:, :rank].contiguous()          # [tokens, kv_lora_rank]
-        k_pe = latent[:, rank:]                              # [tokens, rope]
+        kv_c_normed = latent[:, :rank].contiguous()  # [tokens, kv_lora_rank]
+        k_pe = latent[:, rank:]  # [tokens, rope]
         if self._rope_interleave:
             # (x[0::2] | x[1::2]) -> x: [tokens, 2, rope / 2] -> [tokens, rope / 2, 2] -> [tokens, rope]
             k_pe = k_pe.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
-        k_pe = k_pe.contiguous()[:, None]                   # [tokens, 1, rope], as the layer passes it
-        layer.impl.do_kv_cache_update(kv_c_normed, k_pe, cache, slots.to(cache.device), layer.kv_cache_dtype,
-                                      layer._k_scale)
+        k_pe = k_pe.contiguous()[:, None]  # [tokens, 1, rope], as the layer passes it
+        layer.impl.do_kv_cache_update(
+            kv_c_normed, k_pe, cache, slots.to(cache.device), layer.kv_cache_dtype, layer._k_scale
+        )
 
     def _read_rows(self, transfer_id: str) -> dict[int, dict[str, torch.Tensor]]:
         """model layer -> pool -> rows [tokens, width], from every part: `key` and `value`

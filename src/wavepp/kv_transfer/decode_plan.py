@@ -39,12 +39,21 @@ class LoadPlan:
     reason: str = ""
 
 
-KV_POOLS = ("key", "value")     # an attention layer's pools
-LATENT_POOLS = ("latent",)       # an MLA layer's
+KV_POOLS = ("key", "value")  # an attention layer's pools
+LATENT_POOLS = ("latent",)  # an MLA layer's
 
 
-def plan_load(store: DirectoryStore, transfer_id, prompt: list[int], *, block_size: int, num_computed: int,
-              num_layers: int, kv_width: int, pools: Sequence[str] = KV_POOLS) -> LoadPlan:
+def plan_load(
+    store: DirectoryStore,
+    transfer_id,
+    prompt: list[int],
+    *,
+    block_size: int,
+    num_computed: int,
+    num_layers: int,
+    kv_width: int,
+    pools: Sequence[str] = KV_POOLS,
+) -> LoadPlan:
     """How many tokens past `num_computed` a decode engine of `num_layers` layers, each taking
     `pools` of rows `kv_width` wide (K/V: kv heads x head dim; MLA's latent: kv_lora_rank +
     qk_rope_head_dim), may load from `transfer_id` for `prompt`."""
@@ -52,7 +61,7 @@ def plan_load(store: DirectoryStore, transfer_id, prompt: list[int], *, block_si
         transfer = store.read(transfer_id)
     except TransferError as err:
         return LoadPlan(None if err.reason == "incomplete" else 0, str(err))
-    except ValueError as err:          # an id that cannot name a transfer
+    except ValueError as err:  # an id that cannot name a transfer
         return LoadPlan(0, str(err))
     reason = mismatch(transfer, prompt, num_layers, kv_width, pools)
     if reason:
@@ -61,18 +70,25 @@ def plan_load(store: DirectoryStore, transfer_id, prompt: list[int], *, block_si
     return LoadPlan(max(0, end - num_computed))
 
 
-def mismatch(transfer: Transfer, prompt: list[int], num_layers: int, kv_width: int,
-             pools: Sequence[str] = KV_POOLS) -> str | None:
+def mismatch(
+    transfer: Transfer,
+    prompt: list[int],
+    num_layers: int,
+    kv_width: int,
+    pools: Sequence[str] = KV_POOLS,
+) -> str | None:
     """Why `transfer` cannot serve `prompt` on this engine, or None."""
     ids = transfer.token_ids
-    if len(ids) < len(prompt) - 1 or ids[:len(prompt)] != prompt[:len(ids)]:
+    if len(ids) < len(prompt) - 1 or ids[: len(prompt)] != prompt[: len(ids)]:
         return "its prompt is not this request's"
     layers = set()
     for part in transfer.parts:
         held = part.manifest.get("pools", {})
         if set(held) != set(pools):
-            return (f"stage {part.stage_id} holds the pools {sorted(held)}; this model's layers take "
-                    f"{sorted(pools)}")
+            return (
+                f"stage {part.stage_id} holds the pools {sorted(held)}; this model's layers take "
+                f"{sorted(pools)}"
+            )
         for name, pool in held.items():
             if pool["width"] != kv_width:
                 return f"its {name} rows are {pool['width']} wide; this model's are {kv_width} (another model?)"
@@ -95,19 +111,31 @@ class DecodePlanner:
     and counted (`num_misses`) once per request. Entries live from a request's first question
     to its `forget`: bounded by the requests the engine holds."""
 
-    def __init__(self, store: DirectoryStore, *, block_size: int, num_layers: int, kv_width: int,
-                 pools: Sequence[str] = KV_POOLS, wait_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        store: DirectoryStore,
+        *,
+        block_size: int,
+        num_layers: int,
+        kv_width: int,
+        pools: Sequence[str] = KV_POOLS,
+        wait_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.store = store
         self.block_size, self.num_layers, self.kv_width = block_size, num_layers, kv_width
         self.pools = tuple(pools)
         self.wait_s = wait_s
         self.clock = clock
         self.num_misses = 0
-        self._decided: dict[str, tuple[str, int]] = {}     # request id -> (transfer id, tokens loadable from 0)
-        self._waiting_since: dict[str, float] = {}         # request id -> first asked while incomplete
+        self._decided: dict[
+            str, tuple[str, int]
+        ] = {}  # request id -> (transfer id, tokens loadable from 0)
+        self._waiting_since: dict[str, float] = {}  # request id -> first asked while incomplete
 
-    def num_new_tokens(self, request_id: str, params: dict | None, prompt: Sequence[int],
-                       num_computed: int) -> int | None:
+    def num_new_tokens(
+        self, request_id: str, params: dict | None, prompt: Sequence[int], num_computed: int
+    ) -> int | None:
         transfer_id = (params or {}).get("transfer_id")
         if not transfer_id:
             return 0
@@ -126,15 +154,27 @@ class DecodePlanner:
     def __len__(self) -> int:
         return len(self._decided) + len(self._waiting_since)
 
-    def _decide(self, request_id: str, transfer_id: str, params: dict, prompt: Sequence[int]) -> int | None:
+    def _decide(
+        self, request_id: str, transfer_id: str, params: dict, prompt: Sequence[int]
+    ) -> int | None:
         """How many of the prompt's tokens load from its start (0: it computes), or None."""
         if params.get("error"):
-            reason = f"the prefill reports that KV transfer {transfer_id!r} failed: {params['error']}"
+            reason = (
+                f"the prefill reports that KV transfer {transfer_id!r} failed: {params['error']}"
+            )
             end = 0
         else:
-            plan = plan_load(self.store, transfer_id, list(prompt), block_size=self.block_size, num_computed=0,
-                             num_layers=self.num_layers, kv_width=self.kv_width, pools=self.pools)
-            if plan.num_tokens is None:          # the stages are still writing: ask again, up to wait_s
+            plan = plan_load(
+                self.store,
+                transfer_id,
+                list(prompt),
+                block_size=self.block_size,
+                num_computed=0,
+                num_layers=self.num_layers,
+                kv_width=self.kv_width,
+                pools=self.pools,
+            )
+            if plan.num_tokens is None:  # the stages are still writing: ask again, up to wait_s
                 first = self._waiting_since.setdefault(request_id, self.clock())
                 if self.clock() - first < self.wait_s:
                     return None

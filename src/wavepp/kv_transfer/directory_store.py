@@ -64,8 +64,10 @@ def check_transfer_id(transfer_id: str) -> str:
     """A transfer id names a folder: letters, digits, '_', '-', '.', at most 128, not starting
     with a dot (no path can be smuggled in). Raises ValueError naming the rule."""
     if not isinstance(transfer_id, str) or not _ID.match(transfer_id):
-        raise ValueError(f"transfer id must be 1-128 characters of letters, digits, '_', '-', '.' "
-                         f"(not starting with '.' or '-'), got {transfer_id!r}")
+        raise ValueError(
+            f"transfer id must be 1-128 characters of letters, digits, '_', '-', '.' "
+            f"(not starting with '.' or '-'), got {transfer_id!r}"
+        )
     return transfer_id
 
 
@@ -73,14 +75,14 @@ def check_transfer_id(transfer_id: str) -> str:
 class StagePart:
     stage_id: int
     manifest: dict
-    path: Path            # the tensor file
+    path: Path  # the tensor file
 
 
 @dataclass(frozen=True)
 class Transfer:
     transfer_id: str
-    request: dict         # request.json
-    parts: tuple[StagePart, ...]   # by stage id
+    request: dict  # request.json
+    parts: tuple[StagePart, ...]  # by stage id
 
     @property
     def token_ids(self) -> list[int]:
@@ -111,7 +113,7 @@ class DirectoryStore:
             with open(folder / MARKER_FILE, "x") as f:
                 f.write(str(time.time_ns()))
             _write_atomic(folder / REQUEST_FILE, json.dumps(request).encode())
-        except BaseException:          # a full disk, say: no folder left behind
+        except BaseException:  # a full disk, say: no folder left behind
             _remove_folder(folder)
             raise
 
@@ -121,11 +123,18 @@ class DirectoryStore:
         created) raises TransferError("missing")."""
         folder = self.folder(transfer_id)
         if not is_transfer(folder):
-            raise TransferError(transfer_id, "missing", f"no transfer {transfer_id} (dropped or never created)")
+            raise TransferError(
+                transfer_id, "missing", f"no transfer {transfer_id} (dropped or never created)"
+            )
         name = f"stage{stage_id}.safetensors"
         _write_atomic(folder / name, data)
-        manifest = {**manifest, "stage_id": stage_id, "file": name, "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest()}
+        manifest = {
+            **manifest,
+            "stage_id": stage_id,
+            "file": name,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         _write_atomic(folder / f"stage{stage_id}.json", json.dumps(manifest).encode())
 
     def mark_failed(self, transfer_id: str, errors: dict[int, str]) -> None:
@@ -135,7 +144,10 @@ class DirectoryStore:
         folder = self.folder(transfer_id)
         if not is_transfer(folder):
             return
-        _write_atomic(folder / FAILED_FILE, json.dumps({"stages": {str(s): e for s, e in errors.items()}}).encode())
+        _write_atomic(
+            folder / FAILED_FILE,
+            json.dumps({"stages": {str(s): e for s, e in errors.items()}}).encode(),
+        )
         for f in folder.glob("stage*"):
             if _OWN_FILE.match(f.name) and f.is_file():
                 f.unlink(missing_ok=True)
@@ -152,7 +164,9 @@ class DirectoryStore:
         try:
             request = json.loads((folder / REQUEST_FILE).read_bytes())
         except FileNotFoundError:
-            raise TransferError(transfer_id, "missing", f"{transfer_id} has no {REQUEST_FILE}") from None
+            raise TransferError(
+                transfer_id, "missing", f"{transfer_id} has no {REQUEST_FILE}"
+            ) from None
         except (OSError, ValueError) as err:
             raise TransferError(transfer_id, "corrupt", f"{REQUEST_FILE}: {err}") from None
         try:
@@ -162,24 +176,34 @@ class DirectoryStore:
         except (OSError, ValueError) as err:
             failed = {"?": f"{FAILED_FILE}: {err}"}
         if failed is not None:
-            detail = "; ".join(f"stage {s} could not write its part: {e}" for s, e in failed.items())
+            detail = "; ".join(
+                f"stage {s} could not write its part: {e}" for s, e in failed.items()
+            )
             raise TransferError(transfer_id, "failed", detail or "a stage could not write its part")
         parts = []
         for stage_id in range(int(request["num_stages"])):
             try:
                 manifest = json.loads((folder / f"stage{stage_id}.json").read_bytes())
             except FileNotFoundError:
-                raise TransferError(transfer_id, "incomplete", f"stage {stage_id} has not written its part") from None
+                raise TransferError(
+                    transfer_id, "incomplete", f"stage {stage_id} has not written its part"
+                ) from None
             except (OSError, ValueError) as err:
-                raise TransferError(transfer_id, "corrupt", f"stage {stage_id}'s manifest: {err}") from None
+                raise TransferError(
+                    transfer_id, "corrupt", f"stage {stage_id}'s manifest: {err}"
+                ) from None
             path = folder / manifest["file"]
             if verify:
                 try:
                     digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 except OSError as err:
-                    raise TransferError(transfer_id, "corrupt", f"stage {stage_id}'s tensors: {err}") from None
+                    raise TransferError(
+                        transfer_id, "corrupt", f"stage {stage_id}'s tensors: {err}"
+                    ) from None
                 if digest != manifest["sha256"]:
-                    raise TransferError(transfer_id, "corrupt", f"stage {stage_id}'s tensors fail their checksum")
+                    raise TransferError(
+                        transfer_id, "corrupt", f"stage {stage_id}'s tensors fail their checksum"
+                    )
             parts.append(StagePart(stage_id, manifest, path))
         return Transfer(transfer_id, request, tuple(parts))
 
@@ -206,11 +230,15 @@ class DirectoryStore:
         max_bytes; the cap never takes the newest (a cap below one transfer keeps one), nor one
         still being created (no request.json yet). Returns the ids dropped, oldest first."""
         now = time.time() if now is None else now
-        entries = sorted(self._entries(), key=lambda e: e[1])   # (id, created, bytes), oldest first
+        entries = sorted(self._entries(), key=lambda e: e[1])  # (id, created, bytes), oldest first
         dropped, total = [], sum(size for _, _, size in entries)
         for i, (transfer_id, created, size) in enumerate(entries):
-            over = self.max_bytes is not None and total > self.max_bytes and i < len(entries) - 1 \
+            over = (
+                self.max_bytes is not None
+                and total > self.max_bytes
+                and i < len(entries) - 1
                 and (self.root / transfer_id / REQUEST_FILE).exists()
+            )
             if now - created > self.ttl_s or over:
                 self.remove(transfer_id)
                 dropped.append(transfer_id)
@@ -219,7 +247,9 @@ class DirectoryStore:
 
     def remove_owned(self, owner: str) -> int:
         """Drop every transfer whose request.json names `owner`. Returns how many."""
-        return sum(self.remove(transfer_id, owner=owner) for transfer_id, _, _ in list(self._entries()))
+        return sum(
+            self.remove(transfer_id, owner=owner) for transfer_id, _, _ in list(self._entries())
+        )
 
     def total_bytes(self) -> int:
         return sum(size for _, _, size in self._entries())
@@ -236,7 +266,7 @@ class DirectoryStore:
             try:
                 created = _created(folder)
                 size = sum(f.stat().st_size for f in folder.iterdir() if _OWN_FILE.match(f.name))
-            except OSError:          # removed while looked at
+            except OSError:  # removed while looked at
                 continue
             yield folder.name, created, size
 
@@ -253,8 +283,12 @@ def _created(folder: Path) -> float:
 def is_transfer(folder: Path) -> bool:
     """A folder the store made: a real folder (not a link) holding the store's mark."""
     try:
-        return not folder.is_symlink() and folder.is_dir() and (folder / MARKER_FILE).is_file() \
+        return (
+            not folder.is_symlink()
+            and folder.is_dir()
+            and (folder / MARKER_FILE).is_file()
             and not (folder / MARKER_FILE).is_symlink()
+        )
     except OSError:
         return False
 
@@ -278,8 +312,11 @@ def _remove_folder(folder: Path, attempts: int = 3) -> None:
             continue
     others = sorted(f.name for f in folder.iterdir()) if folder.is_dir() else []
     if others:
-        log.warning("KV store: %s holds files the store did not write (%s); they are left there",
-                    folder, ", ".join(others[:5]))
+        log.warning(
+            "KV store: %s holds files the store did not write (%s); they are left there",
+            folder,
+            ", ".join(others[:5]),
+        )
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -291,5 +328,5 @@ def _write_atomic(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)     # no half file left behind (a full disk, a bad path)
+        tmp.unlink(missing_ok=True)  # no half file left behind (a full disk, a bad path)
         raise

@@ -36,14 +36,17 @@ _STOP = object()
 @dataclass(frozen=True)
 class ExportOutcome:
     """One stage's part of one request's export: written (error None) or not, and why."""
-    request_id: int          # the leader's (internal) id of the request
+
+    request_id: int  # the leader's (internal) id of the request
     transfer_id: str
     stage_id: int
     error: str | None = None
 
 
 class StageExporter:
-    def __init__(self, store: DirectoryStore, stage_id: int, manifest: dict, *, max_pending: int = 256):
+    def __init__(
+        self, store: DirectoryStore, stage_id: int, manifest: dict, *, max_pending: int = 256
+    ):
         """`manifest`: what every part of this stage says of itself (model type, layers, dtype,
         block size); each part adds its pools, token count and checksum."""
         self.store = store
@@ -57,8 +60,13 @@ class StageExporter:
         self._thread = threading.Thread(target=self._run, name=f"kv-export-{stage_id}", daemon=True)
         self._thread.start()
 
-    def submit(self, transfer_id: str, rows: dict[str, tuple[list[int], torch.Tensor]], num_tokens: int,
-               request_id: int = -1) -> None:
+    def submit(
+        self,
+        transfer_id: str,
+        rows: dict[str, tuple[list[int], torch.Tensor]],
+        num_tokens: int,
+        request_id: int = -1,
+    ) -> None:
         """Queue one request's rows ({pool: (model layers, [layers, num_tokens, width])});
         `request_id` comes back in its outcome. Blocks only while `max_pending` writes are queued."""
         self._queue.put((transfer_id, rows, num_tokens, request_id))
@@ -74,20 +82,32 @@ class StageExporter:
             error = None
             try:
                 tensors = {name: t for name, (_, t) in rows.items()}
-                pools = {name: {"layers": layers, "width": int(t.shape[-1])} for name, (layers, t) in rows.items()}
+                pools = {
+                    name: {"layers": layers, "width": int(t.shape[-1])}
+                    for name, (layers, t) in rows.items()
+                }
                 data = save(tensors, metadata={"transfer_id": transfer_id})
-                self.store.write_part(transfer_id, self.stage_id, data,
-                                      {**self.manifest, "pools": pools, "num_tokens": num_tokens})
+                self.store.write_part(
+                    transfer_id,
+                    self.stage_id,
+                    data,
+                    {**self.manifest, "pools": pools, "num_tokens": num_tokens},
+                )
                 self.num_written += 1
             except (OSError, TransferError, ValueError) as err:
                 error = str(err)
-            except Exception as err:   # noqa: BLE001 - whatever it is, the writer goes on and says so
+            except Exception as err:  # noqa: BLE001 - whatever it is, the writer goes on and says so
                 error = f"{type(err).__name__}: {err}"
             if error is not None:
                 self.num_failed += 1
-                log.warning("stage %d: KV export of %s failed: %s", self.stage_id, transfer_id, error)
+                log.warning(
+                    "stage %d: KV export of %s failed: %s", self.stage_id, transfer_id, error
+                )
             try:
                 self.on_outcome(ExportOutcome(request_id, transfer_id, self.stage_id, error))
-            except Exception:   # noqa: BLE001 - a report that cannot be made must not stop the writer
-                log.exception("stage %d: the outcome of %s's KV export could not be reported", self.stage_id,
-                              transfer_id)
+            except Exception:  # noqa: BLE001 - a report that cannot be made must not stop the writer
+                log.exception(
+                    "stage %d: the outcome of %s's KV export could not be reported",
+                    self.stage_id,
+                    transfer_id,
+                )

@@ -35,8 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from wavepp.kv_transfer.reports import ExportReports
 from wavepp.kv_transfer.directory_store import DirectoryStore, check_transfer_id
+from wavepp.kv_transfer.reports import ExportReports
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +53,38 @@ def default_max_bytes(root: str | Path) -> int:
 
 
 class KVHandoff:
-    def __init__(self, root: str | Path, *, num_stages: int = 1, export_wait_s: float = 60.0,
-                 max_bytes: int | None = None, ttl_s: float = 600.0, sweep_interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        num_stages: int = 1,
+        export_wait_s: float = 60.0,
+        max_bytes: int | None = None,
+        ttl_s: float = 600.0,
+        sweep_interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if not export_wait_s > 0:
-            raise ValueError(f"the wait for the stages' KV parts must be positive, got {export_wait_s} s")
+            raise ValueError(
+                f"the wait for the stages' KV parts must be positive, got {export_wait_s} s"
+            )
         cap = default_max_bytes(root) if max_bytes is None else max_bytes
         self.store = DirectoryStore(root, max_bytes=cap, ttl_s=ttl_s)
         self.clock = clock
         self._reports = ExportReports(num_stages, export_wait_s)
         self._on_overdue: Callable = lambda req, errors: None
         self.owner = uuid.uuid4().hex
-        self.sweep_interval_s = (min(MAX_SWEEP_INTERVAL_S, max(0.01, ttl_s / 4))
-                                 if sweep_interval_s is None else sweep_interval_s)
+        self.sweep_interval_s = (
+            min(MAX_SWEEP_INTERVAL_S, max(0.01, ttl_s / 4))
+            if sweep_interval_s is None
+            else sweep_interval_s
+        )
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, str, dict | None]] = []    # ("drop" | "fail", id, errors)
+        self._pending: list[tuple[str, str, dict | None]] = []  # ("drop" | "fail", id, errors)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.num_swept = 0          # transfers dropped by the TTL or the cap
+        self.num_swept = 0  # transfers dropped by the TTL or the cap
 
     @property
     def root(self) -> Path:
@@ -110,7 +123,7 @@ class KVHandoff:
         with self._lock:
             held = self._reports.finished(req, self.clock())
         if held:
-            self._wake.set()        # its deadline may be the next one
+            self._wake.set()  # its deadline may be the next one
         return held
 
     def report(self, outcome) -> tuple[object, dict[int, str]] | None:
@@ -143,16 +156,21 @@ class KVHandoff:
         elif isinstance(kv_transfer, str):
             transfer_id = check_transfer_id(kv_transfer)
         else:
-            raise ValueError(f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}")
+            raise ValueError(
+                f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}"
+            )
         try:
-            self.store.write_request(transfer_id, {"token_ids": token_ids, **meta, "owner": self.owner})
+            self.store.write_request(
+                transfer_id, {"token_ids": token_ids, **meta, "owner": self.owner}
+            )
         except FileExistsError:
             raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
-        self._wake.set()            # the cap is checked with every new transfer
+        self._wake.set()  # the cap is checked with every new transfer
         return transfer_id
 
-    def answer(self, transfer_id: str, num_tokens: int, meta: dict,
-               errors: dict[int, str] | None = None) -> dict:
+    def answer(
+        self, transfer_id: str, num_tokens: int, meta: dict, errors: dict[int, str] | None = None
+    ) -> dict:
         """The answer's kv_transfer_params: which transfer, and what a decode engine checks it
         against. With `errors` ({stage: why}) the transfer is marked failed (by the sweeper;
         the decode side refuses params with "error" without reading the store)."""
@@ -196,7 +214,7 @@ class KVHandoff:
                 next_sweep = now + self.sweep_interval_s
                 try:
                     self._store_work()
-                except Exception:        # a store that went away: logged, tried again next time
+                except Exception:  # a store that went away: logged, tried again next time
                     log.exception("KV store sweep failed")
             wait = next_sweep - self.clock()
             if due is not None:
@@ -213,8 +231,11 @@ class KVHandoff:
             try:
                 self.store.mark_failed(transfer_id, errors)
             except OSError as err:
-                log.warning("KV transfer %s: its failure could not be recorded in the store: %s",
-                            transfer_id, err)
+                log.warning(
+                    "KV transfer %s: its failure could not be recorded in the store: %s",
+                    transfer_id,
+                    err,
+                )
         dropped = self.store.sweep(time.time())
         self.num_swept += len(dropped)
         if dropped:

@@ -29,9 +29,9 @@ class ExportReports:
     def __init__(self, num_stages: int, wait_s: float):
         self.num_stages = num_stages
         self.wait_s = wait_s
-        self._reports: dict[int, dict[int, str | None]] = {}   # request id -> {stage: error or None}
-        self._held: dict[int, tuple[object, float]] = {}       # finished (when), waiting for reports
-        self.num_written = 0           # parts, every report since start
+        self._reports: dict[int, dict[int, str | None]] = {}  # request id -> {stage: error or None}
+        self._held: dict[int, tuple[object, float]] = {}  # finished (when), waiting for reports
+        self.num_written = 0  # parts, every report since start
         self.num_failed = 0
 
     def __len__(self) -> int:
@@ -45,7 +45,11 @@ class ExportReports:
         done request that exports, some stage not heard from yet); else its answer comes now
         (`take_errors`)."""
         reports = self._reports.get(req.request_id)
-        if reports is not None and req.state == RequestState.DONE and len(reports) < self.num_stages:
+        if (
+            reports is not None
+            and req.state == RequestState.DONE
+            and len(reports) < self.num_stages
+        ):
             self._held[req.request_id] = (req, now)
             return True
         return False
@@ -58,7 +62,7 @@ class ExportReports:
         else:
             self.num_failed += 1
         reports = self._reports.get(outcome.request_id)
-        if reports is None:        # it ended already (failed, aborted, expired) or never exported
+        if reports is None:  # it ended already (failed, aborted, expired) or never exported
             return None
         reports[outcome.stage_id] = outcome.error
         held = self._held.get(outcome.request_id)
@@ -77,8 +81,11 @@ class ExportReports:
                 continue
             reports = self._reports[request_id]
             for stage in range(self.num_stages):
-                reports.setdefault(stage, f"no report within {self.wait_s:g} s of the prefill's end "
-                                          f"(its KV writer is stuck or slow)")
+                reports.setdefault(
+                    stage,
+                    f"no report within {self.wait_s:g} s of the prefill's end "
+                    f"(its KV writer is stuck or slow)",
+                )
             out.append((req, self.take_errors(request_id)))
         return out, None if due == math.inf else due
 

@@ -16,19 +16,52 @@ Importing this package imports no torch: the registry, the specs and the page la
 Python (the simulator reads them). The torch-side names below load on first use.
 """
 
-from wavepp.models.registry import FAMILIES, MODEL_TYPES, SUPPORTED_ARCHITECTURES, load_model_config, parse_config
-from wavepp.models.spec import (CachePool, Llama3RopeScaling, ModelSpec, PageLayout, StageSpec, page_layout,
-                                split_layers, stage_specs)
+from wavepp.models.registry import (
+    FAMILIES,
+    MODEL_TYPES,
+    SUPPORTED_ARCHITECTURES,
+    load_model_config,
+    parse_config,
+)
+from wavepp.models.spec import (
+    CachePool,
+    Llama3RopeScaling,
+    ModelSpec,
+    PageLayout,
+    StageSpec,
+    page_layout,
+    split_layers,
+    stage_specs,
+)
 
-_LAZY = {   # name -> module, imported (with torch) when the name is first asked for
-    "ChunkSpec": "batch", "StageBatch": "batch", "CheckpointError": "loader", "load_stage_model": "loader",
-    "read_tensors": "loader", "LinearBlockAllocator": "pipeline", "LocalPipeline": "pipeline",
-    "PagedPools": "paged_pools", "StageModel": "stage_model", "Kernels": "kernels",
+_LAZY = {  # name -> module, imported (with torch) when the name is first asked for
+    "ChunkSpec": "batch",
+    "StageBatch": "batch",
+    "CheckpointError": "loader",
+    "load_stage_model": "loader",
+    "read_tensors": "loader",
+    "LinearBlockAllocator": "local_pipeline",
+    "LocalPipeline": "local_pipeline",
+    "PagedPools": "paged_pools",
+    "StageModel": "stage_model",
+    "Kernels": "kernels",
 }
 
 __all__ = [
-    "CachePool", "FAMILIES", "Llama3RopeScaling", "MODEL_TYPES", "ModelSpec", "PageLayout", "SUPPORTED_ARCHITECTURES",
-    "StageSpec", "load_model_config", "page_layout", "parse_config", "split_layers", "stage_specs", *_LAZY,
+    "CachePool",
+    "FAMILIES",
+    "Llama3RopeScaling",
+    "MODEL_TYPES",
+    "ModelSpec",
+    "PageLayout",
+    "SUPPORTED_ARCHITECTURES",
+    "StageSpec",
+    "load_model_config",
+    "page_layout",
+    "parse_config",
+    "split_layers",
+    "stage_specs",
+    *_LAZY,
 ]
 
 

@@ -31,28 +31,41 @@ class ChunkSpec:
 
     num_cached_tokens: int
     num_tokens: int
-    block_table: tuple[int, ...]     # block ids covering [0, num_cached_tokens + num_tokens)
-    request_id: Hashable = None      # only used in error messages
-    state_in: int | None = None      # state slot to start from (hybrid models)
-    state_saves: tuple[tuple[int, int], ...] = ()   # (position, state slot), positions non-decreasing
+    block_table: tuple[int, ...]  # block ids covering [0, num_cached_tokens + num_tokens)
+    request_id: Hashable = None  # only used in error messages
+    state_in: int | None = None  # state slot to start from (hybrid models)
+    state_saves: tuple[
+        tuple[int, int], ...
+    ] = ()  # (position, state slot), positions non-decreasing
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_table", tuple(int(b) for b in self.block_table))
-        object.__setattr__(self, "state_saves", tuple((int(p), int(s)) for p, s in self.state_saves))
+        object.__setattr__(
+            self, "state_saves", tuple((int(p), int(s)) for p, s in self.state_saves)
+        )
         positions = [p for p, _ in self.state_saves]
-        if positions != sorted(positions) or any(not self.num_cached_tokens < p <= self.end
-                                                      for p in positions):
-            raise ValueError(f"chunk of request {self.request_id!r}: state_saves {list(self.state_saves)} "
-                             f"need non-decreasing positions in ({self.num_cached_tokens}, {self.end}]")
+        if positions != sorted(positions) or any(
+            not self.num_cached_tokens < p <= self.end for p in positions
+        ):
+            raise ValueError(
+                f"chunk of request {self.request_id!r}: state_saves {list(self.state_saves)} "
+                f"need non-decreasing positions in ({self.num_cached_tokens}, {self.end}]"
+            )
         if self.num_tokens < 1:
-            raise ValueError(f"chunk of request {self.request_id!r} is empty (num_tokens="
-                             f"{self.num_tokens}); every chunk computes at least one token")
+            raise ValueError(
+                f"chunk of request {self.request_id!r} is empty (num_tokens="
+                f"{self.num_tokens}); every chunk computes at least one token"
+            )
         if self.num_cached_tokens < 0:
-            raise ValueError(f"chunk of request {self.request_id!r} has num_cached_tokens="
-                             f"{self.num_cached_tokens} < 0")
+            raise ValueError(
+                f"chunk of request {self.request_id!r} has num_cached_tokens="
+                f"{self.num_cached_tokens} < 0"
+            )
         if any(b < 0 for b in self.block_table):
-            raise ValueError(f"chunk of request {self.request_id!r} has a negative block id in "
-                             f"its block table {list(self.block_table)}")
+            raise ValueError(
+                f"chunk of request {self.request_id!r} has a negative block id in "
+                f"its block table {list(self.block_table)}"
+            )
 
     @property
     def end(self) -> int:
@@ -72,18 +85,20 @@ class StageBatch:
 
     chunks: tuple[ChunkSpec, ...]
     block_size: int
-    token_starts: tuple[int, ...]    # [num_chunks + 1]: chunk i owns flat tokens [s[i], s[i+1])
+    token_starts: tuple[int, ...]  # [num_chunks + 1]: chunk i owns flat tokens [s[i], s[i+1])
     context_starts: tuple[int, ...]  # [num_chunks + 1]: chunk i's context slots [c[i], c[i+1])
-    positions: torch.Tensor          # [num_tokens] int64, position of each new token
-    slot_mapping: torch.Tensor       # [num_tokens] int64, cache slot each new token's K/V goes to
-    context_slots: torch.Tensor      # [sum of chunk ends] int64, slots of [0, end) per chunk
+    positions: torch.Tensor  # [num_tokens] int64, position of each new token
+    slot_mapping: torch.Tensor  # [num_tokens] int64, cache slot each new token's K/V goes to
+    context_slots: torch.Tensor  # [sum of chunk ends] int64, slots of [0, end) per chunk
     last_token_indices: torch.Tensor  # [num_chunks] int64, flat index of each chunk's last token
-    causal_mask: torch.Tensor        # [n, n] bool, n = longest chunk: True where key j > query i
-    cu_tokens: torch.Tensor          # [num_chunks + 1] int32, token_starts (varlen kernels)
-    cu_context: torch.Tensor         # [num_chunks + 1] int32, context_starts (varlen kernels)
+    causal_mask: torch.Tensor  # [n, n] bool, n = longest chunk: True where key j > query i
+    cu_tokens: torch.Tensor  # [num_chunks + 1] int32, token_starts (varlen kernels)
+    cu_context: torch.Tensor  # [num_chunks + 1] int32, context_starts (varlen kernels)
     max_block_id: int
     max_position: int
-    _biases: dict = field(default_factory=dict, repr=False, compare=False)   # per dtype / chunk, made once
+    _biases: dict = field(
+        default_factory=dict, repr=False, compare=False
+    )  # per dtype / chunk, made once
 
     @property
     def num_tokens(self) -> int:
@@ -112,10 +127,16 @@ class StageBatch:
             return t.to(device, non_blocking=True)
 
         return dataclasses.replace(
-            self, positions=move(self.positions), slot_mapping=move(self.slot_mapping),
-            context_slots=move(self.context_slots), last_token_indices=move(self.last_token_indices),
-            causal_mask=move(self.causal_mask), cu_tokens=move(self.cu_tokens),
-            cu_context=move(self.cu_context), _biases={})
+            self,
+            positions=move(self.positions),
+            slot_mapping=move(self.slot_mapping),
+            context_slots=move(self.context_slots),
+            last_token_indices=move(self.last_token_indices),
+            causal_mask=move(self.causal_mask),
+            cu_tokens=move(self.cu_tokens),
+            cu_context=move(self.cu_context),
+            _biases={},
+        )
 
     def causal_bias(self, dtype: torch.dtype) -> torch.Tensor:
         """causal_mask as an additive bias (0 or -inf) in `dtype`, made once per dtype: every
@@ -142,8 +163,9 @@ class StageBatch:
         key = ("visible", index)
         if key not in self._biases:
             chunk = self.chunks[index]
-            self._biases[key] = torch.ones(chunk.num_tokens, chunk.end, dtype=torch.bool,
-                                           device=self.device).tril_(chunk.num_cached_tokens)
+            self._biases[key] = torch.ones(
+                chunk.num_tokens, chunk.end, dtype=torch.bool, device=self.device
+            ).tril_(chunk.num_cached_tokens)
         return self._biases[key]
 
     def shared_prefixes(self, min_tokens: int) -> list[tuple[tuple[int, ...], int]]:
@@ -160,12 +182,13 @@ class StageBatch:
         groups, start = [], 0
         while start < len(order):
             first = self.chunks[order[start]]
-            limit = first.num_cached_tokens // bs           # blocks it holds cached
+            limit = first.num_cached_tokens // bs  # blocks it holds cached
             end, prefix = start + 1, limit
             while end < len(order):
                 other = self.chunks[order[end]]
-                common = _common_blocks(first.block_table, other.block_table,
-                                        min(prefix, other.num_cached_tokens // bs))
+                common = _common_blocks(
+                    first.block_table, other.block_table, min(prefix, other.num_cached_tokens // bs)
+                )
                 if common * bs < max(min_tokens, 1):
                     break
                 prefix, end = common, end + 1
@@ -193,23 +216,29 @@ class StageBatch:
                 raise ValueError(
                     f"block table of chunk {index} (request {chunk.request_id!r}) has "
                     f"{len(chunk.block_table)} blocks of {block_size} tokens; positions "
-                    f"[0, {chunk.end}) need {num_blocks}")
+                    f"[0, {chunk.end}) need {num_blocks}"
+                )
             table = torch.tensor(chunk.block_table[:num_blocks], dtype=torch.int64)
             # context: [end] slot of every position in [0, end)
-            context = (table[:, None] * block_size + offsets).flatten()[:chunk.end]
+            context = (table[:, None] * block_size + offsets).flatten()[: chunk.end]
             contexts.append(context)
-            slots.append(context[chunk.num_cached_tokens:])
+            slots.append(context[chunk.num_cached_tokens :])
             positions.append(torch.arange(chunk.num_cached_tokens, chunk.end, dtype=torch.int64))
             token_starts.append(token_starts[-1] + chunk.num_tokens)
             context_starts.append(context_starts[-1] + chunk.end)
             max_block_id = max(max_block_id, int(table.max()))
         slot_mapping = torch.cat(slots)
-        _check_writes(slot_mapping, [c[:chunk.num_cached_tokens] for c, chunk in zip(contexts, chunks)])
+        _check_writes(
+            slot_mapping, [c[: chunk.num_cached_tokens] for c, chunk in zip(contexts, chunks)]
+        )
         longest = max(chunk.num_tokens for chunk in chunks)
         return cls(
-            chunks=tuple(chunks), block_size=block_size,
-            token_starts=tuple(token_starts), context_starts=tuple(context_starts),
-            positions=torch.cat(positions), slot_mapping=slot_mapping,
+            chunks=tuple(chunks),
+            block_size=block_size,
+            token_starts=tuple(token_starts),
+            context_starts=tuple(context_starts),
+            positions=torch.cat(positions),
+            slot_mapping=slot_mapping,
             context_slots=torch.cat(contexts),
             last_token_indices=torch.tensor(token_starts[1:], dtype=torch.int64) - 1,
             causal_mask=torch.ones(longest, longest, dtype=torch.bool).triu_(1),
@@ -231,9 +260,13 @@ def _check_writes(slot_mapping: torch.Tensor, cached: list[torch.Tensor]) -> Non
     # Prefix blocks may be shared between requests (read-only); new K/V must land in slots
     # no other token writes and no chunk reads as cached.
     if torch.unique(slot_mapping).numel() != slot_mapping.numel():
-        raise ValueError("two tokens of the batch map to the same cache slot: "
-                         "the block tables of its chunks overlap on new positions")
+        raise ValueError(
+            "two tokens of the batch map to the same cache slot: "
+            "the block tables of its chunks overlap on new positions"
+        )
     cached_slots = torch.cat(cached)
     if cached_slots.numel() and bool(torch.isin(slot_mapping, cached_slots).any()):
-        raise ValueError("a new token of the batch maps to a cache slot that a chunk reads as "
-                         "cached: it would overwrite a (shared) prefix block")
+        raise ValueError(
+            "a new token of the batch maps to a cache slot that a chunk reads as "
+            "cached: it would overwrite a (shared) prefix block"
+        )

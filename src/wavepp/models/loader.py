@@ -27,8 +27,9 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable, or lacks or mis-shapes a tensor the stage needs."""
 
 
-def load_stage_model(model_path: str | Path, stage: StageSpec | None = None,
-                     dtype: torch.dtype = torch.bfloat16) -> StageModel:
+def load_stage_model(
+    model_path: str | Path, stage: StageSpec | None = None, dtype: torch.dtype = torch.bfloat16
+) -> StageModel:
     """Build the stage slice `stage` (default: the whole model) from the HF checkpoint at
     `model_path`, in `dtype` (torch.bfloat16 or torch.float32; parameters marked fp32 stay fp32).
 
@@ -41,8 +42,10 @@ def load_stage_model(model_path: str | Path, stage: StageSpec | None = None,
     spec = load_model_config(model_path)
     stage = stage or StageSpec.whole(spec.num_layers)
     if stage.num_layers != spec.num_layers:
-        raise ValueError(f"stage layer range [{stage.start_layer}, {stage.end_layer}) was made for "
-                         f"{stage.num_layers} layers; the model at {model_path} has {spec.num_layers}")
+        raise ValueError(
+            f"stage layer range [{stage.start_layer}, {stage.end_layer}) was made for "
+            f"{stage.num_layers} layers; the model at {model_path} has {spec.num_layers}"
+        )
     params = spec.stage_params(stage)
     tensors = {}
     for fp32 in (False, True):
@@ -51,12 +54,18 @@ def load_stage_model(model_path: str | Path, stage: StageSpec | None = None,
         aliases = {p.sources[0][0]: p.fallback for p in group if p.fallback}
         tensors.update(read_tensors(model_path, shapes, torch.float32 if fp32 else dtype, aliases))
     model = StageModel(spec, stage, dtype)
-    model.load_state_dict({p.target: _combine(p, tensors) for p in params}, strict=True, assign=True)
+    model.load_state_dict(
+        {p.target: _combine(p, tensors) for p in params}, strict=True, assign=True
+    )
     return model.eval()
 
 
-def read_tensors(model_path: str | Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
-                 aliases: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+def read_tensors(
+    model_path: str | Path,
+    shapes: dict[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    aliases: dict[str, str] | None = None,
+) -> dict[str, torch.Tensor]:
     """Read exactly the tensors named in `shapes` (checking each shape) as `dtype`.
 
     A name absent from the checkpoint is read under `aliases[name]` if given (tied weights).
@@ -80,8 +89,11 @@ def read_tensors(model_path: str | Path, shapes: dict[str, tuple[int, ...]], dty
                 for name, stored in names:
                     # a tied LM head shares the embedding's tensor rather than a second copy
                     same = next((n for n, s in names if s == stored and n in tensors), None)
-                    tensors[name] = tensors[same] if same else _read_one(
-                        reader, file, stored, shapes[name], dtype)
+                    tensors[name] = (
+                        tensors[same]
+                        if same
+                        else _read_one(reader, file, stored, shapes[name], dtype)
+                    )
         except CheckpointError:
             raise
         except Exception as err:  # safetensors raises its own error type for corrupt files
@@ -89,14 +101,16 @@ def read_tensors(model_path: str | Path, shapes: dict[str, tuple[int, ...]], dty
     return tensors
 
 
-def _read_one(reader, file: Path, stored: str, shape: tuple[int, ...],
-              dtype: torch.dtype) -> torch.Tensor:
+def _read_one(
+    reader, file: Path, stored: str, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
     if stored not in reader.keys():
         raise CheckpointError(f"tensor {stored!r} is missing from {file}")
     got = tuple(reader.get_slice(stored).get_shape())
     if got != shape:
-        raise CheckpointError(f"tensor {stored!r} in {file} has shape {list(got)}; "
-                              f"expected {list(shape)}")
+        raise CheckpointError(
+            f"tensor {stored!r} in {file} has shape {list(got)}; expected {list(shape)}"
+        )
     return reader.get_tensor(stored).to(dtype)
 
 
@@ -107,7 +121,10 @@ def _weight_map(path: Path) -> dict[str, Path]:
     index = path / INDEX_FILE
     if index.is_file():
         try:
-            return {name: path / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+            return {
+                name: path / file
+                for name, file in json.loads(index.read_text())["weight_map"].items()
+            }
         except (OSError, ValueError, KeyError, AttributeError) as err:
             raise CheckpointError(f"cannot read checkpoint index {index}: {err}") from err
     single = path / SINGLE_FILE

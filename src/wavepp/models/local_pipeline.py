@@ -40,8 +40,10 @@ class LinearBlockAllocator:
     def allocate(self, num_blocks: int) -> list[int]:
         """Take `num_blocks` free ids (lowest first). Raises RuntimeError if too few are free."""
         if num_blocks > len(self._free):
-            raise RuntimeError(f"out of KV cache blocks: {num_blocks} needed, {len(self._free)} free "
-                               f"of {self.num_blocks}")
+            raise RuntimeError(
+                f"out of KV cache blocks: {num_blocks} needed, {len(self._free)} free "
+                f"of {self.num_blocks}"
+            )
         return [heapq.heappop(self._free) for _ in range(num_blocks)]
 
     def free(self, block_ids: Sequence[int]) -> None:
@@ -62,13 +64,22 @@ class _Request:
 class LocalPipeline:
     """The stages of the model at `model_path`, split into `num_stages`, chained in-process."""
 
-    def __init__(self, model_path: str | Path, num_stages: int = 1, dtype: torch.dtype = torch.float32,
-                 num_blocks: int = 256, block_size: int = 16, kernels: Kernels | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        num_stages: int = 1,
+        dtype: torch.dtype = torch.float32,
+        num_blocks: int = 256,
+        block_size: int = 16,
+        kernels: Kernels | None = None,
+    ) -> None:
         self.config = load_model_config(model_path)
         self.block_size = block_size
         self.kernels = kernels or Kernels()
-        self.stages = [load_stage_model(model_path, spec, dtype)
-                       for spec in stage_specs(self.config.num_layers, num_stages)]
+        self.stages = [
+            load_stage_model(model_path, spec, dtype)
+            for spec in stage_specs(self.config.num_layers, num_stages)
+        ]
         self.caches = [stage.new_kv_cache(num_blocks, block_size) for stage in self.stages]
         self.allocator = LinearBlockAllocator(num_blocks)
         self._requests: dict[Hashable, _Request] = {}
@@ -95,26 +106,37 @@ class LocalPipeline:
             missing = -(-end // self.block_size) - len(state.block_table)
             if missing > 0:
                 state.block_table += self.allocator.allocate(missing)
-            specs.append(ChunkSpec(state.num_cached_tokens, len(tokens), tuple(state.block_table), request_id))
+            specs.append(
+                ChunkSpec(
+                    state.num_cached_tokens, len(tokens), tuple(state.block_table), request_id
+                )
+            )
             token_ids.extend(int(t) for t in tokens)
-        logits = self.run(StageBatch.build(specs, self.block_size), torch.tensor(token_ids, dtype=torch.int64))
+        logits = self.run(
+            StageBatch.build(specs, self.block_size), torch.tensor(token_ids, dtype=torch.int64)
+        )
         for request_id, tokens in chunks:
             self._requests[request_id].num_cached_tokens += len(tokens)
         return logits
 
-    def prefill(self, request_id: Hashable, token_ids: Sequence[int],
-                chunk_sizes: Sequence[int] | None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        request_id: Hashable,
+        token_ids: Sequence[int],
+        chunk_sizes: Sequence[int] | None = None,
+    ) -> torch.Tensor:
         """Feed `token_ids` after the request's cached tokens, in chunks of `chunk_sizes`
         (default: one chunk). Returns the last token's logits [vocab] (fp32)."""
         if len(token_ids) == 0:
             raise ValueError(f"prompt of request {request_id!r} is empty")
         chunk_sizes = list(chunk_sizes or [len(token_ids)])
         if sum(chunk_sizes) != len(token_ids) or min(chunk_sizes) < 1:
-            raise ValueError(f"chunk_sizes {chunk_sizes} must be positive and sum to the "
-                             f"{len(token_ids)} tokens")
+            raise ValueError(
+                f"chunk_sizes {chunk_sizes} must be positive and sum to the {len(token_ids)} tokens"
+            )
         start = 0
         for size in chunk_sizes:
-            logits = self.prefill_chunks([(request_id, token_ids[start:start + size])])
+            logits = self.prefill_chunks([(request_id, token_ids[start : start + size])])
             start += size
         return logits[0]
 

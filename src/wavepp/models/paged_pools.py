@@ -24,12 +24,21 @@ from wavepp.models.spec import PageLayout, StageSpec
 class PagedPools:
     """Zero-initialised pools for the layers [stage.start_layer, stage.end_layer). Tensors only."""
 
-    def __init__(self, layout: PageLayout, stage: StageSpec, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
-                 num_state_slots: int = 0) -> None:
+    def __init__(
+        self,
+        layout: PageLayout,
+        stage: StageSpec,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+        num_state_slots: int = 0,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"PagedPools needs num_blocks >= 1 and block_size >= 1, got "
-                             f"{num_blocks}, {block_size}")
+            raise ValueError(
+                f"PagedPools needs num_blocks >= 1 and block_size >= 1, got "
+                f"{num_blocks}, {block_size}"
+            )
         self.layout = layout
         self.stage = stage
         self.num_blocks = num_blocks
@@ -43,19 +52,27 @@ class PagedPools:
             layers = [i for i in pool.layers if stage.start_layer <= i < stage.end_layer]
             if not layers:
                 continue
-            self.tensors[pool.name] = torch.zeros(len(layers), num_blocks, block_size, pool.width,
-                                                  dtype=dtype, device=device)
+            self.tensors[pool.name] = torch.zeros(
+                len(layers), num_blocks, block_size, pool.width, dtype=dtype, device=device
+            )
             self._index.update({(pool.name, layer): j for j, layer in enumerate(layers)})
         if layout.states and num_state_slots < 1:
-            raise ValueError(f"{layout.architecture} keeps state snapshots: num_state_slots must be >= 1")
+            raise ValueError(
+                f"{layout.architecture} keeps state snapshots: num_state_slots must be >= 1"
+            )
         self.num_state_slots = num_state_slots
         self.states: dict[str, torch.Tensor] = {}
         for state in layout.states:
             layers = [i for i in state.layers if stage.start_layer <= i < stage.end_layer]
             if not layers:
                 continue
-            self.states[state.name] = torch.zeros(num_state_slots, len(layers), state.elements,
-                                                  dtype=torch.float32 if state.fp32 else dtype, device=device)
+            self.states[state.name] = torch.zeros(
+                num_state_slots,
+                len(layers),
+                state.elements,
+                dtype=torch.float32 if state.fp32 else dtype,
+                device=device,
+            )
             self._index.update({(state.name, layer): j for j, layer in enumerate(layers)})
 
     @property
@@ -64,7 +81,9 @@ class PagedPools:
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [*self.tensors.values(), *self.states.values()])
+        return sum(
+            t.numel() * t.element_size() for t in [*self.tensors.values(), *self.states.values()]
+        )
 
     def has(self, name: str, layer: int) -> bool:
         return (name, layer) in self._index
@@ -72,8 +91,10 @@ class PagedPools:
     def view(self, name: str, layer: int) -> torch.Tensor:
         """Flat view [num_slots, width] of pool `name` for model layer `layer`, written in place."""
         if (name, layer) not in self._index:
-            raise KeyError(f"no pool {name!r} for layer {layer} in this stage's cache "
-                           f"(layers [{self.stage.start_layer}, {self.stage.end_layer}))")
+            raise KeyError(
+                f"no pool {name!r} for layer {layer} in this stage's cache "
+                f"(layers [{self.stage.start_layer}, {self.stage.end_layer}))"
+            )
         tensor = self.tensors[name][self._index[(name, layer)]]
         return tensor.view(self.num_slots, tensor.shape[-1])
 
@@ -83,13 +104,17 @@ class PagedPools:
             raise KeyError(f"no state {name!r} for layer {layer} in this stage's cache")
         return self.states[name][:, self._index[(name, layer)]]
 
-    def export_rows(self, block_table: list[int], num_tokens: int) -> dict[str, tuple[list[int], torch.Tensor]]:
+    def export_rows(
+        self, block_table: list[int], num_tokens: int
+    ) -> dict[str, tuple[list[int], torch.Tensor]]:
         """A copy, on the host, of tokens [0, num_tokens) held in `block_table`'s blocks, per pool:
         {pool: (its model layers in this stage, [layers, num_tokens, width])}. Later writes to
         the blocks do not change it."""
         num_blocks = -(-num_tokens // self.block_size)
         if num_blocks > len(block_table):
-            raise ValueError(f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}")
+            raise ValueError(
+                f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}"
+            )
         index = torch.tensor(block_table[:num_blocks], dtype=torch.int64, device=self.device)
         out = {}
         for name, tensor in self.tensors.items():

@@ -33,7 +33,9 @@ SUPPORTED_ARCHITECTURES = tuple(architecture for _, architecture, _ in FAMILIES.
 def family(model_type: str) -> ModuleType:
     """The family module of `model_type`. Raises ValueError listing the supported ones."""
     if model_type not in FAMILIES:
-        raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
+        raise ValueError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
+        )
     return importlib.import_module(f"wavepp.models.families.{FAMILIES[model_type][0]}")
 
 
@@ -79,5 +81,7 @@ def _model_type(hf: dict) -> str:
     by_architecture = {architecture: t for t, (_, architecture, _) in FAMILIES.items()}
     if len(names) == 1 and names[0] in by_architecture:
         return by_architecture[names[0]]
-    raise ValueError(f"architecture {names or None} (model_type {model_type!r}) is not supported; supported: "
-                     f"{', '.join(SUPPORTED_ARCHITECTURES)} (model types {', '.join(MODEL_TYPES)})")
+    raise ValueError(
+        f"architecture {names or None} (model_type {model_type!r}) is not supported; supported: "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} (model types {', '.join(MODEL_TYPES)})"
+    )

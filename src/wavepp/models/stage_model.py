@@ -53,8 +53,11 @@ class DecoderLayer(nn.Module):
         else:
             self.attn = KimiDeltaAttention(attention, layer, hidden, dtype)
         self.post_attn_norm = RMSNorm(hidden, eps, dtype)
-        self.mlp = MoE(spec.mlp, hidden, dtype) if spec.mlp.kind == "moe" else \
-            SwiGLUMLP(hidden, spec.mlp.intermediate_size, dtype)
+        self.mlp = (
+            MoE(spec.mlp, hidden, dtype)
+            if spec.mlp.kind == "moe"
+            else SwiGLUMLP(hidden, spec.mlp.intermediate_size, dtype)
+        )
 
     def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         # hidden: [num_tokens, hidden_size] -> [num_tokens, hidden_size]
@@ -65,20 +68,31 @@ class DecoderLayer(nn.Module):
 class StageModel(nn.Module):
     """The slice `stage` of a model. Parameters are created empty; `load_stage_model` fills them."""
 
-    def __init__(self, spec: ModelSpec, stage: StageSpec, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        stage: StageSpec,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         if stage.num_layers != spec.num_layers:
-            raise ValueError(f"stage {stage} is for a {stage.num_layers}-layer model; "
-                             f"the config has {spec.num_layers} layers")
+            raise ValueError(
+                f"stage {stage} is for a {stage.num_layers}-layer model; "
+                f"the config has {spec.num_layers} layers"
+            )
         self.config, self.stage, self.dtype = spec, stage, dtype
         self.layout = page_layout(spec)
         with torch.device(device or "cpu"):
             shape = (spec.vocab_size, spec.hidden_size)
             self.embed = _param(dtype, *shape) if stage.is_first else None
-            self.layers = nn.ModuleList(DecoderLayer(spec.layer(i), i, spec, dtype)
-                                        for i in range(stage.start_layer, stage.end_layer))
-            self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype) if stage.is_last else None
+            self.layers = nn.ModuleList(
+                DecoderLayer(spec.layer(i), i, spec, dtype)
+                for i in range(stage.start_layer, stage.end_layer)
+            )
+            self.norm = (
+                RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype) if stage.is_last else None
+            )
             self.lm_head = _param(dtype, *shape) if stage.is_last else None
             # a model whose layers rotate nothing (Kimi-Linear's MLA) has no table
             self.rotary = RopeTable(spec.rope, dtype) if spec.rope is not None else None
@@ -88,14 +102,23 @@ class StageModel(nn.Module):
         """Where this stage's weights are (`.to(device)` moves them, its RoPE table too)."""
         return self.layers[0].input_norm.weight.device
 
-    def new_kv_cache(self, num_blocks: int, block_size: int, num_state_slots: int | None = None) -> PagedPools:
+    def new_kv_cache(
+        self, num_blocks: int, block_size: int, num_state_slots: int | None = None
+    ) -> PagedPools:
         """Zeroed pools of this stage's layers (the model's page layout), in the model dtype, on
         its device. Hybrid models also get `num_state_slots` snapshot slots (default: one per
         block)."""
         if num_state_slots is None:
             num_state_slots = num_blocks if self.layout.is_hybrid else 0
-        return PagedPools(self.layout, self.stage, num_blocks, block_size, self.dtype, self.device,
-                          num_state_slots=num_state_slots)
+        return PagedPools(
+            self.layout,
+            self.stage,
+            num_blocks,
+            block_size,
+            self.dtype,
+            self.device,
+            num_state_slots=num_state_slots,
+        )
 
     @property
     def input_width(self) -> int:
@@ -107,9 +130,17 @@ class StageModel(nn.Module):
         return self._boundary_width(self.stage.end_layer)
 
     @torch.inference_mode()
-    def forward(self, batch: StageBatch, kv_cache: PagedPools, *, input_ids: torch.Tensor | None = None,
-                hidden_states: torch.Tensor | None = None, all_logits: bool = False,
-                output_indices: torch.Tensor | None = None, kernels: Kernels | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        batch: StageBatch,
+        kv_cache: PagedPools,
+        *,
+        input_ids: torch.Tensor | None = None,
+        hidden_states: torch.Tensor | None = None,
+        all_logits: bool = False,
+        output_indices: torch.Tensor | None = None,
+        kernels: Kernels | None = None,
+    ) -> torch.Tensor:
         """Run the stage over every chunk of `batch`; writes the chunks' cache rows into `kv_cache`.
 
         First stage takes input_ids: [num_tokens] int64; others take hidden_states:
@@ -128,9 +159,11 @@ class StageModel(nn.Module):
         if self.stage.is_first:
             hidden = F.embedding(input_ids, self.embed)
         else:
-            hidden = hidden_states[:, :spec.hidden_size]
+            hidden = hidden_states[:, : spec.hidden_size]
             if self.input_width > spec.hidden_size:
-                ctx.topk = hidden_states[:, spec.hidden_size:].contiguous().view(torch.int32).long()
+                ctx.topk = (
+                    hidden_states[:, spec.hidden_size :].contiguous().view(torch.int32).long()
+                )
         for layer in self.layers:
             hidden = layer(hidden, ctx)
         if not self.stage.is_last:
@@ -148,23 +181,51 @@ class StageModel(nn.Module):
     def _boundary_width(self, layer: int) -> int:
         if not self.config.reuses_topk(layer):
             return self.config.hidden_size
-        return self.config.hidden_size + self.config.layer(layer).attention.index.topk * 4 // self.dtype.itemsize
+        return (
+            self.config.hidden_size
+            + self.config.layer(layer).attention.index.topk * 4 // self.dtype.itemsize
+        )
 
-    def _check(self, batch: StageBatch, kv_cache: PagedPools, input_ids: torch.Tensor | None,
-               hidden_states: torch.Tensor | None) -> None:
-        if not isinstance(kv_cache, PagedPools) or kv_cache.layout != self.layout \
-                or kv_cache.stage != self.stage or kv_cache.dtype != self.dtype:
-            raise ValueError(f"cache {kv_cache!r} was not made for stage {self.stage} of this "
-                             f"{self.layout.architecture} model in {self.dtype}: this stage needs "
-                             f"`new_kv_cache` of it")
+    def _check(
+        self,
+        batch: StageBatch,
+        kv_cache: PagedPools,
+        input_ids: torch.Tensor | None,
+        hidden_states: torch.Tensor | None,
+    ) -> None:
+        if (
+            not isinstance(kv_cache, PagedPools)
+            or kv_cache.layout != self.layout
+            or kv_cache.stage != self.stage
+            or kv_cache.dtype != self.dtype
+        ):
+            raise ValueError(
+                f"cache {kv_cache!r} was not made for stage {self.stage} of this "
+                f"{self.layout.architecture} model in {self.dtype}: this stage needs "
+                f"`new_kv_cache` of it"
+            )
         inputs = input_ids if input_ids is not None else hidden_states
-        for name, device in (("kv cache", kv_cache.device), ("batch", batch.device),
-                             ("inputs", None if inputs is None else inputs.device)):
+        for name, device in (
+            ("kv cache", kv_cache.device),
+            ("batch", batch.device),
+            ("inputs", None if inputs is None else inputs.device),
+        ):
             if device is not None and device != self.device:
-                raise ValueError(f"the {name} is on {device}, this stage's weights on {self.device}: "
-                                 f"move it there (StageBatch.to, tensor.to)")
-        check_stage_inputs(batch, self.stage, kv_cache, self.config.max_position_embeddings,
-                           self.config.vocab_size, self.input_width, self.dtype, input_ids, hidden_states)
+                raise ValueError(
+                    f"the {name} is on {device}, this stage's weights on {self.device}: "
+                    f"move it there (StageBatch.to, tensor.to)"
+                )
+        check_stage_inputs(
+            batch,
+            self.stage,
+            kv_cache,
+            self.config.max_position_embeddings,
+            self.config.vocab_size,
+            self.input_width,
+            self.dtype,
+            input_ids,
+            hidden_states,
+        )
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

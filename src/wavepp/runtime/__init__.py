@@ -6,5 +6,13 @@ from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.launch import LocalCluster, torchrun_rank
 from wavepp.runtime.worker import run_worker
 
-__all__ = ["Channels", "PeerLostError", "RuntimeConfig", "EngineCore", "EngineError",
-           "LocalCluster", "torchrun_rank", "run_worker"]
+__all__ = [
+    "Channels",
+    "PeerLostError",
+    "RuntimeConfig",
+    "EngineCore",
+    "EngineError",
+    "LocalCluster",
+    "torchrun_rank",
+    "run_worker",
+]

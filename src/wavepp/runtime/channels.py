@@ -41,15 +41,24 @@ class Shutdown:
 
 
 class Channels:
-    def __init__(self, rank: int, world_size: int, backend: str = "gloo", *,
-                 init_method: str = "env://", timeout_s: float = 1800,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        backend: str = "gloo",
+        *,
+        init_method: str = "env://",
+        timeout_s: float = 1800,
+        device: torch.device | str = "cpu",
+    ):
         """`device`: this rank's compute device. With backend "nccl" it must be a CUDA device;
         it becomes the process's current device (NCCL binds a rank to it)."""
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.device = device = torch.device(device)
         if backend == "nccl" and device.type != "cuda":
-            raise ValueError(f"the nccl data plane moves CUDA tensors; rank {rank} computes on {device}")
+            raise ValueError(
+                f"the nccl data plane moves CUDA tensors; rank {rank} computes on {device}"
+            )
         # where the data plane's tensors live: the GPU under NCCL, host memory under gloo
         self.data_device = device if backend == "nccl" else torch.device("cpu")
         if world_size == 1:
@@ -58,11 +67,18 @@ class Channels:
         if backend == "nccl":
             torch.cuda.set_device(device)
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                "gloo",
+                init_method=init_method,
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
         # every rank creates the groups in the same order
-        self.groups = {name: dist.new_group(backend="gloo") for name in
-                       ("rounds", "replies", "headers", "results")}
+        self.groups = {
+            name: dist.new_group(backend="gloo")
+            for name in ("rounds", "replies", "headers", "results")
+        }
         self.groups["data"] = dist.new_group(backend=backend)
 
     def send_obj(self, obj, dst: int, plane: str) -> None:
@@ -101,18 +117,20 @@ class Channels:
         try:
             dist.send(tensor, dst, group=self.groups[plane])
         except RuntimeError as exc:
-            raise PeerLostError(f"rank {self.rank}: sending to rank {dst} on the {plane} plane "
-                                f"failed: {exc}") from exc
+            raise PeerLostError(
+                f"rank {self.rank}: sending to rank {dst} on the {plane} plane failed: {exc}"
+            ) from exc
 
     def _recv(self, tensor: torch.Tensor, src: int, plane: str) -> None:
         try:
             dist.recv(tensor, src, group=self.groups[plane])
         except RuntimeError as exc:
-            raise PeerLostError(f"rank {self.rank}: receiving from rank {src} on the {plane} plane "
-                                f"failed: {exc}") from exc
+            raise PeerLostError(
+                f"rank {self.rank}: receiving from rank {src} on the {plane} plane failed: {exc}"
+            ) from exc
 
 
-INLINE_BYTES = 4096   # the first message of an object: 8 bytes of length, then the pickle's start
+INLINE_BYTES = 4096  # the first message of an object: 8 bytes of length, then the pickle's start
 _LEN = 8
 
 
@@ -123,7 +141,7 @@ def pack_obj(obj) -> list[torch.Tensor]:
     first = bytearray(INLINE_BYTES)
     first[:_LEN] = len(data).to_bytes(_LEN, "little")
     inline = min(len(data), INLINE_BYTES - _LEN)
-    first[_LEN:_LEN + inline] = data[:inline]
+    first[_LEN : _LEN + inline] = data[:inline]
     parts = [torch.frombuffer(first, dtype=torch.uint8)]
     if inline < len(data):
         parts.append(torch.frombuffer(bytearray(data[inline:]), dtype=torch.uint8))
@@ -138,7 +156,7 @@ def rest_size(first: torch.Tensor) -> int:
 
 def unpack_obj(first: torch.Tensor, rest: torch.Tensor | None):
     size = int.from_bytes(first[:_LEN].numpy().tobytes(), "little")
-    data = first[_LEN:_LEN + min(size, INLINE_BYTES - _LEN)].numpy().tobytes()
+    data = first[_LEN : _LEN + min(size, INLINE_BYTES - _LEN)].numpy().tobytes()
     if rest is not None:
         data += rest.numpy().tobytes()
     if len(data) != size:

@@ -10,40 +10,52 @@ class RuntimeConfig:
     model_path: str
     num_stages: int
     policy: str = "wavepp"
-    dtype: str = "bfloat16"               # "bfloat16" | "float32"
+    dtype: str = "bfloat16"  # "bfloat16" | "float32"
     block_size: int = 16
     stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib
-    kv_cache_gib: float | None = None     # per stage, when stage_num_blocks is empty; None:
-                                          # sized from the model and the machine (stage.py)
-    top_k: int = 5                        # logprobs returned per first token
-    num_threads: int = 1                  # compute threads per stage process
-    backend: str = "gloo"                 # the data plane's (activations); objects go over gloo
-    device: str = "cpu"                   # "cpu" | "cuda", resolved (runtime/device.py)
-    run_dir: str = ""                     # where stage processes leave error reports
-    snapshot_interval_blocks: int | None = None   # hybrid models: snapshot grid; None: from memory
-    snapshot_align_frac: float = 0.125    # hybrid models: PlannerConfig.snapshot_align_frac
-    profile_waves: bool = True            # time waves of varied shape at start-up (runtime/profile.py)
-    kv_store: str = ""                    # KV hand-off: the directory store every stage writes to
-    kv_export_wait_s: float = 60.0        # a hand-off's answer waits this long for the stages' reports
-    layer_split: tuple[int, ...] = ()     # layers per stage, in order; empty: balanced (models/spec)
+    kv_cache_gib: float | None = None  # per stage, when stage_num_blocks is empty; None:
+    # sized from the model and the machine (stage.py)
+    top_k: int = 5  # logprobs returned per first token
+    num_threads: int = 1  # compute threads per stage process
+    backend: str = "gloo"  # the data plane's (activations); objects go over gloo
+    device: str = "cpu"  # "cpu" | "cuda", resolved (runtime/device.py)
+    run_dir: str = ""  # where stage processes leave error reports
+    snapshot_interval_blocks: int | None = None  # hybrid models: snapshot grid; None: from memory
+    snapshot_align_frac: float = 0.125  # hybrid models: PlannerConfig.snapshot_align_frac
+    profile_waves: bool = True  # time waves of varied shape at start-up (runtime/profile.py)
+    kv_store: str = ""  # KV hand-off: the directory store every stage writes to
+    kv_export_wait_s: float = 60.0  # a hand-off's answer waits this long for the stages' reports
+    layer_split: tuple[int, ...] = ()  # layers per stage, in order; empty: balanced (models/spec)
 
     def __post_init__(self) -> None:
         from wavepp.sched.policy import get_policy
 
-        if not isinstance(self.num_stages, int) or isinstance(self.num_stages, bool) or self.num_stages < 1:
-            raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, "
-                             f"got {self.num_stages!r}")
-        get_policy(self.policy, runtime=True)   # an unknown policy fails here, naming the valid ones
+        if (
+            not isinstance(self.num_stages, int)
+            or isinstance(self.num_stages, bool)
+            or self.num_stages < 1
+        ):
+            raise ValueError(
+                f"pp (the number of pipeline stages) must be a positive integer, "
+                f"got {self.num_stages!r}"
+            )
+        get_policy(self.policy, runtime=True)  # an unknown policy fails here, naming the valid ones
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.stage_num_blocks and len(self.stage_num_blocks) != self.num_stages:
-            raise ValueError(f"stage_num_blocks has {len(self.stage_num_blocks)} entries for "
-                             f"{self.num_stages} stages")
-        if self.layer_split and (len(self.layer_split) != self.num_stages or min(self.layer_split) < 1):
-            raise ValueError(f"layer_split {list(self.layer_split)} needs one positive layer count per stage "
-                             f"({self.num_stages} stages)")
+            raise ValueError(
+                f"stage_num_blocks has {len(self.stage_num_blocks)} entries for "
+                f"{self.num_stages} stages"
+            )
+        if self.layer_split and (
+            len(self.layer_split) != self.num_stages or min(self.layer_split) < 1
+        ):
+            raise ValueError(
+                f"layer_split {list(self.layer_split)} needs one positive layer count per stage "
+                f"({self.num_stages} stages)"
+            )
         if any(n < 1 for n in self.stage_num_blocks):
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
@@ -57,8 +69,12 @@ class RuntimeConfig:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda' here (resolved), got {self.device!r}")
         if self.snapshot_interval_blocks is not None and self.snapshot_interval_blocks < 1:
-            raise ValueError(f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}")
+            raise ValueError(
+                f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}"
+            )
         if not 0 <= self.snapshot_align_frac < 1:
-            raise ValueError(f"snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}")
+            raise ValueError(
+                f"snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}"
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")

@@ -23,7 +23,6 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-
 from wavepp.cache import CapacityView
 from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
@@ -32,7 +31,13 @@ from wavepp.runtime.core_loops import CoreLoops
 from wavepp.runtime.live_requests import LiveRequests
 from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.profile import WaveProfile, profile_pipeline
-from wavepp.runtime.protocol import CheckIntegrity, EngineError, ExportReport, IntegrityReport, Reset
+from wavepp.runtime.protocol import (
+    CheckIntegrity,
+    EngineError,
+    ExportReport,
+    IntegrityReport,
+    Reset,
+)
 from wavepp.runtime.rounds_plane import RoundsPlane, start_stages
 from wavepp.runtime.runtime_leader import build_runtime_leader
 from wavepp.runtime.stage_runner import StageRunner
@@ -41,9 +46,13 @@ from wavepp.sched import get_policy
 
 
 class EngineCore(CoreLoops):
-    def __init__(self, config: RuntimeConfig, channels: Channels,
-                 check_alive: Callable[[float], str | None] = lambda wait_s: None,
-                 handoff: KVHandoff | None = None):
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        channels: Channels,
+        check_alive: Callable[[float], str | None] = lambda wait_s: None,
+        handoff: KVHandoff | None = None,
+    ):
         """Load stage 0 here and wait for every other stage to load. Threads start in start().
         `handoff`: the KV hand-off (with a store) the stages' export reports go to."""
         self.config = config
@@ -57,7 +66,9 @@ class EngineCore(CoreLoops):
         self.vocab_size = self.stage.model_config.vocab_size
         self.profile: WaveProfile | None = None
         if config.profile_waves:
-            self.profile = profile_pipeline(self.stage, channels, self.stage_num_blocks, self.max_prompt_tokens)
+            self.profile = profile_pipeline(
+                self.stage, channels, self.stage_num_blocks, self.max_prompt_tokens
+            )
         self.cond = threading.Condition(threading.RLock())
         self.error: str | None = None
         self._stopping = False
@@ -65,14 +76,20 @@ class EngineCore(CoreLoops):
         self._requests = LiveRequests()
         self._handoff = handoff
         self._on_done: Callable = lambda request_id, req, export_errors: (request_id, req)
-        if self.stage.exporter is not None:     # stage 0's parts are reported here, on its writer
-            self.stage.exporter.on_outcome = lambda outcome: self.on_export_report(ExportReport((outcome,)))
+        if self.stage.exporter is not None:  # stage 0's parts are reported here, on its writer
+            self.stage.exporter.on_outcome = lambda outcome: self.on_export_report(
+                ExportReport((outcome,))
+            )
         self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
         self._wave_thread, self._loop_thread, self._results_thread = (
-            threading.Thread(target=self._guard(fn), name=name, daemon=True) for name, fn in (
-                ("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop),
-                ("wavepp-results", self._result_loop)))
+            threading.Thread(target=self._guard(fn), name=name, daemon=True)
+            for name, fn in (
+                ("wavepp-wave", self._wave_loop),
+                ("wavepp-loop", self._exec_loop),
+                ("wavepp-results", self._result_loop),
+            )
+        )
 
     def start(self, on_done: Callable) -> None:
         """Start the threads; `on_done(request_id, request, export_errors)` gives each future
@@ -86,8 +103,14 @@ class EngineCore(CoreLoops):
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def submit(self, request_id: int | None, token_ids, *, logprob_start: int | None = None,
-               export_id: str | None = None) -> Future:
+    def submit(
+        self,
+        request_id: int | None,
+        token_ids,
+        *,
+        logprob_start: int | None = None,
+        export_id: str | None = None,
+    ) -> Future:
         """Queue a request under the caller's id (None: the next free automatic id), with its
         options: the request is created with them, so no round sees it without them.
         `logprob_start`, `export_id`: see Leader.add_request. An id in use by an unfinished request, or an
@@ -96,8 +119,13 @@ class EngineCore(CoreLoops):
             self._raise_if_closed()
             internal_id, fut = self._requests.add(request_id)
             try:
-                self.leader.add_request(internal_id, token_ids, self.now(), logprob_start=logprob_start,
-                                        export_id=export_id)
+                self.leader.add_request(
+                    internal_id,
+                    token_ids,
+                    self.now(),
+                    logprob_start=logprob_start,
+                    export_id=export_id,
+                )
             except ValueError:
                 self._requests.pop(internal_id)
                 raise
@@ -138,15 +166,21 @@ class EngineCore(CoreLoops):
         with self.cond:
             return self.leader.state_size()
 
-    def reset(self, policy: str | None = None, snapshot_interval_blocks: int | None = None,
-              snapshot_align_frac: float | None = None) -> None:
+    def reset(
+        self,
+        policy: str | None = None,
+        snapshot_interval_blocks: int | None = None,
+        snapshot_align_frac: float | None = None,
+    ) -> None:
         """Empty every stage's cache and (optionally) switch policy and, for a hybrid model, the
         snapshot grid: every stage takes the same one, so the leader's agreed boundaries stay
         ones every stage can hold. Waits for idle."""
         policy = policy or self.policy.name
         get_policy(policy, runtime=True)
         if snapshot_interval_blocks is not None and snapshot_interval_blocks < 1:
-            raise ValueError(f"snapshot_interval_blocks must be >= 1, got {snapshot_interval_blocks}")
+            raise ValueError(
+                f"snapshot_interval_blocks must be >= 1, got {snapshot_interval_blocks}"
+            )
         if snapshot_align_frac is not None and not 0 <= snapshot_align_frac < 1:
             raise ValueError(f"snapshot_align_frac must be in [0, 1), got {snapshot_align_frac}")
         with self.cond:
@@ -234,15 +268,23 @@ class EngineCore(CoreLoops):
 
     def _resolve(self, req, errors: dict[int, str]) -> None:
         """Under cond: the request ended; its future gets on_done(caller's id, req, errors)."""
-        self._requests.resolve(req.request_id, lambda request_id: self._on_done(request_id, req, errors))
+        self._requests.resolve(
+            req.request_id, lambda request_id: self._on_done(request_id, req, errors)
+        )
 
     def _build_leader(self, policy: str) -> None:
         self.policy = get_policy(policy, runtime=True)
         self.leader = build_runtime_leader(
-            self.policy, num_stages=self.num_stages, block_size=self.config.block_size,
-            stage_num_blocks=self.stage_num_blocks, max_prompt_tokens=self.max_prompt_tokens,
-            hybrid=self.stage.layout.is_hybrid, snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
-            snapshot_align_frac=self.snapshot_align_frac, profile=self.profile)
+            self.policy,
+            num_stages=self.num_stages,
+            block_size=self.config.block_size,
+            stage_num_blocks=self.stage_num_blocks,
+            max_prompt_tokens=self.max_prompt_tokens,
+            hybrid=self.stage.layout.is_hybrid,
+            snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
+            snapshot_align_frac=self.snapshot_align_frac,
+            profile=self.profile,
+        )
         self._outside = OutsideLoop(self) if self.policy.loop is not None else None
         self._stats = CoreStats.empty(self.num_stages)
 
@@ -279,6 +321,9 @@ class EngineCore(CoreLoops):
             except PeerLostError as exc:
                 # a lost peer is most often a dead stage: name it (waiting briefly for its exit)
                 self.fail(self._check_alive(1.0) or str(exc))
-            except Exception as exc:   # noqa: BLE001 - a bug or a rejected plan: stop loudly
-                self.fail(f"rank 0 ({threading.current_thread().name}): {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a bug or a rejected plan: stop loudly
+                self.fail(
+                    f"rank 0 ({threading.current_thread().name}): {type(exc).__name__}: {exc}"
+                )
+
         return run

@@ -46,7 +46,9 @@ class CoreLoops:
         if outcome is None:
             return
         with self.cond:
-            self.record_round(outcome.round_id, outcome.latency_s, t0_unix, t0_unix + self.now() - t0)
+            self.record_round(
+                outcome.round_id, outcome.latency_s, t0_unix, t0_unix + self.now() - t0
+            )
             self._deliver()
             self.cond.notify_all()
 
@@ -55,7 +57,9 @@ class CoreLoops:
         stage order."""
         return self._plane.broadcast(msg)
 
-    def record_round(self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float) -> None:
+    def record_round(
+        self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float
+    ) -> None:
         """Count an exchange as a round in the stats (round id -1: nothing to admit)."""
         with self.cond:
             self._stats.record_round(round_id, latency_s, start_unix_s, end_unix_s)
@@ -68,8 +72,10 @@ class CoreLoops:
             if wave is None:
                 return None
             requests = self.leader.requests
-            return PlannedWave(wave, [t for c in wave.chunks
-                                      for t in requests[c.request_id].token_ids[c.start:c.end]])
+            return PlannedWave(
+                wave,
+                [t for c in wave.chunks for t in requests[c.request_id].token_ids[c.start : c.end]],
+            )
 
     def launch(self, planned: PlannedWave, admission_s: float = 0.0) -> ResultMsg | None:
         """Run stage 0 on the wave and send it on (StageRunner); with one stage, its result."""
@@ -87,8 +93,10 @@ class CoreLoops:
             wave = self.leader.waves_in_flight.get(msg.wave_id)
             shapes = tuple((c.start, c.num_tokens) for c in wave.chunks) if wave is not None else ()
             self._stats.record_wave(msg.wave_id, shapes, msg.timings)
-            self.leader.on_wave_result(WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings)),
-                                       self.now())
+            self.leader.on_wave_result(
+                WaveResult(msg.wave_id, msg.tokens, tuple(t.compute_s for t in msg.timings)),
+                self.now(),
+            )
             self._deliver()
             self.cond.notify_all()
 
@@ -97,8 +105,11 @@ class CoreLoops:
     def _wave_loop(self) -> None:
         while True:
             with self.cond:
-                while not self._stopping and (self.policy.inline_admission or self.leader.round is not None
-                                              or not self.leader.has_waiting):
+                while not self._stopping and (
+                    self.policy.inline_admission
+                    or self.leader.round is not None
+                    or not self.leader.has_waiting
+                ):
                     self.cond.wait()
                 if self._stopping:
                     return
@@ -111,7 +122,9 @@ class CoreLoops:
                 if self._stopping:
                     return
                 outside = self._outside
-                inline = runner.rounds_on_loop and self.leader.has_waiting and self.leader.round is None
+                inline = (
+                    runner.rounds_on_loop and self.leader.has_waiting and self.leader.round is None
+                )
             if outside is not None:
                 outside.iterate()
                 continue
@@ -123,7 +136,9 @@ class CoreLoops:
             with self.cond:
                 planned = self.plan_wave()
                 if planned is None:
-                    starving = not self.leader.plannable and (self.leader.round is not None or self.leader.waiting)
+                    starving = not self.leader.plannable and (
+                        self.leader.round is not None or self.leader.waiting
+                    )
                     t0 = time.perf_counter()
                     self.cond.wait()
                     if starving:
@@ -143,7 +158,7 @@ class CoreLoops:
                 return
             if isinstance(msg, ExportReport):
                 self.on_export_report(msg)
-            elif self._outside is not None:    # retired by LOOP, P-1 iterations after its launch
+            elif self._outside is not None:  # retired by LOOP, P-1 iterations after its launch
                 self._outside.hold(msg)
             else:
                 self.on_wave_result(msg)

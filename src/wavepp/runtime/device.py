@@ -20,7 +20,7 @@ DEVICES = ("cpu", "cuda", "auto")
 
 
 def resolve_device(device: str) -> str:
-    """"cpu" or "cuda" for a `device` setting. Raises ValueError for an unknown name, and for
+    """ "cpu" or "cuda" for a `device` setting. Raises ValueError for an unknown name, and for
     "cuda" when this torch has no CUDA device to use (naming what it found)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -28,9 +28,12 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         build = torch.version.cuda
-        why = (f"this torch ({torch.__version__}) is a CPU-only build" if build is None else
-               f"this torch is built for CUDA {build} but sees no CUDA device "
-               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}, or no driver)")
+        why = (
+            f"this torch ({torch.__version__}) is a CPU-only build"
+            if build is None
+            else f"this torch is built for CUDA {build} but sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}, or no driver)"
+        )
         raise ValueError(f"device='cuda' asked for, but {why}; use device='cpu' or 'auto'")
     return device
 
@@ -50,12 +53,16 @@ def check_backend(device: str, backend: str, num_stages: int) -> None:
     if backend != "nccl" or num_stages == 1:
         return
     if device != "cuda":
-        raise ValueError("backend='nccl' moves CUDA tensors only; with device='cpu' use backend='gloo'")
+        raise ValueError(
+            "backend='nccl' moves CUDA tensors only; with device='cpu' use backend='gloo'"
+        )
     local, count = _local_processes(num_stages), torch.cuda.device_count()
     if local > count:
-        raise ValueError(f"backend='nccl' needs a GPU per stage process: {local} stage processes on "
-                         f"this machine, {count} CUDA device(s); NCCL refuses two ranks on one GPU. "
-                         f"Use backend='gloo' (or leave it unset) to share GPUs")
+        raise ValueError(
+            f"backend='nccl' needs a GPU per stage process: {local} stage processes on "
+            f"this machine, {count} CUDA device(s); NCCL refuses two ranks on one GPU. "
+            f"Use backend='gloo' (or leave it unset) to share GPUs"
+        )
 
 
 def stage_device(device: str, local_rank: int) -> torch.device:

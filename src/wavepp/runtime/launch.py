@@ -58,7 +58,7 @@ def torchrun_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-RUN_DIR_PREFIX = "wavepp-"     # run directories: wavepp-<owner pid>-<random>, in the temp dir
+RUN_DIR_PREFIX = "wavepp-"  # run directories: wavepp-<owner pid>-<random>, in the temp dir
 
 
 def remove_stale_run_dirs(tmp_dir: str | None = None) -> list[str]:
@@ -67,7 +67,7 @@ def remove_stale_run_dirs(tmp_dir: str | None = None) -> list[str]:
     not named by this module, are left alone."""
     removed = []
     for path in Path(tmp_dir or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
-        owner = path.name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
+        owner = path.name[len(RUN_DIR_PREFIX) :].split("-", 1)[0]
         if not owner.isdigit() or not path.is_dir() or _alive(int(owner)):
             continue
         shutil.rmtree(path, ignore_errors=True)
@@ -80,12 +80,14 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:      # another user's live process
+    except PermissionError:  # another user's live process
         return True
     return True
 
 
-def stage_cpu_sets(num_stages: int, cpus: Iterable[int] | None = None) -> list[tuple[int, ...]] | None:
+def stage_cpu_sets(
+    num_stages: int, cpus: Iterable[int] | None = None
+) -> list[tuple[int, ...]] | None:
     """The CPUs each stage of a local pipeline is pinned to: `cpus` (default: the CPUs this
     process may run on), in order, split into `num_stages` contiguous sets of equal size (a
     remainder stays unused). None when there are fewer CPUs than stages: two stages would share
@@ -94,10 +96,12 @@ def stage_cpu_sets(num_stages: int, cpus: Iterable[int] | None = None) -> list[t
     per_stage = len(ordered) // num_stages
     if per_stage == 0:
         return None
-    return [tuple(ordered[r * per_stage:(r + 1) * per_stage]) for r in range(num_stages)]
+    return [tuple(ordered[r * per_stage : (r + 1) * per_stage]) for r in range(num_stages)]
 
 
-def pinned_cpu_sets(num_stages: int, device: str, pin_cpus: bool | None) -> list[tuple[int, ...]] | None:
+def pinned_cpu_sets(
+    num_stages: int, device: str, pin_cpus: bool | None
+) -> list[tuple[int, ...]] | None:
     """The CPU sets a local pipeline of `num_stages` pins its stages to (`stage_cpu_sets`), or
     None: a single stage, `pin_cpus` False, or None (the default) on a GPU or where there are
     fewer CPUs than stages. `pin_cpus` True there is a ValueError."""
@@ -105,8 +109,10 @@ def pinned_cpu_sets(num_stages: int, device: str, pin_cpus: bool | None) -> list
         return None
     sets = stage_cpu_sets(num_stages)
     if sets is None and pin_cpus:
-        raise ValueError(f"pin_cpus needs a CPU per stage: pp={num_stages}, and this process may run on "
-                         f"{len(os.sched_getaffinity(0))} CPU(s)")
+        raise ValueError(
+            f"pin_cpus needs a CPU per stage: pp={num_stages}, and this process may run on "
+            f"{len(os.sched_getaffinity(0))} CPU(s)"
+        )
     return sets
 
 
@@ -117,7 +123,7 @@ def pin_threads(cpus: Iterable[int]) -> None:
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:     # the thread ended meanwhile
+        except ProcessLookupError:  # the thread ended meanwhile
             pass
 
 
@@ -127,14 +133,23 @@ class LocalCluster:
     one CPU set per rank (`stage_cpu_sets`) to pin each rank's process to, rank 0's threads
     until close(); None: no pinning (and none under torchrun, which places its own ranks)."""
 
-    def __init__(self, num_stages: int, backend: str = "gloo", device: str = "cpu",
-                 cpu_sets: Sequence[Sequence[int]] | None = None):
+    def __init__(
+        self,
+        num_stages: int,
+        backend: str = "gloo",
+        device: str = "cpu",
+        cpu_sets: Sequence[Sequence[int]] | None = None,
+    ):
         if not isinstance(num_stages, int) or num_stages < 1:
-            raise ValueError(f"pp (the number of pipeline stages) must be a positive integer, got {num_stages!r}")
+            raise ValueError(
+                f"pp (the number of pipeline stages) must be a positive integer, got {num_stages!r}"
+            )
         if cpu_sets is not None and len(cpu_sets) != num_stages:
-            raise ValueError(f"cpu_sets needs one CPU set per stage ({num_stages}), got {len(cpu_sets)}")
+            raise ValueError(
+                f"cpu_sets needs one CPU set per stage ({num_stages}), got {len(cpu_sets)}"
+            )
         self.cpu_sets = None if cpu_sets is None else [tuple(c) for c in cpu_sets]
-        self._unpinned: set[int] | None = None     # rank 0's CPUs before pinning, restored by close()
+        self._unpinned: set[int] | None = None  # rank 0's CPUs before pinning, restored by close()
         remove_stale_run_dirs()
         self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         self.procs: list[mp.Process] = []
@@ -150,28 +165,41 @@ class LocalCluster:
             if world != num_stages:
                 raise ValueError(f"torchrun started {world} ranks but pp={num_stages}")
             self.cpu_sets = None
-            self.channels = Channels(rank, world, backend, init_method="env://",
-                                     device=stage_device(device, torchrun_local_rank()))
+            self.channels = Channels(
+                rank,
+                world,
+                backend,
+                init_method="env://",
+                device=stage_device(device, torchrun_local_rank()),
+            )
             return
         if num_stages == 1:
             self.cpu_sets = None
             self.channels = Channels(0, 1, device=stage_device(device, 0))
             return
         if dist.is_available() and dist.is_initialized():
-            raise RuntimeError("another pipeline (an Engine with pp > 1) is running in this process: "
-                               "torch.distributed holds one process group per process; shut it down first")
+            raise RuntimeError(
+                "another pipeline (an Engine with pp > 1) is running in this process: "
+                "torch.distributed holds one process group per process; shut it down first"
+            )
         init = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         for rank in range(1, num_stages):
             cpus = None if self.cpu_sets is None else self.cpu_sets[rank]
-            proc = ctx.Process(target=_worker_main,
-                               args=(rank, num_stages, backend, device, init, self.run_dir, cpus),
-                               name=f"wavepp-stage{rank}", daemon=True)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, num_stages, backend, device, init, self.run_dir, cpus),
+                name=f"wavepp-stage{rank}",
+                daemon=True,
+            )
             proc.start()
             self.procs.append(proc)
-        self._joining = True     # from here on, a failure may leave a half-made process group
-        self.channels = self._rendezvous(lambda: Channels(0, num_stages, backend, init_method=init,
-                                                          device=stage_device(device, 0)))
+        self._joining = True  # from here on, a failure may leave a half-made process group
+        self.channels = self._rendezvous(
+            lambda: Channels(
+                0, num_stages, backend, init_method=init, device=stage_device(device, 0)
+            )
+        )
         if self.cpu_sets is not None:
             self._unpinned = os.sched_getaffinity(0)
             pin_threads(self.cpu_sets[0])
@@ -186,7 +214,7 @@ class LocalCluster:
         def run():
             try:
                 box["channels"] = connect()
-            except BaseException as exc:   # noqa: BLE001 - re-raised below, in the caller
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller
                 box["error"] = exc
 
         joiner = threading.Thread(target=run, name="wavepp-rendezvous", daemon=True)
@@ -226,7 +254,7 @@ class LocalCluster:
                     detail = f"killed by {signal.Signals(-proc.exitcode).name}"
                 else:
                     detail = "no report (it died before wavepp ran in it; its stderr says why)"
-                return (f"stage {rank} (pid {proc.pid}) exited with code {proc.exitcode}: {detail}")
+                return f"stage {rank} (pid {proc.pid}) exited with code {proc.exitcode}: {detail}"
         return None
 
     def watch(self, on_dead) -> None:
@@ -241,6 +269,7 @@ class LocalCluster:
             if stop_recv not in ready:
                 on_dead(self.dead_stage(wait_s=1.0) or "a stage process exited")
             stop_recv.close()
+
         threading.Thread(target=run, name="wavepp-watchdog", daemon=True).start()
 
     def unwatch(self) -> None:
@@ -248,7 +277,7 @@ class LocalCluster:
         if hasattr(self, "_stop"):
             try:
                 self._stop.send(None)
-            except OSError:          # the watchdog fired already and is gone
+            except OSError:  # the watchdog fired already and is gone
                 pass
             self._stop.close()
             del self._stop
@@ -268,22 +297,34 @@ class LocalCluster:
             self._unpinned = None
         if hasattr(self, "channels"):
             self.channels.close()
-        elif getattr(self, "_joining", False) and dist.is_initialized():   # a rendezvous that failed half-way
+        elif (
+            getattr(self, "_joining", False) and dist.is_initialized()
+        ):  # a rendezvous that failed half-way
             dist.destroy_process_group()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-def _worker_main(rank: int, world: int, backend: str, device: str, init: str, run_dir: str,
-                 cpus: tuple[int, ...] | None = None) -> None:
+def _worker_main(
+    rank: int,
+    world: int,
+    backend: str,
+    device: str,
+    init: str,
+    run_dir: str,
+    cpus: tuple[int, ...] | None = None,
+) -> None:
     _die_with_parent()
-    if cpus is not None:     # before torch starts its thread pools: they inherit the mask
+    if cpus is not None:  # before torch starts its thread pools: they inherit the mask
         os.sched_setaffinity(0, cpus)
     from wavepp.runtime.worker import run_worker
+
     try:
-        channels = Channels(rank, world, backend, init_method=init, device=stage_device(device, rank))
+        channels = Channels(
+            rank, world, backend, init_method=init, device=stage_device(device, rank)
+        )
         run_worker(channels)
         channels.close()
-    except BaseException as exc:   # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001
         Path(run_dir, f"stage{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
         os._exit(1)
 
@@ -291,6 +332,6 @@ def _worker_main(rank: int, world: int, backend: str, device: str, init: str, ru
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass

@@ -19,8 +19,8 @@ from typing import Callable
 
 class LiveRequests:
     def __init__(self):
-        self._ids: dict[int, int] = {}                       # caller's id -> internal id
-        self._futures: dict[int, tuple[int, Future]] = {}    # internal id -> (caller's id, future)
+        self._ids: dict[int, int] = {}  # caller's id -> internal id
+        self._futures: dict[int, tuple[int, Future]] = {}  # internal id -> (caller's id, future)
         self._internal_ids = itertools.count()
         self._auto_ids = itertools.count()
 
@@ -34,11 +34,12 @@ class LiveRequests:
         if request_id is None:
             request_id = next(i for i in self._auto_ids if i not in self._ids)
         elif request_id in self._ids:
-            raise ValueError(f"request id {request_id} is already in use by a request that "
-                             f"has not finished")
+            raise ValueError(
+                f"request id {request_id} is already in use by a request that has not finished"
+            )
         internal_id = next(self._internal_ids)
         fut: Future = Future()
-        fut.request_id = request_id      # for abort(), whichever id it got
+        fut.request_id = request_id  # for abort(), whichever id it got
         self._ids[request_id] = internal_id
         self._futures[internal_id] = (request_id, fut)
         return internal_id, fut
@@ -64,7 +65,7 @@ class LiveRequests:
         request_id, fut = entry
         try:
             fut.set_result(value(request_id))
-        except Exception as exc:   # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             fut.set_exception(exc)
 
     def fail_all(self, exc: BaseException) -> None:

@@ -25,6 +25,7 @@ from wavepp.sched import Wave
 
 class PlannedWave(NamedTuple):
     """A wave the leader planned, and its input: the prompt tokens of its chunks, in order."""
+
     wave: Wave
     token_ids: list[int]
 
@@ -50,7 +51,9 @@ class LoopHost(Protocol):
         """Send a rounds-plane message to every stage (stage 0 answers here, in this thread)
         and wait for every answer: the replies in stage order. Records nothing."""
 
-    def record_round(self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float) -> None:
+    def record_round(
+        self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float
+    ) -> None:
         """Count one exchange as a round in the stats (round id -1: nothing was admitted)."""
 
     def plan_wave(self) -> PlannedWave | None:

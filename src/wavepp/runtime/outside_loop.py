@@ -47,6 +47,7 @@ class LoopWave:
     """One launched microbatch: its chunks as (request id, start, num_tokens, is_last), the
     iteration that launched it, the one that retired it, and whether that iteration's exchange
     admitted anything (a round) or only passed the empty request list."""
+
     wave_id: int
     chunks: tuple[tuple[int, int, int, bool], ...]
     launched: int
@@ -61,10 +62,10 @@ class OutsideLoop:
     def __init__(self, host: LoopHost):
         self.host = host
         self.num_slots = host.num_stages
-        self.slots: list[int | None] = [None] * self.num_slots    # wave id in each slot
+        self.slots: list[int | None] = [None] * self.num_slots  # wave id in each slot
         self.slot = 0
         self.iteration = 0
-        self.num_exchanges = 0          # rounds, and exchanges with nothing to admit
+        self.num_exchanges = 0  # rounds, and exchanges with nothing to admit
         self.records: collections.deque[LoopWave] = collections.deque(maxlen=MAX_RECORDS)
         self._launched: dict[int, LoopWave] = {}
         self._results: dict[int, ResultMsg] = {}
@@ -84,7 +85,7 @@ class OutsideLoop:
             while host.serves(self) and host.idle() and not any(s is not None for s in self.slots):
                 host.stage_idle()
                 host.cond.wait()
-            if not host.serves(self):    # stopped, or reset to a new policy
+            if not host.serves(self):  # stopped, or reset to a new policy
                 return
             admit = host.has_waiting()
         t0 = time.perf_counter()
@@ -116,13 +117,17 @@ class OutsideLoop:
             if planned is None:
                 return
             wave = planned.wave
-            record = LoopWave(wave.wave_id, tuple((c.request_id, c.start, c.num_tokens, c.is_last)
-                                                  for c in wave.chunks), self.iteration, admitted)
+            record = LoopWave(
+                wave.wave_id,
+                tuple((c.request_id, c.start, c.num_tokens, c.is_last) for c in wave.chunks),
+                self.iteration,
+                admitted,
+            )
             self.records.append(record)
             self._launched[wave.wave_id] = record
         self.slots[self.slot] = wave.wave_id
         result = host.launch(planned, exchange_s)
-        if result is not None:      # a single stage: its result is here already
+        if result is not None:  # a single stage: its result is here already
             self.hold(result)
 
     def _retire(self, slot: int) -> None:

@@ -26,31 +26,33 @@ from wavepp.models import ChunkSpec, StageBatch
 from wavepp.runtime.device import synchronize
 from wavepp.sched.cost_model import CostCoefficients, fit_coefficients
 
-Shape = tuple[tuple[int, int], ...]    # a wave: (num_cached, num_new) per chunk
+Shape = tuple[tuple[int, int], ...]  # a wave: (num_cached, num_new) per chunk
 
 # the largest wave the pass times: the runtime's largest wave (PlannerConfig.max_wave_tokens)
 PROFILE_MAX_WAVE_TOKENS = 512
-MIN_PROFILE_SHAPES = 8     # fewer shapes fit the cache or the model's positions: no fit
+MIN_PROFILE_SHAPES = 8  # fewer shapes fit the cache or the model's positions: no fit
 
 
 @dataclass(frozen=True)
 class ProfileWaves:
     """Leader -> stage, once, before any request: time these waves, answer ProfileTimes."""
+
     shapes: tuple[Shape, ...]
 
 
 @dataclass(frozen=True)
 class ProfileTimes:
     stage_id: int
-    seconds: tuple[float, ...]     # one per shape, in order
+    seconds: tuple[float, ...]  # one per shape, in order
 
 
 @dataclass(frozen=True)
 class WaveProfile:
     """What the pass measured and what the planner starts from."""
+
     shapes: tuple[Shape, ...]
-    stage_seconds: tuple[tuple[float, ...], ...]   # [stage][shape]
-    coefficients: CostCoefficients                 # fitted to the slowest stage per shape
+    stage_seconds: tuple[tuple[float, ...], ...]  # [stage][shape]
+    coefficients: CostCoefficients  # fitted to the slowest stage per shape
     wall_s: float
 
     @property
@@ -60,14 +62,20 @@ class WaveProfile:
     def describe(self) -> str:
         """One line: the pass and the fitted cost model, in milliseconds."""
         c = self.coefficients
-        return (f"{len(self.shapes)} waves on {len(self.stage_seconds)} stage(s) in {self.wall_s:.1f} s; "
-                f"planner starts from t = {c.c_wave * 1e3:.2f} ms/wave + {c.c0 * 1e3:.2f} ms/chunk + "
-                f"{c.g * 1e6:.3f} us/cached token + {c.b * 1e3:.3f} ms/token + "
-                f"{c.a * 1e9:.2f} ns x (2Lx + x^2), knee {c.knee_tokens:.0f} tokens")
+        return (
+            f"{len(self.shapes)} waves on {len(self.stage_seconds)} stage(s) in {self.wall_s:.1f} s; "
+            f"planner starts from t = {c.c_wave * 1e3:.2f} ms/wave + {c.c0 * 1e3:.2f} ms/chunk + "
+            f"{c.g * 1e6:.3f} us/cached token + {c.b * 1e3:.3f} ms/token + "
+            f"{c.a * 1e9:.2f} ns x (2Lx + x^2), knee {c.knee_tokens:.0f} tokens"
+        )
 
 
-def profile_shapes(block_size: int, max_positions: int, num_blocks: int,
-                   max_wave_tokens: int = PROFILE_MAX_WAVE_TOKENS) -> tuple[Shape, ...]:
+def profile_shapes(
+    block_size: int,
+    max_positions: int,
+    num_blocks: int,
+    max_wave_tokens: int = PROFILE_MAX_WAVE_TOKENS,
+) -> tuple[Shape, ...]:
     """The pass's waves: the mix of `profile_wave_shapes` (one and four chunks after no prefix
     and prefixes of M and 4M) at every other size (M, M/4, M/16: 18 waves, enough to separate
     the terms). M is `max_wave_tokens`, or the largest power of two below it whose waves fit
@@ -78,8 +86,11 @@ def profile_shapes(block_size: int, max_positions: int, num_blocks: int,
     def blocks(L: int, x: int, n: int) -> int:
         return n * -(-(L + x) // block_size)
 
-    while m >= 4 * block_size and (5 * m > max_positions or blocks(4 * m, m, 1) > num_blocks
-                                   or blocks(4 * m, m // 4, 4) > num_blocks):
+    while m >= 4 * block_size and (
+        5 * m > max_positions
+        or blocks(4 * m, m, 1) > num_blocks
+        or blocks(4 * m, m // 4, 4) > num_blocks
+    ):
         m //= 2
     if m < 4 * block_size:
         return ()
@@ -93,8 +104,9 @@ def profile_shapes(block_size: int, max_positions: int, num_blocks: int,
     return tuple(out)
 
 
-def fit_profile(shapes: Sequence[Shape], stage_seconds: Sequence[Sequence[float]],
-                wall_s: float = 0.0) -> WaveProfile:
+def fit_profile(
+    shapes: Sequence[Shape], stage_seconds: Sequence[Sequence[float]], wall_s: float = 0.0
+) -> WaveProfile:
     """Fit the cost model to the slowest stage's time of each wave (the pipeline's pace)."""
     if not stage_seconds or any(len(s) != len(shapes) for s in stage_seconds):
         raise ValueError("every stage must report one time per profiled wave")
@@ -103,7 +115,9 @@ def fit_profile(shapes: Sequence[Shape], stage_seconds: Sequence[Sequence[float]
     return WaveProfile(tuple(shapes), tuple(tuple(s) for s in stage_seconds), coef, wall_s)
 
 
-def time_stage_waves(stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: int = 0) -> tuple[float, ...]:
+def time_stage_waves(
+    stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: int = 0
+) -> tuple[float, ...]:
     """Run each wave of `shapes` through `stage` (a StageRuntime) on synthetic inputs and
     return its compute seconds: the fastest of `repeat` runs, since other work on the machine
     only ever adds time. One untimed warm-up wave first (allocator, first-call costs)."""
@@ -118,19 +132,25 @@ def time_stage_waves(stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: i
         specs, next_block = [], 0
         for i, (L, x) in enumerate(chunks):
             n = -(-(L + x) // bs)
-            specs.append(ChunkSpec(L, x, tuple(range(next_block, next_block + n)), request_id=f"profile-{i}"))
+            specs.append(
+                ChunkSpec(L, x, tuple(range(next_block, next_block + n)), request_id=f"profile-{i}")
+            )
             next_block += n
         device = stage.device
         batch = StageBatch.build(specs, bs).to(device)
         num_tokens = sum(x for _, x in chunks)
         if stage.spec.is_first:
-            inputs = {"input_ids": torch.randint(0, mc.vocab_size, (num_tokens,), generator=gen).to(device)}
+            inputs = {
+                "input_ids": torch.randint(0, mc.vocab_size, (num_tokens,), generator=gen).to(
+                    device
+                )
+            }
         else:
             h = torch.zeros(num_tokens, model.input_width, dtype=model.dtype)
             # the residual stream; columns past it (DSA's top-k positions) stay 0: position 0
             h[:, :hidden] = torch.randn(num_tokens, hidden, generator=gen).to(model.dtype)
             inputs = {"hidden_states": h.to(device)}
-        synchronize(device)   # a GPU's queue holds only this wave's work when the clock starts
+        synchronize(device)  # a GPU's queue holds only this wave's work when the clock starts
         t0 = time.perf_counter()
         model(batch, stage.kv, kernels=stage.kernel_choice.kernels, **inputs)
         synchronize(device)
@@ -141,7 +161,9 @@ def time_stage_waves(stage, shapes: Sequence[Shape], *, repeat: int = 2, seed: i
         return tuple(min(run(chunks) for _ in range(max(1, repeat))) for chunks in shapes)
 
 
-def profile_pipeline(stage, channels, stage_num_blocks: Sequence[int], max_positions: int) -> WaveProfile | None:
+def profile_pipeline(
+    stage, channels, stage_num_blocks: Sequence[int], max_positions: int
+) -> WaveProfile | None:
     """Rank 0's side of the pass: every stage (`stage` here, the others over `channels`) times
     the same waves at once; the fit is to the slowest stage. None where it does not apply
     (hybrid models) or too few waves fit the cache."""

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from wavepp.cache import CapacityView
-
 from wavepp.kv_transfer.export import ExportOutcome
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.sched import TokenResult, Wave
@@ -21,6 +20,7 @@ class EngineError(RuntimeError):
 class StageTiming:
     """What a stage did for one wave: idle before it, computing it, serving rounds on LOOP.
     start_unix_s: wall-clock start of the compute (comparable across local processes)."""
+
     stage_id: int
     wait_s: float
     compute_s: float
@@ -47,6 +47,7 @@ class ExportReport:
     the headers plane (each stage's LOOP passes it on, in order with its waves), then from the
     last stage on the results plane. Rank 0 holds a request's answer until every stage's part
     of it is reported."""
+
     outcomes: tuple[ExportOutcome, ...]
 
 
@@ -59,12 +60,13 @@ class Setup:
 class StageReady:
     stage_id: int
     num_blocks: int
-    kernels: str = ""        # the kernel paths the stage chose at start-up (StageRuntime.kernels)
+    kernels: str = ""  # the kernel paths the stage chose at start-up (StageRuntime.kernels)
 
 
 @dataclass(frozen=True)
 class LoadFailed:
     """A stage could not build itself (checkpoint, memory, configuration); it exits next."""
+
     stage_id: int
     reason: str
 
@@ -73,6 +75,7 @@ class LoadFailed:
 class Reset:
     """Empty the stage cache, switch policy and, for a hybrid model, the snapshot grid (None:
     keep it). Sent only while the pipeline is idle, to every stage with the same values."""
+
     policy: str
     snapshot_interval_blocks: int | None = None
 
@@ -89,6 +92,7 @@ class ResetDone:
 
 class IntegrityReport(NamedTuple):
     """A stage's answer to CheckIntegrity: its pool passed check_integrity(); what it holds."""
+
     capacity: CapacityView
     num_live_requests: int
 
@@ -96,18 +100,20 @@ class IntegrityReport(NamedTuple):
 @dataclass(frozen=True)
 class ControlReply:
     """The reply to a control message (Reset, CheckIntegrity, runtime.profile.ProfileWaves)."""
+
     stage_id: int
-    detail: object      # ResetDone | IntegrityReport | runtime.profile.ProfileTimes
+    detail: object  # ResetDone | IntegrityReport | runtime.profile.ProfileTimes
 
 
 # What LOOP takes from its inbox, in order
 @dataclass(frozen=True)
 class RoundWork:
     """A rounds-plane message LOOP answers between waves (inline admission)."""
+
     msg: object
 
 
 @dataclass(frozen=True)
 class WaveWork:
     header: WaveHeader
-    hidden: object      # torch.Tensor [num_tokens, hidden_size], or None for an empty wave
+    hidden: object  # torch.Tensor [num_tokens, hidden_size], or None for an empty wave

@@ -21,7 +21,9 @@ from wavepp.runtime.stage import StageRuntime
 from wavepp.sched import ReleaseMsg
 
 
-def start_stages(config: RuntimeConfig, channels: Channels) -> tuple[StageRuntime, tuple[int, ...], tuple[str, ...]]:
+def start_stages(
+    config: RuntimeConfig, channels: Channels
+) -> tuple[StageRuntime, tuple[int, ...], tuple[str, ...]]:
     """Send every other rank its Setup, load stage 0 here meanwhile, then take each rank's
     StageReady: (stage 0, every stage's blocks, every stage's kernel paths, "" for rank 0's,
     which it reads live). A rank that could not load raises EngineError naming why."""

@@ -51,9 +51,14 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
     if config.kv_cache_gib is not None:
         budget = int(config.kv_cache_gib * 2**30)
     else:
-        budget = min(DEFAULT_KV_MAX_BYTES, available_memory_bytes() // (4 * config.num_stages),
-                     DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token)
-    return layout.num_blocks(budget, spec.start_layer, spec.end_layer, config.block_size, dtype_bytes)
+        budget = min(
+            DEFAULT_KV_MAX_BYTES,
+            available_memory_bytes() // (4 * config.num_stages),
+            DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token,
+        )
+    return layout.num_blocks(
+        budget, spec.start_layer, spec.end_layer, config.block_size, dtype_bytes
+    )
 
 
 def _output_rows(wave: Wave):
@@ -84,8 +89,11 @@ def available_memory_bytes() -> int:
         return 8 * 2**30
 
 
+CPU = torch.device("cpu")
+
+
 class StageRuntime:
-    def __init__(self, config: RuntimeConfig, stage_id: int, device: torch.device = torch.device("cpu")):
+    def __init__(self, config: RuntimeConfig, stage_id: int, device: torch.device = CPU):
         """Load this stage's slice onto `device` (its weights, KV cache and every index tensor
         of its waves live there; inputs arrive on the host or the data plane's device and are
         moved there)."""
@@ -93,25 +101,41 @@ class StageRuntime:
         self.stage_id = stage_id
         self.device = torch.device(device)
         self.model_config = load_model_config(config.model_path)
-        self.spec = stage_specs(self.model_config.num_layers, config.num_stages, config.layer_split)[stage_id]
-        self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(self.device)
+        self.spec = stage_specs(
+            self.model_config.num_layers, config.num_stages, config.layer_split
+        )[stage_id]
+        self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(
+            self.device
+        )
         # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first
         # stage, passed to every forward of this stage
-        self.kernel_choice: StageKernels = choose_kernels(self.model, self.model_config, _DTYPES[config.dtype],
-                                                          self.device)
+        self.kernel_choice: StageKernels = choose_kernels(
+            self.model, self.model_config, _DTYPES[config.dtype], self.device
+        )
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
-        self.pool_args = (self.layout, self.model_config.num_layers, self.spec, self.num_blocks,
-                          config.block_size, _DTYPES[config.dtype].itemsize, config.snapshot_interval_blocks)
+        self.pool_args = (
+            self.layout,
+            self.model_config.num_layers,
+            self.spec,
+            self.num_blocks,
+            config.block_size,
+            _DTYPES[config.dtype].itemsize,
+            config.snapshot_interval_blocks,
+        )
         self.kv = None
         self.lock = threading.Lock()
         self.reset(config.policy)
         # KV hand-off: this stage writes its own layers of each request that asks for it
         self.exporter = None
         if config.kv_store:
-            manifest = {"model_type": self.model_config.model_type, "dtype": config.dtype,
-                        "block_size": config.block_size, "num_stages": config.num_stages,
-                        "layers": [self.spec.start_layer, self.spec.end_layer]}
+            manifest = {
+                "model_type": self.model_config.model_type,
+                "dtype": config.dtype,
+                "block_size": config.block_size,
+                "num_stages": config.num_stages,
+                "layers": [self.spec.start_layer, self.spec.end_layer],
+            }
             self.exporter = StageExporter(DirectoryStore(config.kv_store), stage_id, manifest)
 
     def close(self) -> None:
@@ -136,17 +160,22 @@ class StageRuntime:
         (None: keep the grid). The state tensors are reallocated when the new grid needs
         another number of slots."""
         if snapshot_interval_blocks is not None and snapshot_interval_blocks < 1:
-            raise ValueError(f"snapshot_interval_blocks must be >= 1, got {snapshot_interval_blocks}")
+            raise ValueError(
+                f"snapshot_interval_blocks must be >= 1, got {snapshot_interval_blocks}"
+            )
         with self.lock:
             self.policy = get_policy(policy, runtime=True)
             if snapshot_interval_blocks is not None:
                 self.pool_args = (*self.pool_args[:-1], snapshot_interval_blocks)
             pool = stage_pool(*self.pool_args)
-            slots = getattr(pool, "num_slots", None)   # hybrid models: snapshot slots
+            slots = getattr(pool, "num_slots", None)  # hybrid models: snapshot slots
             if self.kv is None or slots != self._num_state_slots:
-                self.kv = None   # the old tensors go before the new ones are allocated
-                self.kv = self.model.new_kv_cache(self.num_blocks, self.config.block_size,
-                                                  **({"num_state_slots": slots} if slots else {}))
+                self.kv = None  # the old tensors go before the new ones are allocated
+                self.kv = self.model.new_kv_cache(
+                    self.num_blocks,
+                    self.config.block_size,
+                    **({"num_state_slots": slots} if slots else {}),
+                )
                 self._num_state_slots = slots
             self.server = StageServer(self.stage_id, pool)
             # idle time is counted from here, not across the reset
@@ -181,8 +210,17 @@ class StageRuntime:
         t0 = time.perf_counter()
         output = None
         if prepared:
-            chunks = [ChunkSpec(p.chunk.start, p.chunk.num_tokens, p.block_table, p.chunk.request_id,
-                                p.state_in, p.state_saves) for p in prepared]
+            chunks = [
+                ChunkSpec(
+                    p.chunk.start,
+                    p.chunk.num_tokens,
+                    p.block_table,
+                    p.chunk.request_id,
+                    p.state_in,
+                    p.state_saves,
+                )
+                for p in prepared
+            ]
             # index tensors built on the host, then one copy each to the device (none on the CPU)
             batch = StageBatch.build(chunks, self.config.block_size).to(self.device)
             rows = _output_rows(wave) if self.spec.is_last else None
@@ -197,14 +235,18 @@ class StageRuntime:
                 output = self.model(batch, self.kv, hidden_states=inputs, **kwargs)
             if self.spec.is_last:
                 output = self._first_tokens(wave, output, rows)
-        synchronize(self.device)   # on a GPU the forward runs behind the host: count all of it
+        synchronize(self.device)  # on a GPU the forward runs behind the host: count all of it
         seconds = time.perf_counter() - t0
         if self.exporter is not None:
             # copied before complete(): a block the pool reuses afterwards cannot change it
             for p in prepared:
                 if p.chunk.export_id is not None:
-                    self.exporter.submit(p.chunk.export_id, self.kv.export_rows(p.block_table, p.chunk.end),
-                                         p.chunk.end, p.chunk.request_id)
+                    self.exporter.submit(
+                        p.chunk.export_id,
+                        self.kv.export_rows(p.block_table, p.chunk.end),
+                        p.chunk.end,
+                        p.chunk.request_id,
+                    )
         with self.lock:
             self.server.complete(wave)
         if output is None and self.spec.is_last:
@@ -232,16 +274,30 @@ class StageRuntime:
             c = wave.chunks[i]
             if c.is_last:
                 ids, lps = top_ids[last[i]].tolist(), top_lp[last[i]].tolist()
-                results.append(TokenResult(c.request_id, ids[0], lps[0], tuple(ids[:self.config.top_k]),
-                                           tuple(lps[:self.config.top_k])))
+                results.append(
+                    TokenResult(
+                        c.request_id,
+                        ids[0],
+                        lps[0],
+                        tuple(ids[: self.config.top_k]),
+                        tuple(lps[: self.config.top_k]),
+                    )
+                )
             if c.logprob_start is not None:
                 # rows of positions [logprob_start, logprob_start + n) of this chunk
                 first = last[i] - (c.end - 1 - c.logprob_start)
                 n = len(c.logprob_token_ids)
-                targets = torch.tensor(c.logprob_token_ids, dtype=torch.int64, device=logprobs.device)
-                lps = logprobs[first:first + n].gather(1, targets[:, None])[:, 0]
-                results.append(PromptLogprobs(
-                    c.request_id, c.logprob_start, tuple(lps.tolist()),
-                    tuple(map(tuple, top_ids[first:first + n].tolist())),
-                    tuple(map(tuple, top_lp[first:first + n].tolist()))))
+                targets = torch.tensor(
+                    c.logprob_token_ids, dtype=torch.int64, device=logprobs.device
+                )
+                lps = logprobs[first : first + n].gather(1, targets[:, None])[:, 0]
+                results.append(
+                    PromptLogprobs(
+                        c.request_id,
+                        c.logprob_start,
+                        tuple(lps.tolist()),
+                        tuple(map(tuple, top_ids[first : first + n].tolist())),
+                        tuple(map(tuple, top_lp[first : first + n].tolist())),
+                    )
+                )
         return results

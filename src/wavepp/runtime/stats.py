@@ -28,6 +28,7 @@ class EngineLoad:
     num_waiting: queued or in an admission round, not yet admitted on every stage.
     num_running: admitted on every stage, computing.
     error: why the pipeline cannot go on (a dead stage, named), or None."""
+
     num_waiting: int
     num_running: int
     error: str | None
@@ -59,7 +60,9 @@ class CoreStats:
     def empty(cls, num_stages: int, max_records: int = MAX_RECORDS) -> "CoreStats":
         return cls([StageStats() for _ in range(num_stages)], max_records)
 
-    def record_round(self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float) -> None:
+    def record_round(
+        self, round_id: int, latency_s: float, start_unix_s: float, end_unix_s: float
+    ) -> None:
         """One admission round (round id -1: an exchange with nothing to admit), and its span."""
         self.num_rounds += 1
         self.round_latencies_s.append(latency_s)
@@ -72,7 +75,9 @@ class CoreStats:
         for t in timings:
             if shapes:
                 self.stage_samples.append((t.stage_id, shapes, t.compute_s))
-            self.wave_spans.append((t.stage_id, wave_id, t.start_unix_s, t.start_unix_s + t.compute_s))
+            self.wave_spans.append(
+                (t.stage_id, wave_id, t.start_unix_s, t.start_unix_s + t.compute_s)
+            )
             st = self.stages[t.stage_id]
             st.busy_s += t.compute_s
             st.idle_input_s += t.wait_s
@@ -92,7 +97,9 @@ class CoreStats:
         out.stages = [copy.copy(s) for s in self.stages]
         if rounds_since is not None:
             new = max(0, min(self.num_rounds - rounds_since, len(self.round_latencies_s)))
-            out.round_latencies_s = list(itertools.islice(reversed(self.round_latencies_s), new))[::-1]
+            out.round_latencies_s = list(itertools.islice(reversed(self.round_latencies_s), new))[
+                ::-1
+            ]
             out.wave_spans, out.round_spans, out.stage_samples = [], [], []
             return out
         for name in ("round_latencies_s", "wave_spans", "round_spans", "stage_samples"):

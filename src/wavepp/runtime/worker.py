@@ -1,14 +1,14 @@
 """A stage rank other than 0: three threads.
 
-    WAVE       receives rounds-plane messages from the leader; answers them at once
-               (asynchronous policies, and the outside loops trtllm-pp and sglang-pp, whose
-               rank 0 waits for the answer before each microbatch) or hands them to LOOP
-               (lockstep)
-    RECV       receives wave headers and activations from the previous stage (and the KV
-               export reports of the stages before it)
-    LOOP       runs waves in order (and, under lockstep, rounds between them), sends
-               activations on, or results back to rank 0 from the last stage; passes KV
-               export reports (its own writer's and those received) on the same way
+WAVE       receives rounds-plane messages from the leader; answers them at once
+           (asynchronous policies, and the outside loops trtllm-pp and sglang-pp, whose
+           rank 0 waits for the answer before each microbatch) or hands them to LOOP
+           (lockstep)
+RECV       receives wave headers and activations from the previous stage (and the KV
+           export reports of the stages before it)
+LOOP       runs waves in order (and, under lockstep, rounds between them), sends
+           activations on, or results back to rank 0 from the last stage; passes KV
+           export reports (its own writer's and those received) on the same way
 """
 
 from __future__ import annotations
@@ -23,10 +23,19 @@ from pathlib import Path
 import torch
 
 from wavepp.runtime.channels import Channels, Shutdown
-from wavepp.runtime.protocol import (
-    CheckIntegrity, ControlReply, ExportReport, LoadFailed, Reset, ResetDone, RoundWork, Setup, StageReady,
-    WaveWork)
 from wavepp.runtime.profile import ProfileTimes, ProfileWaves, time_stage_waves
+from wavepp.runtime.protocol import (
+    CheckIntegrity,
+    ControlReply,
+    ExportReport,
+    LoadFailed,
+    Reset,
+    ResetDone,
+    RoundWork,
+    Setup,
+    StageReady,
+    WaveWork,
+)
 from wavepp.runtime.stage import StageRuntime
 from wavepp.runtime.stage_runner import StageRunner
 
@@ -38,9 +47,11 @@ def run_worker(channels: Channels) -> None:
     torch.set_num_threads(config.num_threads)
     try:
         if (config.device, config.backend) != (channels.device.type, channels.backend):
-            raise ValueError(f"rank 0 runs device={config.device!r} with a {config.backend} data plane, "
-                             f"this rank device={channels.device.type!r} with {channels.backend}: "
-                             f"start every rank with the same --device")
+            raise ValueError(
+                f"rank 0 runs device={config.device!r} with a {config.backend} data plane, "
+                f"this rank device={channels.device.type!r} with {channels.backend}: "
+                f"start every rank with the same --device"
+            )
         stage = StageRuntime(config, rank, channels.device)
     except Exception as exc:
         channels.send_obj(LoadFailed(rank, f"stage {rank} failed to load: {exc}"), 0, "replies")
@@ -48,9 +59,9 @@ def run_worker(channels: Channels) -> None:
     channels.send_obj(StageReady(rank, stage.num_blocks, stage.kernels()), 0, "replies")
     inbox: queue.Queue = queue.Queue()
     runner = StageRunner(stage, channels, config.num_stages)
-    input_width = stage.model.input_width    # hidden_size, plus DSA top-k columns where needed
+    input_width = stage.model.input_width  # hidden_size, plus DSA top-k columns where needed
     dtype = stage.model.dtype
-    if stage.exporter is not None:    # each part's outcome goes to rank 0 through LOOP
+    if stage.exporter is not None:  # each part's outcome goes to rank 0 through LOOP
         stage.exporter.on_outcome = lambda outcome: inbox.put(ExportReport((outcome,)))
 
     def wave_thread():
@@ -63,7 +74,7 @@ def run_worker(channels: Channels) -> None:
                 channels.send_obj(ControlReply(rank, ResetDone(rank)), 0, "replies")
             elif isinstance(msg, CheckIntegrity):
                 channels.send_obj(ControlReply(rank, stage.check_integrity()), 0, "replies")
-            elif isinstance(msg, ProfileWaves):   # once, at start-up, before any request
+            elif isinstance(msg, ProfileWaves):  # once, at start-up, before any request
                 times = ProfileTimes(rank, time_stage_waves(stage, msg.shapes))
                 channels.send_obj(ControlReply(rank, times), 0, "replies")
             elif runner.rounds_on_loop:
@@ -79,19 +90,21 @@ def run_worker(channels: Channels) -> None:
             if isinstance(header, Shutdown):
                 inbox.put(header)
                 return
-            if isinstance(header, ExportReport):    # an earlier stage's, passing through
+            if isinstance(header, ExportReport):  # an earlier stage's, passing through
                 inbox.put(header)
                 continue
             n = header.wave.num_tokens
             hidden = channels.recv_tensor((n, input_width), dtype, rank - 1) if n else None
             inbox.put(WaveWork(header, hidden))
 
-    threads = [threading.Thread(target=_guard(fn, config.run_dir, rank), name=fn.__name__, daemon=True)
-               for fn in (wave_thread, recv_thread)]
+    threads = [
+        threading.Thread(target=_guard(fn, config.run_dir, rank), name=fn.__name__, daemon=True)
+        for fn in (wave_thread, recv_thread)
+    ]
     for t in threads:
         t.start()
     _guard(lambda: _loop(runner, inbox), config.run_dir, rank)()
-    for t in threads:   # the leader shut WAVE down first; RECV ended with the shutdown header
+    for t in threads:  # the leader shut WAVE down first; RECV ended with the shutdown header
         t.join(timeout=10)
     stage.close()
 
@@ -113,7 +126,7 @@ def _loop(runner: StageRunner, inbox: queue.Queue) -> None:
                 channels.send_obj(reply, 0, "replies")
             runner.note_admission(time.perf_counter() - t0)
             continue
-        if isinstance(item, ExportReport):   # on towards rank 0, behind the waves sent before it
+        if isinstance(item, ExportReport):  # on towards rank 0, behind the waves sent before it
             channels.send_obj(item, 0 if is_last else rank + 1, "results" if is_last else "headers")
             continue
         runner.step(item.header.wave, item.hidden, item.header.timings)
@@ -122,13 +135,15 @@ def _loop(runner: StageRunner, inbox: queue.Queue) -> None:
 def _guard(fn, run_dir: str, rank: int):
     """Any error in a stage thread is fatal for the stage: leave a report for rank 0 (which
     names it when the process exits) and exit at once, so no peer waits on a half-dead rank."""
+
     def run():
         try:
             fn()
-        except BaseException as exc:   # noqa: BLE001 - report everything, then die
+        except BaseException as exc:  # noqa: BLE001 - report everything, then die
             text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
             if run_dir:
                 Path(run_dir, f"stage{rank}.error").write_text(text)
             print(f"wavepp stage {rank}: {text}", flush=True)
             os._exit(1)
+
     return run

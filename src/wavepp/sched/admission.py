@@ -16,7 +16,9 @@ from wavepp.sched.messages import Hint, LeaseMsg, ProbeMsg, ReleaseMsg
 from wavepp.sched.request import Request
 
 
-def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid: bool = False) -> int:
+def agree_prefix(
+    req: Request, hints: Sequence[Hint], block_size: int, *, hybrid: bool = False
+) -> int:
     """Number of leading blocks `req` reuses, given one hint per stage."""
     k = min(h.num_blocks for h in hints)
     k = min(k, req.max_reusable_blocks(block_size))
@@ -29,8 +31,14 @@ def agree_prefix(req: Request, hints: Sequence[Hint], block_size: int, *, hybrid
     return k
 
 
-def waits_for_round(req: Request, k: int, new_in_round: set[int], ends_in_round: set[int],
-                    block_size: int, interval_blocks: int) -> bool:
+def waits_for_round(
+    req: Request,
+    k: int,
+    new_in_round: set[int],
+    ends_in_round: set[int],
+    block_size: int,
+    interval_blocks: int,
+) -> bool:
     """Whether `req`, agreed to reuse `k` blocks, would reuse more in the next round: blocks
     [k, ...) are computed by earlier requests of this round (`new_in_round`), and once they
     are pending they can be leased instead of computed twice. A hybrid model
@@ -57,6 +65,7 @@ class AdmissionRound:
 
     phase: "probe" -> "lease" (lease, escrow and commit in one exchange) -> done
     """
+
     round_id: int
     requests: list[Request]
     start_time: float
@@ -72,8 +81,8 @@ class AdmissionRound:
 class RoundOutcome:
     round_id: int
     admitted: tuple[Request, ...]
-    failed: tuple[Request, ...]       # failed for good, with a reason
-    retried: tuple[Request, ...]      # back to waiting
+    failed: tuple[Request, ...]  # failed for good, with a reason
+    retried: tuple[Request, ...]  # back to waiting
     latency_s: float
 
 
@@ -82,6 +91,7 @@ class RoundStep:
     """What one phase of a round asks of its driver, in this order: send `release` to every
     stage (no reply), then either send `send` to every stage and hand all their replies to
     `Leader.advance_round`, or, with `outcome`, the round is over."""
+
     send: "ProbeMsg | LeaseMsg | None" = None
     release: ReleaseMsg | None = None
     outcome: RoundOutcome | None = None

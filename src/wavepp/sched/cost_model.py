@@ -32,12 +32,12 @@ _SCALES = np.array([1.0, 1.0, 1e3, 1e3, 1e6])
 
 @dataclass(frozen=True)
 class CostCoefficients:
-    c_wave: float = 2e-3    # seconds per wave
-    c0: float = 2e-4        # seconds per chunk
-    g: float = 1e-7         # seconds per cached token per chunk
-    b: float = 4e-4         # seconds per new token
-    a: float = 1e-9         # seconds per (2*L*x + x^2)
-    knee_tokens: float = 0.0   # a wave of fewer tokens costs b*knee for its linear layers
+    c_wave: float = 2e-3  # seconds per wave
+    c0: float = 2e-4  # seconds per chunk
+    g: float = 1e-7  # seconds per cached token per chunk
+    b: float = 4e-4  # seconds per new token
+    a: float = 1e-9  # seconds per (2*L*x + x^2)
+    knee_tokens: float = 0.0  # a wave of fewer tokens costs b*knee for its linear layers
 
     def __post_init__(self) -> None:
         if self.knee_tokens < 0:
@@ -57,8 +57,13 @@ def chunk_features(num_cached: int, num_new: int) -> tuple[float, float, float, 
 
 
 class CostModel:
-    def __init__(self, prior: CostCoefficients | None = None, *, prior_weight: float = 4.0,
-                 decay: float = 1.0):
+    def __init__(
+        self,
+        prior: CostCoefficients | None = None,
+        *,
+        prior_weight: float = 4.0,
+        decay: float = 1.0,
+    ):
         """`prior_weight`: how many waves' worth of evidence the prior counts for at first.
         `decay` < 1 forgets old waves geometrically (tracks drifting machines)."""
         self.coef = prior or CostCoefficients()
@@ -121,7 +126,7 @@ class CostModel:
         a = self._xtx + reg
         rhs = self._xty + reg @ self._prior
         w = np.linalg.solve(a, rhs)
-        if (w < 0).any():   # coefficients are costs: refit with the negative ones pinned at 0
+        if (w < 0).any():  # coefficients are costs: refit with the negative ones pinned at 0
             keep = np.flatnonzero(w > 0)
             w = np.zeros(5)
             if keep.size:
@@ -130,7 +135,6 @@ class CostModel:
 
     def __repr__(self) -> str:
         return f"CostModel({self.coef}, n={self.num_observations})"
-
 
 
 def wave_features(chunks, knee_tokens: float = 0.0) -> np.ndarray:
@@ -162,8 +166,9 @@ def profile_wave_shapes(max_wave_tokens: int, block_size: int = 16) -> list[list
     return shapes
 
 
-def efficient_wave_tokens(coef: CostCoefficients, max_tokens: int, block_size: int = 16,
-                          efficiency: float = 0.75) -> int:
+def efficient_wave_tokens(
+    coef: CostCoefficients, max_tokens: int, block_size: int = 16, efficiency: float = 0.75
+) -> int:
     """The smallest wave, halving from `max_tokens` (block aligned), that spends at least
     `efficiency` of its time on its tokens' linear work rather than on per-wave costs:
     b*T >= efficiency * (c_wave + c0 + b*max(T, knee)). Larger waves buy little, and in a
@@ -176,7 +181,9 @@ def efficient_wave_tokens(coef: CostCoefficients, max_tokens: int, block_size: i
         sizes.append(t)
         t = t // 2 // block_size * block_size
     c = coef
-    fits = [t for t in sizes if c.b * t >= efficiency * (c.c_wave + c.c0 + c.b * max(t, c.knee_tokens))]
+    fits = [
+        t for t in sizes if c.b * t >= efficiency * (c.c_wave + c.c0 + c.b * max(t, c.knee_tokens))
+    ]
     return min(fits) if fits else sizes[0]
 
 

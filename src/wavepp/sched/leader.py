@@ -1,6 +1,7 @@
 """The leader (rank 0): admits requests through rounds with every stage and plans waves.
 
-Drivers (the runtime's two loops, the simulator, the tests) call it like this:
+Drivers (the runtime's two loops, the simulator, the tests) call it like this (the round's
+steps are in leader_rounds.py):
 
     admission (WAVE, or LOOP between waves under lockstep)    execution (LOOP)
       one round: sched.rounds.round_messages(leader, now)      wave = leader.plan_wave(now)
@@ -23,33 +24,38 @@ import math
 
 from wavepp.cache import CapacityView
 from wavepp.sched.admission import (
-    AdmissionRound, RoundOutcome, RoundStep, agree_prefix, failures_by_request, waits_for_round)
+    AdmissionRound,
+)
 from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.leader_config import LeaderConfig
+from wavepp.sched.leader_rounds import LeaderRounds
 from wavepp.sched.messages import (
-    LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, PromptLogprobs, ReleaseMsg, TokenResult, Wave, WaveResult)
+    PromptLogprobs,
+    TokenResult,
+    Wave,
+    WaveResult,
+)
 from wavepp.sched.planners import Admitting, Planner
 from wavepp.sched.request import Request, RequestState
-
 
 # waiting requests the planner is told of (Leader._admitting)
 _ADMITTING_SCAN = 256
 
 
-class Leader:
+class Leader(LeaderRounds):
     def __init__(self, config: LeaderConfig, planner: Planner):
         self.config = config
         self.planner = planner
-        self.requests: dict[int, Request] = {}      # every request that has not ended
+        self.requests: dict[int, Request] = {}  # every request that has not ended
         self.waiting: collections.deque[Request] = collections.deque()
-        self.plannable: list[Request] = []          # admitted or running, in admission order
+        self.plannable: list[Request] = []  # admitted or running, in admission order
         self.round: AdmissionRound | None = None
         self._round_latency_s: float | None = None
         self.waves_in_flight: dict[int, Wave] = {}
         self.inflight = InflightBlocks(config.block_size)
-        self._finished: list[Request] = []          # ended, not yet taken by the driver
-        self._pending_releases: list[int] = []      # withdrawn requests: released with the next wave
-        self._retry_after_wave: dict[int, int] = {}    # request id -> waves that must finish first
+        self._finished: list[Request] = []  # ended, not yet taken by the driver
+        self._pending_releases: list[int] = []  # withdrawn requests: released with the next wave
+        self._retry_after_wave: dict[int, int] = {}  # request id -> waves that must finish first
         self._num_waves_done = 0
         self._next_round_id = 0
         self._next_wave_id = 0
@@ -58,8 +64,15 @@ class Leader:
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def add_request(self, request_id: int, token_ids, now: float = 0.0, *,
-                    logprob_start: int | None = None, export_id: str | None = None) -> Request:
+    def add_request(
+        self,
+        request_id: int,
+        token_ids,
+        now: float = 0.0,
+        *,
+        logprob_start: int | None = None,
+        export_id: str | None = None,
+    ) -> Request:
         """Hash the prompt and queue it. A prompt that no stage could ever hold, or longer than
         the model's positions, fails at once (it is then among `take_finished()`).
         `logprob_start`: compute positions from there on (no reuse past its block) and return
@@ -68,7 +81,9 @@ class Leader:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id} is already in use")
         if logprob_start is not None and not 0 <= logprob_start < len(token_ids):
-            raise ValueError(f"logprob_start {logprob_start} is outside the prompt [0, {len(token_ids)})")
+            raise ValueError(
+                f"logprob_start {logprob_start} is outside the prompt [0, {len(token_ids)})"
+            )
         req = Request.create(request_id, token_ids, self.config.block_size, arrival_time=now)
         req.logprob_start = logprob_start
         req.export_id = export_id
@@ -77,11 +92,19 @@ class Leader:
         smallest = min(self.config.stage_num_blocks) if self.config.stage_num_blocks else None
         longest = self.config.max_prompt_tokens
         if longest is not None and req.num_tokens > longest:
-            self._fail(req, f"the prompt has {req.num_tokens} tokens; the model takes at most "
-                            f"{longest} (max_position_embeddings)", now)
+            self._fail(
+                req,
+                f"the prompt has {req.num_tokens} tokens; the model takes at most "
+                f"{longest} (max_position_embeddings)",
+                now,
+            )
         elif smallest is not None and req.num_blocks(bs) > smallest:
-            self._fail(req, f"the prompt needs {req.num_blocks(bs)} blocks of {bs} tokens; the "
-                            f"smallest stage holds {smallest}", now)
+            self._fail(
+                req,
+                f"the prompt needs {req.num_blocks(bs)} blocks of {bs} tokens; the "
+                f"smallest stage holds {smallest}",
+                now,
+            )
         else:
             self.waiting.append(req)
         return req
@@ -98,7 +121,7 @@ class Leader:
             self._finish(req, RequestState.ABORTED, "aborted", now)
         elif self.round is not None and req in self.round.requests:
             self.round.aborted.add(request_id)
-        else:   # admitted or running
+        else:  # admitted or running
             self._withdraw(req)
             self._finish(req, RequestState.ABORTED, "aborted", now)
 
@@ -113,129 +136,13 @@ class Leader:
     def has_waiting(self) -> bool:
         return any(self._retry_ready(r) for r in self.waiting)
 
-    def start_round(self, now: float) -> RoundStep | None:
-        """Open a round over the waiting requests (at most one round at a time): a ProbeMsg."""
-        if self.round is not None:
-            return None
-        batch, rest = [], collections.deque()
-        while self.waiting and len(batch) < self.config.max_round_requests:
-            req = self.waiting.popleft()
-            (batch if self._retry_ready(req) else rest).append(req)
-        self.waiting.extendleft(reversed(rest))
-        if not batch:
-            return None
-        for req in batch:
-            req.state = RequestState.PROPOSED
-            req.num_rounds += 1
-        self.round = AdmissionRound(self._next_round_id, batch, now)
-        self._next_round_id += 1
-        items = tuple(ProbeItem(r.request_id, tuple(r.block_hashes), r.num_tokens) for r in batch)
-        return RoundStep(send=ProbeMsg(self.round.round_id, items))
-
-    def advance_round(self, replies, now: float) -> RoundStep:
-        """The replies of every stage to the round's last message: the next step."""
-        phase = self._round_phase()
-        if phase == "probe":
-            return self._on_probe_replies(replies)
-        return self._on_lease_replies(replies, now)
-
-    def _on_probe_replies(self, replies) -> RoundStep:
-        """Agree each request's prefix (min over stages); ask every stage to lease it and escrow
-        room for the rest. A request sharing blocks beyond its agreed prefix with an earlier
-        request of this round waits for the next round, where it reuses them as pending blocks
-        (and pending snapshots) instead of computing them twice; on a hybrid model only if
-        they reach a snapshot boundary (`waits_for_round`)."""
-        rnd = self.round
-        hints: dict[int, list] = collections.defaultdict(list)
-        for reply in replies:
-            for hint in reply.hints:
-                hints[hint.request_id].append(hint)
-        bs = self.config.block_size
-        new_in_round: set[int] = set()
-        ends_in_round: set[int] = set()       # hybrid: blocks ending at a request's last reusable boundary
-        items, deferred = [], []
-        for req in rnd.requests:
-            if req.request_id in rnd.aborted:
-                continue
-            req_hints = hints[req.request_id]
-            if len(req_hints) != self.config.num_stages:
-                raise ValueError(f"round {rnd.round_id}: request {req.request_id} has "
-                                 f"{len(req_hints)} hints for {self.config.num_stages} stages")
-            k = agree_prefix(req, req_hints, bs, hybrid=self.config.hybrid)
-            interval = max(h.snapshot_interval_blocks for h in req_hints) if self.config.hybrid else 0
-            if waits_for_round(req, k, new_in_round, ends_in_round, bs, interval):
-                deferred.append(req)
-                continue
-            num_full = req.num_tokens // bs
-            new_in_round.update(req.block_hashes[k:num_full])
-            last_reusable = (req.num_tokens - 1) // bs
-            if self.config.hybrid and last_reusable > k:
-                ends_in_round.add(req.block_hashes[last_reusable - 1])
-            req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = k * bs
-            req.state = RequestState.LEASED
-            rnd.leased.append(req)
-            if self.inflight.dead_until(req, k) > self._num_waves_done:   # released, maybe before this lease
-                rnd.tainted.add(req.request_id)
-            items.append(LeaseItem(req.request_id, k, req.num_blocks(bs) - k))
-        for req in reversed(deferred):
-            req.state = RequestState.WAITING
-            self.waiting.appendleft(req)
-        rnd.requests = [r for r in rnd.requests if r not in deferred]
-        rnd.phase = "lease"
-        return RoundStep(send=LeaseMsg(rnd.round_id, tuple(items)))
-
-    def _on_lease_replies(self, replies, now: float) -> RoundStep:
-        """Admit the requests every stage leased, escrowed and committed; release the others
-        everywhere (the ReleaseMsg goes out before the round ends)."""
-        rnd = self.round
-        for reply in replies:
-            if reply.capacity is not None:
-                self.stage_capacity[reply.stage_id] = reply.capacity
-        failed = failures_by_request(replies, self.config.num_stages)
-        bs = self.config.block_size
-        admitted, release = [], []
-        for req in rnd.leased:
-            if req.request_id in rnd.aborted:
-                release.append(req.request_id)
-                self._finish(req, RequestState.ABORTED, "aborted", now)
-                continue
-            if req.request_id in failed:
-                release.append(req.request_id)
-                self._not_admitted(req, failed[req.request_id], now)
-                continue
-            k = req.num_cached_tokens // bs
-            dead = self.inflight.dead_until(req, k)
-            if dead > self._num_waves_done or req.request_id in rnd.tainted:
-                # it leased blocks a withdrawn request will not compute: retry once the release ran
-                release.append(req.request_id)
-                self._requeue(req, max(dead, self._num_waves_done), front=True)
-                continue
-            req.state = RequestState.ADMITTED
-            req.admitted_time = now
-            req.dependencies = self.inflight.dependencies(req, k)
-            self.inflight.register(req, k)
-            self.plannable.append(req)
-            admitted.append(req)
-        for req in rnd.requests:
-            if req.state == RequestState.PROPOSED and req.request_id in rnd.aborted:
-                self._finish(req, RequestState.ABORTED, "aborted", now)
-        retried = tuple(r for r in rnd.leased if r.state == RequestState.WAITING)
-        failed_reqs = tuple(r for r in rnd.leased if r.state == RequestState.FAILED)
-        self.round = None
-        latency = now - rnd.start_time
-        # the planner's prediction of a running round's end: a moving average of the last rounds
-        self._round_latency_s = latency if self._round_latency_s is None \
-            else 0.5 * (self._round_latency_s + latency)
-        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed_reqs, retried, latency)
-        return RoundStep(release=_release(release), outcome=outcome)
-
-    # ---- execution ---------------------------------------------------------------------------
-
     def plan_wave(self, now: float) -> Wave | None:
         """The next wave, or None if the ring is full or there is nothing to send."""
         if len(self.waves_in_flight) >= self.config.waves_in_flight_cap:
             return None
-        ready = [r for r in self.plannable if r.num_unscheduled_tokens > 0 and self._deps_dispatched(r)]
+        ready = [
+            r for r in self.plannable if r.num_unscheduled_tokens > 0 and self._deps_dispatched(r)
+        ]
         if self.config.serial_chunks:
             ready = [r for r in ready if r.num_computed_tokens == r.num_scheduled_tokens]
         chunks = self.planner.plan(ready, self._admitting(now)) if ready else []
@@ -245,8 +152,10 @@ class Leader:
         for chunk in chunks:
             req = self.requests[chunk.request_id]
             if chunk.start != req.num_scheduled_tokens:
-                raise AssertionError(f"planner produced {chunk} but request is scheduled to "
-                                     f"{req.num_scheduled_tokens}")
+                raise AssertionError(
+                    f"planner produced {chunk} but request is scheduled to "
+                    f"{req.num_scheduled_tokens}"
+                )
             req.state = RequestState.RUNNING
             req.num_scheduled_tokens = chunk.end
             self.inflight.dispatched(req, chunk.start // bs, chunk.end // bs)
@@ -266,8 +175,12 @@ class Leader:
         pending = list(rnd.requests) if rnd is not None else []
         in_round = len(pending)
         pending.extend(itertools.islice(self.waiting, _ADMITTING_SCAN))
-        items = [(r.num_cached_tokens, r.num_tokens - r.num_cached_tokens) if r.state == RequestState.LEASED
-                 else (0, r.num_tokens) for r in pending]
+        items = [
+            (r.num_cached_tokens, r.num_tokens - r.num_cached_tokens)
+            if r.state == RequestState.LEASED
+            else (0, r.num_tokens)
+            for r in pending
+        ]
         left = math.inf
         if rnd is not None and self._round_latency_s is not None:
             left = max(0.0, self._round_latency_s - (now - rnd.start_time))
@@ -280,22 +193,28 @@ class Leader:
         self._num_waves_done += 1
         self.inflight.on_wave_done(self._num_waves_done)
         if result.stage_seconds and wave.chunks:
-            self.planner.observe([(c.start, c.num_tokens) for c in wave.chunks], max(result.stage_seconds))
+            self.planner.observe(
+                [(c.start, c.num_tokens) for c in wave.chunks], max(result.stage_seconds)
+            )
         tokens = {t.request_id: t for t in result.tokens if isinstance(t, TokenResult)}
         prompt_logprobs = {t.request_id: t for t in result.tokens if isinstance(t, PromptLogprobs)}
         done = []
         for chunk in wave.chunks:
             req = self.requests.get(chunk.request_id)
-            if req is None:      # aborted while this chunk was in flight
+            if req is None:  # aborted while this chunk was in flight
                 continue
             req.num_computed_tokens = chunk.end
             if chunk.logprob_start is not None:
                 if chunk.request_id not in prompt_logprobs:
-                    raise ValueError(f"wave {wave.wave_id}: no prompt logprobs for request {chunk.request_id}")
+                    raise ValueError(
+                        f"wave {wave.wave_id}: no prompt logprobs for request {chunk.request_id}"
+                    )
                 req.prompt_logprobs.append(prompt_logprobs[chunk.request_id])
             if chunk.is_last:
                 if chunk.request_id not in tokens:
-                    raise ValueError(f"wave {wave.wave_id}: no first token for request {chunk.request_id}")
+                    raise ValueError(
+                        f"wave {wave.wave_id}: no first token for request {chunk.request_id}"
+                    )
                 req.result = tokens[chunk.request_id]
                 self.plannable.remove(req)
                 self._finish(req, RequestState.DONE, None, now)
@@ -305,14 +224,26 @@ class Leader:
     @property
     def idle(self) -> bool:
         """Nothing waiting, in a round, planned or in flight."""
-        return (not self.waiting and self.round is None and not self.plannable
-                and not self.waves_in_flight and not self._pending_releases)
+        return (
+            not self.waiting
+            and self.round is None
+            and not self.plannable
+            and not self.waves_in_flight
+            and not self._pending_releases
+        )
 
     def state_size(self) -> int:
         """Entries of every per-request structure: bounded by the requests outstanding."""
-        return (len(self.requests) + len(self.waiting) + len(self.plannable) + len(self._finished)
-                + len(self._pending_releases) + len(self._retry_after_wave) + len(self.inflight)
-                + len(self.waves_in_flight))
+        return (
+            len(self.requests)
+            + len(self.waiting)
+            + len(self.plannable)
+            + len(self._finished)
+            + len(self._pending_releases)
+            + len(self._retry_after_wave)
+            + len(self.inflight)
+            + len(self.waves_in_flight)
+        )
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -328,8 +259,10 @@ class Leader:
         """Every owner of req's leased blocks dispatched them. An owner that ended is done (an
         owner that left undispatched sent its dependents back to waiting when it left)."""
         deps = req.dependencies
-        if deps and all((o := self.requests.get(d.owner_id)) is None or o.num_scheduled_tokens >= d.num_tokens
-                        for d in deps):
+        if deps and all(
+            (o := self.requests.get(d.owner_id)) is None or o.num_scheduled_tokens >= d.num_tokens
+            for d in deps
+        ):
             req.dependencies = []
         return not req.dependencies
 
@@ -338,8 +271,12 @@ class Leader:
         one). On an idle pipeline nothing will change: retry once at once (its hint may have
         raced an eviction), then fail."""
         holders = self.round.requests if self.round else ()
-        busy = self.plannable or self.waves_in_flight or self._pending_releases or any(
-            r is not req and r.state is RequestState.LEASED for r in holders)
+        busy = (
+            self.plannable
+            or self.waves_in_flight
+            or self._pending_releases
+            or any(r is not req and r.state is RequestState.LEASED for r in holders)
+        )
         if busy:
             req.num_idle_failures = 0
             self._requeue(req, self._num_waves_done + 1, front=False)
@@ -368,17 +305,18 @@ class Leader:
         self.plannable.remove(req)
         if req.num_scheduled_tokens < req.num_tokens:
             self._pending_releases.append(req.request_id)
-        release_done = self._next_wave_id + 1    # the release rides on the next wave
+        release_done = self._next_wave_id + 1  # the release rides on the next wave
         dead = self.inflight.withdraw(req, release_done)
-        if self.round is not None and dead:      # this round's leases may hold them
+        if self.round is not None and dead:  # this round's leases may hold them
             bs = self.config.block_size
             for r in self.round.leased:
-                if not dead.isdisjoint(r.block_hashes[:r.num_cached_tokens // bs]):
+                if not dead.isdisjoint(r.block_hashes[: r.num_cached_tokens // bs]):
                     self.round.tainted.add(r.request_id)
         for dep in list(self.plannable):
             if dep in self.plannable and any(
-                    d.owner_id == req.request_id and req.num_scheduled_tokens < d.num_tokens
-                    for d in dep.dependencies):
+                d.owner_id == req.request_id and req.num_scheduled_tokens < d.num_tokens
+                for d in dep.dependencies
+            ):
                 self._withdraw(dep)
                 self._requeue(dep, release_done, front=True)
 
@@ -392,7 +330,3 @@ class Leader:
         req.failure = reason
         req.finish_time = now
         self._finished.append(req)
-
-
-def _release(request_ids: list[int]) -> ReleaseMsg | None:
-    return ReleaseMsg(tuple(request_ids)) if request_ids else None

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 class LeaderConfig:
     num_stages: int
     block_size: int = 16
-    max_waves_in_flight: int | None = None    # default 2 * num_stages (the execution ring)
+    max_waves_in_flight: int | None = None  # default 2 * num_stages (the execution ring)
     max_round_requests: int = 64
-    stage_num_blocks: tuple[int, ...] | None = None   # to fail prompts no stage could ever hold
-    max_prompt_tokens: int | None = None     # to fail prompts past the model's positions
+    stage_num_blocks: tuple[int, ...] | None = None  # to fail prompts no stage could ever hold
+    max_prompt_tokens: int | None = None  # to fail prompts past the model's positions
     hybrid: bool = False
     # a request's next chunk waits until its chunk in flight has come back (TensorRT-LLM's and
     # SGLang's in-flight request ids); False: chunks of one request may be in flight together
@@ -30,8 +30,10 @@ class LeaderConfig:
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
             raise ValueError("LeaderConfig.max_prompt_tokens must be positive")
         if self.stage_num_blocks is not None and len(self.stage_num_blocks) != self.num_stages:
-            raise ValueError(f"LeaderConfig.stage_num_blocks has {len(self.stage_num_blocks)} "
-                             f"entries for {self.num_stages} stages")
+            raise ValueError(
+                f"LeaderConfig.stage_num_blocks has {len(self.stage_num_blocks)} "
+                f"entries for {self.num_stages} stages"
+            )
 
     @property
     def waves_in_flight_cap(self) -> int:

@@ -48,8 +48,10 @@ class ProbeMsg:
 @dataclass(frozen=True)
 class Hint:
     request_id: int
-    num_blocks: int                     # longest prefix present (computed or pending)
-    snapshot_blocks: tuple[int, ...] = ()   # hybrid models: boundaries (in blocks) with a recurrent snapshot
+    num_blocks: int  # longest prefix present (computed or pending)
+    snapshot_blocks: tuple[
+        int, ...
+    ] = ()  # hybrid models: boundaries (in blocks) with a recurrent snapshot
     # hybrid models on a HybridPool: snapshots at every grid point up to num_grid_snapshot_blocks
     # (multiples of snapshot_interval_blocks), and at num_end_snapshot_blocks if > 0
     snapshot_interval_blocks: int = 0
@@ -60,8 +62,13 @@ class Hint:
         """Every boundary (in blocks) this hint says holds a snapshot."""
         found = set(self.snapshot_blocks)
         if self.snapshot_interval_blocks:
-            found.update(range(self.snapshot_interval_blocks, self.num_grid_snapshot_blocks + 1,
-                               self.snapshot_interval_blocks))
+            found.update(
+                range(
+                    self.snapshot_interval_blocks,
+                    self.num_grid_snapshot_blocks + 1,
+                    self.snapshot_interval_blocks,
+                )
+            )
         if self.num_end_snapshot_blocks:
             found.add(self.num_end_snapshot_blocks)
         return found
@@ -77,8 +84,8 @@ class ProbeReply:
 @dataclass(frozen=True)
 class LeaseItem:
     request_id: int
-    num_leased_blocks: int   # agreed prefix, in blocks
-    num_new_blocks: int      # room to escrow for the rest of the prompt
+    num_leased_blocks: int  # agreed prefix, in blocks
+    num_new_blocks: int  # room to escrow for the rest of the prompt
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class LeaseReply:
     round_id: int
     stage_id: int
     results: tuple[ItemResult, ...]
-    capacity: CapacityView | None = None   # the stage's blocks by state after the commits
+    capacity: CapacityView | None = None  # the stage's blocks by state after the commits
 
 
 @dataclass(frozen=True)
@@ -119,10 +126,11 @@ class ReleaseMsg:
 @dataclass(frozen=True)
 class Chunk:
     """Tokens [start, end) of one request, computed in one wave."""
+
     request_id: int
     start: int
     end: int
-    is_last: bool     # end == the request's num_tokens: the last stage samples its first token
+    is_last: bool  # end == the request's num_tokens: the last stage samples its first token
     # prompt logprobs: the last stage returns the logprob of each id of `logprob_token_ids`
     # at the positions [logprob_start, logprob_start + len(logprob_token_ids)) of this chunk
     # (the token id that follows each position in the prompt)
@@ -142,6 +150,7 @@ class Wave:
     """One micro-batch: every stage runs it, in wave order. `release_ids`: requests the leader
     aborted after admission; each stage frees them after running this wave (ordering with
     the chunks already in flight is then free)."""
+
     wave_id: int
     chunks: tuple[Chunk, ...]
     release_ids: tuple[int, ...] = ()
@@ -164,6 +173,7 @@ class TokenResult:
 class PromptLogprobs:
     """Logprobs of a request's prompt tokens computed by one chunk: at position `start + i`,
     the logprob of the prompt's next token `logprobs[i]`, and that position's top tokens."""
+
     request_id: int
     start: int
     logprobs: tuple[float, ...]
@@ -175,4 +185,4 @@ class PromptLogprobs:
 class WaveResult:
     wave_id: int
     tokens: tuple[TokenResult | PromptLogprobs, ...]
-    stage_seconds: tuple[float, ...] = field(default=())   # measured compute time per stage
+    stage_seconds: tuple[float, ...] = field(default=())  # measured compute time per stage

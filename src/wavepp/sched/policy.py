@@ -38,26 +38,61 @@ class Policy:
     inline_admission: bool
     planner: str
     description: str
-    in_runtime: bool = True       # False: a topology only the simulator models
-    loop: str | None = None       # an outside framework's executor loop: trtllm | sglang
+    in_runtime: bool = True  # False: a topology only the simulator models
+    loop: str | None = None  # an outside framework's executor loop: trtllm | sglang
 
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("wavepp", False, "balanced", "asynchronous admission, cost-balanced waves"),
-    Policy("wavepp-mpu", False, "mpu", "asynchronous admission, the paper's MPU budgets"),
-    Policy("lockstep", True, "balanced", "admission inline between waves, only when requests wait"),
-    Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
-    Policy("sglang-pp", True, "dynamic", "SGLang's PP event loop, dynamic chunk sizes", loop="sglang"),
-    Policy("trtllm-pp", True, "static", "TensorRT-LLM's PP executor loop, fixed-budget microbatches",
-           loop="trtllm"),
-    Policy("vllm-pp", True, "static", "central scheduler and pool, fixed budget", in_runtime=False),
-    Policy("tp-ep", True, "static", "one scheduler, fixed budget, TP/EP over all devices", in_runtime=False),
-    # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)
-    Policy("fixed-lockstep", True, "static", "ablation: inline admission, fixed budget", in_runtime=False),
-    Policy("fixed-wave", False, "static", "ablation: + wave admission, lease and escrow not charged",
-           in_runtime=False),
-    Policy("fixed-lease", False, "static", "ablation: + lease and escrow", in_runtime=False),
-)}
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("wavepp", False, "balanced", "asynchronous admission, cost-balanced waves"),
+        Policy("wavepp-mpu", False, "mpu", "asynchronous admission, the paper's MPU budgets"),
+        Policy(
+            "lockstep", True, "balanced", "admission inline between waves, only when requests wait"
+        ),
+        Policy("static", False, "static", "fixed token budget per wave (vLLM style)"),
+        Policy(
+            "sglang-pp",
+            True,
+            "dynamic",
+            "SGLang's PP event loop, dynamic chunk sizes",
+            loop="sglang",
+        ),
+        Policy(
+            "trtllm-pp",
+            True,
+            "static",
+            "TensorRT-LLM's PP executor loop, fixed-budget microbatches",
+            loop="trtllm",
+        ),
+        Policy(
+            "vllm-pp", True, "static", "central scheduler and pool, fixed budget", in_runtime=False
+        ),
+        Policy(
+            "tp-ep",
+            True,
+            "static",
+            "one scheduler, fixed budget, TP/EP over all devices",
+            in_runtime=False,
+        ),
+        # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)
+        Policy(
+            "fixed-lockstep",
+            True,
+            "static",
+            "ablation: inline admission, fixed budget",
+            in_runtime=False,
+        ),
+        Policy(
+            "fixed-wave",
+            False,
+            "static",
+            "ablation: + wave admission, lease and escrow not charged",
+            in_runtime=False,
+        ),
+        Policy("fixed-lease", False, "static", "ablation: + lease and escrow", in_runtime=False),
+    )
+}
 
 # TensorRT-LLM's max_num_tokens of 8,192 per microbatch, in the ratio of the runtime's 512-token
 # waves to the paper's 16,384 (as RUNTIME_MPU_TOKENS in runtime/runtime_leader.py); SGLang's
@@ -77,7 +112,7 @@ def loop_leader_args(loop: str | None, num_stages: int) -> dict:
     return {"max_waves_in_flight": num_stages, "serial_chunks": loop == "trtllm"}
 
 
-SINGLE_STAGE = "single-stage"     # the bench's pipelining reference: the runtime at pp = 1
+SINGLE_STAGE = "single-stage"  # the bench's pipelining reference: the runtime at pp = 1
 
 
 def runtime_policies() -> list[str]:

@@ -22,10 +22,10 @@ from wavepp.sched.messages import Chunk, PromptLogprobs, TokenResult
 
 class RequestState(enum.Enum):
     WAITING = "waiting"
-    PROPOSED = "proposed"      # in an admission round, probing
-    LEASED = "leased"          # prefix agreed; lease, escrow and commit asked of every stage
-    ADMITTED = "admitted"      # committed on every stage; plannable
-    RUNNING = "running"        # at least one chunk dispatched
+    PROPOSED = "proposed"  # in an admission round, probing
+    LEASED = "leased"  # prefix agreed; lease, escrow and commit asked of every stage
+    ADMITTED = "admitted"  # committed on every stage; plannable
+    RUNNING = "running"  # at least one chunk dispatched
     DONE = "done"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -39,6 +39,7 @@ class RequestState(enum.Enum):
 class Dependency:
     """This request reads blocks that request `owner_id` computes: it may be planned only in a
     wave after the one that dispatched the owner's tokens up to `num_tokens`."""
+
     owner_id: int
     num_tokens: int
 
@@ -54,12 +55,12 @@ class Request:
     num_scheduled_tokens: int = 0
     num_computed_tokens: int = 0
     num_rounds: int = 0
-    num_idle_failures: int = 0     # admission failures in a row with nothing else running
+    num_idle_failures: int = 0  # admission failures in a row with nothing else running
     dependencies: list[Dependency] = field(default_factory=list)
     failure: str | None = None
     admitted_time: float | None = None
     finish_time: float | None = None
-    result: TokenResult | None = None   # the first token, once DONE
+    result: TokenResult | None = None  # the first token, once DONE
     # prompt logprobs: positions [logprob_start, num_tokens - 1) are computed (never reused from
     # the cache) and the logprob of each next prompt token comes back, chunk by chunk
     logprob_start: int | None = None
@@ -68,8 +69,16 @@ class Request:
     export_id: str | None = None
 
     @classmethod
-    def create(cls, request_id: int, token_ids, block_size: int, *, arrival_time: float = 0.0,
-               extra_keys: bytes = b"", salt: bytes = b"") -> "Request":
+    def create(
+        cls,
+        request_id: int,
+        token_ids,
+        block_size: int,
+        *,
+        arrival_time: float = 0.0,
+        extra_keys: bytes = b"",
+        salt: bytes = b"",
+    ) -> "Request":
         """Hash the prompt once, on arrival."""
         tokens = tuple(int(t) for t in token_ids)
         if not tokens:
@@ -112,12 +121,19 @@ class Request:
         if self.logprob_start is None or self.logprob_start >= end:
             return None, ()
         first = max(start, self.logprob_start)
-        return first, self.token_ids[first + 1:min(end, self.num_tokens - 1) + 1]
+        return first, self.token_ids[first + 1 : min(end, self.num_tokens - 1) + 1]
 
     def chunk(self, start: int, end: int) -> Chunk:
         """The chunk [start, end) of this request, with what its positions carry: the prompt
         logprobs it asks for, and on the last chunk the KV export id."""
         logprob_start, logprob_token_ids = self.logprob_token_ids(start, end)
         is_last = end == self.num_tokens
-        return Chunk(self.request_id, start, end, is_last, logprob_start, logprob_token_ids,
-                     self.export_id if is_last else None)
+        return Chunk(
+            self.request_id,
+            start,
+            end,
+            is_last,
+            logprob_start,
+            logprob_token_ids,
+            self.export_id if is_last else None,
+        )

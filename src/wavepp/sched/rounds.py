@@ -22,8 +22,9 @@ from wavepp.sched.messages import LeaseMsg, ProbeMsg, ReleaseMsg
 RoundMsg = ProbeMsg | LeaseMsg | ReleaseMsg
 
 
-def round_messages(leader, now: Callable[[], float],
-                   lock: ContextManager | None = None) -> Generator[RoundMsg, list | None, RoundOutcome | None]:
+def round_messages(
+    leader, now: Callable[[], float], lock: ContextManager | None = None
+) -> Generator[RoundMsg, list | None, RoundOutcome | None]:
     """Yield each message of one round for every stage; receive the list of replies (None
     after a ReleaseMsg). Returns the RoundOutcome, or None when nothing could start a round.
     `lock` (if any) is held around every call into the leader."""
@@ -42,8 +43,12 @@ def round_messages(leader, now: Callable[[], float],
             step = leader.advance_round(replies, now())
 
 
-def run_round(leader, exchange: Callable[[RoundMsg], list | None], now: Callable[[], float],
-              lock: ContextManager | None = None) -> RoundOutcome | None:
+def run_round(
+    leader,
+    exchange: Callable[[RoundMsg], list | None],
+    now: Callable[[], float],
+    lock: ContextManager | None = None,
+) -> RoundOutcome | None:
     """Drive one round to its end with a blocking `exchange(msg)`: send msg to every stage and
     return their replies in stage order (None for a ReleaseMsg)."""
     steps = round_messages(leader, now, lock)

@@ -18,8 +18,18 @@ from typing import TYPE_CHECKING
 from wavepp.cache.results import CommitResult
 from wavepp.cache.snapshot_plan import snapshot_boundaries
 from wavepp.sched.messages import (
-    Chunk, Hint, ItemResult, LeaseItem, LeaseMsg, LeaseReply, ProbeItem, ProbeMsg, ProbeReply, ReleaseMsg,
-    Wave)
+    Chunk,
+    Hint,
+    ItemResult,
+    LeaseItem,
+    LeaseMsg,
+    LeaseReply,
+    ProbeItem,
+    ProbeMsg,
+    ProbeReply,
+    ReleaseMsg,
+    Wave,
+)
 
 if TYPE_CHECKING:
     from wavepp.cache import BlockPool
@@ -32,19 +42,21 @@ class PlanMismatchError(RuntimeError):
 @dataclass
 class StageRequest:
     """This stage's copy of an admitted request."""
+
     request_id: int
     num_tokens: int
     block_hashes: tuple[int, ...]
     num_cached_tokens: int
     num_computed_tokens: int
-    block_table: list[int] | None = None     # None until the first chunk reaches this stage
-    num_loaded_blocks: int = 0               # of the cached prefix, loaded from the host tier
+    block_table: list[int] | None = None  # None until the first chunk reaches this stage
+    num_loaded_blocks: int = 0  # of the cached prefix, loaded from the host tier
 
 
 @dataclass(frozen=True)
 class PreparedChunk:
     """A chunk ready to run here. Hybrid models: the state slot to start from (None: zeros)
     and the (position, slot) pairs to save, as `models.ChunkSpec` takes them."""
+
     chunk: Chunk
     block_table: list[int]
     state_in: int | None = None
@@ -90,10 +102,23 @@ class StageServer:
                 last_reusable = (item.num_tokens - 1) // self.block_size
                 limit = min(num_blocks, last_reusable)
                 found = self.pool.match_snapshots(item.block_hashes, limit)
-                host_points = () if not num_host else self.pool.host_tier.snapshot_boundaries(
-                    item.block_hashes, num_blocks, min(num_blocks + num_host, last_reusable))
-                hints.append(Hint(item.request_id, num_blocks + num_host, host_points,
-                                  self.pool.interval_blocks, found.num_grid_blocks, found.num_end_blocks))
+                host_points = (
+                    ()
+                    if not num_host
+                    else self.pool.host_tier.snapshot_boundaries(
+                        item.block_hashes, num_blocks, min(num_blocks + num_host, last_reusable)
+                    )
+                )
+                hints.append(
+                    Hint(
+                        item.request_id,
+                        num_blocks + num_host,
+                        host_points,
+                        self.pool.interval_blocks,
+                        found.num_grid_blocks,
+                        found.num_end_blocks,
+                    )
+                )
                 continue
             hints.append(Hint(item.request_id, num_blocks + num_host))
         return ProbeReply(msg.round_id, self.stage_id, tuple(hints))
@@ -108,38 +133,57 @@ class StageServer:
         for item in msg.items:
             probed = self._probed.pop(item.request_id, None)
             if probed is None:
-                results.append(ItemResult(item.request_id, False,
-                                          f"stage {self.stage_id}: lease before probe"))
+                results.append(
+                    ItemResult(item.request_id, False, f"stage {self.stage_id}: lease before probe")
+                )
                 continue
-            if self.pool.host_tier is not None and \
-                    item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks:
+            if (
+                self.pool.host_tier is not None
+                and item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks
+            ):
                 results.append(self._lease_from_host(item, probed))
                 continue
             lease = self.pool.lease(item.request_id, probed.block_hashes, item.num_leased_blocks)
             if not lease.ok:
                 self._drop(item.request_id)
-                results.append(ItemResult(item.request_id, False,
-                                          f"stage {self.stage_id}: lease: {lease.reason}"))
+                results.append(
+                    ItemResult(
+                        item.request_id, False, f"stage {self.stage_id}: lease: {lease.reason}"
+                    )
+                )
                 continue
             reserve = self.pool.reserve(item.request_id, item.num_new_blocks)
             if reserve.ok and self._hybrid_pool:
-                boundaries = snapshot_boundaries(item.num_leased_blocks, probed.num_tokens, self.block_size,
-                                                 self.pool.interval_blocks)
+                boundaries = snapshot_boundaries(
+                    item.num_leased_blocks,
+                    probed.num_tokens,
+                    self.block_size,
+                    self.pool.interval_blocks,
+                )
                 reserve = self.pool.reserve_snapshots(item.request_id, boundaries)
             if not reserve.ok:
                 self._drop(item.request_id)
-                results.append(ItemResult(item.request_id, False,
-                                          f"stage {self.stage_id}: escrow: {reserve.reason}"))
+                results.append(
+                    ItemResult(
+                        item.request_id, False, f"stage {self.stage_id}: escrow: {reserve.reason}"
+                    )
+                )
                 continue
-            commit = self.pool.commit(item.request_id, probed.block_hashes[item.num_leased_blocks:])
-            if not commit.ok:   # (cannot happen: nothing ran since the reserve; kept as a check)
+            commit = self.pool.commit(
+                item.request_id, probed.block_hashes[item.num_leased_blocks :]
+            )
+            if not commit.ok:  # (cannot happen: nothing ran since the reserve; kept as a check)
                 self._drop(item.request_id)
-                results.append(ItemResult(item.request_id, False,
-                                          f"stage {self.stage_id}: commit: {commit.reason}"))
+                results.append(
+                    ItemResult(
+                        item.request_id, False, f"stage {self.stage_id}: commit: {commit.reason}"
+                    )
+                )
                 continue
             num_cached = item.num_leased_blocks * self.block_size
             self.requests[item.request_id] = StageRequest(
-                item.request_id, probed.num_tokens, probed.block_hashes, num_cached, num_cached)
+                item.request_id, probed.num_tokens, probed.block_hashes, num_cached, num_cached
+            )
             results.append(ItemResult(item.request_id, True))
         # one round at a time: a request probed but not in this lease (aborted, deferred) is
         # probed again if it comes back
@@ -165,28 +209,51 @@ class StageServer:
         match = pool.match(hashes)
         on_gpu = match.num_blocks
         if match.num_computed_blocks < on_gpu or self._host_blocks(hashes, match) < agreed - on_gpu:
-            return ItemResult(request_id, False, f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the host tier")
+            return ItemResult(
+                request_id,
+                False,
+                f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the host tier",
+            )
         resume = pool.match_snapshots(hashes, on_gpu).num_blocks if self._hybrid_pool else on_gpu
-        boundaries = snapshot_boundaries(resume, probed.num_tokens, block_size, pool.interval_blocks) if self._hybrid_pool else ()
+        boundaries = (
+            snapshot_boundaries(resume, probed.num_tokens, block_size, pool.interval_blocks)
+            if self._hybrid_pool
+            else ()
+        )
         # states written back: the boundaries in (resume, agreed], and the one it resumes from at agreed
-        num_states = sum(1 for b in boundaries if b <= agreed) + int(self._hybrid_pool and agreed not in boundaries)
+        num_states = sum(1 for b in boundaries if b <= agreed) + int(
+            self._hybrid_pool and agreed not in boundaries
+        )
         lease = pool.lease(request_id, hashes, resume)
-        reserve = pool.reserve(request_id, agreed - resume + item.num_new_blocks) if lease.ok else lease
+        reserve = (
+            pool.reserve(request_id, agreed - resume + item.num_new_blocks) if lease.ok else lease
+        )
         if reserve.ok and self._hybrid_pool:
             reserve = pool.reserve_snapshots(request_id, boundaries)
         commit = pool.commit(request_id, hashes[resume:]) if reserve.ok else reserve
         if commit.ok and pool.host_tier.match(hashes, on_gpu) < agreed - on_gpu:
             # the states reserve evicted alone went to the tier, and it dropped some of these
-            commit = CommitResult(False, reason=f"blocks [{on_gpu}, {agreed}) left the host tier while room was made")
+            commit = CommitResult(
+                False, reason=f"blocks [{on_gpu}, {agreed}) left the host tier while room was made"
+            )
         if not commit.ok:
             self._drop(request_id)
-            return ItemResult(request_id, False, f"stage {self.stage_id}: host load: {commit.reason}")
+            return ItemResult(
+                request_id, False, f"stage {self.stage_id}: host load: {commit.reason}"
+            )
         pool.host_tier.onboard(hashes[on_gpu:agreed], num_states)
         num_cached = agreed * block_size
         block_table = pool.materialize(request_id)
         pool.publish(request_id, num_cached)
-        self.requests[request_id] = StageRequest(request_id, probed.num_tokens, hashes, num_cached, num_cached,
-                                          block_table, num_loaded_blocks=agreed - on_gpu)
+        self.requests[request_id] = StageRequest(
+            request_id,
+            probed.num_tokens,
+            hashes,
+            num_cached,
+            num_cached,
+            block_table,
+            num_loaded_blocks=agreed - on_gpu,
+        )
         return ItemResult(request_id, True)
 
     def _host_blocks(self, block_hashes, match) -> int:
@@ -220,13 +287,18 @@ class StageServer:
             if req is None:
                 raise PlanMismatchError(
                     f"stage {self.stage_id}: wave {wave.wave_id} has chunk {chunk} of request "
-                    f"{chunk.request_id}, which this stage has not admitted")
-            if chunk.start != req.num_computed_tokens or not (chunk.start < chunk.end <= req.num_tokens) \
-                    or chunk.is_last != (chunk.end == req.num_tokens):
+                    f"{chunk.request_id}, which this stage has not admitted"
+                )
+            if (
+                chunk.start != req.num_computed_tokens
+                or not (chunk.start < chunk.end <= req.num_tokens)
+                or chunk.is_last != (chunk.end == req.num_tokens)
+            ):
                 raise PlanMismatchError(
                     f"stage {self.stage_id}: wave {wave.wave_id}: leader planned tokens "
                     f"[{chunk.start}, {chunk.end}) (last={chunk.is_last}) of request {chunk.request_id}; "
-                    f"this stage has computed [0, {req.num_computed_tokens}) of {req.num_tokens}")
+                    f"this stage has computed [0, {req.num_computed_tokens}) of {req.num_tokens}"
+                )
             if req.block_table is None:
                 req.block_table = self.pool.materialize(chunk.request_id)
                 num_leased = req.num_cached_tokens // self.block_size
@@ -236,16 +308,21 @@ class StageServer:
                         raise PlanMismatchError(
                             f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
                             f"reuses {num_leased} blocks but only {computed} are computed here "
-                            f"(the leader dispatched it before the request computing them)")
+                            f"(the leader dispatched it before the request computing them)"
+                        )
                 if self._hybrid_pool:
                     leased = self.pool.snapshot_plan(chunk.request_id).leased
                     if leased is not None and not leased.computed:
                         raise PlanMismatchError(
                             f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
                             f"resumes from the state after block {num_leased - 1}, which request "
-                            f"{leased.owner_id} has not written here yet")
-            prepared.append(self._with_states(chunk, req) if self._hybrid_pool
-                            else PreparedChunk(chunk, req.block_table))
+                            f"{leased.owner_id} has not written here yet"
+                        )
+            prepared.append(
+                self._with_states(chunk, req)
+                if self._hybrid_pool
+                else PreparedChunk(chunk, req.block_table)
+            )
         return prepared
 
     def _with_states(self, chunk: Chunk, req: StageRequest) -> PreparedChunk:
@@ -262,8 +339,11 @@ class StageServer:
             state_in = plan.leased.slot if plan.leased is not None else None
         else:
             state_in = plan.working_slot
-        saves = [(b * self.block_size, slot) for b, slot in sorted(plan.save_slots().items())
-                 if chunk.start < b * self.block_size <= chunk.end]
+        saves = [
+            (b * self.block_size, slot)
+            for b, slot in sorted(plan.save_slots().items())
+            if chunk.start < b * self.block_size <= chunk.end
+        ]
         if not chunk.is_last:
             saves.append((chunk.end, plan.working_slot))
         return PreparedChunk(chunk, req.block_table, state_in, tuple(saves))

@@ -8,10 +8,10 @@ from typing import Sequence
 
 @dataclass
 class StageStats:
-    busy_s: float = 0.0             # computing waves
-    round_s: float = 0.0            # answering rounds on LOOP (inline admission)
-    idle_input_s: float = 0.0       # LOOP idle, nothing to run
-    idle_admission_s: float = 0.0   # idle or blocked while the pipeline waits for admission
+    busy_s: float = 0.0  # computing waves
+    round_s: float = 0.0  # answering rounds on LOOP (inline admission)
+    idle_input_s: float = 0.0  # LOOP idle, nothing to run
+    idle_admission_s: float = 0.0  # idle or blocked while the pipeline waits for admission
     num_waves: int = 0
 
 

@@ -25,18 +25,18 @@ from starlette.responses import Response, StreamingResponse
 
 from wavepp.engine import Engine
 from wavepp.serve.chat import parse_chat, parse_detokenize, parse_tokenize
+from wavepp.serve.completion_request import parse_completion, parse_json, parse_score
 from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
 from wavepp.serve.limits import StreamSlots, max_prompt_chars, read_body
 from wavepp.serve.metrics import ServeMetrics
-from wavepp.serve.completion_request import parse_completion, parse_json, parse_score
 from wavepp.serve.responses import Responses
 from wavepp.serve.runner import Runner
 from wavepp.serve.scoring import score_prompts, score_response
 from wavepp.serve.streaming import chat_events, completion_events
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-INLINE_PARSE_BYTES = 64 * 1024    # a larger body is parsed on the work pool, not the event loop
+INLINE_PARSE_BYTES = 64 * 1024  # a larger body is parsed on the work pool, not the event loop
 
 
 class API:
@@ -61,9 +61,15 @@ class API:
     def engine_info(self) -> dict:
         """What a client needs to reproduce a workload here: the pipeline's shape and policy."""
         c = self.engine.config
-        return {"pp": c.num_stages, "policy": self.engine.policy, "dtype": c.dtype, "block_size": c.block_size,
-                "vocab_size": self.engine.vocab_size, "stage_num_blocks": list(self.engine.stage_num_blocks),
-                "debug": self.debug}
+        return {
+            "pp": c.num_stages,
+            "policy": self.engine.policy,
+            "dtype": c.dtype,
+            "block_size": c.block_size,
+            "vocab_size": self.engine.vocab_size,
+            "stage_num_blocks": list(self.engine.stage_num_blocks),
+            "debug": self.debug,
+        }
 
     # ---- endpoints ---------------------------------------------------------------------------
 
@@ -77,14 +83,19 @@ class API:
         slot = self.streams.take() if req.stream else None
         try:
             submission = await self.runner.submit(
-                token_lists, [0 if wants_prompt else None] * len(token_lists), req.kv_transfer)
+                token_lists, [0 if wants_prompt else None] * len(token_lists), req.kv_transfer
+            )
         except BaseException:
             if slot is not None:
                 slot.release()
             raise
         if req.stream:
-            return self._stream(slot, completion_events(self.runner, self.responses, request, req,
-                                                        token_lists, submission))
+            return self._stream(
+                slot,
+                completion_events(
+                    self.runner, self.responses, request, req, token_lists, submission
+                ),
+            )
         results = await self.runner.results(request, submission)
         if results is None:
             return []
@@ -93,7 +104,9 @@ class API:
     async def chat(self, request: Request):
         req = await self._parse(request, parse_chat, self.model_names, self.top_k)
         self._check_chars([m["content"] for m in req.messages], "messages")
-        ids = await self._chat_ids(req.messages, req.add_generation_prompt, req.continue_final_message)
+        ids = await self._chat_ids(
+            req.messages, req.add_generation_prompt, req.continue_final_message
+        )
         slot = self.streams.take() if req.stream else None
         try:
             submission = await self.runner.submit([ids], [None], req.kv_transfer)
@@ -102,8 +115,9 @@ class API:
                 slot.release()
             raise
         if req.stream:
-            return self._stream(slot, chat_events(self.runner, self.responses, request, req, ids,
-                                                  submission))
+            return self._stream(
+                slot, chat_events(self.runner, self.responses, request, req, ids, submission)
+            )
         results = await self.runner.results(request, submission)
         if results is None:
             return []
@@ -112,42 +126,66 @@ class API:
     async def score(self, request: Request):
         req = await self._parse(request, parse_score, self.model_names, self.engine.vocab_size)
         # every (item, label) pair is a prompt: counted before any is built
-        self._check_count(len(req.items) * len(req.label_token_ids), "items",
-                          f"{len(req.items)} items x {len(req.label_token_ids)} labels")
+        self._check_count(
+            len(req.items) * len(req.label_token_ids),
+            "items",
+            f"{len(req.items)} items x {len(req.label_token_ids)} labels",
+        )
         query = (await self._tokenize((req.query,), "query"))[0]
         items = await self._tokenize(req.items, "items")
-        prompts = await self.runner.work(score_prompts, query, items, req.label_token_ids,
-                                         req.item_first)
+        prompts = await self.runner.work(
+            score_prompts, query, items, req.label_token_ids, req.item_first
+        )
         self._check_lengths([p.token_ids for p in prompts], "items")
-        submission = await self.runner.submit([p.token_ids for p in prompts],
-                                              [p.logprob_start for p in prompts])
+        submission = await self.runner.submit(
+            [p.token_ids for p in prompts], [p.logprob_start for p in prompts]
+        )
         results = await self.runner.results(request, submission)
         if results is None:
             return []
-        return await self.runner.work(answer, score_response, req, prompts, results,
-                                      self.model_name)
+        return await self.runner.work(
+            answer, score_response, req, prompts, results, self.model_name
+        )
 
     async def tokenize(self, request: Request):
         req = await self._parse(request, parse_tokenize, self.model_names)
         if req.messages is not None:
             self._check_chars([m["content"] for m in req.messages], "messages")
-            ids = await self._chat_ids(req.messages, req.add_generation_prompt,
-                                       req.continue_final_message, check_length=False)
+            ids = await self._chat_ids(
+                req.messages,
+                req.add_generation_prompt,
+                req.continue_final_message,
+                check_length=False,
+            )
         else:
             self._check_chars([req.prompt], "prompt")
-            ids = [] if not req.prompt else await self._engine_call(
-                "prompt", self.engine.tokenize, req.prompt,
-                add_special_tokens=req.add_special_tokens)
-        strs = await self.runner.work(self.engine.token_strs, ids) if req.return_token_strs else None
-        return {"count": len(ids), "max_model_len": self.engine.max_prompt_tokens, "tokens": ids,
-                "token_strs": strs}
+            ids = (
+                []
+                if not req.prompt
+                else await self._engine_call(
+                    "prompt",
+                    self.engine.tokenize,
+                    req.prompt,
+                    add_special_tokens=req.add_special_tokens,
+                )
+            )
+        strs = (
+            await self.runner.work(self.engine.token_strs, ids) if req.return_token_strs else None
+        )
+        return {
+            "count": len(ids),
+            "max_model_len": self.engine.max_prompt_tokens,
+            "tokens": ids,
+            "token_strs": strs,
+        }
 
     async def detokenize(self, request: Request):
         ids = await self._parse(request, parse_detokenize, self.model_names, self.engine.vocab_size)
         text = await self.runner.work(self.engine.decode, ids)
         if text is None:
-            raise APIError(400, "the model has no tokenizer: token ids cannot be turned into text",
-                           "tokens")
+            raise APIError(
+                400, "the model has no tokenizer: token ids cannot be turned into text", "tokens"
+            )
         return {"prompt": text}
 
     # ---- the steps of a request --------------------------------------------------------------
@@ -161,8 +199,11 @@ class API:
         except ClientDisconnect:
             # nothing was submitted; the answer goes nowhere, but the handler must end quietly
             self.metrics.count("aborted")
-            raise APIError(499, "the client closed the connection before its request arrived",
-                           type_="client_closed_request") from None
+            raise APIError(
+                499,
+                "the client closed the connection before its request arrived",
+                type_="client_closed_request",
+            ) from None
         except APIError:
             self.metrics.count("bad_request")
             raise
@@ -187,33 +228,43 @@ class API:
         what = what or f"{num_prompts} prompts"
         limit = self.config.max_prompts_per_request
         if num_prompts > limit:
-            self._refuse(f"{field}: {what}; this server takes at most {limit} prompts in one "
-                         f"request (--max-prompts-per-request)", field)
+            self._refuse(
+                f"{field}: {what}; this server takes at most {limit} prompts in one "
+                f"request (--max-prompts-per-request)",
+                field,
+            )
         if num_prompts > self.runner.max_waiting:
-            self._refuse(f"{field}: {what}; this server queues at most {self.runner.max_waiting} "
-                         f"prompts (--max-waiting), so the request could never be admitted", field)
+            self._refuse(
+                f"{field}: {what}; this server queues at most {self.runner.max_waiting} "
+                f"prompts (--max-waiting), so the request could never be admitted",
+                field,
+            )
 
     def _check_chars(self, texts, field: str) -> None:
         """Texts whose characters alone put them past the prompt-token bound: 400, untokenized."""
         num_chars = sum(len(t) for t in texts if isinstance(t, str))
         if num_chars and num_chars > self._prompt_chars():
-            self._refuse(f"{field} has {num_chars} characters; no text of more than "
-                         f"{self._prompt_chars()} fits in the {self.engine.max_prompt_tokens} "
-                         f"tokens a prompt may have here", field)
+            self._refuse(
+                f"{field} has {num_chars} characters; no text of more than "
+                f"{self._prompt_chars()} fits in the {self.engine.max_prompt_tokens} "
+                f"tokens a prompt may have here",
+                field,
+            )
 
     def _prompt_chars(self) -> int:
         if self._max_prompt_chars is None:
             try:
                 per_token = self.engine.tokenizer.max_token_chars()
-            except ValueError:      # no tokenizer: a text is refused when it is tokenized
+            except ValueError:  # no tokenizer: a text is refused when it is tokenized
                 per_token = 2**31
             self._max_prompt_chars = max_prompt_chars(self.engine.max_prompt_tokens, per_token)
         return self._max_prompt_chars
 
     def _stream(self, slot, events) -> StreamingResponse:
         slot.bind(events)
-        return StreamingResponse(_released(events, slot), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(
+            _released(events, slot), media_type="text/event-stream", headers=SSE_HEADERS
+        )
 
     async def _engine_call(self, field: str, fn, *args, **kwargs):
         """A call on the work pool whose ValueError is the client's: a 400 naming `field`."""
@@ -238,15 +289,25 @@ class API:
                     self.metrics.count("bad_request")
                     raise APIError(400, f"{name}: {exc}", name) from None
             return out
+
         out = await self.runner.work(tokenize_all)
         self._check_lengths(out, field)
         return out
 
-    async def _chat_ids(self, messages, add_generation_prompt: bool, continue_final_message: bool,
-                        check_length: bool = True) -> list[int]:
-        ids = await self._engine_call("messages", self.engine.apply_chat_template, messages,
-                                      add_generation_prompt=add_generation_prompt,
-                                      continue_final_message=continue_final_message)
+    async def _chat_ids(
+        self,
+        messages,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        check_length: bool = True,
+    ) -> list[int]:
+        ids = await self._engine_call(
+            "messages",
+            self.engine.apply_chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
         if check_length:
             self._check_lengths([ids], "messages")
         return ids
@@ -257,9 +318,13 @@ class API:
             if len(ids) > longest:
                 name = field if len(token_lists) == 1 else f"{field}[{i}]"
                 self.metrics.count("bad_request")
-                raise APIError(400, f"{name} has {len(ids)} tokens; this server holds at most "
-                                    f"{longest} tokens per prompt (the model's positions and the "
-                                    f"smallest stage's cache)", name)
+                raise APIError(
+                    400,
+                    f"{name} has {len(ids)} tokens; this server holds at most "
+                    f"{longest} tokens per prompt (the model's positions and the "
+                    f"smallest stage's cache)",
+                    name,
+                )
 
 
 def answer(build, *args) -> Response:

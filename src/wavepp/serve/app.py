@@ -27,17 +27,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from wavepp.engine import Engine, EngineError
 from wavepp.serve.api import API
 from wavepp.serve.errors import APIError
-from wavepp.serve.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPTS_PER_REQUEST,
-                                 DEFAULT_MAX_STREAMS)
+from wavepp.serve.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_PROMPTS_PER_REQUEST,
+    DEFAULT_MAX_STREAMS,
+)
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """The server's options; the limits are those of limits.py's table (docs/serving.md)."""
+
     model_name: str
-    max_waiting: int = 256        # prompts queued (not yet admitted) beyond which new ones get 429
+    max_waiting: int = 256  # prompts queued (not yet admitted) beyond which new ones get 429
     retry_after_s: int = 1
-    debug: bool = False           # /debug/integrity and /debug/reset (wait for the pipeline to be idle)
+    debug: bool = False  # /debug/integrity and /debug/reset (wait for the pipeline to be idle)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
     max_streams: int = DEFAULT_MAX_STREAMS
@@ -96,15 +100,29 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
         """A transfer this server wrote, given up: removed from the store (off the request's
         path). 404 for one it does not hold (taken, expired, another server's, never made)."""
         if not await api.runner.work(engine.drop_transfer, transfer_id):
-            raise APIError(404, f"no KV transfer {transfer_id[:140]!r} of this server's is held",
-                           "transfer_id", type_="not_found_error")
+            raise APIError(
+                404,
+                f"no KV transfer {transfer_id[:140]!r} of this server's is held",
+                "transfer_id",
+                type_="not_found_error",
+            )
         return {"id": transfer_id, "object": "kv_transfer", "deleted": True}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": config.model_name, "object": "model", "created": api.created, "owned_by": "wavepp",
-            "max_model_len": engine.max_prompt_tokens, "wavepp": api.engine_info()}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": config.model_name,
+                    "object": "model",
+                    "created": api.created,
+                    "owned_by": "wavepp",
+                    "max_model_len": engine.max_prompt_tokens,
+                    "wavepp": api.engine_info(),
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health():
@@ -118,14 +136,19 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
         return Response(await api.runner.call(api.metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     if config.debug:
+
         @app.get("/debug/integrity")
         async def integrity():
             try:
                 reports = await asyncio.to_thread(engine.check_integrity)
             except EngineError as exc:
                 raise APIError(503, str(exc), type_="service_unavailable") from None
-            return {"stages": [{"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports],
-                    "leader_state_size": engine.leader_state_size()}
+            return {
+                "stages": [
+                    {"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports
+                ],
+                "leader_state_size": engine.leader_state_size(),
+            }
 
         @app.post("/debug/reset")
         async def reset():

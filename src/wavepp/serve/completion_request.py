@@ -12,21 +12,20 @@ from dataclasses import dataclass
 from wavepp.serve.errors import APIError, short
 from wavepp.serve.sampling import check_sampling
 
-
 Prompt = str | list[int]
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
     prompts: tuple[Prompt, ...]
-    max_tokens: int                 # 0 or 1: this is a prefill engine
-    logprobs: int | None            # top-k of the first token
+    max_tokens: int  # 0 or 1: this is a prefill engine
+    logprobs: int | None  # top-k of the first token
     echo: bool
-    prompt_logprobs: int | None     # vLLM's extension: logprobs of the prompt's own tokens
+    prompt_logprobs: int | None  # vLLM's extension: logprobs of the prompt's own tokens
     user: str | None = None
     stream: bool = False
-    include_usage: bool = False     # stream_options.include_usage: a last chunk with the usage
-    kv_transfer: bool = False       # kv_transfer_params {"do_remote_decode": true}: hand the KV on
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    kv_transfer: bool = False  # kv_transfer_params {"do_remote_decode": true}: hand the KV on
 
 
 @dataclass(frozen=True)
@@ -54,9 +53,20 @@ def parse_completion(body, model_names: tuple[str, ...], max_top_k: int) -> Comp
     user = body.get("user")
     kv_transfer = parse_kv_transfer(body, stream)
     if kv_transfer and len(prompts) > 1:
-        raise APIError(400, "kv_transfer_params: one prompt per request hands its KV on", "kv_transfer_params")
-    return CompletionRequest(prompts, max_tokens, logprobs, echo, prompt_logprobs,
-                             user if isinstance(user, str) else None, stream, include_usage, kv_transfer)
+        raise APIError(
+            400, "kv_transfer_params: one prompt per request hands its KV on", "kv_transfer_params"
+        )
+    return CompletionRequest(
+        prompts,
+        max_tokens,
+        logprobs,
+        echo,
+        prompt_logprobs,
+        user if isinstance(user, str) else None,
+        stream,
+        include_usage,
+        kv_transfer,
+    )
 
 
 def parse_kv_transfer(body: dict, stream: bool) -> bool:
@@ -67,14 +77,22 @@ def parse_kv_transfer(body: dict, stream: bool) -> bool:
     if params is None:
         return False
     if not isinstance(params, dict):
-        raise APIError(400, f"kv_transfer_params must be an object, got {short(params)}", "kv_transfer_params")
+        raise APIError(
+            400, f"kv_transfer_params must be an object, got {short(params)}", "kv_transfer_params"
+        )
     wanted = params.get("do_remote_decode", False)
     if not isinstance(wanted, bool):
-        raise APIError(400, f"kv_transfer_params.do_remote_decode must be a boolean, got {short(wanted)}",
-                       "kv_transfer_params")
+        raise APIError(
+            400,
+            f"kv_transfer_params.do_remote_decode must be a boolean, got {short(wanted)}",
+            "kv_transfer_params",
+        )
     if wanted and stream:
-        raise APIError(400, "kv_transfer_params: the hand-off answers in JSON; send stream=false",
-                       "kv_transfer_params")
+        raise APIError(
+            400,
+            "kv_transfer_params: the hand-off answers in JSON; send stream=false",
+            "kv_transfer_params",
+        )
     return wanted
 
 
@@ -87,7 +105,9 @@ def parse_json(raw: bytes):
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
     except RecursionError:
-        raise APIError(400, "the request body is not valid JSON here: it nests too deeply") from None
+        raise APIError(
+            400, "the request body is not valid JSON here: it nests too deeply"
+        ) from None
 
 
 def parse_max_tokens(body: dict, name: str) -> int:
@@ -98,8 +118,12 @@ def parse_max_tokens(body: dict, name: str) -> int:
     if not _is_int(max_tokens) or max_tokens < 0:
         raise APIError(400, f"{name} must be a non-negative integer, got {short(max_tokens)}", name)
     if max_tokens > 1:
-        raise APIError(400, f"{name}={max_tokens}: this is a prefill engine; it computes the "
-                            f"prompt and its first token only ({name} 0 or 1)", name)
+        raise APIError(
+            400,
+            f"{name}={max_tokens}: this is a prefill engine; it computes the "
+            f"prompt and its first token only ({name} 0 or 1)",
+            name,
+        )
     return max_tokens
 
 
@@ -110,15 +134,20 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
     if options is None:
         return stream, False
     if not isinstance(options, dict):
-        raise APIError(400, f"stream_options must be an object, got {short(options)}", "stream_options")
+        raise APIError(
+            400, f"stream_options must be an object, got {short(options)}", "stream_options"
+        )
     if not stream:
         raise APIError(400, "stream_options is only allowed with stream=true", "stream_options")
     include_usage = options.get("include_usage", False)
     if include_usage is None:
         include_usage = False
     if not isinstance(include_usage, bool):
-        raise APIError(400, f"stream_options.include_usage must be a boolean, got {short(include_usage)}",
-                       "stream_options.include_usage")
+        raise APIError(
+            400,
+            f"stream_options.include_usage must be a boolean, got {short(include_usage)}",
+            "stream_options.include_usage",
+        )
     return stream, include_usage
 
 
@@ -148,7 +177,9 @@ def parse_score(body, model_names: tuple[str, ...], vocab_size: int) -> ScoreReq
     if isinstance(items, (str, dict)) or (isinstance(items, list) and items and _is_int(items[0])):
         items = [items]
     if not isinstance(items, list) or not items:
-        raise APIError(400, "items must be a non-empty list of strings or of token-id lists", "items")
+        raise APIError(
+            400, "items must be a non-empty list of strings or of token-id lists", "items"
+        )
     item_prompts = []
     for i, item in enumerate(items):
         one = _prompts(item, f"items[{i}]")
@@ -157,11 +188,16 @@ def parse_score(body, model_names: tuple[str, ...], vocab_size: int) -> ScoreReq
         item_prompts.append(one[0])
     labels = body.get("label_token_ids")
     if not isinstance(labels, list) or not labels or not all(_is_int(t) for t in labels):
-        raise APIError(400, "label_token_ids must be a non-empty list of token ids", "label_token_ids")
+        raise APIError(
+            400, "label_token_ids must be a non-empty list of token ids", "label_token_ids"
+        )
     bad = [t for t in labels if not 0 <= t < vocab_size]
     if bad:
-        raise APIError(400, f"label_token_ids: token id {bad[0]} is outside the vocabulary "
-                            f"[0, {vocab_size})", "label_token_ids")
+        raise APIError(
+            400,
+            f"label_token_ids: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+            "label_token_ids",
+        )
     apply_softmax = body.get("apply_softmax", False)
     item_first = body.get("item_first", False)
     for name, value in (("apply_softmax", apply_softmax), ("item_first", item_first)):
@@ -171,6 +207,7 @@ def parse_score(body, model_names: tuple[str, ...], vocab_size: int) -> ScoreReq
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
@@ -185,8 +222,12 @@ def check_model(body: dict, model_names: tuple[str, ...]) -> None:
     if not isinstance(model, str):
         raise APIError(400, f"model must be a string, got {short(model)}", "model")
     if model not in model_names and model.rstrip("/").rsplit("/", 1)[-1] not in model_names:
-        raise APIError(400, f"The model `{short(model)}` does not exist; this server serves "
-                            f"{', '.join(model_names)}", "model")
+        raise APIError(
+            400,
+            f"The model `{short(model)}` does not exist; this server serves "
+            f"{', '.join(model_names)}",
+            "model",
+        )
 
 
 def _prompts(prompt, field: str) -> tuple[Prompt, ...]:
@@ -196,12 +237,16 @@ def _prompts(prompt, field: str) -> tuple[Prompt, ...]:
     if isinstance(prompt, str):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (int, float)):
-        prompts = [prompt]      # token ids (each checked below)
+        prompts = [prompt]  # token ids (each checked below)
     elif isinstance(prompt, list) and prompt:
         prompts = prompt
     else:
-        raise APIError(400, f"{field} must be a non-empty string, list of strings, list of token "
-                            f"ids or list of token-id lists", field)
+        raise APIError(
+            400,
+            f"{field} must be a non-empty string, list of strings, list of token "
+            f"ids or list of token-id lists",
+            field,
+        )
     for i, p in enumerate(prompts):
         name = field if len(prompts) == 1 and prompts[0] is prompt else f"{field}[{i}]"
         if isinstance(p, str):
@@ -212,10 +257,13 @@ def _prompts(prompt, field: str) -> tuple[Prompt, ...]:
                 raise APIError(400, f"{name} is empty: at least one token is needed", name)
             for j, t in enumerate(p):
                 if not _is_int(t):
-                    raise APIError(400, f"{name}: token {j} is {short(t)}; token ids must be integers", name)
+                    raise APIError(
+                        400, f"{name}: token {j} is {short(t)}; token ids must be integers", name
+                    )
         else:
-            raise APIError(400, f"{name} must be a string or a list of token ids, got "
-                                f"{type(p).__name__}", name)
+            raise APIError(
+                400, f"{name} must be a string or a list of token ids, got {type(p).__name__}", name
+            )
     return tuple(prompts)
 
 

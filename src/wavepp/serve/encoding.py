@@ -24,10 +24,10 @@ def json_bytes(value) -> bytes:
     longer and lets go of the GIL between them."""
     pieces: list[bytes] = []
     _encode(value, pieces)
-    return b"".join(pieces)      # a copy of bytes, milliseconds for tens of MB
+    return b"".join(pieces)  # a copy of bytes, milliseconds for tens of MB
 
 
-PIECE_ITEMS = 4096     # the most items (at any depth) one json.dumps call serializes
+PIECE_ITEMS = 4096  # the most items (at any depth) one json.dumps call serializes
 _CONTAINERS = (dict, list, tuple)
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 

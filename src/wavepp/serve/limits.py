@@ -77,9 +77,12 @@ class StreamSlots:
     def take(self) -> "StreamSlot":
         with self._lock:
             if self._open >= self.limit:
-                raise APIError(429, f"too many open streams ({self.limit}); retry later",
-                               type_="rate_limit_error",
-                               headers={"Retry-After": str(self.retry_after_s)})
+                raise APIError(
+                    429,
+                    f"too many open streams ({self.limit}); retry later",
+                    type_="rate_limit_error",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                )
             self._open += 1
         return StreamSlot(self)
 
@@ -106,5 +109,9 @@ class StreamSlot:
 
 
 def _too_large(size: int, max_bytes: int) -> APIError:
-    return APIError(413, f"the request body has {size} bytes or more; this server takes at most "
-                         f"{max_bytes} (--max-body-bytes)", type_="invalid_request_error")
+    return APIError(
+        413,
+        f"the request body has {size} bytes or more; this server takes at most "
+        f"{max_bytes} (--max-body-bytes)",
+        type_="invalid_request_error",
+    )

@@ -22,21 +22,32 @@ import httpx
 class LoadReport:
     num_ok: int = 0
     num_disconnected: int = 0
-    num_rejected: int = 0           # 429
-    num_errors: int = 0             # any other status, or a transport error
-    num_resent: int = 0             # sent again once after the connection closed under it
+    num_rejected: int = 0  # 429
+    num_errors: int = 0  # any other status, or a transport error
+    num_resent: int = 0  # sent again once after the connection closed under it
     errors: list[str] = field(default_factory=list)
-    latencies_s: list[float] = field(default_factory=list)     # of the ok ones, in send order
+    latencies_s: list[float] = field(default_factory=list)  # of the ok ones, in send order
     cached_tokens: int = 0
     prompt_tokens: int = 0
     wall_s: float = 0.0
 
 
-async def _load(url: str, prompts, concurrency: int, disconnect_fraction: float, seed: int,
-                max_disconnect_s: float, timeout_s: float, model: str | None, stop_on_error: bool,
-                on_done) -> LoadReport:
+async def _load(
+    url: str,
+    prompts,
+    concurrency: int,
+    disconnect_fraction: float,
+    seed: int,
+    max_disconnect_s: float,
+    timeout_s: float,
+    model: str | None,
+    stop_on_error: bool,
+    on_done,
+) -> LoadReport:
     rng = random.Random(seed)
-    plan = [(p, rng.random() < disconnect_fraction, rng.uniform(0.0, max_disconnect_s)) for p in prompts]
+    plan = [
+        (p, rng.random() < disconnect_fraction, rng.uniform(0.0, max_disconnect_s)) for p in prompts
+    ]
     report = LoadReport()
     next_index = iter(range(len(plan)))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -61,7 +72,7 @@ async def _load(url: str, prompts, concurrency: int, disconnect_fraction: float,
         try:
             if disconnect:
                 await asyncio.wait_for(post(), after_s)
-                report.num_ok += 1     # it finished before the client gave up
+                report.num_ok += 1  # it finished before the client gave up
                 return
             r = await post()
         except asyncio.TimeoutError:
@@ -98,20 +109,51 @@ async def _load(url: str, prompts, concurrency: int, disconnect_fraction: float,
     return report
 
 
-def run_load(url: str, prompts, *, concurrency: int = 64, disconnect_fraction: float = 0.0, seed: int = 0,
-             max_disconnect_s: float = 0.05, timeout_s: float = 120.0, model: str | None = None,
-             stop_on_error: bool = False, on_done=None) -> LoadReport:
+def run_load(
+    url: str,
+    prompts,
+    *,
+    concurrency: int = 64,
+    disconnect_fraction: float = 0.0,
+    seed: int = 0,
+    max_disconnect_s: float = 0.05,
+    timeout_s: float = 120.0,
+    model: str | None = None,
+    stop_on_error: bool = False,
+    on_done=None,
+) -> LoadReport:
     """Send every prompt once from `concurrency` clients; see the module docstring.
     `model`: the request's "model" field (None: left out); `on_done(1)` is called after each
     request ends, whatever its outcome."""
-    return asyncio.run(_load(url, list(prompts), concurrency, disconnect_fraction, seed,
-                             max_disconnect_s, timeout_s, model, stop_on_error, on_done))
+    return asyncio.run(
+        _load(
+            url,
+            list(prompts),
+            concurrency,
+            disconnect_fraction,
+            seed,
+            max_disconnect_s,
+            timeout_s,
+            model,
+            stop_on_error,
+            on_done,
+        )
+    )
 
 
-def group_prompts(num: int, *, vocab_size: int, num_groups: int = 8, prefix_len: int = 48,
-                  suffix_len: tuple[int, int] = (4, 24), seed: int = 0) -> list[list[int]]:
+def group_prompts(
+    num: int,
+    *,
+    vocab_size: int,
+    num_groups: int = 8,
+    prefix_len: int = 48,
+    suffix_len: tuple[int, int] = (4, 24),
+    seed: int = 0,
+) -> list[list[int]]:
     """`num` token-id prompts: a shared prefix of one of `num_groups` groups + a random suffix."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(vocab_size) for _ in range(prefix_len)] for _ in range(num_groups)]
-    return [rng.choice(prefixes) + [rng.randrange(vocab_size) for _ in range(rng.randint(*suffix_len))]
-            for _ in range(num)]
+    return [
+        rng.choice(prefixes) + [rng.randrange(vocab_size) for _ in range(rng.randint(*suffix_len))]
+        for _ in range(num)
+    ]

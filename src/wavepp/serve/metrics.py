@@ -47,25 +47,42 @@ class ServeMetrics:
         self.engine = engine
         self.registry = CollectorRegistry()
         self.t0 = time.monotonic()
-        self.requests = Counter("wavepp_requests", "HTTP prompts by outcome", ["outcome"],
-                                registry=self.registry)
+        self.requests = Counter(
+            "wavepp_requests", "HTTP prompts by outcome", ["outcome"], registry=self.registry
+        )
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
-        self.prompt_tokens = Counter("wavepp_prompt_tokens", "prompt tokens served", registry=self.registry)
-        self.cached_tokens = Counter("wavepp_cached_tokens", "prompt tokens reused from the cache",
-                                     registry=self.registry)
-        self.computed_tokens = Counter("wavepp_computed_tokens", "prompt tokens computed",
-                                       registry=self.registry)
-        self.ttft = Histogram("wavepp_ttft_seconds", "arrival to first token", buckets=_LATENCY_BUCKETS,
-                              registry=self.registry)
-        self.queue = Histogram("wavepp_queue_seconds", "arrival to admitted on every stage",
-                               buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.rounds = Histogram("wavepp_admission_round_seconds", "admission round latency",
-                                buckets=_ROUND_BUCKETS + _LATENCY_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter(
+            "wavepp_prompt_tokens", "prompt tokens served", registry=self.registry
+        )
+        self.cached_tokens = Counter(
+            "wavepp_cached_tokens", "prompt tokens reused from the cache", registry=self.registry
+        )
+        self.computed_tokens = Counter(
+            "wavepp_computed_tokens", "prompt tokens computed", registry=self.registry
+        )
+        self.ttft = Histogram(
+            "wavepp_ttft_seconds",
+            "arrival to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue = Histogram(
+            "wavepp_queue_seconds",
+            "arrival to admitted on every stage",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rounds = Histogram(
+            "wavepp_admission_round_seconds",
+            "admission round latency",
+            buckets=_ROUND_BUCKETS + _LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         # the prefix hit rate's terms (the counters above hold the same totals, for Prometheus)
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
-        self.last_stats = None        # the engine's CoreStats at the last scrape
+        self.last_stats = None  # the engine's CoreStats at the last scrape
         self._rounds_seen = 0
         self.registry.register(_EngineCollector(self))
 
@@ -103,8 +120,8 @@ class ServeMetrics:
     def _feed_rounds(self) -> None:
         """Observe the round latencies recorded since the last scrape (the engine keeps a window)."""
         try:
-            stats = self.engine.stats(rounds_since=self._rounds_seen)   # no whole-window copy
-        except Exception:   # noqa: BLE001 - a dead engine has no new rounds
+            stats = self.engine.stats(rounds_since=self._rounds_seen)  # no whole-window copy
+        except Exception:  # noqa: BLE001 - a dead engine has no new rounds
             return
         for latency in stats.round_latencies_s:
             self.rounds.observe(latency)
@@ -121,28 +138,46 @@ class _EngineCollector:
     def collect(self):
         engine = self.metrics.engine
         load = engine.load()
-        yield _gauge("wavepp_requests_waiting", "requests queued or in an admission round", load.num_waiting)
-        yield _gauge("wavepp_requests_running", "requests admitted on every stage, computing", load.num_running)
+        yield _gauge(
+            "wavepp_requests_waiting", "requests queued or in an admission round", load.num_waiting
+        )
+        yield _gauge(
+            "wavepp_requests_running",
+            "requests admitted on every stage, computing",
+            load.num_running,
+        )
         yield _gauge("wavepp_up", "1 while every stage is alive", 0 if load.error else 1)
         m = self.metrics
         prompt = m.num_prompt_tokens
-        yield _gauge("wavepp_prefix_hit_rate", "cached / prompt tokens since start",
-                     m.num_cached_tokens / prompt if prompt else 0.0)
+        yield _gauge(
+            "wavepp_prefix_hit_rate",
+            "cached / prompt tokens since start",
+            m.num_cached_tokens / prompt if prompt else 0.0,
+        )
         stats = m.last_stats
         if stats is not None:
             elapsed = max(1e-9, time.monotonic() - m.t0)
-            busy = CounterMetricFamily("wavepp_stage_busy_seconds", "seconds a stage computed waves",
-                                       labels=["stage"])
-            frac = GaugeMetricFamily("wavepp_stage_busy_fraction", "busy seconds / seconds since start",
-                                     labels=["stage"])
-            idle_input = CounterMetricFamily("wavepp_stage_idle_input_seconds",
-                                             "seconds a stage was idle with nothing to run", labels=["stage"])
-            idle_admission = CounterMetricFamily("wavepp_stage_idle_admission_seconds",
-                                                 "seconds a stage was idle or blocked waiting for admission",
-                                                 labels=["stage"])
-            round_s = CounterMetricFamily("wavepp_stage_round_seconds",
-                                          "seconds a stage's compute loop spent answering admission rounds",
-                                          labels=["stage"])
+            busy = CounterMetricFamily(
+                "wavepp_stage_busy_seconds", "seconds a stage computed waves", labels=["stage"]
+            )
+            frac = GaugeMetricFamily(
+                "wavepp_stage_busy_fraction", "busy seconds / seconds since start", labels=["stage"]
+            )
+            idle_input = CounterMetricFamily(
+                "wavepp_stage_idle_input_seconds",
+                "seconds a stage was idle with nothing to run",
+                labels=["stage"],
+            )
+            idle_admission = CounterMetricFamily(
+                "wavepp_stage_idle_admission_seconds",
+                "seconds a stage was idle or blocked waiting for admission",
+                labels=["stage"],
+            )
+            round_s = CounterMetricFamily(
+                "wavepp_stage_round_seconds",
+                "seconds a stage's compute loop spent answering admission rounds",
+                labels=["stage"],
+            )
             for i, st in enumerate(stats.stages):
                 busy.add_metric([str(i)], st.busy_s)
                 frac.add_metric([str(i)], min(1.0, st.busy_s / elapsed))
@@ -151,21 +186,34 @@ class _EngineCollector:
                 round_s.add_metric([str(i)], st.round_s)
             yield from (busy, frac, idle_input, idle_admission, round_s)
             yield CounterMetricFamily("wavepp_waves", "waves run", value=stats.num_waves)
-            yield CounterMetricFamily("wavepp_admission_rounds", "admission rounds run", value=stats.num_rounds)
-        blocks = GaugeMetricFamily("wavepp_stage_blocks", "a stage's cache blocks by state (its last report)",
-                                   labels=["stage", "state"])
+            yield CounterMetricFamily(
+                "wavepp_admission_rounds", "admission rounds run", value=stats.num_rounds
+            )
+        blocks = GaugeMetricFamily(
+            "wavepp_stage_blocks",
+            "a stage's cache blocks by state (its last report)",
+            labels=["stage", "state"],
+        )
         for stage, cap in enumerate(engine.stage_capacity()):
             if cap is None:
                 continue
             used = cap.num_blocks - cap.num_free
-            for state, value in (("used", used), ("free", cap.num_free), ("leased", cap.num_leased),
-                                 ("escrowed", cap.num_escrowed), ("in_use", cap.num_in_use),
-                                 ("evictable", cap.num_evictable)):
+            for state, value in (
+                ("used", used),
+                ("free", cap.num_free),
+                ("leased", cap.num_leased),
+                ("escrowed", cap.num_escrowed),
+                ("in_use", cap.num_in_use),
+                ("evictable", cap.num_evictable),
+            ):
                 blocks.add_metric([str(stage), state], value)
         yield blocks
         written, failed = engine.kv_export_counts()
-        exports = CounterMetricFamily("wavepp_kv_exports", "KV hand-off parts the stages reported, by outcome",
-                                      labels=["outcome"])
+        exports = CounterMetricFamily(
+            "wavepp_kv_exports",
+            "KV hand-off parts the stages reported, by outcome",
+            labels=["outcome"],
+        )
         exports.add_metric(["written"], written)
         exports.add_metric(["failed"], failed)
         yield exports

@@ -23,15 +23,21 @@ class Responses:
 
     # ---- completions -------------------------------------------------------------------------
 
-    def completion_choice(self, req: CompletionRequest, index: int, prompt, ids: list[int], r) -> dict:
+    def completion_choice(
+        self, req: CompletionRequest, index: int, prompt, ids: list[int], r
+    ) -> dict:
         """One prompt's choice: text (the prompt with echo, then the first token with
         max_tokens 1), legacy logprobs, and vLLM's prompt_logprobs when asked."""
-        prompt_text = prompt if isinstance(prompt, str) else (self.engine.decode(ids) if self.has_tokenizer else "")
+        prompt_text = (
+            prompt
+            if isinstance(prompt, str)
+            else (self.engine.decode(ids) if self.has_tokenizer else "")
+        )
         text = prompt_text if req.echo else ""
         logprobs = None
         if req.logprobs is not None:
             logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-            if req.echo:      # the prompt's tokens first: the first has no logprob
+            if req.echo:  # the prompt's tokens first: the first has no logprob
                 pairs = [(None, ())] + list(r.prompt_logprobs)
                 offset = 0
                 for t, (lp, top) in zip(ids, pairs):
@@ -39,22 +45,42 @@ class Responses:
                     offset += len(self.token_text(t))
         if req.max_tokens == 1:
             if logprobs is not None:
-                self._append_logprob(logprobs, r.first_token_id, r.first_token_logprob, r.top_logprobs,
-                                     req.logprobs, len(text))
+                self._append_logprob(
+                    logprobs,
+                    r.first_token_id,
+                    r.first_token_logprob,
+                    r.top_logprobs,
+                    req.logprobs,
+                    len(text),
+                )
             text += self.first_text(r)
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": "length",
-                  "stop_reason": None}
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
         if req.prompt_logprobs is not None:
             choice["prompt_logprobs"] = [None] + [
                 self._vllm_logprobs(t, lp, top, req.prompt_logprobs)
-                for t, (lp, top) in zip(ids[1:], r.prompt_logprobs)]
+                for t, (lp, top) in zip(ids[1:], r.prompt_logprobs)
+            ]
         return choice
 
     def completion(self, req: CompletionRequest, token_lists, results) -> dict:
-        choices = [self.completion_choice(req, i, p, ids, r)
-                   for i, (p, ids, r) in enumerate(zip(req.prompts, token_lists, results))]
-        out = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-               "model": self.model_name, "choices": choices, "usage": usage(token_lists, results, req.max_tokens)}
+        choices = [
+            self.completion_choice(req, i, p, ids, r)
+            for i, (p, ids, r) in enumerate(zip(req.prompts, token_lists, results))
+        ]
+        out = {
+            "id": new_id("cmpl"),
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": usage(token_lists, results, req.max_tokens),
+        }
         if req.kv_transfer:
             out["kv_transfer_params"] = results[0].kv_transfer
         return out
@@ -68,15 +94,28 @@ class Responses:
         if req.max_tokens == 0:
             return {"content": []}
         entry = self._chat_token(r.first_token_id, r.first_token_logprob)
-        entry["top_logprobs"] = [self._chat_token(t, lp) for t, lp in r.top_logprobs[:req.top_logprobs]]
+        entry["top_logprobs"] = [
+            self._chat_token(t, lp) for t, lp in r.top_logprobs[: req.top_logprobs]
+        ]
         return {"content": [entry]}
 
     def chat(self, req: ChatRequest, ids: list[int], r) -> dict:
         content = self.first_text(r) if req.max_tokens == 1 else ""
-        choice = {"index": 0, "message": {"role": "assistant", "content": content},
-                  "logprobs": self.chat_logprobs(req, r), "finish_reason": "length", "stop_reason": None}
-        out = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
-               "model": self.model_name, "choices": [choice], "usage": usage([ids], [r], req.max_tokens)}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "logprobs": self.chat_logprobs(req, r),
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+        out = {
+            "id": new_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": usage([ids], [r], req.max_tokens),
+        }
         if req.kv_transfer:
             out["kv_transfer_params"] = r.kv_transfer
         return out
@@ -107,7 +146,9 @@ class Responses:
         """One token of OpenAI's legacy logprobs: its text, logprob, top-k dict and offset."""
         out["tokens"].append(self.token_text(token_id))
         out["token_logprobs"].append(logprob)
-        out["top_logprobs"].append(None if logprob is None else {self.token_text(t): lp for t, lp in top[:k]})
+        out["top_logprobs"].append(
+            None if logprob is None else {self.token_text(t): lp for t, lp in top[:k]}
+        )
         out["text_offset"].append(offset)
 
     def _vllm_logprobs(self, token_id: int, logprob: float, top, k: int) -> dict:
@@ -118,8 +159,11 @@ class Responses:
             out[str(t)] = {"logprob": lp, "rank": rank, "decoded_token": self.token_text(t)}
         if str(token_id) not in out:
             ranks = [rank for rank, (t, _) in enumerate(top, start=1) if t == token_id]
-            out[str(token_id)] = {"logprob": logprob, "rank": ranks[0] if ranks else None,
-                                  "decoded_token": self.token_text(token_id)}
+            out[str(token_id)] = {
+                "logprob": logprob,
+                "rank": ranks[0] if ranks else None,
+                "decoded_token": self.token_text(token_id),
+            }
         return out
 
 
@@ -127,9 +171,12 @@ def usage(token_lists, results, max_tokens: int) -> dict:
     """prompt, completion (max_tokens per prompt) and total tokens, and the cached ones."""
     num_prompt = sum(len(ids) for ids in token_lists)
     num_completion = max_tokens * len(token_lists)
-    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
-            "total_tokens": num_prompt + num_completion,
-            "prompt_tokens_details": {"cached_tokens": sum(r.num_cached_tokens for r in results)}}
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_completion,
+        "total_tokens": num_prompt + num_completion,
+        "prompt_tokens_details": {"cached_tokens": sum(r.num_cached_tokens for r in results)},
+    }
 
 
 def new_id(prefix: str) -> str:

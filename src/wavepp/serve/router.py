@@ -43,11 +43,25 @@ from wavepp.serve.sampling import TOKEN_CHOICE_FIELDS
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                        "proxy-connection", "te", "trailer", "trailers", "transfer-encoding", "upgrade"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # set anew by whoever sends the message: the body is encoded again (its length and encoding
 # change; httpx decodes what it reads), the host is the upstream's, date and server are uvicorn's
-_REQUEST_OWN = frozenset({"host", "content-length", "content-type", "content-encoding", "accept-encoding"})
+_REQUEST_OWN = frozenset(
+    {"host", "content-length", "content-type", "content-encoding", "accept-encoding"}
+)
 _RESPONSE_OWN = frozenset({"content-length", "content-encoding", "date", "server"})
 DROP_TIMEOUT_S = 5.0
 
@@ -84,11 +98,17 @@ def decode_body(body: dict, params: dict | None) -> dict:
     return out
 
 
-def end_to_end(headers: httpx.Headers | list[tuple[str, str]], own: frozenset) -> list[tuple[str, str]]:
+def end_to_end(
+    headers: httpx.Headers | list[tuple[str, str]], own: frozenset
+) -> list[tuple[str, str]]:
     """The headers a proxy passes on: not hop-by-hop, not named by Connection, not `own`."""
     items = headers.multi_items() if isinstance(headers, httpx.Headers) else list(headers)
     named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
-    return [(k, v) for k, v in items if (lk := k.lower()) not in HOP_BY_HOP and lk not in named and lk not in own]
+    return [
+        (k, v)
+        for k, v in items
+        if (lk := k.lower()) not in HOP_BY_HOP and lk not in named and lk not in own
+    ]
 
 
 class _NoCookies(http.cookiejar.DefaultCookiePolicy):
@@ -102,14 +122,20 @@ class _Upstream(Exception):
     def __init__(self, side: str, err: httpx.HTTPError, timeout_s: float):
         timed_out = isinstance(err, httpx.TimeoutException)
         self.status = 504 if timed_out else 502
-        self.message = (f"the {side} server did not answer within {timeout_s:g} s" if timed_out else
-                        f"the {side} server could not be reached ({type(err).__name__})")
+        self.message = (
+            f"the {side} server did not answer within {timeout_s:g} s"
+            if timed_out
+            else f"the {side} server could not be reached ({type(err).__name__})"
+        )
 
 
 def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The router's app; `transport` replaces the network (tests)."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
-                               transport=transport, cookies=http.cookiejar.CookieJar(policy=_NoCookies()))
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
+        transport=transport,
+        cookies=http.cookiejar.CookieJar(policy=_NoCookies()),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -124,7 +150,9 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
 
     async def send(side: str, method: str, url: str, headers, *, stream: bool = False, **kwargs):
         try:
-            return await client.send(client.build_request(method, url, headers=headers, **kwargs), stream=stream)
+            return await client.send(
+                client.build_request(method, url, headers=headers, **kwargs), stream=stream
+            )
         except httpx.HTTPError as err:
             log.warning("route: %s %s failed: %r", method, url, err)
             raise _Upstream(side, err, config.timeout_s) from None
@@ -135,22 +163,33 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
         if not isinstance(transfer_id, str):
             return
         try:
-            await client.delete(f"{config.prefill_url}/v1/kv_transfers/{transfer_id}", timeout=DROP_TIMEOUT_S)
+            await client.delete(
+                f"{config.prefill_url}/v1/kv_transfers/{transfer_id}", timeout=DROP_TIMEOUT_S
+            )
         except httpx.HTTPError as err:
-            log.warning("route: the prefill server did not drop KV transfer %s: %r", transfer_id, err)
+            log.warning(
+                "route: the prefill server did not drop KV transfer %s: %r", transfer_id, err
+            )
 
     async def relay(path: str, request: Request):
         raw = await read_body(request, config.max_body_bytes)
         try:
             body = json.loads(raw)
-        except (ValueError, RecursionError) as err:   # malformed, or nested past the parser's depth
-            return _error(400, f"the request body is not valid JSON: {str(err)[:200]}", "BadRequestError")
+        except (ValueError, RecursionError) as err:  # malformed, or nested past the parser's depth
+            return _error(
+                400, f"the request body is not valid JSON: {str(err)[:200]}", "BadRequestError"
+            )
         if not isinstance(body, dict):
-            return _error(400, f"the request body must be a JSON object, got {type(body).__name__}",
-                          "BadRequestError")
+            return _error(
+                400,
+                f"the request body must be a JSON object, got {type(body).__name__}",
+                "BadRequestError",
+            )
         headers = end_to_end(request.headers.items(), _REQUEST_OWN)
         try:
-            prefill = await send("prefill", "POST", f"{config.prefill_url}{path}", headers, json=prefill_body(body))
+            prefill = await send(
+                "prefill", "POST", f"{config.prefill_url}{path}", headers, json=prefill_body(body)
+            )
         except _Upstream as err:
             return _error(err.status, err.message)
         if prefill.status_code != 200:
@@ -165,8 +204,14 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
         params = params if isinstance(params, dict) else None
         url = f"{config.decode_url}{path}"
         try:
-            decode = await send("decode", "POST", url, headers, json=decode_body(body, params),
-                                stream=body.get("stream") is True)
+            decode = await send(
+                "decode",
+                "POST",
+                url,
+                headers,
+                json=decode_body(body, params),
+                stream=body.get("stream") is True,
+            )
         except _Upstream as err:
             await drop_transfer(params)
             return _error(err.status, err.message)
@@ -181,10 +226,10 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
             try:
                 async for chunk in decode.aiter_bytes():
                     yield chunk
-            except httpx.HTTPError as err:    # the decode side went away mid-stream: the stream ends
+            except httpx.HTTPError as err:  # the decode side went away mid-stream: the stream ends
                 log.warning("route: the decode stream broke: %r", err)
             finally:
-                await decode.aclose()   # a client that leaves closes the decode stream too
+                await decode.aclose()  # a client that leaves closes the decode stream too
 
         response = StreamingResponse(chunks(), status_code=200)
         _add_headers(response, decode)
@@ -201,8 +246,14 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
     @app.get("/v1/models")
     async def models(request: Request):
         try:
-            return _passthrough(await send("decode", "GET", f"{config.decode_url}/v1/models",
-                                           end_to_end(request.headers.items(), _REQUEST_OWN)))
+            return _passthrough(
+                await send(
+                    "decode",
+                    "GET",
+                    f"{config.decode_url}/v1/models",
+                    end_to_end(request.headers.items(), _REQUEST_OWN),
+                )
+            )
         except _Upstream as err:
             return _error(err.status, err.message)
 
@@ -215,8 +266,10 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
                     bad.append(name)
             except httpx.HTTPError:
                 bad.append(name)
-        return JSONResponse({"status": "ok" if not bad else f"unhealthy: {', '.join(bad)}"},
-                            status_code=503 if bad else 200)
+        return JSONResponse(
+            {"status": "ok" if not bad else f"unhealthy: {', '.join(bad)}"},
+            status_code=503 if bad else 200,
+        )
 
     return app
 
@@ -235,5 +288,7 @@ def _passthrough(resp: httpx.Response) -> Response:
 
 
 def _error(status: int, message: str, kind: str = "BadGateway") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
-                        status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+    )

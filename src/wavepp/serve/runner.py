@@ -40,8 +40,9 @@ WORK_THREADS = 8
 @dataclass
 class Submission:
     """A request's prompts in the engine: their ids and loop futures, in prompt order."""
+
     request_ids: list[int]
-    futures: list[asyncio.Future]     # each resolves to a PrefillResult, or raises EngineError
+    futures: list[asyncio.Future]  # each resolves to a PrefillResult, or raises EngineError
 
 
 class Runner:
@@ -56,12 +57,14 @@ class Runner:
     async def call(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the engine pool; the loop awaits it."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.pool, functools.partial(fn, *args, **kwargs))
+            self.pool, functools.partial(fn, *args, **kwargs)
+        )
 
     async def work(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the work pool (no engine lock; long for a large request)."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.work_pool, functools.partial(fn, *args, **kwargs))
+            self.work_pool, functools.partial(fn, *args, **kwargs)
+        )
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -73,13 +76,17 @@ class Runner:
         to the engine's store. An option the engine refuses is a 400 and queues nothing. A
         handler cancelled while the submit runs aborts what the submit queued."""
         loop = asyncio.get_running_loop()
-        task = loop.run_in_executor(self.pool, self._submit_all, token_lists, logprob_start, kv_transfer)
+        task = loop.run_in_executor(
+            self.pool, self._submit_all, token_lists, logprob_start, kv_transfer
+        )
         try:
             return self._submission(loop, await asyncio.shield(task))
         except asyncio.CancelledError:
+
             def abort_when_queued(t: asyncio.Future) -> None:
                 if not t.cancelled() and t.exception() is None:
                     self.abort(self._submission(loop, t.result()))
+
             task.add_done_callback(abort_when_queued)
             raise
 
@@ -99,7 +106,7 @@ class Runner:
             if not await first_or_disconnect(request, waiting):
                 self.abort(submission)
                 return None
-        except asyncio.CancelledError:     # the server stops: abort, then let the cancel go on
+        except asyncio.CancelledError:  # the server stops: abort, then let the cancel go on
             self.abort(submission)
             raise
         results = waiting.result()
@@ -117,33 +124,48 @@ class Runner:
             raise APIError(503, f"the pipeline is down: {load.error}", type_="service_unavailable")
         if load.num_waiting + len(token_lists) > self.max_waiting:
             self.metrics.count("rejected", len(token_lists))
-            raise APIError(429, f"too many requests waiting ({load.num_waiting} queued, at most "
-                                f"{self.max_waiting}); retry later", type_="rate_limit_error",
-                           headers={"Retry-After": str(self.retry_after_s)})
+            raise APIError(
+                429,
+                f"too many requests waiting ({load.num_waiting} queued, at most "
+                f"{self.max_waiting}); retry later",
+                type_="rate_limit_error",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         futures = []
         try:
             for ids, start in zip(token_lists, logprob_start):
-                futures.append(self.engine.submit(ids, logprob_start=start, kv_transfer=kv_transfer))
+                futures.append(
+                    self.engine.submit(ids, logprob_start=start, kv_transfer=kv_transfer)
+                )
         except (EngineError, ValueError) as exc:
             for f in futures:
                 self.engine.abort(f.request_id)
             if isinstance(exc, ValueError):
                 self.metrics.count("bad_request", len(token_lists) - len(futures))
-                raise APIError(400, str(exc), "kv_transfer_params" if kv_transfer else None) from None
+                raise APIError(
+                    400, str(exc), "kv_transfer_params" if kv_transfer else None
+                ) from None
             self.metrics.count("unavailable", len(token_lists) - len(futures))
-            raise APIError(503, f"the pipeline is down: {exc}", type_="service_unavailable") from None
+            raise APIError(
+                503, f"the pipeline is down: {exc}", type_="service_unavailable"
+            ) from None
         return futures
 
-    def _submission(self, loop: asyncio.AbstractEventLoop, engine_futures: list[Future]) -> Submission:
-        return Submission([f.request_id for f in engine_futures], [self._on_loop(loop, f) for f in engine_futures])
+    def _submission(
+        self, loop: asyncio.AbstractEventLoop, engine_futures: list[Future]
+    ) -> Submission:
+        return Submission(
+            [f.request_id for f in engine_futures], [self._on_loop(loop, f) for f in engine_futures]
+        )
 
     def _abort_ids(self, request_ids: list[int]) -> None:
         def abort_all():
             for i in request_ids:
                 self.engine.abort(i)
+
         try:
             self.pool.submit(abort_all)
-        except RuntimeError:        # the pool is shut down: so is the engine
+        except RuntimeError:  # the pool is shut down: so is the engine
             pass
 
     def _on_loop(self, loop: asyncio.AbstractEventLoop, engine_future: Future) -> asyncio.Future:
@@ -160,16 +182,17 @@ class Runner:
             if not out.done():
                 if exc is not None:
                     out.set_exception(exc)
-                    out.exception()     # retrieved: whoever awaits it still gets it, and a
-                                        # future nobody awaits (its client left) logs nothing
+                    out.exception()  # retrieved: whoever awaits it still gets it, and a
+                    # future nobody awaits (its client left) logs nothing
                 else:
                     out.set_result(f.result())
 
         def done(f: Future) -> None:
             try:
                 loop.call_soon_threadsafe(settle, f)
-            except RuntimeError:    # the loop is closed: nobody awaits it
+            except RuntimeError:  # the loop is closed: nobody awaits it
                 pass
+
         engine_future.add_done_callback(done)
         return out
 
@@ -180,8 +203,11 @@ def raise_if_failed(result) -> None:
     if isinstance(result, BaseException):
         raise APIError(503, f"the pipeline is down: {result}", type_="service_unavailable")
     if not result.ok:
-        raise APIError(500 if result.error != "aborted" else 503, f"the request failed: {result.error}",
-                       type_="server_error")
+        raise APIError(
+            500 if result.error != "aborted" else 503,
+            f"the request failed: {result.error}",
+            type_="server_error",
+        )
 
 
 async def first_or_disconnect(request: Request, waiting: asyncio.Future) -> bool:

@@ -32,9 +32,23 @@ from wavepp.serve.errors import APIError, short
 
 # the fields above that only choose among tokens: a prefill whose KV a decode engine takes on
 # leaves them to the decode side (the router sends the prefill none of them)
-TOKEN_CHOICE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-                       "repetition_penalty", "logit_bias", "n", "best_of", "min_tokens", "bad_words",
-                       "allowed_token_ids", "response_format")
+TOKEN_CHOICE_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "n",
+    "best_of",
+    "min_tokens",
+    "bad_words",
+    "allowed_token_ids",
+    "response_format",
+)
 
 
 def check_sampling(body: dict) -> None:
@@ -43,8 +57,12 @@ def check_sampling(body: dict) -> None:
     temperature = _number(body, "temperature", low=0.0, high=math.inf)
     top_k = _int(body, "top_k")
     if temperature not in (None, 0) and top_k != 1:
-        raise APIError(400, f"temperature={temperature}: this server answers with the greedy first "
-                            f"token; send temperature 0 (or top_k 1)", "temperature")
+        raise APIError(
+            400,
+            f"temperature={temperature}: this server answers with the greedy first "
+            f"token; send temperature 0 (or top_k 1)",
+            "temperature",
+        )
     if top_k is not None and top_k < -1:
         raise APIError(400, f"top_k must be -1, 0 or a positive integer, got {top_k}", "top_k")
     top_p = _number(body, "top_p", low=0.0, high=1.0)
@@ -56,32 +74,51 @@ def check_sampling(body: dict) -> None:
     _number(body, "frequency_penalty", low=-2.0, high=2.0)
     repetition = _number(body, "repetition_penalty", low=0.0, high=math.inf)
     if repetition not in (None, 1):
-        raise APIError(400, f"repetition_penalty={repetition}: it would penalize the prompt's tokens "
-                            f"and could change the first token; send 1 or leave it out", "repetition_penalty")
+        raise APIError(
+            400,
+            f"repetition_penalty={repetition}: it would penalize the prompt's tokens "
+            f"and could change the first token; send 1 or leave it out",
+            "repetition_penalty",
+        )
     for name in ("n", "best_of"):
         value = _int(body, name)
         if value not in (None, 1):
-            raise APIError(400, f"{name}={value}: a prefill engine returns one choice per prompt", name)
+            raise APIError(
+                400, f"{name}={value}: a prefill engine returns one choice per prompt", name
+            )
     min_tokens = _int(body, "min_tokens")
     if min_tokens not in (None, 0):
-        raise APIError(400, f"min_tokens={min_tokens}: it bans the end-of-text token, which could "
-                            f"change the first token; send 0 or leave it out", "min_tokens")
+        raise APIError(
+            400,
+            f"min_tokens={min_tokens}: it bans the end-of-text token, which could "
+            f"change the first token; send 0 or leave it out",
+            "min_tokens",
+        )
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict):
             raise APIError(400, "logit_bias must be an object of token id -> bias", "logit_bias")
         if any(v != 0 for v in bias.values()):
-            raise APIError(400, "logit_bias: a non-zero bias could change the greedy first token",
-                           "logit_bias")
+            raise APIError(
+                400, "logit_bias: a non-zero bias could change the greedy first token", "logit_bias"
+            )
     for name in ("bad_words", "allowed_token_ids"):
         if body.get(name):
-            raise APIError(400, f"{name}: removing tokens could change the greedy first token", name)
+            raise APIError(
+                400, f"{name}: removing tokens could change the greedy first token", name
+            )
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise APIError(400, 'response_format: only {"type": "text"}; a format or schema could '
-                            'change the first token', "response_format")
+        raise APIError(
+            400,
+            'response_format: only {"type": "text"}; a format or schema could '
+            "change the first token",
+            "response_format",
+        )
     if body.get("tools") and body.get("tool_choice") != "none":
-        raise APIError(400, 'tools: tool calling is not supported (or send tool_choice "none")', "tools")
+        raise APIError(
+            400, 'tools: tool calling is not supported (or send tool_choice "none")', "tools"
+        )
 
 
 def _number(body: dict, name: str, *, low: float, high: float) -> float | None:
@@ -101,4 +138,3 @@ def _int(body: dict, name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise APIError(400, f"{name} must be an integer, got {short(value)}", name)
     return value
-

@@ -28,10 +28,12 @@ class ScorePrompt:
     item: int
     label: int
     token_ids: list[int]
-    logprob_start: int     # the last position of query + item
+    logprob_start: int  # the last position of query + item
 
 
-def score_prompts(query: list[int], items: list[list[int]], labels, item_first: bool) -> list[ScorePrompt]:
+def score_prompts(
+    query: list[int], items: list[list[int]], labels, item_first: bool
+) -> list[ScorePrompt]:
     out = []
     for i, item in enumerate(items):
         context = item + query if item_first else query + item
@@ -55,6 +57,14 @@ def score_response(req: ScoreRequest, prompts: list[ScorePrompt], results, model
         else:
             scores.append([math.exp(x) for x in row])
     num_prompt = sum(len(p.token_ids) for p in prompts)
-    return {"object": "scoring", "model": model, "scores": scores,
-            "usage": {"prompt_tokens": num_prompt, "completion_tokens": 0, "total_tokens": num_prompt,
-                      "prompt_tokens_details": {"cached_tokens": sum(r.num_cached_tokens for r in results)}}}
+    return {
+        "object": "scoring",
+        "model": model,
+        "scores": scores,
+        "usage": {
+            "prompt_tokens": num_prompt,
+            "completion_tokens": 0,
+            "total_tokens": num_prompt,
+            "prompt_tokens_details": {"cached_tokens": sum(r.num_cached_tokens for r in results)},
+        },
+    }

@@ -18,8 +18,14 @@ from wavepp.engine import Engine, EngineConfig
 from wavepp.serve.app import ServeConfig, build_app
 
 
-def run_server(engine_config: EngineConfig, serve_config: ServeConfig, host: str = "127.0.0.1",
-               port: int = 8000, drain_s: float = 10.0, log_level: str = "warning") -> None:
+def run_server(
+    engine_config: EngineConfig,
+    serve_config: ServeConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    drain_s: float = 10.0,
+    log_level: str = "warning",
+) -> None:
     """Start an Engine(engine_config), serve it on host:port, shut it down on exit."""
     engine = Engine(engine_config)
     # what start-up made (modules, the model's objects, the tokenizer) lives as long as the
@@ -28,11 +34,22 @@ def run_server(engine_config: EngineConfig, serve_config: ServeConfig, host: str
     gc.freeze()
     try:
         app = build_app(engine, serve_config, on_shutdown=engine.shutdown)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                timeout_graceful_shutdown=drain_s, lifespan="on")
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=drain_s,
+            lifespan="on",
+        )
         server = uvicorn.Server(config)
-        print(f"wavepp serve: {serve_config.model_name} pp={engine_config.pp} "
-              f"policy={engine.policy} on http://{host}:{port}", file=sys.stderr, flush=True)
+        print(
+            f"wavepp serve: {serve_config.model_name} pp={engine_config.pp} "
+            f"policy={engine.policy} on http://{host}:{port}",
+            file=sys.stderr,
+            flush=True,
+        )
         # uvicorn re-raises the stop signal once it has shut down; by then the engine is down
         # too, and a SIGTERM that drained cleanly ends the process with status 0
         previous = signal.signal(signal.SIGTERM, lambda sig, frame: None)

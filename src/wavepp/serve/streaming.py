@@ -24,9 +24,9 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from wavepp.serve.chat import ChatRequest
+from wavepp.serve.completion_request import CompletionRequest
 from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
-from wavepp.serve.completion_request import CompletionRequest
 from wavepp.serve.responses import Responses, new_id, usage
 from wavepp.serve.runner import Runner, Submission, disconnected, raise_if_failed
 
@@ -37,10 +37,20 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def completion_events(runner: Runner, responses: Responses, request: Request, req: CompletionRequest,
-                            token_lists, submission: Submission) -> AsyncIterator[str]:
-    head = {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()),
-            "model": responses.model_name}
+def completion_events(
+    runner: Runner,
+    responses: Responses,
+    request: Request,
+    req: CompletionRequest,
+    token_lists,
+    submission: Submission,
+) -> AsyncIterator[str]:
+    head = {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": responses.model_name,
+    }
     results = [None] * len(token_lists)
 
     async def events():
@@ -54,34 +64,69 @@ def completion_events(runner: Runner, responses: Responses, request: Request, re
     return _ended(events(), runner, submission)
 
 
-def chat_events(runner: Runner, responses: Responses, request: Request, req: ChatRequest,
-                      ids: list[int], submission: Submission) -> AsyncIterator[str]:
-    head = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": responses.model_name}
+def chat_events(
+    runner: Runner,
+    responses: Responses,
+    request: Request,
+    req: ChatRequest,
+    ids: list[int],
+    submission: Submission,
+) -> AsyncIterator[str]:
+    head = {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": responses.model_name,
+    }
 
     async def events():
         async for _, result in _as_finished(request, submission):
-            yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
+            yield sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
             content = responses.first_text(result) if req.max_tokens == 1 else ""
-            yield sse({**head, "choices": [{"index": 0, "delta": {"content": content},
-                                            "logprobs": responses.chat_logprobs(req, result),
-                                            "finish_reason": "length", "stop_reason": None}]})
+            yield sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": content},
+                            "logprobs": responses.chat_logprobs(req, result),
+                            "finish_reason": "length",
+                            "stop_reason": None,
+                        }
+                    ],
+                }
+            )
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": usage([ids], [result], req.max_tokens)})
 
     return _ended(events(), runner, submission)
 
 
-def _chunk(responses: Responses, head: dict, req: CompletionRequest, index: int, ids,
-           result) -> str:
+def _chunk(
+    responses: Responses, head: dict, req: CompletionRequest, index: int, ids, result
+) -> str:
     """One prompt's event, built and serialized (on the work pool, the collector paused)."""
     with gc_paused():
         choice = responses.completion_choice(req, index, req.prompts[index], ids, result)
         return f"data: {json_bytes({**head, 'choices': [choice]}).decode()}\n\n"
 
 
-async def _ended(events: AsyncIterator[str], runner: Runner, submission: Submission) -> AsyncIterator[str]:
+async def _ended(
+    events: AsyncIterator[str], runner: Runner, submission: Submission
+) -> AsyncIterator[str]:
     """A stream's events, then [DONE]; an APIError on the way becomes its error event and
     [DONE]. However the stream ends (done, failed, the client gone), the submission's prompts
     still running are aborted and `events` is closed."""
@@ -109,7 +154,7 @@ async def _as_finished(request: Request, submission: Submission):
             gone.cancel()
         finished = [f for f in done if f is not gone]
         if not finished:
-            return                 # the client left: the caller's finally aborts the rest
+            return  # the client left: the caller's finally aborts the rest
         for f in sorted(finished, key=pending.get):
             index = pending.pop(f)
             result = f.exception() or f.result()

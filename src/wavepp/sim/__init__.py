@@ -1,36 +1,131 @@
 """Discrete-event simulation of the pipeline, driving the real sched and cache code, with cost
 models of real hardware and model shapes (and of this machine, fitted from measurements)."""
 
-from wavepp.sim.calibrate import CPU_ADMISSION, CpuHardware, StageSample, fit_stage_costs, loop_costs_from_rounds
+from wavepp.sim.calibrate import (
+    CPU_ADMISSION,
+    CpuHardware,
+    StageSample,
+    fit_stage_costs,
+    loop_costs_from_rounds,
+)
 from wavepp.sim.cost import ExecOverheads, StageCostModel, sparse_pairs, transfer_seconds
 from wavepp.sim.events import EventLoop
-from wavepp.sim.grid import GRIDS, GridSetting, WorkloadShape, get_grid, kimi_grid, paper_grid, run_grid
+from wavepp.sim.grid import (
+    GRIDS,
+    GridSetting,
+    WorkloadShape,
+    get_grid,
+    kimi_grid,
+    paper_grid,
+    run_grid,
+)
 from wavepp.sim.hardware import HARDWARE, HardwareSpec, get_hardware
 from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
 from wavepp.sim.loops import LoopCosts, LoopSim
 from wavepp.sim.model_catalog import MODELS, get_model
 from wavepp.sim.model_shapes import ModelShape
-from wavepp.sim.precision import WEIGHT_FORMATS, with_weights
-from wavepp.sim.output import chrome_trace, grid_summary, print_table, write_json, write_plot, write_trace
+from wavepp.sim.output import (
+    chrome_trace,
+    grid_summary,
+    print_table,
+    write_json,
+    write_plot,
+    write_trace,
+)
 from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats
+from wavepp.sim.precision import WEIGHT_FORMATS, with_weights
 from wavepp.sim.scenario import (
-    AdmissionCosts, SimResult, SimSetup, build_system, fit_prior, run_setting, scaled_costs)
+    build_system,
+    fit_prior,
+    run_setting,
+    scaled_costs,
+)
+from wavepp.sim.sglang import (
+    SGLANG_LEGACY,
+    SGLANG_PRESETS,
+    SGLANG_V0518,
+    SglangMechanisms,
+    get_sglang,
+)
+from wavepp.sim.sim_setup import AdmissionCosts, SimResult, SimSetup
 from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
-from wavepp.sim.sglang import SGLANG_LEGACY, SGLANG_PRESETS, SGLANG_V0518, SglangMechanisms, get_sglang
 from wavepp.sim.systems import SYSTEMS, SystemSpec, get_system
-from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_PRESETS, TRTLLM_RC26, TrtllmMechanisms, get_trtllm
+from wavepp.sim.trtllm import (
+    TRTLLM_LEGACY,
+    TRTLLM_PRESETS,
+    TRTLLM_RC26,
+    TrtllmMechanisms,
+    get_trtllm,
+)
 from wavepp.sim.vllm_pp import VLLM_LEGACY, VLLM_PRESETS, VLLM_V0280, VllmMechanisms, get_vllm
 
 __all__ = [
-    "CPU_ADMISSION", "CpuHardware", "StageSample", "fit_stage_costs", "loop_costs_from_rounds", "ExecOverheads",
-    "StageCostModel", "sparse_pairs", "transfer_seconds", "EventLoop", "GRIDS", "GridSetting",
-    "WorkloadShape", "get_grid", "kimi_grid", "paper_grid", "run_grid", "HARDWARE", "HardwareSpec",
-    "get_hardware", "SimReport", "build_sim", "run_closed_loop", "LoopCosts", "LoopSim", "MODELS", "ModelShape", "get_model",
-    "chrome_trace", "grid_summary", "print_table", "write_json", "write_plot", "write_trace",
-    "PipelineSim", "SimCosts", "StageStats", "AdmissionCosts", "SimResult", "SimSetup",
-    "build_system", "fit_prior", "run_setting", "scaled_costs", "MemoryBudget", "partition_layers",
-    "stage_kv_tokens", "stage_models", "SYSTEMS", "SystemSpec", "get_system", "WEIGHT_FORMATS",
-    "with_weights", "TRTLLM_LEGACY", "TRTLLM_PRESETS", "TRTLLM_RC26", "TrtllmMechanisms", "get_trtllm",
-    "SGLANG_LEGACY", "SGLANG_PRESETS", "SGLANG_V0518", "SglangMechanisms", "get_sglang",
-    "VLLM_LEGACY", "VLLM_PRESETS", "VLLM_V0280", "VllmMechanisms", "get_vllm",
+    "CPU_ADMISSION",
+    "CpuHardware",
+    "StageSample",
+    "fit_stage_costs",
+    "loop_costs_from_rounds",
+    "ExecOverheads",
+    "StageCostModel",
+    "sparse_pairs",
+    "transfer_seconds",
+    "EventLoop",
+    "GRIDS",
+    "GridSetting",
+    "WorkloadShape",
+    "get_grid",
+    "kimi_grid",
+    "paper_grid",
+    "run_grid",
+    "HARDWARE",
+    "HardwareSpec",
+    "get_hardware",
+    "SimReport",
+    "build_sim",
+    "run_closed_loop",
+    "LoopCosts",
+    "LoopSim",
+    "MODELS",
+    "ModelShape",
+    "get_model",
+    "chrome_trace",
+    "grid_summary",
+    "print_table",
+    "write_json",
+    "write_plot",
+    "write_trace",
+    "PipelineSim",
+    "SimCosts",
+    "StageStats",
+    "AdmissionCosts",
+    "SimResult",
+    "SimSetup",
+    "build_system",
+    "fit_prior",
+    "run_setting",
+    "scaled_costs",
+    "MemoryBudget",
+    "partition_layers",
+    "stage_kv_tokens",
+    "stage_models",
+    "SYSTEMS",
+    "SystemSpec",
+    "get_system",
+    "WEIGHT_FORMATS",
+    "with_weights",
+    "TRTLLM_LEGACY",
+    "TRTLLM_PRESETS",
+    "TRTLLM_RC26",
+    "TrtllmMechanisms",
+    "get_trtllm",
+    "SGLANG_LEGACY",
+    "SGLANG_PRESETS",
+    "SGLANG_V0518",
+    "SglangMechanisms",
+    "get_sglang",
+    "VLLM_LEGACY",
+    "VLLM_PRESETS",
+    "VLLM_V0280",
+    "VllmMechanisms",
+    "get_vllm",
 ]

@@ -26,20 +26,27 @@ from wavepp.sched.policy import loop_planner_args
 from wavepp.sim.harness import build_sim
 from wavepp.sim.loops import LoopCosts
 from wavepp.sim.pipeline import PipelineSim, SimCosts
-from wavepp.sim.scenario import AdmissionCosts
+from wavepp.sim.sim_setup import AdmissionCosts
 from wavepp.sim.systems import get_system
 
 # Admission on this project's development machine (2-core VM): BlockPool lease 0.66 us per
 # pinned block and reserve + commit 4.9 us per new block (16-token blocks), timed directly.
 # Message latency and per-message work over gloo are assumptions: measure them on the target.
-CPU_ADMISSION = AdmissionCosts(round_latency_s=150e-6, msg_s=100e-6, item_s=20e-6,
-                               leased_block_s=0.66e-6, new_block_s=4.9e-6, leader_item_s=10e-6,
-                               block_tokens=16)
+CPU_ADMISSION = AdmissionCosts(
+    round_latency_s=150e-6,
+    msg_s=100e-6,
+    item_s=20e-6,
+    leased_block_s=0.66e-6,
+    new_block_s=4.9e-6,
+    leader_item_s=10e-6,
+    block_tokens=16,
+)
 
 
 @dataclass(frozen=True)
 class StageSample:
     """One measured wave on one stage: its chunks as (num_cached, num_new) and its seconds."""
+
     stage_id: int
     chunks: tuple[tuple[int, int], ...]
     seconds: float
@@ -53,7 +60,9 @@ class StageSample:
             raise ValueError("StageSample.chunks is empty")
 
 
-def fit_stage_costs(samples: Iterable[StageSample], num_stages: int | None = None) -> tuple[CostCoefficients, ...]:
+def fit_stage_costs(
+    samples: Iterable[StageSample], num_stages: int | None = None
+) -> tuple[CostCoefficients, ...]:
     """Least-squares coefficients per stage (the planner's own fit, with a negligible prior)."""
     samples = list(samples)
     n = num_stages or (max(s.stage_id for s in samples) + 1 if samples else 0)
@@ -71,10 +80,11 @@ def fit_stage_costs(samples: Iterable[StageSample], num_stages: int | None = Non
 @dataclass(frozen=True)
 class CpuHardware:
     """Per-stage wave costs (fitted or given) and the links and admission costs between them."""
+
     stage_costs: tuple[CostCoefficients, ...]
-    transfer_latency_s: float = 0.0       # activations, stage to stage
+    transfer_latency_s: float = 0.0  # activations, stage to stage
     transfer_s_per_token: float = 0.0
-    result_latency_s: float = 0.0         # last stage back to rank 0
+    result_latency_s: float = 0.0  # last stage back to rank 0
     admission: AdmissionCosts = field(default_factory=lambda: CPU_ADMISSION)
 
     def __post_init__(self) -> None:
@@ -85,7 +95,9 @@ class CpuHardware:
                 raise ValueError(f"CpuHardware.{name} must be >= 0")
 
     @classmethod
-    def fit(cls, samples: Iterable[StageSample], *, num_stages: int | None = None, **kwargs) -> "CpuHardware":
+    def fit(
+        cls, samples: Iterable[StageSample], *, num_stages: int | None = None, **kwargs
+    ) -> "CpuHardware":
         return cls(fit_stage_costs(samples, num_stages), **kwargs)
 
     @property
@@ -100,16 +112,30 @@ class CpuHardware:
         def wave_seconds(stage_id: int, chunks: Sequence[tuple[int, int]]) -> float:
             return models[stage_id].wave_time(chunks)
 
-        return SimCosts(wave_seconds=wave_seconds,
-                        transfer_seconds=lambda stage_id, n: self.transfer_latency_s + self.transfer_s_per_token * n,
-                        result_seconds=self.result_latency_s, round_latency_s=adm.round_latency_s,
-                        round_msg_s=adm.msg_s, round_item_s=adm.item_s,
-                        round_leased_block_s=adm.leased_block_s * blocks,
-                        round_new_block_s=adm.new_block_s * blocks, leader_item_s=adm.leader_item_s)
+        return SimCosts(
+            wave_seconds=wave_seconds,
+            transfer_seconds=lambda stage_id, n: (
+                self.transfer_latency_s + self.transfer_s_per_token * n
+            ),
+            result_seconds=self.result_latency_s,
+            round_latency_s=adm.round_latency_s,
+            round_msg_s=adm.msg_s,
+            round_item_s=adm.item_s,
+            round_leased_block_s=adm.leased_block_s * blocks,
+            round_new_block_s=adm.new_block_s * blocks,
+            leader_item_s=adm.leader_item_s,
+        )
 
-    def build(self, policy: str, *, stage_num_blocks: Sequence[int] | int = 1024, block_size: int = 16,
-              planner_config: PlannerConfig | None = None, check_integrity: bool = False,
-              loop_costs: LoopCosts | None = None) -> PipelineSim:
+    def build(
+        self,
+        policy: str,
+        *,
+        stage_num_blocks: Sequence[int] | int = 1024,
+        block_size: int = 16,
+        planner_config: PlannerConfig | None = None,
+        check_integrity: bool = False,
+        loop_costs: LoopCosts | None = None,
+    ) -> PipelineSim:
         """The runtime's pipeline on this machine under `policy` (wavepp, lockstep, static, ...).
         The balanced planner starts from the slowest stage's fitted costs, as the runtime's
         would after its first waves. The outside loops (trtllm-pp, sglang-pp) run their
@@ -120,14 +146,24 @@ class CpuHardware:
         if spec.topology == "tp":
             raise ValueError("tp-ep needs a device cost model, not a fitted CPU pipeline")
         slowest = max(self.stage_costs, key=lambda c: CostModel(c).wave_time([(1024, 256)]))
-        pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=self.num_stages,
-                                               **loop_planner_args(spec.loop))
+        pcfg = planner_config or PlannerConfig(
+            block_size=block_size, num_stages=self.num_stages, **loop_planner_args(spec.loop)
+        )
         cost_model = None if spec.loop == "sglang" else CostModel(slowest)
-        return build_sim(spec.policy, self.num_stages, self.sim_costs(block_size),
-                         stage_num_blocks=stage_num_blocks, block_size=block_size, planner_config=pcfg,
-                         cost_model=cost_model, max_waves_in_flight=spec.ring_per_stage * self.num_stages,
-                         check_integrity=check_integrity, central_pool=spec.topology == "central",
-                         loop=spec.loop, loop_costs=loop_costs or LoopCosts(block_tokens=block_size))
+        return build_sim(
+            spec.policy,
+            self.num_stages,
+            self.sim_costs(block_size),
+            stage_num_blocks=stage_num_blocks,
+            block_size=block_size,
+            planner_config=pcfg,
+            cost_model=cost_model,
+            max_waves_in_flight=spec.ring_per_stage * self.num_stages,
+            check_integrity=check_integrity,
+            central_pool=spec.topology == "central",
+            loop=spec.loop,
+            loop_costs=loop_costs or LoopCosts(block_tokens=block_size),
+        )
 
 
 def loop_costs_from_rounds(round_spans: Iterable[tuple[int, float, float]]) -> LoopCosts:
@@ -144,5 +180,13 @@ def loop_costs_from_rounds(round_spans: Iterable[tuple[int, float, float]]) -> L
     empty = sorted(end - start for rid, start, end in spans if rid == -1)
     hop_s = empty[len(empty) // 2] / 2 if empty else 0.0
     schedule_s = sum(end - start for _, start, end in spans) / len(spans)
-    return LoopCosts(fetch_s=0.0, schedule_s=schedule_s, schedule_item_s=0.0, match_block_s=0.0,
-                     alloc_block_s=0.0, relay_s=0.0, hop_s=hop_s, finalize_s=0.0)
+    return LoopCosts(
+        fetch_s=0.0,
+        schedule_s=schedule_s,
+        schedule_item_s=0.0,
+        match_block_s=0.0,
+        alloc_block_s=0.0,
+        relay_s=0.0,
+        hop_s=hop_s,
+        finalize_s=0.0,
+    )

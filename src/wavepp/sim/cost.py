@@ -32,7 +32,7 @@ from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
 
-ChunkShape = tuple[int, int]   # (num_cached, num_new), real tokens
+ChunkShape = tuple[int, int]  # (num_cached, num_new), real tokens
 
 # Chunk length of the chunkwise linear-attention (KDA / gated delta rule) kernels: FLA's
 # default chunk size of 64 (fla-org/flash-linear-attention chunk_kda).
@@ -43,9 +43,10 @@ LINEAR_CHUNK = 64
 class ExecOverheads:
     """Per-wave costs outside the kernels' math. Assumptions, not measurements: the order of
     the host-side scheduling and launch gaps SGLang's overlap scheduler exists to hide."""
-    wave_s: float = 1e-3            # per wave per stage: plan, block tables, launches, sync
-    chunk_s: float = 2e-5           # per chunk: its metadata
-    elementwise_hidden_passes: float = 20.0   # HBM passes of a [T, hidden] bf16 tensor per layer
+
+    wave_s: float = 1e-3  # per wave per stage: plan, block tables, launches, sync
+    chunk_s: float = 2e-5  # per chunk: its metadata
+    elementwise_hidden_passes: float = 20.0  # HBM passes of a [T, hidden] bf16 tensor per layer
 
     def __post_init__(self) -> None:
         for name in ("wave_s", "chunk_s", "elementwise_hidden_passes"):
@@ -56,10 +57,20 @@ class ExecOverheads:
 class StageCostModel:
     """Compute time of waves on one stage holding layers [start, end) of `model`."""
 
-    def __init__(self, model: ModelShape, hw: HardwareSpec, start: int, end: int, *,
-                 first: bool = False, last: bool = False, degree: int = 1,
-                 overheads: ExecOverheads = ExecOverheads(), snapshot_interval_tokens: int = 0,
-                 num_nodes: int = 1):
+    def __init__(
+        self,
+        model: ModelShape,
+        hw: HardwareSpec,
+        start: int,
+        end: int,
+        *,
+        first: bool = False,
+        last: bool = False,
+        degree: int = 1,
+        overheads: ExecOverheads = ExecOverheads(),
+        snapshot_interval_tokens: int = 0,
+        num_nodes: int = 1,
+    ):
         if not 0 <= start < end <= model.num_layers:
             raise ValueError(f"layers [{start}, {end}) outside the model's {model.num_layers}")
         if degree <= 0:
@@ -69,7 +80,7 @@ class StageCostModel:
         self.model, self.hw = model, hw
         self.start, self.end = start, end
         self.first, self.last, self.degree = first, last, degree
-        self.num_nodes = num_nodes     # nodes the `degree` devices span (collectives cross NICs)
+        self.num_nodes = num_nodes  # nodes the `degree` devices span (collectives cross NICs)
         self.overheads = overheads
         # hybrid models: a chunk loads the state it resumes from and saves one at every
         # snapshot boundary it crosses and at its end (0: snapshots not charged)
@@ -81,8 +92,10 @@ class StageCostModel:
             key = (model.is_linear(i), model.is_moe(i))
             kinds[key] = kinds.get(key, 0) + 1
         self._kinds = kinds
-        self._rep = {key: next(i for i in range(start, end)
-                               if (model.is_linear(i), model.is_moe(i)) == key) for key in kinds}
+        self._rep = {
+            key: next(i for i in range(start, end) if (model.is_linear(i), model.is_moe(i)) == key)
+            for key in kinds
+        }
 
     @property
     def num_layers(self) -> int:
@@ -104,9 +117,13 @@ class StageCostModel:
         if self.snapshot_interval_tokens and self.snapshot_bytes:
             out["snapshots"] = self.snapshot_copy_seconds(chunks)
         if self.last:
-            m, num_last = self.model, len(chunks)   # at most one final token per chunk
-            out["lm_head"] = self._gemm(2.0 * num_last * m.hidden_size * m.vocab_size / self.degree,
-                                        num_last, m.vocab_size * m.hidden_size * 2 / self.degree, "bf16")
+            m, num_last = self.model, len(chunks)  # at most one final token per chunk
+            out["lm_head"] = self._gemm(
+                2.0 * num_last * m.hidden_size * m.vocab_size / self.degree,
+                num_last,
+                m.vocab_size * m.hidden_size * 2 / self.degree,
+                "bf16",
+            )
         return out
 
     def snapshot_copy_seconds(self, chunks: Sequence[ChunkShape]) -> float:
@@ -127,26 +144,33 @@ class StageCostModel:
         if n > 1 and m.attention == "mla" and not m.is_linear(layer):
             rep = m.hidden_size * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
         params = (m.attention_params(layer) - rep) / n + rep
-        out = {"projections": self._gemm(2.0 * T * params, T, params * m.weight_bytes, m.gemm_dtype)}
+        out = {
+            "projections": self._gemm(2.0 * T * params, T, params * m.weight_bytes, m.gemm_dtype)
+        }
         out["attention"] = sum(self._attention(layer, L, x) for L, x in chunks)
         if m.attention == "mla" and not m.sparse_attention and not m.is_linear(layer):
             r, h = m.kv_lora_rank, m.num_heads
             up = r * h * (m.qk_nope_head_dim + m.v_head_dim)
-            out["reexpansion"] = sum(self._gemm(2.0 * L * up / n, L, 0.0, m.gemm_dtype)
-                                     for L, _ in chunks if L > 0)
+            out["reexpansion"] = sum(
+                self._gemm(2.0 * L * up / n, L, 0.0, m.gemm_dtype) for L, _ in chunks if L > 0
+            )
         if m.is_moe(layer):
             e, k = m.num_experts, m.num_experts_per_tok
             rows = T * k / e
-            touched = e * (1.0 - (1.0 - k / e) ** T)       # experts that receive a token
+            touched = e * (1.0 - (1.0 - k / e) ** T)  # experts that receive a token
             p = m.expert_params()
-            out["moe_routed"] = self._gemm(2.0 * T * k * p / n, rows, touched * p * m.weight_bytes / n,
-                                           m.gemm_dtype)
+            out["moe_routed"] = self._gemm(
+                2.0 * T * k * p / n, rows, touched * p * m.weight_bytes / n, m.gemm_dtype
+            )
             if m.num_shared_experts:
                 ps = m.num_shared_experts * p
-                out["moe_shared"] = self._gemm(2.0 * T * ps / n, T, ps * m.weight_bytes / n, m.gemm_dtype)
-            out["router"] = self._gemm(2.0 * T * m.hidden_size * e / n, T,
-                                       m.hidden_size * e * 2 / n, "bf16")
-            permute = 4.0 * k * m.hidden_size * 2           # scatter to experts and gather back
+                out["moe_shared"] = self._gemm(
+                    2.0 * T * ps / n, T, ps * m.weight_bytes / n, m.gemm_dtype
+                )
+            out["router"] = self._gemm(
+                2.0 * T * m.hidden_size * e / n, T, m.hidden_size * e * 2 / n, "bf16"
+            )
+            permute = 4.0 * k * m.hidden_size * 2  # scatter to experts and gather back
         else:
             p = m.mlp_params(layer)
             out["mlp"] = self._gemm(2.0 * T * p / n, T, p * m.weight_bytes / n, m.gemm_dtype)
@@ -154,7 +178,9 @@ class StageCostModel:
         passes = self.overheads.elementwise_hidden_passes * m.hidden_size * 2
         out["elementwise"] = T * (passes + permute) / n / hw.hbm_bytes_s
         if m.gemm_dtype == "nvfp4":
-            out["quantize"] = T * self._quantized_inputs(layer) * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
+            out["quantize"] = (
+                T * self._quantized_inputs(layer) * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
+            )
         if n > 1:
             out["collectives"] = self._collectives(layer, T)
         return out
@@ -163,8 +189,11 @@ class StageCostModel:
         """Elements per token entering this layer's NVFP4 GEMMs: the attention block's input and
         its output projection's; each expert copy's input and its down projection's."""
         m = self.model
-        inner = m.linear_num_heads * m.linear_head_dim if m.is_linear(layer) else \
-            m.num_heads * (m.head_dim if m.attention == "gqa" else m.v_head_dim)
+        inner = (
+            m.linear_num_heads * m.linear_head_dim
+            if m.is_linear(layer)
+            else m.num_heads * (m.head_dim if m.attention == "gqa" else m.v_head_dim)
+        )
         elems = m.hidden_size + inner
         if m.is_moe(layer):
             copies = m.num_experts_per_tok + m.num_shared_experts
@@ -214,18 +243,25 @@ class StageCostModel:
         the NIC beside the rest over NVLink; each step pays the NIC's latency."""
         m, hw, n = self.model, self.hw, self.degree
         across = self.num_nodes > 1
-        ring, lat = (hw.internode_bytes_s, hw.internode_latency_s) if across else (hw.link_bytes_s, hw.link_latency_s)
+        ring, lat = (
+            (hw.internode_bytes_s, hw.internode_latency_s)
+            if across
+            else (hw.link_bytes_s, hw.link_latency_s)
+        )
         hidden_bytes = T * m.hidden_size * 2.0
-        seconds = 2.0 * (n - 1) / n * hidden_bytes / ring + lat         # ring all-reduce
+        seconds = 2.0 * (n - 1) / n * hidden_bytes / ring + lat  # ring all-reduce
         if not m.is_moe(layer):
-            return seconds + 2.0 * (n - 1) / n * hidden_bytes / ring + lat   # MLP all-reduce
+            return seconds + 2.0 * (n - 1) / n * hidden_bytes / ring + lat  # MLP all-reduce
         k, per_node = m.num_experts_per_tok, n / self.num_nodes
-        sent = T / n * k * m.hidden_size * (1.0 + 2.0)                     # dispatch FP8 + combine bf16
-        remote = sent * (n - per_node) / n                                 # to the other nodes' devices
-        local = sent * (per_node - 1) / n                                  # to this node's others
-        gather = (n - 1) / n * hidden_bytes                                # every rank needs all tokens
-        all_to_all = max(remote / hw.internode_bytes_s, local / hw.link_bytes_s) if across \
+        sent = T / n * k * m.hidden_size * (1.0 + 2.0)  # dispatch FP8 + combine bf16
+        remote = sent * (n - per_node) / n  # to the other nodes' devices
+        local = sent * (per_node - 1) / n  # to this node's others
+        gather = (n - 1) / n * hidden_bytes  # every rank needs all tokens
+        all_to_all = (
+            max(remote / hw.internode_bytes_s, local / hw.link_bytes_s)
+            if across
             else local / hw.link_bytes_s
+        )
         return seconds + all_to_all + gather / ring + 3 * lat
 
 
@@ -240,7 +276,9 @@ def sparse_pairs(num_cached: int, num_new: int, topk: int) -> float:
     return first + second
 
 
-def transfer_seconds(model: ModelShape, hw: HardwareSpec, num_tokens: int, *, internode: bool = False) -> float:
+def transfer_seconds(
+    model: ModelShape, hw: HardwareSpec, num_tokens: int, *, internode: bool = False
+) -> float:
     """Hidden states [num_tokens, hidden] in bf16 from one stage to the next."""
     data = num_tokens * model.hidden_size * 2.0
     if internode:

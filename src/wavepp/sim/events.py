@@ -22,8 +22,13 @@ class EventLoop:
     def after(self, delay: float, fn: Callable[[], None]) -> None:
         self.at(self.now + delay, fn)
 
-    def run(self, *, until: float = float("inf"), max_events: int = 50_000_000,
-            after_event: Callable[[], None] | None = None) -> None:
+    def run(
+        self,
+        *,
+        until: float = float("inf"),
+        max_events: int = 50_000_000,
+        after_event: Callable[[], None] | None = None,
+    ) -> None:
         while self._heap and self._heap[0][0] <= until:
             time, _, fn = heapq.heappop(self._heap)
             self.now = time

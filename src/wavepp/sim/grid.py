@@ -37,9 +37,10 @@ from wavepp.workloads import Workload, WorkloadOptions, workload_from_options
 @dataclass(frozen=True)
 class WorkloadShape:
     """A workload in real tokens; `build` makes it at a simulator scale."""
-    kind: str                          # cold | reuse | mixed | short_suffix
-    prompt_len: int = 8192             # real tokens (cold, reuse, mixed)
-    prefix_len: int = 0                # real tokens (short_suffix)
+
+    kind: str  # cold | reuse | mixed | short_suffix
+    prompt_len: int = 8192  # real tokens (cold, reuse, mixed)
+    prefix_len: int = 0  # real tokens (short_suffix)
     suffix_len: int = 0
     num_groups: int = 8
     reuse_ratio: float = 0.9
@@ -52,10 +53,18 @@ class WorkloadShape:
 
     def build(self, num_requests: int, setup: SimSetup, seed: int = 0) -> Workload:
         s = setup.sim_tokens
-        return workload_from_options(self.kind, WorkloadOptions(
-            num_requests=num_requests, prompt_len=s(self.prompt_len), prefix_len=s(self.prefix_len),
-            suffix_len=s(self.suffix_len), num_groups=self.num_groups, reuse_ratio=self.reuse_ratio,
-            common={"block_size": setup.block_size, "seed": seed}))
+        return workload_from_options(
+            self.kind,
+            WorkloadOptions(
+                num_requests=num_requests,
+                prompt_len=s(self.prompt_len),
+                prefix_len=s(self.prefix_len),
+                suffix_len=s(self.suffix_len),
+                num_groups=self.num_groups,
+                reuse_ratio=self.reuse_ratio,
+                common={"block_size": setup.block_size, "seed": seed},
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -69,23 +78,31 @@ class GridSetting:
     policies: tuple[str, ...]
     token_scale: int = 16
     block_size: int = 16
-    max_wave_tokens: int = 0                # 0: from the profiling pass
-    num_requests: int = field(default=0)    # 0: max(32, 4 x concurrency)
-    weights: str = ""                       # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
-    trtllm: str = "legacy"                  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
-    snapshot_interval_blocks: int = 0       # hybrid models: real snapshots every this many blocks
-    gpus_per_node: int = 0                  # 0: one NVLink domain (sim/scenario.py SimSetup)
-    host_kv_gib: float = 0.0                # a host KV tier per rank (0: none)
-    sglang: str = "legacy"                  # SGLang's mechanisms in sglang-pp (sim/sglang.py presets)
-    vllm: str = "legacy"                    # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py presets)
+    max_wave_tokens: int = 0  # 0: from the profiling pass
+    num_requests: int = field(default=0)  # 0: max(32, 4 x concurrency)
+    weights: str = ""  # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
+    trtllm: str = "legacy"  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
+    snapshot_interval_blocks: int = 0  # hybrid models: real snapshots every this many blocks
+    gpus_per_node: int = 0  # 0: one NVLink domain (sim/scenario.py SimSetup)
+    host_kv_gib: float = 0.0  # a host KV tier per rank (0: none)
+    sglang: str = "legacy"  # SGLang's mechanisms in sglang-pp (sim/sglang.py presets)
+    vllm: str = "legacy"  # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py presets)
 
     def setup(self) -> SimSetup:
-        return SimSetup(with_weights(get_model(self.model), self.weights), get_hardware(self.hardware),
-                        self.pp, token_scale=self.token_scale, block_size=self.block_size,
-                        max_wave_tokens=self.max_wave_tokens, trtllm=get_trtllm(self.trtllm),
-                        snapshot_interval_blocks=self.snapshot_interval_blocks,
-                        gpus_per_node=self.gpus_per_node, host_kv_gib=self.host_kv_gib,
-                        sglang=get_sglang(self.sglang), vllm=get_vllm(self.vllm))
+        return SimSetup(
+            with_weights(get_model(self.model), self.weights),
+            get_hardware(self.hardware),
+            self.pp,
+            token_scale=self.token_scale,
+            block_size=self.block_size,
+            max_wave_tokens=self.max_wave_tokens,
+            trtllm=get_trtllm(self.trtllm),
+            snapshot_interval_blocks=self.snapshot_interval_blocks,
+            gpus_per_node=self.gpus_per_node,
+            host_kv_gib=self.host_kv_gib,
+            sglang=get_sglang(self.sglang),
+            vllm=get_vllm(self.vllm),
+        )
 
     @property
     def requests(self) -> int:
@@ -106,19 +123,49 @@ def paper_grid(setup: str = "paper") -> list[GridSetting]:
     if setup not in PAPER_SETUPS:
         raise ValueError(f"unknown paper setup {setup!r}; choose one of {', '.join(PAPER_SETUPS)}")
     weights, trtllm, max_wave_tokens = PAPER_SETUPS[setup]
-    shapes = (WorkloadShape("cold"), WorkloadShape("mixed"), WorkloadShape("reuse"),
-              WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096))
+    shapes = (
+        WorkloadShape("cold"),
+        WorkloadShape("mixed"),
+        WorkloadShape("reuse"),
+        WorkloadShape("short_suffix", prefix_len=28672, suffix_len=4096),
+    )
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "trtllm-pp", "sglang-pp", "vllm-pp")
-    return [GridSetting("paper", model, "B300", 4, shape, c, policies, max_wave_tokens=max_wave_tokens,
-                        weights=weights, trtllm=trtllm)
-            for model in ("glm-5", "minimax-m2") for shape in shapes for c in PAPER_CONCURRENCY]
+    return [
+        GridSetting(
+            "paper",
+            model,
+            "B300",
+            4,
+            shape,
+            c,
+            policies,
+            max_wave_tokens=max_wave_tokens,
+            weights=weights,
+            trtllm=trtllm,
+        )
+        for model in ("glm-5", "minimax-m2")
+        for shape in shapes
+        for c in PAPER_CONCURRENCY
+    ]
 
 
 def kimi_grid() -> list[GridSetting]:
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
-    return [GridSetting("kimi", "kimi-k2", "B300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
-                        c, policies, token_scale=256)
-            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
+    return [
+        GridSetting(
+            "kimi",
+            "kimi-k2",
+            "B300",
+            8,
+            WorkloadShape(kind, prompt_len=n, num_groups=4),
+            c,
+            policies,
+            token_scale=256,
+        )
+        for kind in ("cold", "reuse")
+        for n in (65536, 131072, 262144)
+        for c in KIMI_CONCURRENCY
+    ]
 
 
 # Kimi K3 on 8 GB300 (sim/model_catalog.py "kimi-k3"): the kimi grid's prompts and concurrencies,
@@ -129,7 +176,7 @@ def kimi_grid() -> list[GridSetting]:
 # say the baselines ran with theirs). `kimi_k3_grid("nvlink")`: the earlier setup, one NVLink
 # domain and no host tier.
 K3_SNAPSHOT_BLOCKS = 4
-K3_SETUPS = {"paper": (4, 128.0), "nvlink": (0, 0.0)}   # (gpus_per_node, host_kv_gib)
+K3_SETUPS = {"paper": (4, 128.0), "nvlink": (0, 0.0)}  # (gpus_per_node, host_kv_gib)
 
 
 def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
@@ -137,20 +184,47 @@ def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
         raise ValueError(f"unknown kimi-k3 setup {setup!r}; choose one of {', '.join(K3_SETUPS)}")
     gpus_per_node, host_kv_gib = K3_SETUPS[setup]
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
-    return [GridSetting("kimi-k3", "kimi-k3", "GB300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
-                        c, policies, token_scale=256, max_wave_tokens=16384,
-                        snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS, gpus_per_node=gpus_per_node,
-                        host_kv_gib=host_kv_gib)
-            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in KIMI_CONCURRENCY]
+    return [
+        GridSetting(
+            "kimi-k3",
+            "kimi-k3",
+            "GB300",
+            8,
+            WorkloadShape(kind, prompt_len=n, num_groups=4),
+            c,
+            policies,
+            token_scale=256,
+            max_wave_tokens=16384,
+            snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS,
+            gpus_per_node=gpus_per_node,
+            host_kv_gib=host_kv_gib,
+        )
+        for kind in ("cold", "reuse")
+        for n in (65536, 131072, 262144)
+        for c in KIMI_CONCURRENCY
+    ]
 
 
 def ablation_grid() -> list[GridSetting]:
     """The paper's ablation on the kimi grid's settings at concurrency 8, 16, 32: wave admission,
     + lease and escrow, + MPU (and the balanced planner), each over the step before."""
     from wavepp.sim.systems import ABLATION
-    return [GridSetting("ablation", "kimi-k2", "B300", 8, WorkloadShape(kind, prompt_len=n, num_groups=4),
-                        c, ABLATION, token_scale=256)
-            for kind in ("cold", "reuse") for n in (65536, 131072, 262144) for c in (8, 16, 32)]
+
+    return [
+        GridSetting(
+            "ablation",
+            "kimi-k2",
+            "B300",
+            8,
+            WorkloadShape(kind, prompt_len=n, num_groups=4),
+            c,
+            ABLATION,
+            token_scale=256,
+        )
+        for kind in ("cold", "reuse")
+        for n in (65536, 131072, 262144)
+        for c in (8, 16, 32)
+    ]
 
 
 GRIDS = {"paper": paper_grid, "kimi": kimi_grid, "kimi-k3": kimi_k3_grid, "ablation": ablation_grid}
@@ -183,20 +257,36 @@ def run_one(setting: GridSetting) -> list[dict]:
     rows = []
     for policy in setting.policies:
         result, _ = run_setting(policy, setup, workload, setting.concurrency)
-        rows.append({"grid": setting.grid, "model": setting.model, "hardware": setting.hardware,
-                     "weights": weight_format(setup.model), "trtllm": setting.trtllm,
-                     "sglang": setting.sglang, "vllm": setting.vllm,
-                     "pp": setting.pp, "workload": setting.workload.label,
-                     "concurrency": setting.concurrency, "policy": policy,
-                     "input_tok_s": result.input_tok_s, "num_requests": result.num_requests,
-                     "num_failed": result.num_failed, "hit_rate": result.hit_rate,
-                     "ideal_hit_rate": result.ideal_hit_rate, "ttft_p50_s": result.ttft_p50_s,
-                     "ttft_p95_s": result.ttft_p95_s, "stage_utilization": result.stage_utilization,
-                     "idle_admission_frac": result.idle_admission_frac,
-                     "num_waves": result.num_waves, "seconds": result.seconds,
-                     "gpus_per_node": setting.gpus_per_node, "host_kv_gib": setting.host_kv_gib,
-                     "host_offloaded_blocks": result.host_offloaded_blocks,
-                     "host_loaded_blocks": result.host_loaded_blocks})
+        rows.append(
+            {
+                "grid": setting.grid,
+                "model": setting.model,
+                "hardware": setting.hardware,
+                "weights": weight_format(setup.model),
+                "trtllm": setting.trtllm,
+                "sglang": setting.sglang,
+                "vllm": setting.vllm,
+                "pp": setting.pp,
+                "workload": setting.workload.label,
+                "concurrency": setting.concurrency,
+                "policy": policy,
+                "input_tok_s": result.input_tok_s,
+                "num_requests": result.num_requests,
+                "num_failed": result.num_failed,
+                "hit_rate": result.hit_rate,
+                "ideal_hit_rate": result.ideal_hit_rate,
+                "ttft_p50_s": result.ttft_p50_s,
+                "ttft_p95_s": result.ttft_p95_s,
+                "stage_utilization": result.stage_utilization,
+                "idle_admission_frac": result.idle_admission_frac,
+                "num_waves": result.num_waves,
+                "seconds": result.seconds,
+                "gpus_per_node": setting.gpus_per_node,
+                "host_kv_gib": setting.host_kv_gib,
+                "host_offloaded_blocks": result.host_offloaded_blocks,
+                "host_loaded_blocks": result.host_loaded_blocks,
+            }
+        )
     return rows
 
 

@@ -14,24 +14,31 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class HardwareSpec:
     name: str
-    bf16_tflops: float           # dense peak
-    fp8_tflops: float            # dense peak
+    bf16_tflops: float  # dense peak
+    fp8_tflops: float  # dense peak
     hbm_gb: float
     hbm_tb_s: float
-    link_gb_s: float             # NVLink per GPU, bidirectional total
-    link_latency_s: float        # one small NVLink transfer (NCCL p2p), end to end
-    internode_gb_s: float        # NIC per GPU, one direction
+    link_gb_s: float  # NVLink per GPU, bidirectional total
+    link_latency_s: float  # one small NVLink transfer (NCCL p2p), end to end
+    internode_gb_s: float  # NIC per GPU, one direction
     internode_latency_s: float
-    gemm_efficiency: float = 0.70    # large GEMMs, fraction of peak
-    attn_efficiency: float = 0.72    # long-sequence attention kernels, fraction of bf16 peak
-    gemm_half_rows: int = 32     # rows per GEMM (tokens per expert) at half efficiency: tile fill
+    gemm_efficiency: float = 0.70  # large GEMMs, fraction of peak
+    attn_efficiency: float = 0.72  # long-sequence attention kernels, fraction of bf16 peak
+    gemm_half_rows: int = 32  # rows per GEMM (tokens per expert) at half efficiency: tile fill
     attn_half_queries: int = 64  # query rows per chunk at half attention efficiency (128-row tiles)
-    nvfp4_tflops: float = 0.0    # dense peak of block-scaled FP4 (0: no FP4 tensor cores)
-    nvfp4_gemm_efficiency: float = 0.43   # large NVFP4 GEMMs, fraction of their peak
+    nvfp4_tflops: float = 0.0  # dense peak of block-scaled FP4 (0: no FP4 tensor cores)
+    nvfp4_gemm_efficiency: float = 0.43  # large NVFP4 GEMMs, fraction of their peak
     host_link_gb_s: float = 0.0  # GPU <-> host (CPU) memory, bidirectional total (0: not modelled)
 
     def __post_init__(self) -> None:
-        for name in ("bf16_tflops", "fp8_tflops", "hbm_gb", "hbm_tb_s", "link_gb_s", "internode_gb_s"):
+        for name in (
+            "bf16_tflops",
+            "fp8_tflops",
+            "hbm_gb",
+            "hbm_tb_s",
+            "link_gb_s",
+            "internode_gb_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"HardwareSpec.{name} must be positive, got {getattr(self, name)}")
         for name in ("nvfp4_tflops", "host_link_gb_s"):
@@ -39,7 +46,9 @@ class HardwareSpec:
                 raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("gemm_efficiency", "attn_efficiency", "nvfp4_gemm_efficiency"):
             if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"HardwareSpec.{name} must be in (0, 1], got {getattr(self, name)}")
+                raise ValueError(
+                    f"HardwareSpec.{name} must be in (0, 1], got {getattr(self, name)}"
+                )
 
     def peak_flops(self, dtype: str) -> float:
         if dtype == "bf16":
@@ -94,33 +103,91 @@ class HardwareSpec:
 #   material: a "900 GB/s coherent interface, 7X faster than PCIe Gen 5"; a GB300 NVL compute
 #   tray holds 4 GPUs and 2 Grace CPUs, NVIDIA's GB300 NVL72 Enterprise Reference Architecture,
 #   "System Hardware & Components"), so 450 GB/s one way.
-HARDWARE: dict[str, HardwareSpec] = {h.name: h for h in (
-    # NVIDIA H100 SXM5 datasheet: 989 TF BF16 / 1979 TF FP8 dense, 80 GB HBM3 at 3.35 TB/s,
-    # NVLink 4 900 GB/s; ConnectX-7 400 Gb/s per GPU (DGX H100).
-    HardwareSpec("H100", 989.0, 1979.0, 80.0, 3.35, 900.0, 8e-6, 50.0, 10e-6, attn_efficiency=0.75,
-                 host_link_gb_s=128.0),
-    # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
-    HardwareSpec("H200", 989.0, 1979.0, 141.0, 4.8, 900.0, 8e-6, 50.0, 10e-6, attn_efficiency=0.75,
-                 host_link_gb_s=128.0),
-    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 / 9 PF FP4 dense (72 PF
-    # for 8 GPUs), 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-7 400 Gb/s (DGX B200).
-    HardwareSpec("B200", 2250.0, 4500.0, 180.0, 8.0, 1800.0, 8e-6, 50.0, 10e-6, nvfp4_tflops=9000.0,
-                 host_link_gb_s=128.0),
-    # NVIDIA HGX B300 (Blackwell Ultra) datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense,
-    # FP4 13.5 PF dense (108 PF for 8 GPUs, 144 with sparsity), 288 GB HBM3e at 8 TB/s, NVLink 5
-    # 1.8 TB/s; ConnectX-8 800 Gb/s per GPU. (NVIDIA's "Inside Blackwell Ultra" blog gives the
-    # full GPU 15 PF dense NVFP4: GB300, at 1.4 kW.)
-    # Host link: PCIe Gen6 x16 (HGX B300).
-    HardwareSpec("B300", 2250.0, 4500.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6, nvfp4_tflops=13500.0,
-                 host_link_gb_s=256.0),
-    # NVIDIA GB300 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 15 PF FP4
-    # dense (1,080 PF FP4 dense for 72 GPUs), 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s;
-    # ConnectX-8 800 Gb/s per GPU between nodes (4 ConnectX-8 per 4-GPU compute tray, the
-    # Enterprise RA above; 800 Gb/s XDR link speed, ConnectX-8 SuperNIC firmware release notes).
-    # Host link: NVLink-C2C to the Grace CPU, 900 GB/s.
-    HardwareSpec("GB300", 2500.0, 5000.0, 288.0, 8.0, 1800.0, 8e-6, 100.0, 10e-6, nvfp4_tflops=15000.0,
-                 host_link_gb_s=900.0),
-)}
+HARDWARE: dict[str, HardwareSpec] = {
+    h.name: h
+    for h in (
+        # NVIDIA H100 SXM5 datasheet: 989 TF BF16 / 1979 TF FP8 dense, 80 GB HBM3 at 3.35 TB/s,
+        # NVLink 4 900 GB/s; ConnectX-7 400 Gb/s per GPU (DGX H100).
+        HardwareSpec(
+            "H100",
+            989.0,
+            1979.0,
+            80.0,
+            3.35,
+            900.0,
+            8e-6,
+            50.0,
+            10e-6,
+            attn_efficiency=0.75,
+            host_link_gb_s=128.0,
+        ),
+        # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
+        HardwareSpec(
+            "H200",
+            989.0,
+            1979.0,
+            141.0,
+            4.8,
+            900.0,
+            8e-6,
+            50.0,
+            10e-6,
+            attn_efficiency=0.75,
+            host_link_gb_s=128.0,
+        ),
+        # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 / 9 PF FP4 dense (72 PF
+        # for 8 GPUs), 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-7 400 Gb/s (DGX B200).
+        HardwareSpec(
+            "B200",
+            2250.0,
+            4500.0,
+            180.0,
+            8.0,
+            1800.0,
+            8e-6,
+            50.0,
+            10e-6,
+            nvfp4_tflops=9000.0,
+            host_link_gb_s=128.0,
+        ),
+        # NVIDIA HGX B300 (Blackwell Ultra) datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense,
+        # FP4 13.5 PF dense (108 PF for 8 GPUs, 144 with sparsity), 288 GB HBM3e at 8 TB/s, NVLink 5
+        # 1.8 TB/s; ConnectX-8 800 Gb/s per GPU. (NVIDIA's "Inside Blackwell Ultra" blog gives the
+        # full GPU 15 PF dense NVFP4: GB300, at 1.4 kW.)
+        # Host link: PCIe Gen6 x16 (HGX B300).
+        HardwareSpec(
+            "B300",
+            2250.0,
+            4500.0,
+            288.0,
+            8.0,
+            1800.0,
+            8e-6,
+            100.0,
+            10e-6,
+            nvfp4_tflops=13500.0,
+            host_link_gb_s=256.0,
+        ),
+        # NVIDIA GB300 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 15 PF FP4
+        # dense (1,080 PF FP4 dense for 72 GPUs), 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s;
+        # ConnectX-8 800 Gb/s per GPU between nodes (4 ConnectX-8 per 4-GPU compute tray, the
+        # Enterprise RA above; 800 Gb/s XDR link speed, ConnectX-8 SuperNIC firmware release notes).
+        # Host link: NVLink-C2C to the Grace CPU, 900 GB/s.
+        HardwareSpec(
+            "GB300",
+            2500.0,
+            5000.0,
+            288.0,
+            8.0,
+            1800.0,
+            8e-6,
+            100.0,
+            10e-6,
+            nvfp4_tflops=15000.0,
+            host_link_gb_s=900.0,
+        ),
+    )
+}
 
 
 def get_hardware(name: str) -> HardwareSpec:

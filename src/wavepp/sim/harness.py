@@ -54,7 +54,9 @@ def hybrid_num_slots(num_blocks: int, interval_blocks: int) -> int:
     return num_blocks // interval_blocks + 16
 
 
-def hybrid_pool_blocks(num_blocks: int, block_bytes: float, snapshot_bytes: float, interval_blocks: int) -> int:
+def hybrid_pool_blocks(
+    num_blocks: int, block_bytes: float, snapshot_bytes: float, interval_blocks: int
+) -> int:
     """Blocks of a hybrid stage pool whose memory would hold `num_blocks` blocks alone: its
     snapshot slots (hybrid_num_slots, `snapshot_bytes` each) take their share of that memory."""
     if snapshot_bytes <= 0:
@@ -71,19 +73,36 @@ def hybrid_pool_blocks(num_blocks: int, block_bytes: float, snapshot_bytes: floa
     while fits(blocks + 1):
         blocks += 1
     if blocks < 1:
-        raise ValueError(f"a hybrid stage's memory ({num_blocks} blocks of {block_bytes / 1e6:.1f} MB) does not "
-                         f"hold 17 snapshot slots of {snapshot_bytes / 1e6:.1f} MB")
+        raise ValueError(
+            f"a hybrid stage's memory ({num_blocks} blocks of {block_bytes / 1e6:.1f} MB) does not "
+            f"hold 17 snapshot slots of {snapshot_bytes / 1e6:.1f} MB"
+        )
     return blocks
 
 
-def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
-              stage_num_blocks: Sequence[int] | int = 1024, block_size: int = 16,
-              planner_config: PlannerConfig | None = None, cost_model: CostModel | None = None,
-              max_waves_in_flight: int | None = None, max_round_requests: int = 64,
-              check_integrity: bool = False, hybrid: bool = False,
-              central_pool: bool = False, snapshot_interval_blocks: int | None = None,
-              loop: str | None = None, loop_costs=None, planner=None, serial_chunks: bool | None = None,
-              trtllm=None, sglang=None, host_tiers: Sequence[HostTier] | None = None) -> PipelineSim:
+def build_sim(
+    policy: str | Policy,
+    num_stages: int,
+    costs: SimCosts,
+    *,
+    stage_num_blocks: Sequence[int] | int = 1024,
+    block_size: int = 16,
+    planner_config: PlannerConfig | None = None,
+    cost_model: CostModel | None = None,
+    max_waves_in_flight: int | None = None,
+    max_round_requests: int = 64,
+    check_integrity: bool = False,
+    hybrid: bool = False,
+    central_pool: bool = False,
+    snapshot_interval_blocks: int | None = None,
+    loop: str | None = None,
+    loop_costs=None,
+    planner=None,
+    serial_chunks: bool | None = None,
+    trtllm=None,
+    sglang=None,
+    host_tiers: Sequence[HostTier] | None = None,
+) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
     `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops.py) with
@@ -102,34 +121,67 @@ def build_sim(policy: str | Policy, num_stages: int, costs: SimCosts, *,
     if len(tiers) != len(stage_num_blocks):
         raise ValueError(f"build_sim: {len(tiers)} host tiers for {len(stage_num_blocks)} pools")
     pools = [BlockPool(n, block_size, host_tier=t) for n, t in zip(stage_num_blocks, tiers)]
-    if hybrid:   # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
+    if hybrid:  # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
         if not snapshot_interval_blocks:
-            raise ValueError("build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)")
-        pools = [HybridPool(n, block_size, num_slots=hybrid_num_slots(n, snapshot_interval_blocks),
-                            interval_blocks=snapshot_interval_blocks, host_tier=t)
-                 for n, t in zip(stage_num_blocks, tiers)]
+            raise ValueError(
+                "build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)"
+            )
+        pools = [
+            HybridPool(
+                n,
+                block_size,
+                num_slots=hybrid_num_slots(n, snapshot_interval_blocks),
+                interval_blocks=snapshot_interval_blocks,
+                host_tier=t,
+            )
+            for n, t in zip(stage_num_blocks, tiers)
+        ]
     servers = [StageServer(s, pool) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
-    if hybrid:   # chunk ends move onto the stages' snapshot grid
+    if hybrid:  # chunk ends move onto the stages' snapshot grid
         pcfg = replace(pcfg, snapshot_interval_blocks=snapshot_interval_blocks)
-    kwargs = {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
+    kwargs = (
+        {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
+    )
     planner = planner or make_planner(pol.planner, pcfg, **kwargs)
-    leader = Leader(LeaderConfig(len(servers), block_size,
-                                 max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
-                                 max_round_requests=max_round_requests,
-                                 stage_num_blocks=tuple(stage_num_blocks), hybrid=hybrid,
-                                 serial_chunks=loop == "trtllm" if serial_chunks is None else serial_chunks),
-                    planner)
+    leader = Leader(
+        LeaderConfig(
+            len(servers),
+            block_size,
+            max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
+            max_round_requests=max_round_requests,
+            stage_num_blocks=tuple(stage_num_blocks),
+            hybrid=hybrid,
+            serial_chunks=loop == "trtllm" if serial_chunks is None else serial_chunks,
+        ),
+        planner,
+    )
     if loop is not None:
         from wavepp.sim.loops import LoopCosts, LoopSim
-        return LoopSim(leader, servers, costs, loop=loop, loop_costs=loop_costs or LoopCosts(),
-                       check_integrity=check_integrity, trtllm=trtllm, sglang=sglang)
-    return PipelineSim(leader, servers, costs, inline_admission=pol.inline_admission,
-                       check_integrity=check_integrity, num_stages=num_stages)
+
+        return LoopSim(
+            leader,
+            servers,
+            costs,
+            loop=loop,
+            loop_costs=loop_costs or LoopCosts(),
+            check_integrity=check_integrity,
+            trtllm=trtllm,
+            sglang=sglang,
+        )
+    return PipelineSim(
+        leader,
+        servers,
+        costs,
+        inline_admission=pol.inline_admission,
+        check_integrity=check_integrity,
+        num_stages=num_stages,
+    )
 
 
-def run_closed_loop(sim: PipelineSim, prompts: Sequence[Sequence[int]], concurrency: int,
-                    policy: str = "") -> SimReport:
+def run_closed_loop(
+    sim: PipelineSim, prompts: Sequence[Sequence[int]], concurrency: int, policy: str = ""
+) -> SimReport:
     """Keep `concurrency` requests outstanding until all `prompts` are done."""
     next_index = 0
 
@@ -155,8 +207,17 @@ def report(sim: PipelineSim, policy: str, end: float) -> SimReport:
     util = tuple(st.busy_s / end if end > 0 else 0.0 for st in sim.stats)
     adm = tuple(st.idle_admission_s / end if end > 0 else 0.0 for st in sim.stats)
     return SimReport(
-        policy=policy, num_requests=len(recs), num_failed=len(recs) - len(done), seconds=end,
-        input_tokens=sum(r.num_tokens for r in done), cached_tokens=sum(r.num_cached_tokens for r in done),
-        ttft_p50_s=quantile(ttft, 0.5), ttft_p95_s=quantile(ttft, 0.95), stage_utilization=util,
-        idle_admission_frac=adm, round_latency_p50_s=quantile(rounds, 0.5),
-        round_latency_p99_s=quantile(rounds, 0.99), num_waves=sim.stats[0].num_waves)
+        policy=policy,
+        num_requests=len(recs),
+        num_failed=len(recs) - len(done),
+        seconds=end,
+        input_tokens=sum(r.num_tokens for r in done),
+        cached_tokens=sum(r.num_cached_tokens for r in done),
+        ttft_p50_s=quantile(ttft, 0.5),
+        ttft_p95_s=quantile(ttft, 0.95),
+        stage_utilization=util,
+        idle_admission_frac=adm,
+        round_latency_p50_s=quantile(rounds, 0.5),
+        round_latency_p99_s=quantile(rounds, 0.99),
+        num_waves=sim.stats[0].num_waves,
+    )

@@ -20,15 +20,16 @@ class LoopCosts:
     taken from this project's admission costs (AdmissionCosts: 100 us one way, 50 us of work
     per message).
     """
-    fetch_s: float = 50e-6          # read the queue / unpickle the request list
-    schedule_s: float = 580e-6      # the scheduler and loop bookkeeping per iteration
+
+    fetch_s: float = 50e-6  # read the queue / unpickle the request list
+    schedule_s: float = 580e-6  # the scheduler and loop bookkeeping per iteration
     schedule_item_s: float = 29e-6  # ... per request in the microbatch
-    match_block_s: float = 0.5e-6   # prefix match, per cached block (each rank)
-    alloc_block_s: float = 3.5e-6   # KV allocation, per new block (each rank)
-    relay_s: float = 50e-6          # (de)serialize and post one message
-    hop_s: float = 100e-6           # one way between neighbouring ranks
-    finalize_s: float = 50e-6       # retire a microbatch (responses, free KV)
-    block_tokens: int = 32          # real tokens per block of the per-block costs
+    match_block_s: float = 0.5e-6  # prefix match, per cached block (each rank)
+    alloc_block_s: float = 3.5e-6  # KV allocation, per new block (each rank)
+    relay_s: float = 50e-6  # (de)serialize and post one message
+    hop_s: float = 100e-6  # one way between neighbouring ranks
+    finalize_s: float = 50e-6  # retire a microbatch (responses, free KV)
+    block_tokens: int = 32  # real tokens per block of the per-block costs
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -39,4 +40,6 @@ class LoopCosts:
 
     def scaled(self, token_scale: int) -> "LoopCosts":
         """The same costs for blocks of `token_scale` times fewer (simulated) tokens."""
-        return LoopCosts(**{**asdict(self), "block_tokens": max(1, self.block_tokens // token_scale)})
+        return LoopCosts(
+            **{**asdict(self), "block_tokens": max(1, self.block_tokens // token_scale)}
+        )

@@ -48,16 +48,16 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import replace
-from typing import Callable, Generator
+from typing import Callable
 
 from wavepp.sched.messages import ReleaseMsg, TokenResult, Wave, WaveResult
 from wavepp.sched.request import RequestState
 from wavepp.sched.rounds import run_round
 from wavepp.sim.loop_costs import LoopCosts
+from wavepp.sim.loop_plumbing import LoopPlumbing
 from wavepp.sim.pipeline import PipelineSim
 from wavepp.sim.sglang import SglangScheduling
 from wavepp.sim.trtllm import TrtllmScheduling
-
 
 LOOPS = ("trtllm", "sglang")
 
@@ -67,27 +67,39 @@ class _Batch:
 
     def __init__(self, wave: Wave, num_ranks: int):
         self.wave = wave
-        self.ready = [False] * num_ranks          # activations arrived at rank k
+        self.ready = [False] * num_ranks  # activations arrived at rank k
         self.done_at: list[float | None] = [None] * num_ranks
         self.seconds: list[float] = []
-        self.waiters: dict[int, list] = collections.defaultdict(list)   # rank -> coroutines
-        self.fresh: list[tuple[int, int]] = []    # (cached, prompt) tokens of its new requests
-        self.rank0_probe_s = 0.0                  # rank 0's scheduler walks (probe_scope "waiting")
-        self.match_s = 0.0                        # every rank's radix walks (SGLang, "considered")
+        self.waiters: dict[int, list] = collections.defaultdict(list)  # rank -> coroutines
+        self.fresh: list[tuple[int, int]] = []  # (cached, prompt) tokens of its new requests
+        self.rank0_probe_s = 0.0  # rank 0's scheduler walks (probe_scope "waiting")
+        self.match_s = 0.0  # every rank's radix walks (SGLang, "considered")
 
 
-class LoopSim(PipelineSim):
+class LoopSim(LoopPlumbing, PipelineSim):
     """A PipelineSim whose ranks run an outside executor loop (`loop`: trtllm | sglang)."""
 
-    def __init__(self, leader, servers, costs, *, loop: str, loop_costs: LoopCosts,
-                 check_integrity: bool = False, trtllm: TrtllmScheduling | None = None,
-                 sglang: SglangScheduling | None = None):
+    def __init__(
+        self,
+        leader,
+        servers,
+        costs,
+        *,
+        loop: str,
+        loop_costs: LoopCosts,
+        check_integrity: bool = False,
+        trtllm: TrtllmScheduling | None = None,
+        sglang: SglangScheduling | None = None,
+    ):
         if loop not in LOOPS:
             raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}")
-        super().__init__(leader, servers, costs, inline_admission=True, check_integrity=check_integrity)
+        super().__init__(
+            leader, servers, costs, inline_admission=True, check_integrity=check_integrity
+        )
         self.kind, self.lc = loop, loop_costs
-        self.trtllm = trtllm if loop == "trtllm" else None     # TensorRT-LLM's mechanisms (sim/trtllm.py)
-        self.sglang = sglang if loop == "sglang" else None     # SGLang's mechanisms (sim/sglang.py)
+        # TensorRT-LLM's mechanisms (sim/trtllm.py)
+        self.trtllm = trtllm if loop == "trtllm" else None
+        self.sglang = sglang if loop == "sglang" else None  # SGLang's mechanisms (sim/sglang.py)
         n = self.num_stages
         self._chan: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
         self._chan_waiter: dict[tuple, Callable] = {}
@@ -95,47 +107,12 @@ class LoopSim(PipelineSim):
         self._gpu_busy = [False] * n
         self._idle_waiter: Callable | None = None
         self.iterations = [0] * n
-        self.waves_sent: list[Wave] = []         # every microbatch rank 0 scheduled, in order
+        self.waves_sent: list[Wave] = []  # every microbatch rank 0 scheduled, in order
         body = self._trtllm if loop == "trtllm" else self._sglang
         for rank in range(n):
             self._start(body(rank))
 
-    # ---- coroutine plumbing ------------------------------------------------------------------
-
-    def _start(self, gen: Generator) -> None:
-        def step(value=None):
-            try:
-                op = gen.send(value)
-            except StopIteration:
-                return
-            op(step)
-        self.loop.after(0.0, step)
-
-    def _sleep(self, seconds: float):
-        return lambda resume: self.loop.after(seconds, resume)
-
-    def _send(self, src: int, dst: int, kind: str, payload) -> None:
-        """Post a message to rank `dst`; it arrives hop_s later, in order per (src, dst, kind)."""
-        key = (src, dst, kind)
-
-        def arrive():
-            waiter = self._chan_waiter.pop(key, None)
-            if waiter is not None:
-                waiter(payload)
-            else:
-                self._chan[key].append(payload)
-        self.loop.after(self.lc.hop_s, arrive)
-
-    def _recv(self, src: int, dst: int, kind: str):
-        key = (src, dst, kind)
-
-        def op(resume):
-            if self._chan[key]:
-                payload = self._chan[key].popleft()
-                self.loop.after(0.0, lambda: resume(payload))
-            else:
-                self._chan_waiter[key] = resume
-        return op
+    # ---- the GPU of each rank ----------------------------------------------------------------
 
     def _gpu_sync(self, rank: int, batch: _Batch):
         def op(resume):
@@ -143,25 +120,8 @@ class LoopSim(PipelineSim):
                 self.loop.after(0.0, resume)
             else:
                 batch.waiters[rank].append(resume)
+
         return op
-
-    def _wait_for_work(self):
-        def op(resume):
-            if self._has_work():
-                self.loop.after(0.0, resume)
-            else:
-                self._idle_waiter = resume
-        return op
-
-    def _has_work(self) -> bool:
-        return bool(self.leader.has_waiting or self.leader.plannable or self.leader.waves_in_flight)
-
-    def _kick(self) -> None:
-        if self._idle_waiter is not None and self._has_work():
-            resume, self._idle_waiter = self._idle_waiter, None
-            self.loop.after(0.0, resume)
-
-    # ---- the GPU of each rank ----------------------------------------------------------------
 
     def _launch(self, rank: int, batch: _Batch) -> None:
         if rank == 0:
@@ -193,13 +153,16 @@ class LoopSim(PipelineSim):
             batch.seconds.append(seconds)
             self.wave_spans.append((rank, wave.wave_id, start, self.loop.now))
             if rank + 1 < self.num_stages:
+
                 def arrive():
                     batch.ready[rank + 1] = True
                     self._gpu_run(rank + 1)
+
                 self.loop.after(self.costs.transfer_seconds(rank, wave.num_tokens), arrive)
             for resume in batch.waiters.pop(rank, []):
                 resume()
             self._gpu_run(rank)
+
         self.loop.after(seconds, finish)
 
     # ---- rank 0's scheduler: the leader ------------------------------------------------------
@@ -211,7 +174,7 @@ class LoopSim(PipelineSim):
         match_s = 0.0
         if leader.has_waiting and leader.round is None:
             limit = hooks.round_size(leader) if hooks else None
-            if sg is not None:      # PrefillAdder walks each waiting request it looks at
+            if sg is not None:  # PrefillAdder walks each waiting request it looks at
                 limit = sg.round_size(leader, self._matched_tokens)
                 match_s = sg.considered_match_s(leader, limit, self._matched_tokens)
             if limit != 0:
@@ -225,13 +188,18 @@ class LoopSim(PipelineSim):
         self.waves_sent.append(wave)
         batch = _Batch(wave, self.num_stages)
         batch.rank0_probe_s, batch.match_s = rank0_probe_s, match_s
-        batch.fresh = [(c.start, leader.requests[c.request_id].num_tokens)
-                       for c in wave.chunks if c.request_id in fresh]
+        batch.fresh = [
+            (c.start, leader.requests[c.request_id].num_tokens)
+            for c in wave.chunks
+            if c.request_id in fresh
+        ]
         return batch
 
     def _matched_tokens(self, req) -> int:
         """Tokens of `req`'s prefix that rank 0's cache holds (computed or being computed)."""
-        return self.servers[0].pool.match(req.block_hashes).num_blocks * self.leader.config.block_size
+        return (
+            self.servers[0].pool.match(req.block_hashes).num_blocks * self.leader.config.block_size
+        )
 
     def _admit(self, limit: int | None) -> None:
         """One round over (at most `limit` of) the waiting requests, at once."""
@@ -240,6 +208,7 @@ class LoopSim(PipelineSim):
         def exchange(msg):
             replies = [s.handle(msg) for s in self.servers]
             return None if isinstance(msg, ReleaseMsg) else replies
+
         config = leader.config
         if limit is not None:
             leader.config = replace(config, max_round_requests=limit)
@@ -258,7 +227,9 @@ class LoopSim(PipelineSim):
     def _retire(self, batch: _Batch) -> None:
         wave = batch.wave
         tokens = tuple(TokenResult(c.request_id, 0, 0.0) for c in wave.chunks if c.is_last)
-        done = self.leader.on_wave_result(WaveResult(wave.wave_id, tokens, tuple(batch.seconds)), self.loop.now)
+        done = self.leader.on_wave_result(
+            WaveResult(wave.wave_id, tokens, tuple(batch.seconds)), self.loop.now
+        )
         if self.trtllm:
             for req in done:
                 self.trtllm.on_retire(req)
@@ -275,13 +246,18 @@ class LoopSim(PipelineSim):
         for c in batch.wave.chunks:
             seconds += lc.alloc_block_s * math.ceil(c.num_tokens / lc.block_tokens)
         if hooks is not None and hooks.mech.probe != "none":
-            seconds += hooks.scheduled_probe_s(batch.fresh) + (batch.rank0_probe_s if rank == 0 else 0.0)
+            seconds += hooks.scheduled_probe_s(batch.fresh) + (
+                batch.rank0_probe_s if rank == 0 else 0.0
+            )
             return seconds
         if self.sglang is not None and self.sglang.mech.match_scope == "considered":
             return seconds + batch.match_s
         for c in batch.wave.chunks:
-            if c.start and self.leader.requests.get(c.request_id) is not None \
-                    and c.start == self.leader.requests[c.request_id].num_cached_tokens:
+            if (
+                c.start
+                and self.leader.requests.get(c.request_id) is not None
+                and c.start == self.leader.requests[c.request_id].num_cached_tokens
+            ):
                 seconds += lc.match_block_s * (c.start // lc.block_tokens)
         return seconds
 
@@ -317,9 +293,11 @@ class LoopSim(PipelineSim):
             if batch is not None:
                 self._launch(rank, batch)
                 if not last and (self.trtllm is None or self.trtllm.mech.forward_sync):
-                    yield self._gpu_sync(rank, batch)   # _forward_step_inter_pp: sampler_event.synchronize()
+                    yield self._gpu_sync(
+                        rank, batch
+                    )  # _forward_step_inter_pp: sampler_event.synchronize()
             previous = slots[(mb - 1) % P]
-            if previous is not None:    # sync the previous microbatch's sampler event
+            if previous is not None:  # sync the previous microbatch's sampler event
                 yield self._gpu_sync(rank, previous)
             # relay: (P-1) -> 0 -> 1 -> ... -> (P-2)
             previous = slots[(mb + (-1 if last else 1)) % P]
@@ -358,10 +336,10 @@ class LoopSim(PipelineSim):
             self.iterations[rank] += 1
             slots[mb] = batch
             if batch is not None:
-                if rank > 0:            # run_batch: the hidden states' metadata (blocking)
+                if rank > 0:  # run_batch: the hidden states' metadata (blocking)
                     yield self._recv(rank - 1, rank, "proxy")
                 self._launch(rank, batch)
-                if last:                # sampled ids to rank 0 (the data: when computed)
+                if last:  # sampled ids to rank 0 (the data: when computed)
                     self._send(rank, 0, "out", batch)
             following = slots[(mb + 1) % P]
             received = None
@@ -369,10 +347,12 @@ class LoopSim(PipelineSim):
                 src = P - 1 if rank == 0 else rank - 1
                 received = yield self._recv(src, rank, "out")
                 if received is not following:
-                    raise AssertionError(f"rank {rank}: outputs of wave {received.wave.wave_id} "
-                                         f"for slot of wave {following.wave.wave_id}")
-                yield self._gpu_sync(P - 1, following)      # process_batch_result syncs on them
-                if rank == 0:           # ... which left the last rank's GPU a hop ago
+                    raise AssertionError(
+                        f"rank {rank}: outputs of wave {received.wave.wave_id} "
+                        f"for slot of wave {following.wave.wave_id}"
+                    )
+                yield self._gpu_sync(P - 1, following)  # process_batch_result syncs on them
+                if rank == 0:  # ... which left the last rank's GPU a hop ago
                     yield self._sleep(max(0.0, following.done_at[P - 1] + lc.hop_s - self.loop.now))
                 yield self._sleep(lc.relay_s + lc.finalize_s)
                 if rank == 0:

@@ -21,35 +21,37 @@ class ModelShape:
     num_layers: int
     vocab_size: int
     num_heads: int
-    attention: str = "gqa"              # full-attention layers: "gqa" | "mla"
-    num_kv_heads: int = 0               # gqa
-    head_dim: int = 0                   # gqa
-    q_lora_rank: int = 0                # mla: 0 = q projected straight from the hidden state
-    kv_lora_rank: int = 0               # mla latent width
+    attention: str = "gqa"  # full-attention layers: "gqa" | "mla"
+    num_kv_heads: int = 0  # gqa
+    head_dim: int = 0  # gqa
+    q_lora_rank: int = 0  # mla: 0 = q projected straight from the hidden state
+    kv_lora_rank: int = 0  # mla latent width
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    index_topk: int = 0                 # DeepSeek sparse attention: keys kept per query (0: dense)
+    index_topk: int = 0  # DeepSeek sparse attention: keys kept per query (0: dense)
     index_n_heads: int = 0
     index_head_dim: int = 0
-    index_layers: tuple[int, ...] | None = None  # layers running an indexer (None: all; others share)
-    index_key_bytes: float = 0.0        # bytes per cached indexer key element (0: fp8 + fp32 scale)
-    qk_norm: bool = False               # gqa: RMSNorm weights over the q and k projections
-    qk_norm_per_head: bool = False      # gqa: those norms are per head (Qwen3), not per projection
-    linear_layers: tuple[int, ...] = () # 0-based layers with linear attention (hybrid models)
+    index_layers: tuple[int, ...] | None = (
+        None  # layers running an indexer (None: all; others share)
+    )
+    index_key_bytes: float = 0.0  # bytes per cached indexer key element (0: fp8 + fp32 scale)
+    qk_norm: bool = False  # gqa: RMSNorm weights over the q and k projections
+    qk_norm_per_head: bool = False  # gqa: those norms are per head (Qwen3), not per projection
+    linear_layers: tuple[int, ...] = ()  # 0-based layers with linear attention (hybrid models)
     linear_num_heads: int = 0
     linear_head_dim: int = 0
-    linear_conv_kernel: int = 4         # short convolution taps over q, k, v (its state: taps - 1 rows)
-    intermediate_size: int = 0          # dense MLP layers
-    first_k_dense: int = 0              # layers [0, k) have a dense MLP
-    num_experts: int = 0                # 0: every layer dense
+    linear_conv_kernel: int = 4  # short convolution taps over q, k, v (its state: taps - 1 rows)
+    intermediate_size: int = 0  # dense MLP layers
+    first_k_dense: int = 0  # layers [0, k) have a dense MLP
+    num_experts: int = 0  # 0: every layer dense
     num_experts_per_tok: int = 0
     num_shared_experts: int = 0
     moe_intermediate_size: int = 0
-    router_bias: bool = True            # MoE routers: a score-correction bias per expert (not Qwen3-MoE)
-    weight_bytes: float = 1.0           # bytes per parameter as served (FP8 checkpoints: 1)
-    gemm_dtype: str = "fp8"             # dtype of the linear layers' tensor-core math
-    kv_bytes: float = 2.0               # bytes per cached K/V (or latent) element (bf16)
+    router_bias: bool = True  # MoE routers: a score-correction bias per expert (not Qwen3-MoE)
+    weight_bytes: float = 1.0  # bytes per parameter as served (FP8 checkpoints: 1)
+    gemm_dtype: str = "fp8"  # dtype of the linear layers' tensor-core math
+    kv_bytes: float = 2.0  # bytes per cached K/V (or latent) element (bf16)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -92,20 +94,30 @@ class ModelShape:
         if self.is_linear(layer):
             inner = self.linear_num_heads * self.linear_head_dim
             # q, k, v, o; low-rank forget and output gates (hidden -> head_dim -> inner); beta
-            return 4 * h * inner + 2 * (h * self.linear_head_dim + self.linear_head_dim * inner) \
+            return (
+                4 * h * inner
+                + 2 * (h * self.linear_head_dim + self.linear_head_dim * inner)
                 + h * self.linear_num_heads
+            )
         if self.attention == "gqa":
             return h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-        q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk) if self.q_lora_rank \
+        q = (
+            (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk)
+            if self.q_lora_rank
             else h * self.num_heads * qk
-        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) \
-            + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+        )
+        kv = h * (
+            self.kv_lora_rank + self.qk_rope_head_dim
+        ) + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
         o = self.num_heads * self.v_head_dim * h
         index = 0
         if self.runs_indexer(layer):
-            index = (self.q_lora_rank or h) * self.index_n_heads * self.index_head_dim \
-                + h * self.index_head_dim + h * self.index_n_heads
+            index = (
+                (self.q_lora_rank or h) * self.index_n_heads * self.index_head_dim
+                + h * self.index_head_dim
+                + h * self.index_n_heads
+            )
         return q + kv + o + index
 
     def norm_params(self, layer: int) -> int:
@@ -116,10 +128,19 @@ class ModelShape:
             inner = self.linear_num_heads * self.linear_head_dim
             # depthwise short convolutions over q, k, v (kernel taps per channel); the decay's
             # dt_bias (per channel) and A_log (per head); the gated output norm (per head dim)
-            n += 3 * inner * self.linear_conv_kernel + inner + self.linear_num_heads + self.linear_head_dim
+            n += (
+                3 * inner * self.linear_conv_kernel
+                + inner
+                + self.linear_num_heads
+                + self.linear_head_dim
+            )
         elif self.attention == "gqa":
             if self.qk_norm:
-                n += 2 * self.head_dim if self.qk_norm_per_head else (self.num_heads + self.num_kv_heads) * self.head_dim
+                n += (
+                    2 * self.head_dim
+                    if self.qk_norm_per_head
+                    else (self.num_heads + self.num_kv_heads) * self.head_dim
+                )
         else:
             n += self.q_lora_rank + self.kv_lora_rank
             n += 2 * self.index_head_dim if self.runs_indexer(layer) else 0
@@ -133,14 +154,16 @@ class ModelShape:
         """All MLP weights of a layer (every expert of an MoE layer)."""
         if not self.is_moe(layer):
             return 3 * self.hidden_size * self.intermediate_size
-        return (self.num_experts + self.num_shared_experts) * self.expert_params() \
-            + self.hidden_size * self.num_experts
+        return (
+            self.num_experts + self.num_shared_experts
+        ) * self.expert_params() + self.hidden_size * self.num_experts
 
     def active_mlp_params(self, layer: int) -> int:
         if not self.is_moe(layer):
             return self.mlp_params(layer)
-        return (self.num_experts_per_tok + self.num_shared_experts) * self.expert_params() \
-            + self.hidden_size * self.num_experts
+        return (
+            self.num_experts_per_tok + self.num_shared_experts
+        ) * self.expert_params() + self.hidden_size * self.num_experts
 
     def snapshot_bytes(self, layer: int) -> float:
         """Bytes of one saved state of a linear-attention layer, as the runtime keeps it
@@ -149,8 +172,10 @@ class ModelShape:
         if not self.is_linear(layer):
             return 0.0
         inner = self.linear_num_heads * self.linear_head_dim
-        return self.linear_num_heads * self.linear_head_dim ** 2 * 4 \
+        return (
+            self.linear_num_heads * self.linear_head_dim**2 * 4
             + (self.linear_conv_kernel - 1) * 3 * inner * self.kv_bytes
+        )
 
     def layers_snapshot_bytes(self, start: int, end: int) -> float:
         """snapshot_bytes summed over layers [start, end): one saved state of all of them."""
@@ -171,20 +196,38 @@ class ModelShape:
             return latent
         if self.index_key_bytes:
             return latent + self.index_head_dim * self.index_key_bytes
-        return latent + self.index_head_dim + 4      # fp8 key + fp32 scale
+        return latent + self.index_head_dim + 4  # fp8 key + fp32 scale
 
     @classmethod
-    def from_hf(cls, hf: dict, name: str = "", kv_bytes: float = 2.0, weight_bytes: float = 2.0,
-                gemm_dtype: str = "bf16") -> ModelShape:
+    def from_hf(
+        cls,
+        hf: dict,
+        name: str = "",
+        kv_bytes: float = 2.0,
+        weight_bytes: float = 2.0,
+        gemm_dtype: str = "bf16",
+    ) -> ModelShape:
         """The shape of an HF config.json dict, read by the runtime's own parser (the model
         registry), with the cache (and indexer keys) held at `kv_bytes` per element, as the
         runtime holds them."""
-        return cls.from_spec(parse_config(hf), name=name, kv_bytes=kv_bytes, weight_bytes=weight_bytes,
-                             gemm_dtype=gemm_dtype)
+        return cls.from_spec(
+            parse_config(hf),
+            name=name,
+            kv_bytes=kv_bytes,
+            weight_bytes=weight_bytes,
+            gemm_dtype=gemm_dtype,
+        )
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, name: str = "", kv_bytes: float = 2.0, weight_bytes: float = 2.0,
-                  gemm_dtype: str = "bf16", index_key_bytes: float | None = None) -> ModelShape:
+    def from_spec(
+        cls,
+        spec: ModelSpec,
+        name: str = "",
+        kv_bytes: float = 2.0,
+        weight_bytes: float = 2.0,
+        gemm_dtype: str = "bf16",
+        index_key_bytes: float | None = None,
+    ) -> ModelShape:
         """The shape of a model's layer specs (`wavepp.models.spec`): what the cost model
         needs of each kind. `index_key_bytes`: DSA indexer keys (default: `kv_bytes`, as the
         runtime holds them; 0: fp8 + an fp32 scale, as served)."""
@@ -194,44 +237,82 @@ class ModelShape:
         moe = [layer.mlp for layer in layers if layer.mlp.kind == "moe"]
         dense = [i for i, layer in enumerate(layers) if layer.mlp.kind == "dense"]
         if moe and dense != list(range(len(dense))):
-            raise ValueError(f"ModelShape: dense MLP layers {dense} are not the first layers of {spec.model_type}")
-        fields = dict(name=name or spec.model_type, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                      vocab_size=spec.vocab_size, num_heads=full[0].num_heads if full else 1,
-                      weight_bytes=weight_bytes, gemm_dtype=gemm_dtype, kv_bytes=kv_bytes,
-                      source=f"config.json ({spec.model_type})")
+            raise ValueError(
+                f"ModelShape: dense MLP layers {dense} are not the first layers of {spec.model_type}"
+            )
+        fields = dict(
+            name=name or spec.model_type,
+            hidden_size=spec.hidden_size,
+            num_layers=spec.num_layers,
+            vocab_size=spec.vocab_size,
+            num_heads=full[0].num_heads if full else 1,
+            weight_bytes=weight_bytes,
+            gemm_dtype=gemm_dtype,
+            kv_bytes=kv_bytes,
+            source=f"config.json ({spec.model_type})",
+        )
         attention = full[0] if full else None
         if attention is not None and attention.kind == "gqa":
-            fields.update(attention="gqa", num_kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
-                          qk_norm=attention.qk_norm != "none", qk_norm_per_head=attention.qk_norm == "head")
+            fields.update(
+                attention="gqa",
+                num_kv_heads=attention.num_kv_heads,
+                head_dim=attention.head_dim,
+                qk_norm=attention.qk_norm != "none",
+                qk_norm_per_head=attention.qk_norm == "head",
+            )
         elif attention is not None:
-            fields.update(attention="mla", q_lora_rank=attention.q_lora_rank, kv_lora_rank=attention.kv_lora_rank,
-                          qk_nope_head_dim=attention.qk_nope_head_dim, qk_rope_head_dim=attention.qk_rope_head_dim,
-                          v_head_dim=attention.v_head_dim)
+            fields.update(
+                attention="mla",
+                q_lora_rank=attention.q_lora_rank,
+                kv_lora_rank=attention.kv_lora_rank,
+                qk_nope_head_dim=attention.qk_nope_head_dim,
+                qk_rope_head_dim=attention.qk_rope_head_dim,
+                v_head_dim=attention.v_head_dim,
+            )
             if attention.index is not None:
-                fields.update(index_topk=attention.index.topk, index_n_heads=attention.index.num_heads,
-                              index_head_dim=attention.index.head_dim,
-                              index_key_bytes=kv_bytes if index_key_bytes is None else index_key_bytes,
-                              index_layers=tuple(i for i, layer in enumerate(layers)
-                                                 if layer.attention.kind == "mla" and layer.attention.runs_indexer))
+                fields.update(
+                    index_topk=attention.index.topk,
+                    index_n_heads=attention.index.num_heads,
+                    index_head_dim=attention.index.head_dim,
+                    index_key_bytes=kv_bytes if index_key_bytes is None else index_key_bytes,
+                    index_layers=tuple(
+                        i
+                        for i, layer in enumerate(layers)
+                        if layer.attention.kind == "mla" and layer.attention.runs_indexer
+                    ),
+                )
         if linear:
             kda = layers[linear[0]].attention
-            fields.update(linear_layers=tuple(linear), linear_num_heads=kda.num_heads, linear_head_dim=kda.head_dim,
-                          linear_conv_kernel=kda.conv_kernel)
+            fields.update(
+                linear_layers=tuple(linear),
+                linear_num_heads=kda.num_heads,
+                linear_head_dim=kda.head_dim,
+                linear_conv_kernel=kda.conv_kernel,
+            )
         if dense:
             fields.update(intermediate_size=layers[dense[0]].mlp.intermediate_size)
         if moe:
-            fields.update(first_k_dense=len(dense), num_experts=moe[0].num_experts, num_experts_per_tok=moe[0].top_k,
-                          num_shared_experts=moe[0].num_shared_experts, moe_intermediate_size=moe[0].intermediate_size,
-                          router_bias=moe[0].score_bias)
+            fields.update(
+                first_k_dense=len(dense),
+                num_experts=moe[0].num_experts,
+                num_experts_per_tok=moe[0].top_k,
+                num_shared_experts=moe[0].num_shared_experts,
+                moe_intermediate_size=moe[0].intermediate_size,
+                router_bias=moe[0].score_bias,
+            )
         return cls(**fields)
 
     # ---- whole model -----------------------------------------------------------------------
 
     def num_params(self) -> int:
-        layers = sum(self.attention_params(i) + self.mlp_params(i) + self.norm_params(i)
-                     for i in range(self.num_layers))
+        layers = sum(
+            self.attention_params(i) + self.mlp_params(i) + self.norm_params(i)
+            for i in range(self.num_layers)
+        )
         return layers + 2 * self.vocab_size * self.hidden_size + self.hidden_size
 
     def num_active_params(self) -> int:
-        layers = sum(self.attention_params(i) + self.active_mlp_params(i) for i in range(self.num_layers))
+        layers = sum(
+            self.attention_params(i) + self.active_mlp_params(i) for i in range(self.num_layers)
+        )
         return layers + 2 * self.vocab_size * self.hidden_size

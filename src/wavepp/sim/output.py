@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from wavepp.sim.pipeline import PipelineSim
 from wavepp.jsonfile import write_json  # noqa: F401 - part of this module's API
+from wavepp.sim.pipeline import PipelineSim
 
 
 def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:
@@ -18,19 +18,45 @@ def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("model", "hw", "pp", "workload", "conc", "policy", "input tok/s", "vs first",
-                "hit", "TTFT p50 s", "util", "waves", "failed"):
-        table.add_column(col, justify="right" if col not in ("model", "hw", "workload", "policy") else "left")
+    for col in (
+        "model",
+        "hw",
+        "pp",
+        "workload",
+        "conc",
+        "policy",
+        "input tok/s",
+        "vs first",
+        "hit",
+        "TTFT p50 s",
+        "util",
+        "waves",
+        "failed",
+    ):
+        table.add_column(
+            col, justify="right" if col not in ("model", "hw", "workload", "policy") else "left"
+        )
     first: dict[tuple, float] = {}
     for r in rows:
         key = (r["grid"], r["model"], r["hardware"], r["pp"], r["workload"], r["concurrency"])
         base = first.setdefault(key, r["input_tok_s"])
-        table.add_row(r["model"], r["hardware"], str(r["pp"]), r["workload"], str(r["concurrency"]),
-                      r["policy"], f"{r['input_tok_s']:,.0f}", f"{r['input_tok_s'] / base:.2f}x" if base else "-",
-                      f"{r['hit_rate']:.2f}", f"{r['ttft_p50_s']:.2f}", f"{r['stage_utilization']:.2f}",
-                      str(r["num_waves"]), str(r["num_failed"]))
+        table.add_row(
+            r["model"],
+            r["hardware"],
+            str(r["pp"]),
+            r["workload"],
+            str(r["concurrency"]),
+            r["policy"],
+            f"{r['input_tok_s']:,.0f}",
+            f"{r['input_tok_s'] / base:.2f}x" if base else "-",
+            f"{r['hit_rate']:.2f}",
+            f"{r['ttft_p50_s']:.2f}",
+            f"{r['stage_utilization']:.2f}",
+            str(r["num_waves"]),
+            str(r["num_failed"]),
+        )
     console = Console()
-    if not console.is_terminal:        # a file or a pipe: do not squeeze the table to 80 columns
+    if not console.is_terminal:  # a file or a pipe: do not squeeze the table to 80 columns
         console = Console(width=160)
     console.print(table)
 
@@ -38,12 +64,17 @@ def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:
 def write_plot(rows: Sequence[dict], path: str | Path) -> None:
     """Input tokens/s against concurrency, one panel per (model, workload), a line per policy."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels: dict[tuple, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    panels: dict[tuple, dict[str, list]] = collections.defaultdict(
+        lambda: collections.defaultdict(list)
+    )
     for r in rows:
-        panels[(r["model"], r["pp"], r["workload"])][r["policy"]].append((r["concurrency"], r["input_tok_s"]))
+        panels[(r["model"], r["pp"], r["workload"])][r["policy"]].append(
+            (r["concurrency"], r["input_tok_s"])
+        )
     n = len(panels)
     cols = min(4, n)
     nrows = -(-n // cols)
@@ -71,16 +102,46 @@ def chrome_trace(runs: Sequence[tuple[str, PipelineSim]]) -> dict:
     for pid, (label, sim) in enumerate(runs):
         events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
         for sid in range(sim.num_stages):
-            events.append({"ph": "M", "pid": pid, "tid": sid, "name": "thread_name",
-                           "args": {"name": f"stage {sid}"}})
-        events.append({"ph": "M", "pid": pid, "tid": sim.num_stages, "name": "thread_name",
-                       "args": {"name": "admission rounds"}})
+            events.append(
+                {
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": sid,
+                    "name": "thread_name",
+                    "args": {"name": f"stage {sid}"},
+                }
+            )
+        events.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": sim.num_stages,
+                "name": "thread_name",
+                "args": {"name": "admission rounds"},
+            }
+        )
         for sid, wave_id, start, end in sim.wave_spans:
-            events.append({"ph": "X", "pid": pid, "tid": sid, "name": f"wave {wave_id}",
-                           "ts": start * 1e6, "dur": (end - start) * 1e6})
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": sid,
+                    "name": f"wave {wave_id}",
+                    "ts": start * 1e6,
+                    "dur": (end - start) * 1e6,
+                }
+            )
         for round_id, start, end in sim.round_spans:
-            events.append({"ph": "X", "pid": pid, "tid": sim.num_stages, "name": f"round {round_id}",
-                           "ts": start * 1e6, "dur": (end - start) * 1e6})
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": sim.num_stages,
+                    "name": f"round {round_id}",
+                    "ts": start * 1e6,
+                    "dur": (end - start) * 1e6,
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -93,7 +154,9 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
     wavepp is the best policy at concurrency >= 8 (kimi grid)."""
     settings: dict[tuple, dict[str, float]] = collections.defaultdict(dict)
     for r in rows:
-        settings[(r["grid"], r["model"], r["workload"], r["concurrency"])][r["policy"]] = r["input_tok_s"]
+        settings[(r["grid"], r["model"], r["workload"], r["concurrency"])][r["policy"]] = r[
+            "input_tok_s"
+        ]
     lines = []
     for grid in sorted({k[0] for k in settings}):
         tag = grid or "simulate"
@@ -105,32 +168,41 @@ def grid_summary(rows: Sequence[dict]) -> list[str]:
             top = max(k[3] for k in pairs)
             for k, v in sorted(pairs.items()):
                 if k[3] == top and k[2].startswith("short_suffix"):
-                    lines.append(f"[{tag}] {k[1]} {k[2]} c={top}: wavepp/lockstep = "
-                                 f"{v['wavepp'] / v['lockstep']:.2f}x")
+                    lines.append(
+                        f"[{tag}] {k[1]} {k[2]} c={top}: wavepp/lockstep = "
+                        f"{v['wavepp'] / v['lockstep']:.2f}x"
+                    )
         trt = {k: v for k, v in mine.items() if "trtllm-pp" in v}
         if trt:
             wins = sum(_at_least(v["wavepp"], v["trtllm-pp"]) for v in trt.values())
             near = sum(v["wavepp"] >= TIE * v["trtllm-pp"] for v in trt.values())
-            lines.append(f"[{tag}] wavepp >= trtllm-pp in {wins} of {len(trt)} settings "
-                         f"({near} within 2%)")
+            lines.append(
+                f"[{tag}] wavepp >= trtllm-pp in {wins} of {len(trt)} settings ({near} within 2%)"
+            )
             lines.extend(f"[{tag}] {line}" for line in paper_comparison(trt))
         multi = {k: v for k, v in mine.items() if len(v) > 2 and k[3] >= 8}
         if multi:
             near = sum(v["wavepp"] >= TIE * max(v.values()) for v in multi.values())
-            lines.append(f"[{tag}] wavepp best of all policies (ties within 2%) in {near} of "
-                         f"{len(multi)} settings at concurrency >= 8")
+            lines.append(
+                f"[{tag}] wavepp best of all policies (ties within 2%) in {near} of "
+                f"{len(multi)} settings at concurrency >= 8"
+            )
             best = [k for k, v in multi.items() if _at_least(v["wavepp"], max(v.values()))]
-            lines.append(f"[{tag}] wavepp highest of all policies in {len(best)} of {len(multi)} "
-                         f"settings at concurrency >= 8")
+            lines.append(
+                f"[{tag}] wavepp highest of all policies in {len(best)} of {len(multi)} "
+                f"settings at concurrency >= 8"
+            )
             for k, v in sorted(multi.items()):
                 if k not in best:
                     winner = max(v, key=v.get)
-                    lines.append(f"[{tag}]   {k[1]} {k[2]} c={k[3]}: {winner} "
-                                 f"{v[winner] / v['wavepp']:.3f}x of wavepp")
+                    lines.append(
+                        f"[{tag}]   {k[1]} {k[2]} c={k[3]}: {winner} "
+                        f"{v[winner] / v['wavepp']:.3f}x of wavepp"
+                    )
     return lines
 
 
-TIE = 0.98   # within 2% of the best counts as best (ties)
+TIE = 0.98  # within 2% of the best counts as best (ties)
 
 # The paper's table: input tokens/s at concurrency 128, 4K-token suffixes, PP4 on B300,
 # WavePP and TensorRT-LLM's PyTorch executor in pipeline mode (arXiv 2609.35263).
@@ -145,11 +217,13 @@ def paper_comparison(settings: dict[tuple, dict[str, float]]) -> list[str]:
         if model not in PAPER_FIGURES or c != 128 or not workload.startswith("short_suffix"):
             continue
         ours, theirs = (v["wavepp"], v["trtllm-pp"]), PAPER_FIGURES[model]
-        lines.append(f"paper table {model} {workload} c={c}: wavepp {ours[0] / 1e3:,.0f}K "
-                     f"(paper {theirs[0] / 1e3:,.0f}K, {ours[0] / theirs[0]:.2f}x of it), "
-                     f"trtllm-pp {ours[1] / 1e3:,.0f}K (paper {theirs[1] / 1e3:,.0f}K, "
-                     f"{ours[1] / theirs[1]:.2f}x), wavepp/trtllm-pp {ours[0] / ours[1]:.2f}x "
-                     f"(paper {theirs[0] / theirs[1]:.2f}x)")
+        lines.append(
+            f"paper table {model} {workload} c={c}: wavepp {ours[0] / 1e3:,.0f}K "
+            f"(paper {theirs[0] / 1e3:,.0f}K, {ours[0] / theirs[0]:.2f}x of it), "
+            f"trtllm-pp {ours[1] / 1e3:,.0f}K (paper {theirs[1] / 1e3:,.0f}K, "
+            f"{ours[1] / theirs[1]:.2f}x), wavepp/trtllm-pp {ours[0] / ours[1]:.2f}x "
+            f"(paper {theirs[0] / theirs[1]:.2f}x)"
+        )
     return lines
 
 
@@ -158,7 +232,8 @@ def markdown_tables(rows: Sequence[dict]) -> str:
     tokens/s of every policy with the best in bold, and the default policy's rank (1: best or
     within 2% of it)."""
     groups: dict[tuple, dict[tuple, dict[str, float]]] = collections.defaultdict(
-        lambda: collections.defaultdict(dict))
+        lambda: collections.defaultdict(dict)
+    )
     policies: dict[tuple, list[str]] = collections.defaultdict(list)
     for r in rows:
         key = (r["grid"], r["model"], r["hardware"], r["pp"])
@@ -171,12 +246,16 @@ def markdown_tables(rows: Sequence[dict]) -> str:
         cols = policies[key]
         out.append(f"{grid or 'simulate'}: {model}, PP{pp} {hw}, input tokens/s (best in bold)\n")
         ranked = "wavepp" in cols
-        out.append("| workload | c | " + " | ".join(cols) + (" | wavepp rank |" if ranked else " |"))
+        out.append(
+            "| workload | c | " + " | ".join(cols) + (" | wavepp rank |" if ranked else " |")
+        )
         out.append("|---|---|" + "---|" * (len(cols) + ranked))
         for (workload, c), values in settings.items():
             best = max(values.values())
-            cells = [f"**{_k_tok(values[p])}**" if values.get(p) == best else _k_tok(values.get(p))
-                     for p in cols]
+            cells = [
+                f"**{_k_tok(values[p])}**" if values.get(p) == best else _k_tok(values.get(p))
+                for p in cols
+            ]
             rank = [str(rank_of("wavepp", values))] if ranked else []
             out.append(f"| {workload} | {c} | " + " | ".join(cells + rank) + " |")
         out.append("")

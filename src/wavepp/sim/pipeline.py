@@ -30,22 +30,22 @@ from wavepp.sched.stage_server import StageServer
 from wavepp.sched.stats import StageStats
 from wavepp.sim.events import EventLoop
 
-ChunkShape = tuple[int, int]   # (num_cached, num_new)
+ChunkShape = tuple[int, int]  # (num_cached, num_new)
 
 
 @dataclass(frozen=True)
 class SimCosts:
-    wave_seconds: Callable[[int, Sequence[ChunkShape]], float]   # (stage id, chunks) -> compute s
+    wave_seconds: Callable[[int, Sequence[ChunkShape]], float]  # (stage id, chunks) -> compute s
     # activations of a wave of num_tokens from stage `stage_id` to the next: (stage id, tokens)
     transfer_seconds: Callable[[int, int], float] = lambda stage_id, num_tokens: 0.0
-    result_seconds: float = 0.0          # last stage -> rank 0
-    host_link_bytes_s: float = 0.0       # a stage's host (CPU) link, one direction; 0: no host tier
-    round_latency_s: float = 0.0         # one way, rounds plane
-    round_msg_s: float = 0.0             # a stage's work per round message
-    round_item_s: float = 0.0            # ... plus per request in it
-    round_leased_block_s: float = 0.0    # lease: per block pinned (the lease message)
-    round_new_block_s: float = 0.0       # escrow + commit: per new block (the lease message)
-    leader_item_s: float = 0.0           # the leader's work per request per phase
+    result_seconds: float = 0.0  # last stage -> rank 0
+    host_link_bytes_s: float = 0.0  # a stage's host (CPU) link, one direction; 0: no host tier
+    round_latency_s: float = 0.0  # one way, rounds plane
+    round_msg_s: float = 0.0  # a stage's work per round message
+    round_item_s: float = 0.0  # ... plus per request in it
+    round_leased_block_s: float = 0.0  # lease: per block pinned (the lease message)
+    round_new_block_s: float = 0.0  # escrow + commit: per new block (the lease message)
+    leader_item_s: float = 0.0  # the leader's work per request per phase
 
     def host_seconds(self, num_bytes: int) -> float:
         """Time of `num_bytes` over a stage's host link: the blocks it loaded from its host
@@ -59,9 +59,12 @@ class SimCosts:
         then the commit), as when the commit was an exchange of its own."""
         if isinstance(msg, LeaseMsg):
             ok = {r.request_id for r in reply.results if r.ok} if reply is not None else None
-            blocks = sum(self.round_leased_block_s * i.num_leased_blocks
-                         + self.round_new_block_s * i.num_new_blocks
-                         for i in msg.items if ok is None or i.request_id in ok)
+            blocks = sum(
+                self.round_leased_block_s * i.num_leased_blocks
+                + self.round_new_block_s * i.num_new_blocks
+                for i in msg.items
+                if ok is None or i.request_id in ok
+            )
             return self.round_msg_s + 2 * self.round_item_s * len(msg.items) + blocks
         return self.round_msg_s + self.round_item_s * len(msg)
 
@@ -78,16 +81,23 @@ class SimRecord:
 class _Stage:
     def __init__(self, sid: int):
         self.sid = sid
-        self.queue: collections.deque = collections.deque()   # ("wave", wave) | ("round", fn)
+        self.queue: collections.deque = collections.deque()  # ("wave", wave) | ("round", fn)
         self.busy = False
         self.idle_since = 0.0
 
 
 class PipelineSim:
-    def __init__(self, leader: Leader, servers: Sequence[StageServer], costs: SimCosts, *,
-                 inline_admission: bool, check_integrity: bool = False,
-                 on_finish: Callable[[int, float], None] | None = None,
-                 num_stages: int | None = None):
+    def __init__(
+        self,
+        leader: Leader,
+        servers: Sequence[StageServer],
+        costs: SimCosts,
+        *,
+        inline_admission: bool,
+        check_integrity: bool = False,
+        on_finish: Callable[[int, float], None] | None = None,
+        num_stages: int | None = None,
+    ):
         self.leader = leader
         self.servers = list(servers)
         self.num_stages = num_stages or len(self.servers)
@@ -98,13 +108,13 @@ class PipelineSim:
         self.loop = EventLoop()
         self.stats = [StageStats() for _ in range(self.num_stages)]
         self.records: dict[int, SimRecord] = {}
-        self.wave_spans: list[tuple[int, int, float, float]] = []    # (stage, wave id, start, end)
-        self.round_spans: list[tuple[int, float, float]] = []        # (round id, start, end)
+        self.wave_spans: list[tuple[int, int, float, float]] = []  # (stage, wave id, start, end)
+        self.round_spans: list[tuple[int, float, float]] = []  # (round id, start, end)
         self._stages = [_Stage(s) for s in range(self.num_stages)]
         self._check = check_integrity
-        self.on_finish = on_finish   # (request id, time) after a request ends
-        self._round_active = False      # an admission round is under way
-        self._rank0_blocked = False     # rank 0's LOOP is inside an inline round
+        self.on_finish = on_finish  # (request id, time) after a request ends
+        self._round_active = False  # an admission round is under way
+        self._rank0_blocked = False  # rank 0's LOOP is inside an inline round
         self._wave_seconds: dict[int, list[float]] = collections.defaultdict(list)
 
     # ---- driving -----------------------------------------------------------------------------
@@ -115,6 +125,7 @@ class PipelineSim:
             self.records[request_id] = SimRecord(self.loop.now, num_tokens=req.num_tokens)
             self._record_finished()
             self._kick()
+
         if at is None:
             arrive()
         else:
@@ -169,7 +180,7 @@ class PipelineSim:
 
     def _end_round(self, outcome) -> None:
         self._round_active = False
-        if outcome is None:            # nothing was ready to enter a round
+        if outcome is None:  # nothing was ready to enter a round
             self._rank0_blocked = False
             return
         self.round_spans.append((outcome.round_id, self._round_t0, self.loop.now))
@@ -206,12 +217,20 @@ class PipelineSim:
             if self.inline and sid != 0:
                 # answered on the stage's LOOP, between its waves; the reply travels back
                 def arrive(sid=sid, hop=hop):
-                    self._enqueue(sid, ("round", lambda: handle(sid),
-                                        lambda reply: self.loop.after(hop, lambda: deliver(reply))))
+                    self._enqueue(
+                        sid,
+                        (
+                            "round",
+                            lambda: handle(sid),
+                            lambda reply: self.loop.after(hop, lambda: deliver(reply)),
+                        ),
+                    )
             else:
+
                 def arrive(sid=sid, hop=hop):
                     reply, work = handle(sid)
                     self.loop.after(work + hop, lambda: deliver(reply))
+
             self.loop.after(hop, arrive)
 
     # ---- execution ---------------------------------------------------------------------------
@@ -239,6 +258,7 @@ class PipelineSim:
                 st.idle_since = self.loop.now
                 done(reply)
                 self._serve(sid)
+
             self.loop.after(work, finish_round)
             return
         wave: Wave = rest[0]
@@ -268,6 +288,7 @@ class PipelineSim:
             if sid == 0:
                 self._rank0_step()
             self._serve(sid)
+
         self.loop.after(seconds, finish_wave)
 
     def _wave_done(self, wave: Wave) -> None:

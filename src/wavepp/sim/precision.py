@@ -30,7 +30,7 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
     "nvfp4": (0.5 + 1.0 / 16, "nvfp4"),
 }
 
-NVFP4_ACTIVATION_BYTES = 0.5 + 1.0 / 16     # a quantized activation element with its share of scales
+NVFP4_ACTIVATION_BYTES = 0.5 + 1.0 / 16  # a quantized activation element with its share of scales
 
 
 def with_weights(model: ModelShape, weights: str) -> ModelShape:
@@ -38,7 +38,9 @@ def with_weights(model: ModelShape, weights: str) -> ModelShape:
     if not weights:
         return model
     if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+        raise ValueError(
+            f"unknown weight format {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}"
+        )
     weight_bytes, dtype = WEIGHT_FORMATS[weights]
     return replace(model, weight_bytes=weight_bytes, gemm_dtype=dtype)
 

@@ -9,152 +9,32 @@ reported in real tokens per second.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 
 from wavepp.cache import HostTier, default_interval_blocks
 from wavepp.sched.cost_model import (
-    CostCoefficients, CostModel, efficient_wave_tokens, fit_coefficients, peak_wave_tokens,
-    profile_wave_shapes)
+    CostCoefficients,
+    CostModel,
+    efficient_wave_tokens,
+    fit_coefficients,
+    peak_wave_tokens,
+    profile_wave_shapes,
+)
 from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
-from wavepp.sim.cost import ExecOverheads, StageCostModel, transfer_seconds
+from wavepp.sim.cost import StageCostModel, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, hybrid_pool_blocks, report, run_closed_loop
-from wavepp.sim.hardware import HardwareSpec
-from wavepp.sim.loops import LoopCosts
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
-from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.sglang import SglangScheduling, sglang_planner
+from wavepp.sim.sim_setup import SimResult, SimSetup
+from wavepp.sim.stages import partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import get_system
-from wavepp.sim.sglang import SGLANG_LEGACY, SglangMechanisms, SglangScheduling, sglang_planner
-from wavepp.sim.trtllm import TRTLLM_LEGACY, MicroBatchPlanner, TrtllmMechanisms, TrtllmScheduling
-from wavepp.sim.vllm_pp import VLLM_LEGACY, VllmMechanisms
+from wavepp.sim.trtllm import MicroBatchPlanner, TrtllmScheduling
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
-
-PROFILE_MAX_TOKENS = 65536   # real tokens: the largest wave of the profiling pass
-
-
-@dataclass(frozen=True)
-class AdmissionCosts:
-    """Rounds-plane costs of the runtime's pure-Python admission on a server's host CPU.
-
-    Per-block costs come from timing this project's BlockPool on the 2-core development VM
-    (lease 0.66 us per pinned block; reserve + commit 4.9 us per new block, 16-token blocks)
-    and assume a server core about 1.4x faster. The latency is one way between local
-    processes over the rounds plane (gloo over TCP loopback plus Python: ~100 us; assumption).
-    """
-    round_latency_s: float = 100e-6
-    msg_s: float = 50e-6            # per message per stage: receive, dispatch, reply
-    item_s: float = 10e-6           # per request in a message
-    leased_block_s: float = 0.5e-6
-    new_block_s: float = 3.5e-6
-    leader_item_s: float = 5e-6     # the leader's work per request per phase
-    block_tokens: int = 64          # the runtime's block size the per-block costs are for
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value < 0:
-                raise ValueError(f"AdmissionCosts.{name} must be >= 0, got {value}")
-        if self.block_tokens <= 0:
-            raise ValueError("AdmissionCosts.block_tokens must be positive")
-
-
-@dataclass(frozen=True)
-class SimSetup:
-    model: ModelShape
-    hardware: HardwareSpec
-    num_devices: int                 # the PP degree; for tp-ep, the TP/EP degree
-    token_scale: int = 16            # real tokens per simulated token
-    block_size: int = 16             # simulated tokens per block
-    max_wave_tokens: int = 0         # real tokens: the largest wave (M) of the balanced planner;
-                                     # 0: from the profiling pass (efficient_wave_tokens)
-    min_wave_tokens: int = 1024      # real tokens: the smallest budget (mpu)
-    max_round_requests: int = 64
-    max_pool_blocks: int = 1 << 22   # cap on blocks per pool (memory may allow more)
-    internode: bool = False          # every stage on its own node: every boundary crosses the NIC
-    # GPUs per node (0: all in one NVLink domain): a stage boundary between nodes and a TP/EP
-    # group spanning nodes go over the NICs (ConnectX), the rest over NVLink
-    gpus_per_node: int = 0
-    # a host (CPU) KV tier of this many GiB per rank (0: none), for the systems that run
-    # wavepp's own caches (`SystemSpec.host_tier`), or every system with `host_tier_for_baselines`
-    host_kv_gib: float = 0.0
-    host_tier_for_baselines: bool = False
-    admission: AdmissionCosts = field(default_factory=AdmissionCosts)
-    overheads: ExecOverheads = field(default_factory=ExecOverheads)
-    memory: MemoryBudget = field(default_factory=MemoryBudget)
-    loop_costs: LoopCosts = field(default_factory=LoopCosts)   # trtllm-pp, sglang-pp
-    trtllm: TrtllmMechanisms = TRTLLM_LEGACY   # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py)
-    sglang: SglangMechanisms = SGLANG_LEGACY   # SGLang's mechanisms in sglang-pp (sim/sglang.py)
-    vllm: VllmMechanisms = VLLM_LEGACY         # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py)
-    # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
-    # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
-    # (`model_interval_blocks`)
-    snapshot_interval_blocks: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_wave_tokens < 0:
-            raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
-        if self.snapshot_interval_blocks < 0:
-            raise ValueError(f"SimSetup.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}")
-        if self.gpus_per_node < 0 or self.host_kv_gib < 0:
-            raise ValueError(f"SimSetup.gpus_per_node and host_kv_gib must be >= 0, "
-                             f"got {self.gpus_per_node}, {self.host_kv_gib}")
-        if self.host_kv_gib and not self.hardware.host_link_gb_s:
-            raise ValueError(f"SimSetup.host_kv_gib: {self.hardware.name} has no host link bandwidth")
-        for name in ("num_devices", "token_scale", "block_size",
-                     "min_wave_tokens", "max_round_requests", "max_pool_blocks"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SimSetup.{name} must be positive, got {getattr(self, name)}")
-        if self.num_devices > self.model.num_layers:
-            raise ValueError(f"SimSetup: {self.num_devices} stages for {self.model.num_layers} layers")
-
-    def crosses_nodes(self, stage_id: int) -> bool:
-        """Whether the boundary from pipeline stage `stage_id` to the next (the last: back to
-        rank 0) crosses nodes; GPU i holds stage i."""
-        if self.internode:
-            return True
-        nxt = (stage_id + 1) % self.num_devices
-        return bool(self.gpus_per_node) and stage_id // self.gpus_per_node != nxt // self.gpus_per_node
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes the devices span."""
-        return -(-self.num_devices // self.gpus_per_node) if self.gpus_per_node else 1
-
-    def sim_tokens(self, real_tokens: int) -> int:
-        """Simulated tokens for `real_tokens`, at least one block's worth."""
-        return max(1, round(real_tokens / self.token_scale))
-
-
-@dataclass(frozen=True)
-class SimResult:
-    system: str
-    model: str
-    hardware: str
-    num_devices: int
-    workload: str
-    concurrency: int
-    num_requests: int
-    num_failed: int
-    input_tok_s: float               # real input tokens per second of virtual time
-    seconds: float
-    hit_rate: float
-    ideal_hit_rate: float
-    ttft_p50_s: float
-    ttft_p95_s: float
-    stage_utilization: float         # mean over execution stages
-    idle_admission_frac: float       # mean over stages: idle or blocked waiting for admission
-    num_waves: int
-    round_latency_p50_s: float
-    # hybrid models: what an infinite cache could reuse at the snapshot grid's resolution
-    ideal_hit_rate_on_grid: float | None = None
-    # host KV tier, summed over the stages: blocks offloaded to it, and loaded back from it
-    host_offloaded_blocks: int = 0
-    host_loaded_blocks: int = 0
-
-    def row(self) -> dict:
-        return asdict(self)
+PROFILE_MAX_TOKENS = 65536  # real tokens: the largest wave of the profiling pass
 
 
 def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False) -> PipelineSim:
@@ -165,40 +45,69 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         bounds, degree = [(0, m.num_layers)], setup.num_devices
     else:
         bounds, degree = partition_layers(m, hw, setup.num_devices), 1
-    stages = stage_models(m, hw, bounds, degree=degree, overheads=setup.overheads,
-                          num_nodes=setup.num_nodes if spec.topology == "tp" else 1)
+    stages = stage_models(
+        m,
+        hw,
+        bounds,
+        degree=degree,
+        overheads=setup.overheads,
+        num_nodes=setup.num_nodes if spec.topology == "tp" else 1,
+    )
     last = len(bounds) - 1
-    kv_tokens = [stage_kv_tokens(m, hw, a, b, first=i == 0, last=i == last, degree=degree,
-                                 budget=setup.memory) for i, (a, b) in enumerate(bounds)]
+    kv_tokens = [
+        stage_kv_tokens(
+            m, hw, a, b, first=i == 0, last=i == last, degree=degree, budget=setup.memory
+        )
+        for i, (a, b) in enumerate(bounds)
+    ]
     sg = setup.sglang if spec.loop == "sglang" else None
     if sg is not None and sg.min_free_memory:
         kv_tokens = _min_free_memory_tokens(m, bounds, kv_tokens)
     blocks = [max(1, t // (bs * s)) for t in kv_tokens]
     interval = model_interval_blocks(setup) if m.hybrid else None
-    if m.hybrid:    # the snapshot slots share the stage's cache memory with the blocks
-        blocks = [hybrid_pool_blocks(n, *_block_and_snapshot_bytes(m, setup, a, b, degree), interval)
-                  for n, (a, b) in zip(blocks, bounds)]
+    if m.hybrid:  # the snapshot slots share the stage's cache memory with the blocks
+        blocks = [
+            hybrid_pool_blocks(n, *_block_and_snapshot_bytes(m, setup, a, b, degree), interval)
+            for n, (a, b) in zip(blocks, bounds)
+        ]
     blocks = [min(n, setup.max_pool_blocks) for n in blocks]
     trt = setup.trtllm if spec.loop == "trtllm" else None
-    if trt is not None and trt.min_rank_pools:      # max_tokens allreduced with MIN over the ranks
+    if trt is not None and trt.min_rank_pools:  # max_tokens allreduced with MIN over the ranks
         blocks = [min(blocks)] * len(blocks)
     costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
     samples = profile_samples(stages, setup)
     prior = fit_coefficients(samples)
-    largest = (_aligned(setup.max_wave_tokens, setup) if setup.max_wave_tokens
-               else min(efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs),
-                        peak_wave_tokens(samples)))
-    if spec.policy.planner == "dynamic":     # SGLang's chunking fits its own warm-up, not ours
+    largest = (
+        _aligned(setup.max_wave_tokens, setup)
+        if setup.max_wave_tokens
+        else min(
+            efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs), peak_wave_tokens(samples)
+        )
+    )
+    if spec.policy.planner == "dynamic":  # SGLang's chunking fits its own warm-up, not ours
         prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
-    chunk_tokens = (trt.max_num_tokens if trt is not None else sg.chunked_prefill_size if sg is not None
-                    else setup.vllm.max_num_batched_tokens if spec.name == "vllm-pp" else spec.chunk_tokens)
+    chunk_tokens = (
+        trt.max_num_tokens
+        if trt is not None
+        else sg.chunked_prefill_size
+        if sg is not None
+        else setup.vllm.max_num_batched_tokens
+        if spec.name == "vllm-pp"
+        else spec.chunk_tokens
+    )
     chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
-    pcfg = PlannerConfig(block_size=bs, num_stages=len(stages), max_wave_tokens=max(largest, chunk),
-                         min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
-                         static_wave_tokens=chunk, max_chunks_per_wave=256,
-                         mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
-                         mpu_min_tokens=mpu and _aligned(mpu[1], setup), fill_waves=True)
+    pcfg = PlannerConfig(
+        block_size=bs,
+        num_stages=len(stages),
+        max_wave_tokens=max(largest, chunk),
+        min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
+        static_wave_tokens=chunk,
+        max_chunks_per_wave=256,
+        mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
+        mpu_min_tokens=mpu and _aligned(mpu[1], setup),
+        fill_waves=True,
+    )
     loop_costs = setup.loop_costs.scaled(s)
     planner = hooks = None
     if trt is not None:
@@ -206,24 +115,44 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         if trt.budget_charge != "static":
             planner = MicroBatchPlanner(pcfg, trt, chunk)
     host_tiers = None
-    if setup.host_kv_gib and (spec.host_tier or setup.host_tier_for_baselines) and spec.topology != "central":
+    if (
+        setup.host_kv_gib
+        and (spec.host_tier or setup.host_tier_for_baselines)
+        and spec.topology != "central"
+    ):
         host_tiers = [host_tier(m, setup, a, b, degree) for a, b in bounds]
-    if sg is not None:     # SGLang's PrefillAdder: dynamic chunking, or the same budget every batch
+    if sg is not None:  # SGLang's PrefillAdder: dynamic chunking, or the same budget every batch
         planner = sglang_planner(sg, pcfg, CostModel(prior))
-        hooks = SglangScheduling(sg, planner, bs, setup.loop_costs.block_tokens, loop_costs.match_block_s,
-                                 token_scale=s)
-    return build_sim(spec.policy, len(stages), costs, stage_num_blocks=blocks, block_size=bs, host_tiers=host_tiers,
-                     planner_config=pcfg, cost_model=CostModel(prior),
-                     max_waves_in_flight=spec.ring_per_stage * len(stages),
-                     max_round_requests=setup.max_round_requests, check_integrity=check_integrity,
-                     hybrid=m.hybrid, central_pool=spec.topology == "central",
-                     snapshot_interval_blocks=interval,
-                     loop=spec.loop, loop_costs=loop_costs, planner=planner,
-                     trtllm=hooks if trt is not None else None, sglang=hooks if sg is not None else None,
-                     serial_chunks=None if trt is None else not trt.overlap_chunks)
+        hooks = SglangScheduling(
+            sg, planner, bs, setup.loop_costs.block_tokens, loop_costs.match_block_s, token_scale=s
+        )
+    return build_sim(
+        spec.policy,
+        len(stages),
+        costs,
+        stage_num_blocks=blocks,
+        block_size=bs,
+        host_tiers=host_tiers,
+        planner_config=pcfg,
+        cost_model=CostModel(prior),
+        max_waves_in_flight=spec.ring_per_stage * len(stages),
+        max_round_requests=setup.max_round_requests,
+        check_integrity=check_integrity,
+        hybrid=m.hybrid,
+        central_pool=spec.topology == "central",
+        snapshot_interval_blocks=interval,
+        loop=spec.loop,
+        loop_costs=loop_costs,
+        planner=planner,
+        trtllm=hooks if trt is not None else None,
+        sglang=hooks if sg is not None else None,
+        serial_chunks=None if trt is None else not trt.overlap_chunks,
+    )
 
 
-def _min_free_memory_tokens(model: ModelShape, bounds: list[tuple[int, int]], kv_tokens: list[int]) -> list[int]:
+def _min_free_memory_tokens(
+    model: ModelShape, bounds: list[tuple[int, int]], kv_tokens: list[int]
+) -> list[int]:
     """SGLang's PP pool sizing: the free memory left after the weights, all-reduced with MIN over
     the ranks, holds each rank's own layers' KV (a stage of linear-attention layers only keeps
     what it had: no per-token KV)."""
@@ -234,7 +163,9 @@ def _min_free_memory_tokens(model: ModelShape, bounds: list[tuple[int, int]], kv
     return [int(min(free) / p) if p > 0 else t for t, p in zip(kv_tokens, per_token)]
 
 
-def host_tier(model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1) -> HostTier:
+def host_tier(
+    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1
+) -> HostTier:
     """The host KV tier of one rank holding layers [start, end): `setup.host_kv_gib` of host
     memory; a simulated block costs the KV bytes of `block_size * token_scale` real tokens of
     those layers (one device's share), a snapshot the states of its linear layers."""
@@ -242,8 +173,9 @@ def host_tier(model: ModelShape, setup: SimSetup, start: int, end: int, degree: 
     return HostTier(int(setup.host_kv_gib * 2**30), max(1, int(block_bytes)), int(snapshot_bytes))
 
 
-def _block_and_snapshot_bytes(model: ModelShape, setup: SimSetup, start: int, end: int,
-                              degree: int) -> tuple[float, float]:
+def _block_and_snapshot_bytes(
+    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int
+) -> tuple[float, float]:
     """One device's bytes of a simulated block (the KV of `block_size * token_scale` real
     tokens of layers [start, end)) and of a snapshot (their linear layers' states; 0 for a
     model without)."""
@@ -262,33 +194,41 @@ def model_interval_blocks(setup: SimSetup) -> int:
         return setup.snapshot_interval_blocks
     m = setup.model
     snapshot_bytes = m.layers_snapshot_bytes(0, m.num_layers)
-    block_bytes = m.layers_kv_bytes_per_token(0, m.num_layers) * setup.block_size * setup.token_scale
+    block_bytes = (
+        m.layers_kv_bytes_per_token(0, m.num_layers) * setup.block_size * setup.token_scale
+    )
     return default_interval_blocks(int(snapshot_bytes), int(block_bytes))
 
 
-def scaled_costs(stages: list[StageCostModel], setup: SimSetup, *, local: bool,
-                 lease_escrow: bool = True) -> SimCosts:
+def scaled_costs(
+    stages: list[StageCostModel], setup: SimSetup, *, local: bool, lease_escrow: bool = True
+) -> SimCosts:
     """SimCosts in simulated tokens over cost models in real tokens. `local`: admission runs
     in the scheduler's own process (one pool), no rounds-plane latency. `lease_escrow=False`
     charges nothing for pinning and reserving blocks (the ablation's wave admission alone)."""
     s, m, hw, adm = setup.token_scale, setup.model, setup.hardware, setup.admission
-    runtime_blocks = setup.block_size * s / adm.block_tokens   # runtime blocks per simulated block
+    runtime_blocks = setup.block_size * s / adm.block_tokens  # runtime blocks per simulated block
 
     def wave_seconds(stage_id, chunks):
         return stages[stage_id].wave_seconds([(L * s, x * s) for L, x in chunks])
 
     last = len(stages) - 1
-    return SimCosts(wave_seconds=wave_seconds,
-                    transfer_seconds=lambda stage_id, num_tokens: transfer_seconds(
-                        m, hw, num_tokens * s, internode=setup.crosses_nodes(stage_id)),
-                    result_seconds=hw.internode_latency_s if setup.crosses_nodes(last) and last
-                    else hw.link_latency_s,
-                    host_link_bytes_s=hw.host_link_bytes_s,
-                    round_latency_s=0.0 if local else adm.round_latency_s,
-                    round_msg_s=adm.msg_s, round_item_s=adm.item_s,
-                    round_leased_block_s=adm.leased_block_s * runtime_blocks * lease_escrow,
-                    round_new_block_s=adm.new_block_s * runtime_blocks * lease_escrow,
-                    leader_item_s=adm.leader_item_s)
+    return SimCosts(
+        wave_seconds=wave_seconds,
+        transfer_seconds=lambda stage_id, num_tokens: transfer_seconds(
+            m, hw, num_tokens * s, internode=setup.crosses_nodes(stage_id)
+        ),
+        result_seconds=hw.internode_latency_s
+        if setup.crosses_nodes(last) and last
+        else hw.link_latency_s,
+        host_link_bytes_s=hw.host_link_bytes_s,
+        round_latency_s=0.0 if local else adm.round_latency_s,
+        round_msg_s=adm.msg_s,
+        round_item_s=adm.item_s,
+        round_leased_block_s=adm.leased_block_s * runtime_blocks * lease_escrow,
+        round_new_block_s=adm.new_block_s * runtime_blocks * lease_escrow,
+        leader_item_s=adm.leader_item_s,
+    )
 
 
 def fit_prior(stages: list[StageCostModel], setup: SimSetup) -> CostCoefficients:
@@ -303,8 +243,10 @@ def profile_samples(stages: list[StageCostModel], setup: SimSetup) -> list:
     """The profiling pass: (chunks, seconds on the slowest stage) per shape, simulated tokens."""
     s = setup.token_scale
     shapes = profile_wave_shapes(PROFILE_MAX_TOKENS // s, setup.block_size)
-    return [(chunks, max(st.wave_seconds([(L * s, x * s) for L, x in chunks]) for st in stages))
-            for chunks in shapes]
+    return [
+        (chunks, max(st.wave_seconds([(L * s, x * s) for L, x in chunks]) for st in stages))
+        for chunks in shapes
+    ]
 
 
 def sglang_warmup_fit(stage: StageCostModel, setup: SimSetup, base_tokens: int) -> CostCoefficients:
@@ -313,20 +255,28 @@ def sglang_warmup_fit(stage: StageCostModel, setup: SimSetup, base_tokens: int) 
     on PP0, and fitted as SGLang fits them (`fit_warmup`)."""
     s = setup.token_scale
     lengths = warmup_lengths(base_tokens)
-    fit = fit_warmup(lengths, [stage.wave_seconds([(0, n)]) for n in lengths])   # real tokens
+    fit = fit_warmup(lengths, [stage.wave_seconds([(0, n)]) for n in lengths])  # real tokens
     return CostCoefficients(c_wave=0.0, c0=fit.c0, g=0.0, b=fit.b * s, a=fit.a * s * s)
 
 
-def run_setting(system: str, setup: SimSetup, workload: Workload, concurrency: int, *,
-                check_integrity: bool = False) -> tuple[SimResult, PipelineSim]:
+def run_setting(
+    system: str,
+    setup: SimSetup,
+    workload: Workload,
+    concurrency: int,
+    *,
+    check_integrity: bool = False,
+) -> tuple[SimResult, PipelineSim]:
     """Run `workload` (prompts at the simulated scale) through `system`: closed loop with
     `concurrency` outstanding requests, or open loop at its arrival times if it has them."""
     sim = build_system(system, setup, check_integrity=check_integrity)
     rep = drive(sim, workload, concurrency)
     tiers = [sv.pool.host_tier for sv in sim.servers if sv.pool.host_tier is not None]
-    result = replace(to_result(rep, system, setup, workload, concurrency),
-                     host_offloaded_blocks=sum(t.num_offloaded for t in tiers),
-                     host_loaded_blocks=sum(t.num_loaded for t in tiers))
+    result = replace(
+        to_result(rep, system, setup, workload, concurrency),
+        host_offloaded_blocks=sum(t.num_offloaded for t in tiers),
+        host_loaded_blocks=sum(t.num_loaded for t in tiers),
+    )
     return result, sim
 
 
@@ -340,20 +290,35 @@ def drive(sim: PipelineSim, workload: Workload, concurrency: int) -> SimReport:
     return run_closed_loop(sim, workload.prompts, concurrency)
 
 
-def to_result(rep: SimReport, system: str, setup: SimSetup, workload: Workload,
-              concurrency: int) -> SimResult:
+def to_result(
+    rep: SimReport, system: str, setup: SimSetup, workload: Workload, concurrency: int
+) -> SimResult:
     n = len(rep.stage_utilization) or 1
     return SimResult(
-        system=system, model=setup.model.name, hardware=setup.hardware.name,
-        num_devices=setup.num_devices, workload=workload.name, concurrency=concurrency,
-        num_requests=rep.num_requests, num_failed=rep.num_failed,
-        input_tok_s=rep.input_tok_s * setup.token_scale, seconds=rep.seconds, hit_rate=rep.hit_rate,
-        ideal_hit_rate=workload.ideal_hit_rate, ttft_p50_s=rep.ttft_p50_s, ttft_p95_s=rep.ttft_p95_s,
+        system=system,
+        model=setup.model.name,
+        hardware=setup.hardware.name,
+        num_devices=setup.num_devices,
+        workload=workload.name,
+        concurrency=concurrency,
+        num_requests=rep.num_requests,
+        num_failed=rep.num_failed,
+        input_tok_s=rep.input_tok_s * setup.token_scale,
+        seconds=rep.seconds,
+        hit_rate=rep.hit_rate,
+        ideal_hit_rate=workload.ideal_hit_rate,
+        ttft_p50_s=rep.ttft_p50_s,
+        ttft_p95_s=rep.ttft_p95_s,
         stage_utilization=sum(rep.stage_utilization) / n,
-        idle_admission_frac=sum(rep.idle_admission_frac) / n, num_waves=rep.num_waves,
+        idle_admission_frac=sum(rep.idle_admission_frac) / n,
+        num_waves=rep.num_waves,
         round_latency_p50_s=rep.round_latency_p50_s,
-        ideal_hit_rate_on_grid=ideal_snapshot_hit_rate(workload.prompts, setup.block_size, model_interval_blocks(setup))
-        if setup.model.hybrid else None)
+        ideal_hit_rate_on_grid=ideal_snapshot_hit_rate(
+            workload.prompts, setup.block_size, model_interval_blocks(setup)
+        )
+        if setup.model.hybrid
+        else None,
+    )
 
 
 def _aligned(real_tokens: int, setup: SimSetup) -> int:

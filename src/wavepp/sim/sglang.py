@@ -55,6 +55,7 @@ MATCH_SCOPES = ("admitted", "considered")
 @dataclass(frozen=True)
 class SglangMechanisms:
     """Which of SGLang's behaviours `sglang-pp` runs (the table above); validated here."""
+
     chunked_prefill_size: int = 16384
     dynamic_chunking: bool = True
     admit_on_schedule: bool = False
@@ -63,35 +64,50 @@ class SglangMechanisms:
 
     def __post_init__(self) -> None:
         if self.chunked_prefill_size <= 0:
-            raise ValueError(f"SglangMechanisms.chunked_prefill_size must be positive, got {self.chunked_prefill_size}")
+            raise ValueError(
+                f"SglangMechanisms.chunked_prefill_size must be positive, got {self.chunked_prefill_size}"
+            )
         if self.match_scope not in MATCH_SCOPES:
-            raise ValueError(f"SglangMechanisms.match_scope must be one of {MATCH_SCOPES}, got {self.match_scope!r}")
+            raise ValueError(
+                f"SglangMechanisms.match_scope must be one of {MATCH_SCOPES}, got {self.match_scope!r}"
+            )
 
     def with_changes(self, **changes) -> "SglangMechanisms":
         return replace(self, **changes)
 
 
 SGLANG_LEGACY = SglangMechanisms()
-SGLANG_V0518 = SglangMechanisms(dynamic_chunking=False, admit_on_schedule=True, match_scope="considered",
-                                min_free_memory=True)
+SGLANG_V0518 = SglangMechanisms(
+    dynamic_chunking=False, admit_on_schedule=True, match_scope="considered", min_free_memory=True
+)
 # v0.5.18 launched with --enable-dynamic-chunking (SGLang's PP guide suggests it for long prompts;
 # the paper does not say whether it was on)
 SGLANG_V0518_DYNAMIC = SGLANG_V0518.with_changes(dynamic_chunking=True)
-SGLANG_PRESETS = {"legacy": SGLANG_LEGACY, "v0.5.18": SGLANG_V0518, "v0.5.18-dynamic": SGLANG_V0518_DYNAMIC}
+SGLANG_PRESETS = {
+    "legacy": SGLANG_LEGACY,
+    "v0.5.18": SGLANG_V0518,
+    "v0.5.18-dynamic": SGLANG_V0518_DYNAMIC,
+}
 
 
 def get_sglang(name: str) -> SglangMechanisms:
     if name not in SGLANG_PRESETS:
-        raise ValueError(f"unknown sglang preset {name!r}; choose one of {', '.join(SGLANG_PRESETS)}")
+        raise ValueError(
+            f"unknown sglang preset {name!r}; choose one of {', '.join(SGLANG_PRESETS)}"
+        )
     return SGLANG_PRESETS[name]
 
 
-def sglang_planner(mechanisms: SglangMechanisms, config: PlannerConfig, cost_model: CostModel) -> DynamicChunkPlanner:
+def sglang_planner(
+    mechanisms: SglangMechanisms, config: PlannerConfig, cost_model: CostModel
+) -> DynamicChunkPlanner:
     """PrefillAdder's batches: FCFS up to the budget (`config.static_wave_tokens`, the
     chunked_prefill_size), the request that does not fit cut to what is left; the budget after
     SGLang's dynamic chunking (smooth factor 0.75, SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR) or the
     same every batch (smooth 0: the base)."""
-    return DynamicChunkPlanner(config, cost_model, smooth=0.75 if mechanisms.dynamic_chunking else 0.0)
+    return DynamicChunkPlanner(
+        config, cost_model, smooth=0.75 if mechanisms.dynamic_chunking else 0.0
+    )
 
 
 class SglangScheduling:
@@ -100,8 +116,15 @@ class SglangScheduling:
     (`token_scale` real tokens each); `match_block_tokens` is the block of
     `LoopCosts.match_block_s` in real tokens."""
 
-    def __init__(self, mechanisms: SglangMechanisms, planner, block_size: int, match_block_tokens: int,
-                 match_block_s: float, token_scale: int = 1):
+    def __init__(
+        self,
+        mechanisms: SglangMechanisms,
+        planner,
+        block_size: int,
+        match_block_tokens: int,
+        match_block_s: float,
+        token_scale: int = 1,
+    ):
         self.mech, self.planner, self.block_size = mechanisms, planner, block_size
         self.match_block_tokens, self.match_block_s = max(1, match_block_tokens), match_block_s
         self.token_scale = token_scale
@@ -137,11 +160,13 @@ class SglangScheduling:
         if self.mech.match_scope != "considered":
             return 0.0
         waiting = list(leader.waiting)
-        looked = waiting if taken is None else waiting[:taken + 1]
+        looked = waiting if taken is None else waiting[: taken + 1]
         return sum(self.walk_s(matched_tokens(r), r.num_tokens) for r in looked)
 
     def walk_s(self, num_cached: int, num_tokens: int) -> float:
         """One walk down a prompt of `num_tokens` with `num_cached` matched (simulated tokens):
         each matched block and the one where it misses, blocks of real tokens."""
         s = self.token_scale
-        return self.match_block_s * blocks_walked(num_cached * s, num_tokens * s, self.match_block_tokens)
+        return self.match_block_s * blocks_walked(
+            num_cached * s, num_tokens * s, self.match_block_tokens
+        )

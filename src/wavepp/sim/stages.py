@@ -15,7 +15,7 @@ from wavepp.sim.cost import ExecOverheads, StageCostModel
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
 
-REFERENCE_WAVE = ((8192, 8192),)   # the wave whose per-layer cost balances the stages
+REFERENCE_WAVE = ((8192, 8192),)  # the wave whose per-layer cost balances the stages
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,13 @@ class MemoryBudget:
     # vLLM's default gpu_memory_utilization (0.9): the rest goes to the CUDA context, NCCL
     # buffers and fragmentation.
     memory_fraction: float = 0.9
-    activation_reserve_gb: float = 16.0    # assumption: activations of a 32k-token wave + workspace
+    activation_reserve_gb: float = 16.0  # assumption: activations of a 32k-token wave + workspace
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_fraction <= 1:
-            raise ValueError(f"MemoryBudget.memory_fraction must be in (0, 1], got {self.memory_fraction}")
+            raise ValueError(
+                f"MemoryBudget.memory_fraction must be in (0, 1], got {self.memory_fraction}"
+            )
         if self.activation_reserve_gb < 0:
             raise ValueError("MemoryBudget.activation_reserve_gb must be >= 0")
 
@@ -38,8 +40,10 @@ def partition_layers(model: ModelShape, hw: HardwareSpec, num_stages: int) -> li
     if not 1 <= num_stages <= n:
         raise ValueError(f"cannot split {n} layers into {num_stages} stages")
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0)
-    cost = [StageCostModel(model, hw, i, i + 1, overheads=none).wave_seconds(REFERENCE_WAVE)
-            for i in range(n)]
+    cost = [
+        StageCostModel(model, hw, i, i + 1, overheads=none).wave_seconds(REFERENCE_WAVE)
+        for i in range(n)
+    ]
     prefix = [0.0]
     for c in cost:
         prefix.append(prefix[-1] + c)
@@ -62,35 +66,68 @@ def partition_layers(model: ModelShape, hw: HardwareSpec, num_stages: int) -> li
     return bounds[::-1]
 
 
-def stage_models(model: ModelShape, hw: HardwareSpec, bounds: Sequence[tuple[int, int]], *,
-                 degree: int = 1, overheads: ExecOverheads = ExecOverheads(),
-                 num_nodes: int = 1) -> list[StageCostModel]:
+DEFAULT_OVERHEADS = ExecOverheads()  # frozen: one shared default
+
+
+def stage_models(
+    model: ModelShape,
+    hw: HardwareSpec,
+    bounds: Sequence[tuple[int, int]],
+    *,
+    degree: int = 1,
+    overheads: ExecOverheads = DEFAULT_OVERHEADS,
+    num_nodes: int = 1,
+) -> list[StageCostModel]:
     """One cost model per stage; `degree` devices per stage, spanning `num_nodes` nodes."""
     last = len(bounds) - 1
-    return [StageCostModel(model, hw, a, b, first=s == 0, last=s == last, degree=degree,
-                           overheads=overheads, num_nodes=num_nodes) for s, (a, b) in enumerate(bounds)]
+    return [
+        StageCostModel(
+            model,
+            hw,
+            a,
+            b,
+            first=s == 0,
+            last=s == last,
+            degree=degree,
+            overheads=overheads,
+            num_nodes=num_nodes,
+        )
+        for s, (a, b) in enumerate(bounds)
+    ]
 
 
-def stage_weight_bytes(model: ModelShape, start: int, end: int, *, first: bool, last: bool,
-                       degree: int = 1) -> float:
+def stage_weight_bytes(
+    model: ModelShape, start: int, end: int, *, first: bool, last: bool, degree: int = 1
+) -> float:
     params = sum(model.attention_params(i) + model.mlp_params(i) for i in range(start, end))
     weights = params * model.weight_bytes
-    embed = model.vocab_size * model.hidden_size * 2.0   # bf16 embedding / lm head
+    embed = model.vocab_size * model.hidden_size * 2.0  # bf16 embedding / lm head
     weights += embed * (int(first) + int(last))
     return weights / degree
 
 
-def stage_kv_tokens(model: ModelShape, hw: HardwareSpec, start: int, end: int, *, first: bool,
-                    last: bool, degree: int = 1, budget: MemoryBudget = MemoryBudget()) -> int:
+def stage_kv_tokens(
+    model: ModelShape,
+    hw: HardwareSpec,
+    start: int,
+    end: int,
+    *,
+    first: bool,
+    last: bool,
+    degree: int = 1,
+    budget: MemoryBudget = MemoryBudget(),
+) -> int:
     """Tokens of KV cache one stage (one device of it) holds. Under tensor parallelism GQA
     splits KV heads across devices; an MLA latent is replicated on each."""
     weights = stage_weight_bytes(model, start, end, first=first, last=last, degree=degree)
     free = hw.hbm_gb * 1e9 * budget.memory_fraction - weights - budget.activation_reserve_gb * 1e9
     if free <= 0:
-        raise ValueError(f"{model.name} layers [{start}, {end}) need {weights / 1e9:.0f} GB of "
-                         f"weights per device; {hw.name} has {hw.hbm_gb:g} GB")
+        raise ValueError(
+            f"{model.name} layers [{start}, {end}) need {weights / 1e9:.0f} GB of "
+            f"weights per device; {hw.name} has {hw.hbm_gb:g} GB"
+        )
     split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
     per_token = model.layers_kv_bytes_per_token(start, end) / split
-    if per_token == 0:      # only linear-attention layers: state, not per-token KV
+    if per_token == 0:  # only linear-attention layers: state, not per-token KV
         return 1 << 40
     return int(free / per_token)

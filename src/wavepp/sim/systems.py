@@ -45,50 +45,129 @@ from wavepp.sched.policy import Policy, get_policy
 class SystemSpec:
     name: str
     policy: Policy
-    topology: str                 # "pp" | "central" (one pool) | "tp" (one stage of all devices)
-    ring_per_stage: int           # waves in flight per execution stage
-    chunk_tokens: int | None      # fixed / base budget in real tokens (static, dynamic planners)
+    topology: str  # "pp" | "central" (one pool) | "tp" (one stage of all devices)
+    ring_per_stage: int  # waves in flight per execution stage
+    chunk_tokens: int | None  # fixed / base budget in real tokens (static, dynamic planners)
     description: str
-    lease_escrow: bool = True     # charge the stages' lease and escrow work in admission rounds
-    loop: str | None = None       # an outside executor loop (sim/loops.py): trtllm | sglang
+    lease_escrow: bool = True  # charge the stages' lease and escrow work in admission rounds
+    loop: str | None = None  # an outside executor loop (sim/loops.py): trtllm | sglang
     # wavepp's own runtime (its stage caches and escrow): offloads to a host KV tier where the
     # setup has one (`SimSetup.host_kv_gib`); the baselines only with `host_tier_for_baselines`
     host_tier: bool = False
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
-            raise ValueError(f"SystemSpec.topology must be pp, central or tp, got {self.topology!r}")
+            raise ValueError(
+                f"SystemSpec.topology must be pp, central or tp, got {self.topology!r}"
+            )
         if self.ring_per_stage <= 0:
             raise ValueError("SystemSpec.ring_per_stage must be positive")
 
 
-SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in (
-    SystemSpec("wavepp", get_policy("wavepp"), "pp", 2, None,
-               "asynchronous admission, cost-balanced waves, 2S waves in flight", host_tier=True),
-    SystemSpec("wavepp-mpu", get_policy("wavepp-mpu"), "pp", 2, None,
-               "asynchronous admission, the paper's MPU budget halving", host_tier=True),
-    SystemSpec("lockstep", get_policy("lockstep"), "pp", 2, None,
-               "admission rounds inline between waves", host_tier=True),
-    SystemSpec("static", get_policy("static"), "pp", 2, 8192, "asynchronous admission, fixed budget",
-               host_tier=True),
-    SystemSpec("sglang-pp", get_policy("sglang-pp"), "pp", 1, 16384,
-               "SGLang's event_loop_pp, dynamic chunking (sigma 0.75), S micro-batches",
-               loop="sglang"),
-    SystemSpec("trtllm-pp", get_policy("trtllm-pp"), "pp", 1, 8192,
-               "TensorRT-LLM's _executor_loop_pp, 8192-token microbatches, S slots", loop="trtllm"),
-    SystemSpec("vllm-pp", get_policy("vllm-pp"), "central", 1, 8192,
-               "one scheduler and pool (smallest stage), S batches in flight"),
-    SystemSpec("tp-ep", get_policy("tp-ep"), "tp", 2, 16384,
-               "all devices on every layer: TP attention, EP experts"),
-    # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
-    SystemSpec("fixed-lockstep", get_policy("fixed-lockstep"), "pp", 2, 16384,
-               "ablation base: admission inline between waves, fixed 16,384-token waves", host_tier=True),
-    SystemSpec("fixed-wave", get_policy("fixed-wave"), "pp", 2, 16384,
-               "ablation: + wave admission (lease and escrow work not charged)", lease_escrow=False,
-               host_tier=True),
-    SystemSpec("fixed-lease", get_policy("fixed-lease"), "pp", 2, 16384,
-               "ablation: + lease and escrow (their work charged)", host_tier=True),
-)}
+SYSTEMS: dict[str, SystemSpec] = {
+    s.name: s
+    for s in (
+        SystemSpec(
+            "wavepp",
+            get_policy("wavepp"),
+            "pp",
+            2,
+            None,
+            "asynchronous admission, cost-balanced waves, 2S waves in flight",
+            host_tier=True,
+        ),
+        SystemSpec(
+            "wavepp-mpu",
+            get_policy("wavepp-mpu"),
+            "pp",
+            2,
+            None,
+            "asynchronous admission, the paper's MPU budget halving",
+            host_tier=True,
+        ),
+        SystemSpec(
+            "lockstep",
+            get_policy("lockstep"),
+            "pp",
+            2,
+            None,
+            "admission rounds inline between waves",
+            host_tier=True,
+        ),
+        SystemSpec(
+            "static",
+            get_policy("static"),
+            "pp",
+            2,
+            8192,
+            "asynchronous admission, fixed budget",
+            host_tier=True,
+        ),
+        SystemSpec(
+            "sglang-pp",
+            get_policy("sglang-pp"),
+            "pp",
+            1,
+            16384,
+            "SGLang's event_loop_pp, dynamic chunking (sigma 0.75), S micro-batches",
+            loop="sglang",
+        ),
+        SystemSpec(
+            "trtllm-pp",
+            get_policy("trtllm-pp"),
+            "pp",
+            1,
+            8192,
+            "TensorRT-LLM's _executor_loop_pp, 8192-token microbatches, S slots",
+            loop="trtllm",
+        ),
+        SystemSpec(
+            "vllm-pp",
+            get_policy("vllm-pp"),
+            "central",
+            1,
+            8192,
+            "one scheduler and pool (smallest stage), S batches in flight",
+        ),
+        SystemSpec(
+            "tp-ep",
+            get_policy("tp-ep"),
+            "tp",
+            2,
+            16384,
+            "all devices on every layer: TP attention, EP experts",
+        ),
+        # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
+        SystemSpec(
+            "fixed-lockstep",
+            get_policy("fixed-lockstep"),
+            "pp",
+            2,
+            16384,
+            "ablation base: admission inline between waves, fixed 16,384-token waves",
+            host_tier=True,
+        ),
+        SystemSpec(
+            "fixed-wave",
+            get_policy("fixed-wave"),
+            "pp",
+            2,
+            16384,
+            "ablation: + wave admission (lease and escrow work not charged)",
+            lease_escrow=False,
+            host_tier=True,
+        ),
+        SystemSpec(
+            "fixed-lease",
+            get_policy("fixed-lease"),
+            "pp",
+            2,
+            16384,
+            "ablation: + lease and escrow (their work charged)",
+            host_tier=True,
+        ),
+    )
+}
 
 ABLATION = ("fixed-lockstep", "fixed-wave", "fixed-lease", "wavepp-mpu", "wavepp")
 

@@ -89,12 +89,13 @@ PAPER_PROBE_TOKENS = 28672
 @dataclass(frozen=True)
 class TrtllmMechanisms:
     """Which of TensorRT-LLM's behaviours `trtllm-pp` runs (the table above); validated here."""
+
     max_num_tokens: int = 8192
     budget_charge: str = "static"
     probe: str = "none"
-    probe_s: float = PAPER_PROBE_S       # "measured", "constant": seconds per walk
-    probe_ref_tokens: int = PAPER_PROBE_TOKENS   # "measured": the tokens such a walk matches
-    probe_block_s: float = 0.5e-6        # "blocks": seconds per block walked (LoopCosts.match_block_s)
+    probe_s: float = PAPER_PROBE_S  # "measured", "constant": seconds per walk
+    probe_ref_tokens: int = PAPER_PROBE_TOKENS  # "measured": the tokens such a walk matches
+    probe_block_s: float = 0.5e-6  # "blocks": seconds per block walked (LoopCosts.match_block_s)
     probe_scope: str = "scheduled"
     probe_on_executor: bool = True
     min_rank_pools: bool = False
@@ -105,12 +106,20 @@ class TrtllmMechanisms:
     max_batch_size: int = 256
 
     def __post_init__(self) -> None:
-        for name, valid in (("budget_charge", CHARGES), ("probe", PROBES), ("probe_scope", PROBE_SCOPES)):
+        for name, valid in (
+            ("budget_charge", CHARGES),
+            ("probe", PROBES),
+            ("probe_scope", PROBE_SCOPES),
+        ):
             if getattr(self, name) not in valid:
-                raise ValueError(f"TrtllmMechanisms.{name} must be one of {valid}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"TrtllmMechanisms.{name} must be one of {valid}, got {getattr(self, name)!r}"
+                )
         for name in ("max_num_tokens", "max_batch_size", "probe_ref_tokens"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"TrtllmMechanisms.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(
+                    f"TrtllmMechanisms.{name} must be positive, got {getattr(self, name)}"
+                )
         for name in ("probe_s", "probe_block_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrtllmMechanisms.{name} must be >= 0, got {getattr(self, name)}")
@@ -120,19 +129,30 @@ class TrtllmMechanisms:
 
 
 TRTLLM_LEGACY = TrtllmMechanisms()
-TRTLLM_RC26 = TrtllmMechanisms(max_num_tokens=16384, budget_charge="prompt", probe="measured",
-                               min_rank_pools=True, reuse_on_retire=True, admit_on_schedule=True,
-                               overlap_chunks=True, forward_sync=False, max_batch_size=128)
+TRTLLM_RC26 = TrtllmMechanisms(
+    max_num_tokens=16384,
+    budget_charge="prompt",
+    probe="measured",
+    min_rank_pools=True,
+    reuse_on_retire=True,
+    admit_on_schedule=True,
+    overlap_chunks=True,
+    forward_sync=False,
+    max_batch_size=128,
+)
 TRTLLM_PRESETS = {"legacy": TRTLLM_LEGACY, "rc26": TRTLLM_RC26}
 
 
 def get_trtllm(name: str) -> TrtllmMechanisms:
     if name not in TRTLLM_PRESETS:
-        raise ValueError(f"unknown trtllm preset {name!r}; choose one of {', '.join(TRTLLM_PRESETS)}")
+        raise ValueError(
+            f"unknown trtllm preset {name!r}; choose one of {', '.join(TRTLLM_PRESETS)}"
+        )
     return TRTLLM_PRESETS[name]
 
 
 # ---- the micro-batch scheduler's budget ------------------------------------------------------
+
 
 def blocks_walked(num_cached: int, num_tokens: int, block: int) -> int:
     """Blocks a radix walk down a prompt of `num_tokens` visits when `num_cached` of them match:
@@ -150,24 +170,32 @@ def budget_chunk(remaining: int, capacity: int, unit: int) -> int:
 def shifted_end(num_cached: int, chunk: int, num_tokens: int, unit: int) -> int:
     """Where a chunk scheduled from position 0 ends once reuse moves it past `num_cached` tokens:
 
-        [0, num_cached) reused | [num_cached, end) computed, end = (num_cached + chunk) floored to
-        the unit, or the prompt's end if that is past it
+    [0, num_cached) reused | [num_cached, end) computed, end = (num_cached + chunk) floored to
+    the unit, or the prompt's end if that is past it
     """
     end = num_cached + chunk
     return num_tokens if end >= num_tokens else end // unit * unit
 
 
-def charge_of(req: Request, capacity: int, unit: int, charge: str, *, est_cached: int = 0) -> tuple[int, int]:
+def charge_of(
+    req: Request, capacity: int, unit: int, charge: str, *, est_cached: int = 0
+) -> tuple[int, int]:
     """(tokens charged against the budget, tokens computed) of `req`'s next chunk. A request no
     chunk of which has been dispatched is charged from position 0 ("prompt") or past the reuse
     the scheduler expects (`est_cached`, "uncached"); one already running, its rest."""
-    fresh = req.state in (RequestState.WAITING, RequestState.PROPOSED, RequestState.LEASED,
-                          RequestState.ADMITTED)
+    fresh = req.state in (
+        RequestState.WAITING,
+        RequestState.PROPOSED,
+        RequestState.LEASED,
+        RequestState.ADMITTED,
+    )
     if fresh and charge == "prompt":
         charged = budget_chunk(req.num_tokens, capacity, unit)
         if charged <= 0:
             return 0, 0
-        return charged, shifted_end(req.num_scheduled_tokens, charged, req.num_tokens, unit) - req.num_scheduled_tokens
+        return charged, shifted_end(
+            req.num_scheduled_tokens, charged, req.num_tokens, unit
+        ) - req.num_scheduled_tokens
     start = req.num_scheduled_tokens if req.state != RequestState.WAITING else est_cached
     charged = budget_chunk(req.num_tokens - start, capacity, unit)
     return charged, charged
@@ -177,14 +205,19 @@ class MicroBatchPlanner:
     """TensorRT-LLM's micro-batch scheduler over the plannable requests, FCFS: each gets the
     chunk `charge_of` gives it until the budget or the batch size runs out (a request whose
     chunk comes to 0 tokens, and every one after it, waits)."""
+
     name = "trtllm-microbatch"
 
     def __init__(self, config: PlannerConfig, mechanisms: TrtllmMechanisms, max_num_tokens: int):
         if mechanisms.budget_charge == "static":
-            raise ValueError("MicroBatchPlanner models 'prompt' or 'uncached' charging; 'static' is the static planner")
+            raise ValueError(
+                "MicroBatchPlanner models 'prompt' or 'uncached' charging; 'static' is the static planner"
+            )
         self.config, self.mech, self.max_num_tokens = config, mechanisms, max_num_tokens
 
-    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
+    def plan(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> list[Chunk]:
         bs = self.config.block_size
         chunks: list[Chunk] = []
         left = self.max_num_tokens
@@ -207,16 +240,23 @@ class MicroBatchPlanner:
 
 # ---- per-run state: who gets admitted when, what is visible, what the walks cost -------------
 
+
 class TrtllmScheduling:
     """The mechanisms' state in one `LoopSim` run (`loop="trtllm"`). All token counts in
     simulated tokens; `block_tokens` is TensorRT-LLM's tokens_per_block at that scale."""
 
-    def __init__(self, mechanisms: TrtllmMechanisms, max_num_tokens: int, block_size: int,
-                 block_tokens: int, token_scale: int = 1):
+    def __init__(
+        self,
+        mechanisms: TrtllmMechanisms,
+        max_num_tokens: int,
+        block_size: int,
+        block_tokens: int,
+        token_scale: int = 1,
+    ):
         self.mech, self.max_num_tokens, self.token_scale = mechanisms, max_num_tokens, token_scale
         self.block_size, self.block_tokens = block_size, max(1, block_tokens)
-        self._visible: set[int] = set()          # block hashes of retired requests
-        self._pending: set[int] = set()          # block hashes admitted requests are computing
+        self._visible: set[int] = set()  # block hashes of retired requests
+        self._pending: set[int] = set()  # block hashes admitted requests are computing
         self._original: dict[int, list[int]] = {}
 
     # admission
@@ -236,7 +276,9 @@ class TrtllmScheduling:
             if taken + count >= self.mech.max_batch_size:
                 break
             est = self._visible_blocks(req) * bs if self._charge() == "uncached" else 0
-            charged, _ = charge_of(req, left, bs, self._charge(), est_cached=min(est, req.num_tokens - 1))
+            charged, _ = charge_of(
+                req, left, bs, self._charge(), est_cached=min(est, req.num_tokens - 1)
+            )
             if charged <= 0:
                 break
             left -= charged
@@ -256,9 +298,17 @@ class TrtllmScheduling:
             if limit is not None and i >= limit:
                 break
             original = self._original.setdefault(req.request_id, list(req.block_hashes))
-            k = next((j for j, h in enumerate(original) if h in self._pending and h not in self._visible),
-                     len(original))
-            req.block_hashes = original[:k] + [hash((h, req.request_id, 0x7274)) for h in original[k:]]
+            k = next(
+                (
+                    j
+                    for j, h in enumerate(original)
+                    if h in self._pending and h not in self._visible
+                ),
+                len(original),
+            )
+            req.block_hashes = original[:k] + [
+                hash((h, req.request_id, 0x7274)) for h in original[k:]
+            ]
 
     def on_admit(self, req: Request) -> None:
         if self.mech.reuse_on_retire:
@@ -281,7 +331,10 @@ class TrtllmScheduling:
         """Rank 0's scheduler walks every waiting request once per iteration ("waiting")."""
         if self.mech.probe_scope != "waiting" or not self.mech.probe_on_executor:
             return 0.0
-        return sum(self._walk_s(self._visible_blocks(r) * self.block_size, r.num_tokens) for r in leader.waiting)
+        return sum(
+            self._walk_s(self._visible_blocks(r) * self.block_size, r.num_tokens)
+            for r in leader.waiting
+        )
 
     def _walk_s(self, num_cached: int, num_tokens: int) -> float:
         if self.mech.probe == "constant":
@@ -290,7 +343,9 @@ class TrtllmScheduling:
             matched = max(num_cached, self.block_tokens) * self.token_scale
             return self.mech.probe_s * matched / self.mech.probe_ref_tokens
         if self.mech.probe == "blocks":
-            return self.mech.probe_block_s * blocks_walked(num_cached, num_tokens, self.block_tokens)
+            return self.mech.probe_block_s * blocks_walked(
+                num_cached, num_tokens, self.block_tokens
+            )
         return 0.0
 
     def _charge(self) -> str:

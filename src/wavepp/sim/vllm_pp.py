@@ -37,11 +37,14 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class VllmMechanisms:
     """Which of vLLM's behaviours `vllm-pp` runs (the table above); validated here."""
+
     max_num_batched_tokens: int = 8192
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens <= 0:
-            raise ValueError(f"VllmMechanisms.max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+            raise ValueError(
+                f"VllmMechanisms.max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
+            )
 
     def with_changes(self, **changes) -> "VllmMechanisms":
         return replace(self, **changes)

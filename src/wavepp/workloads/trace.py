@@ -24,12 +24,19 @@ import numpy as np
 
 from wavepp.workloads.workload import Workload
 
-TRACE_BLOCK_TOKENS = 512   # Mooncake's hash block (README of the trace)
+TRACE_BLOCK_TOKENS = 512  # Mooncake's hash block (README of the trace)
 
 
-def trace(path: str | Path, *, tokens_per_block: int = TRACE_BLOCK_TOKENS, max_requests: int | None = None,
-          time_scale: float = 1.0, vocab_size: int = 32000, seed: int = 0,
-          block_size: int = 16) -> Workload:
+def trace(
+    path: str | Path,
+    *,
+    tokens_per_block: int = TRACE_BLOCK_TOKENS,
+    max_requests: int | None = None,
+    time_scale: float = 1.0,
+    vocab_size: int = 32000,
+    seed: int = 0,
+    block_size: int = 16,
+) -> Workload:
     """Load a Mooncake trace as a Workload with arrival times. Errors name the line."""
     if tokens_per_block <= 0:
         raise ValueError(f"tokens_per_block must be positive, got {tokens_per_block}")
@@ -58,15 +65,20 @@ def trace(path: str | Path, *, tokens_per_block: int = TRACE_BLOCK_TOKENS, max_r
                 prompt.extend(blocks[hash_id])
             last = input_length - (len(hash_ids) - 1) * TRACE_BLOCK_TOKENS
             keep = max(1, round(last * tokens_per_block / TRACE_BLOCK_TOKENS))
-            del prompt[len(prompt) - tokens_per_block + keep:]
+            del prompt[len(prompt) - tokens_per_block + keep :]
             prompts.append(prompt)
             times.append(timestamp_ms / 1000.0 * time_scale)
     if not prompts:
         raise ValueError(f"{path}: no requests in the trace")
     t0 = times[0]
-    return Workload(f"trace:{path.name}", prompts, block_size, tuple(t - t0 for t in times),
-                    description=f"{len(prompts)} requests of {path.name}, {tokens_per_block} tokens "
-                                f"per {TRACE_BLOCK_TOKENS}-token block, time x{time_scale:g}")
+    return Workload(
+        f"trace:{path.name}",
+        prompts,
+        block_size,
+        tuple(t - t0 for t in times),
+        description=f"{len(prompts)} requests of {path.name}, {tokens_per_block} tokens "
+        f"per {TRACE_BLOCK_TOKENS}-token block, time x{time_scale:g}",
+    )
 
 
 def _parse(line: str, line_no: int, path: Path) -> tuple[float, int, list[int]]:
@@ -80,15 +92,25 @@ def _parse(line: str, line_no: int, path: Path) -> tuple[float, int, list[int]]:
     for key in ("timestamp", "input_length", "hash_ids"):
         if key not in record:
             raise ValueError(f"{where}: missing field {key!r}")
-    timestamp, input_length, hash_ids = record["timestamp"], record["input_length"], record["hash_ids"]
+    timestamp, input_length, hash_ids = (
+        record["timestamp"],
+        record["input_length"],
+        record["hash_ids"],
+    )
     if not isinstance(timestamp, (int, float)) or timestamp < 0:
         raise ValueError(f"{where}: timestamp must be a number >= 0, got {timestamp!r}")
     if not isinstance(input_length, int) or input_length <= 0:
         raise ValueError(f"{where}: input_length must be a positive integer, got {input_length!r}")
-    if not isinstance(hash_ids, list) or not hash_ids or not all(isinstance(h, int) for h in hash_ids):
+    if (
+        not isinstance(hash_ids, list)
+        or not hash_ids
+        or not all(isinstance(h, int) for h in hash_ids)
+    ):
         raise ValueError(f"{where}: hash_ids must be a non-empty list of integers")
     last = input_length - (len(hash_ids) - 1) * TRACE_BLOCK_TOKENS
     if not 0 < last <= TRACE_BLOCK_TOKENS:
-        raise ValueError(f"{where}: input_length {input_length} does not fit {len(hash_ids)} "
-                         f"blocks of {TRACE_BLOCK_TOKENS} tokens")
+        raise ValueError(
+            f"{where}: input_length {input_length} does not fit {len(hash_ids)} "
+            f"blocks of {TRACE_BLOCK_TOKENS} tokens"
+        )
     return float(timestamp), input_length, hash_ids

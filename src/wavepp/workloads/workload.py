@@ -26,6 +26,7 @@ class Workload:
     `block_size` is the granularity of `ideal_hit_rate` (and of reuse in the runtime).
     `arrival_times_s`: seconds from the start, one per prompt (None: closed loop).
     """
+
     name: str
     prompts: list[list[int]]
     block_size: int = 16
@@ -43,8 +44,10 @@ class Workload:
                 raise ValueError(f"Workload {self.name!r}: prompt {i} is empty")
         if self.arrival_times_s is not None:
             if len(self.arrival_times_s) != len(self.prompts):
-                raise ValueError(f"Workload {self.name!r}: {len(self.arrival_times_s)} arrival "
-                                 f"times for {len(self.prompts)} prompts")
+                raise ValueError(
+                    f"Workload {self.name!r}: {len(self.arrival_times_s)} arrival "
+                    f"times for {len(self.prompts)} prompts"
+                )
             if any(t < 0 for t in self.arrival_times_s):
                 raise ValueError(f"Workload {self.name!r}: negative arrival time")
         reusable = reusable_tokens(self.prompts, self.block_size)
@@ -83,7 +86,9 @@ def ideal_hit_rate(prompts: Sequence[Sequence[int]], block_size: int) -> float:
     return sum(reusable_tokens(prompts, block_size)) / total if total else 0.0
 
 
-def snapshot_reusable_tokens(prompts: Sequence[Sequence[int]], block_size: int, interval_blocks: int) -> list[int]:
+def snapshot_reusable_tokens(
+    prompts: Sequence[Sequence[int]], block_size: int, interval_blocks: int
+) -> list[int]:
     """Per prompt, what an infinite cache of a hybrid model could reuse: the reusable prefix
     (`reusable_tokens`) lowered to the last boundary where an earlier prompt saved a state
     snapshot (every `interval_blocks`-th block boundary it computed, and its last reusable
@@ -97,13 +102,21 @@ def snapshot_reusable_tokens(prompts: Sequence[Sequence[int]], block_size: int, 
             k -= 1
         out.append(k * block_size)
         last = (len(prompt) - 1) // block_size
-        snapshots.update(hashes[b - 1] for b in range(interval_blocks, len(hashes) + 1, interval_blocks))
+        snapshots.update(
+            hashes[b - 1] for b in range(interval_blocks, len(hashes) + 1, interval_blocks)
+        )
         if last:
             snapshots.add(hashes[last - 1])
     return out
 
 
-def ideal_snapshot_hit_rate(prompts: Sequence[Sequence[int]], block_size: int, interval_blocks: int) -> float:
+def ideal_snapshot_hit_rate(
+    prompts: Sequence[Sequence[int]], block_size: int, interval_blocks: int
+) -> float:
     """Fraction of all prompt tokens reusable at snapshot boundaries, in this order."""
     total = sum(len(p) for p in prompts)
-    return sum(snapshot_reusable_tokens(prompts, block_size, interval_blocks)) / total if total else 0.0
+    return (
+        sum(snapshot_reusable_tokens(prompts, block_size, interval_blocks)) / total
+        if total
+        else 0.0
+    )

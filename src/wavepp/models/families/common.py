@@ -11,8 +11,10 @@ def pick(hf: dict, *names: str, default=None):
 def refuse_unsupported(hf: dict) -> None:
     """What no family here computes: quantized checkpoints, activations other than SiLU."""
     if hf.get("quantization_config"):
-        raise ValueError(f"quantized checkpoints ({hf['quantization_config'].get('quant_method', '?')}) "
-                         "are not supported; give a bf16 or fp32 checkpoint")
+        raise ValueError(
+            f"quantized checkpoints ({hf['quantization_config'].get('quant_method', '?')}) "
+            "are not supported; give a bf16 or fp32 checkpoint"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' (SwiGLU)")
 

@@ -25,15 +25,24 @@ class GlmMoeDsaConfig(DeepseekV3Config):
     has_indexer = True
 
     def __post_init__(self) -> None:
-        if len(self.indexer_types) != self.num_layers or self.indexer_types[0] != "full" \
-                or set(self.indexer_types) - {"full", "shared"}:
-            raise ValueError(f"{type(self).__name__}.indexer_types {list(self.indexer_types)} must give "
-                             f"'full' or 'shared' for each of {self.num_layers} layers, 'full' first")
+        if (
+            len(self.indexer_types) != self.num_layers
+            or self.indexer_types[0] != "full"
+            or set(self.indexer_types) - {"full", "shared"}
+        ):
+            raise ValueError(
+                f"{type(self).__name__}.indexer_types {list(self.indexer_types)} must give "
+                f"'full' or 'shared' for each of {self.num_layers} layers, 'full' first"
+            )
         super().__post_init__()
 
     def index(self, layer: int) -> IndexSpec:
-        return IndexSpec(self.index_topk, self.index_n_heads, self.index_head_dim,
-                         shared=self.indexer_types[layer] == "shared")
+        return IndexSpec(
+            self.index_topk,
+            self.index_n_heads,
+            self.index_head_dim,
+            shared=self.indexer_types[layer] == "shared",
+        )
 
     def runs_indexer(self, layer: int) -> bool:
         """This layer computes its own top-k (and keeps indexer keys in the cache)."""
@@ -42,9 +51,13 @@ class GlmMoeDsaConfig(DeepseekV3Config):
     @classmethod
     def from_hf(cls, hf: dict) -> GlmMoeDsaConfig:
         fields = cls.hf_fields(hf)
-        return cls(**{**fields, "rope_interleave": True}, index_topk=hf["index_topk"],
-                   index_n_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"],
-                   indexer_types=tuple(hf.get("indexer_types") or ["full"] * fields["num_layers"]))
+        return cls(
+            **{**fields, "rope_interleave": True},
+            index_topk=hf["index_topk"],
+            index_n_heads=hf["index_n_heads"],
+            index_head_dim=hf["index_head_dim"],
+            indexer_types=tuple(hf.get("indexer_types") or ["full"] * fields["num_layers"]),
+        )
 
 
 def tiny_hf_config(spec):
@@ -54,7 +67,12 @@ def tiny_hf_config(spec):
     import transformers
 
     indexer_types = spec.indexer_types or tuple(
-        "full" if i == 0 or i % 2 else "shared" for i in range(spec.num_layers))
+        "full" if i == 0 or i % 2 else "shared" for i in range(spec.num_layers)
+    )
     return transformers.GlmMoeDsaConfig(
-        **tiny_mla_kwargs(spec), index_topk=spec.index_topk, index_n_heads=spec.index_n_heads,
-        index_head_dim=spec.index_head_dim, indexer_types=list(indexer_types))
+        **tiny_mla_kwargs(spec),
+        index_topk=spec.index_topk,
+        index_n_heads=spec.index_n_heads,
+        index_head_dim=spec.index_head_dim,
+        indexer_types=list(indexer_types),
+    )

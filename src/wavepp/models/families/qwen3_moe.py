@@ -12,8 +12,17 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from wavepp.models.families.common import pick, positive, refuse_unsupported
-from wavepp.models.spec import (DenseMLPSpec, GQASpec, LayerSpec, Llama3RopeScaling, MlpNames, ModelSpec, MoESpec,
-                                RopeSpec, rope_parameters)
+from wavepp.models.spec import (
+    DenseMLPSpec,
+    GQASpec,
+    LayerSpec,
+    Llama3RopeScaling,
+    MlpNames,
+    ModelSpec,
+    MoESpec,
+    RopeSpec,
+    rope_parameters,
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +33,7 @@ class Qwen3MoeConfig(ModelSpec):
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int               # dense layers
+    intermediate_size: int  # dense layers
     dense_layers: tuple[int, ...]
     num_experts: int
     num_experts_per_tok: int
@@ -43,20 +52,38 @@ class Qwen3MoeConfig(ModelSpec):
 
     def __post_init__(self) -> None:
         positive(self, "vocab_size", "hidden_size", "num_layers", "max_position_embeddings")
-        self.layers   # noqa: B018 - the layer specs validate heads and experts
+        self.layers  # noqa: B018 - the layer specs validate heads and experts
 
     @cached_property
     def layers(self) -> tuple[LayerSpec, ...]:
-        attention = GQASpec(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim,
-                            self.attention_bias, self.attention_bias, "head")
-        moe = MoESpec(self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, scoring="softmax",
-                      score_bias=False, norm_topk_prob=self.norm_topk_prob)
+        attention = GQASpec(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.head_dim,
+            self.attention_bias,
+            self.attention_bias,
+            "head",
+        )
+        moe = MoESpec(
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.moe_intermediate_size,
+            scoring="softmax",
+            score_bias=False,
+            norm_topk_prob=self.norm_topk_prob,
+        )
         dense = DenseMLPSpec(self.intermediate_size) if self.dense_layers else None
-        return tuple(LayerSpec(attention, dense if i in self.dense_layers else moe) for i in range(self.num_layers))
+        return tuple(
+            LayerSpec(attention, dense if i in self.dense_layers else moe)
+            for i in range(self.num_layers)
+        )
 
     @property
     def rope(self) -> RopeSpec:
-        return RopeSpec(self.head_dim, self.rope_theta, self.max_position_embeddings, scaling=self.rope_scaling)
+        return RopeSpec(
+            self.head_dim, self.rope_theta, self.max_position_embeddings, scaling=self.rope_scaling
+        )
 
     @classmethod
     def from_hf(cls, hf: dict) -> Qwen3MoeConfig:
@@ -68,17 +95,25 @@ class Qwen3MoeConfig(ModelSpec):
         mlp_only = set(hf.get("mlp_only_layers") or ())
         num_heads = hf["num_attention_heads"]
         return cls(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=num_layers, num_heads=num_heads,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_layers=num_layers,
+            num_heads=num_heads,
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
             intermediate_size=hf["intermediate_size"],
             dense_layers=tuple(i for i in range(num_layers) if i in mlp_only or (i + 1) % step),
-            num_experts=pick(hf, "num_experts", "num_local_experts"), num_experts_per_tok=hf["num_experts_per_tok"],
-            moe_intermediate_size=hf["moe_intermediate_size"], norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+            num_experts=pick(hf, "num_experts", "num_local_experts"),
+            num_experts_per_tok=hf["num_experts_per_tok"],
+            moe_intermediate_size=hf["moe_intermediate_size"],
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", False)), rope_scaling=scaling)
+            attention_bias=bool(hf.get("attention_bias", False)),
+            rope_scaling=scaling,
+        )
 
 
 def tiny_hf_config(spec):
@@ -87,10 +122,21 @@ def tiny_hf_config(spec):
     import transformers
 
     return transformers.Qwen3MoeConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim or spec.hidden_size // spec.num_heads,
-        num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
-        moe_intermediate_size=spec.moe_intermediate_size, norm_topk_prob=True, mlp_only_layers=[0],
-        tie_word_embeddings=spec.tie_word_embeddings, max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta}, bos_token_id=None, eos_token_id=None)
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim or spec.hidden_size // spec.num_heads,
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        norm_topk_prob=True,
+        mlp_only_layers=[0],
+        tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        bos_token_id=None,
+        eos_token_id=None,
+    )

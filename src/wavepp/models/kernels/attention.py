@@ -28,19 +28,35 @@ _MAX_TILE_ROWS = 128
 # Chunks share a prefix for cascade attention from this many cached tokens on (a block or two
 # of shared keys is not worth a second pass and a merge).
 MIN_SHARED_PREFIX_TOKENS = 64
-ATTENTION_KERNELS = ("chunked", "cascade", "sdpa", "chunked_cpp", "cascade_cpp", "amx")   # timed on a CPU
-CUDA_ATTENTION_KERNELS = ("varlen",)                 # kernels with no CPU implementation
+ATTENTION_KERNELS = (
+    "chunked",
+    "cascade",
+    "sdpa",
+    "chunked_cpp",
+    "cascade_cpp",
+    "amx",
+)  # timed on a CPU
+CUDA_ATTENTION_KERNELS = ("varlen",)  # kernels with no CPU implementation
 ALL_ATTENTION_KERNELS = ATTENTION_KERNELS + CUDA_ATTENTION_KERNELS
 
 
 def check_attention(kernel: str) -> str:
     if kernel not in ALL_ATTENTION_KERNELS:
-        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(ALL_ATTENTION_KERNELS)}")
+        raise ValueError(
+            f"unknown attention kernel {kernel!r}; choose one of {', '.join(ALL_ATTENTION_KERNELS)}"
+        )
     return kernel
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    batch: StageBatch, scale: float, *, kernel: str = "chunked") -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: StageBatch,
+    scale: float,
+    *,
+    kernel: str = "chunked",
+) -> torch.Tensor:
     """Each chunk's queries attend causally over its context [0, end) read from the cache.
 
     query: [num_tokens, num_heads, head_dim]; key_cache, value_cache: [num_slots, num_kv_heads,
@@ -90,7 +106,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     bias = None if fast else batch.causal_bias(query.dtype)
     shared = batch.shared_prefixes(MIN_SHARED_PREFIX_TOKENS) if kernel == "cascade" else []
     for members, prefix in shared:
-        _attend_shared_prefix(query, key_cache, value_cache, batch, members, prefix, bias, out, fast)
+        _attend_shared_prefix(
+            query, key_cache, value_cache, batch, members, prefix, bias, out, fast
+        )
     grouped = {i for members, _ in shared for i in members}
     for index, chunk in enumerate(batch.chunks):
         if index in grouped:
@@ -98,14 +116,29 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
         c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
         keys, values = _gather(key_cache, value_cache, batch.context_slots[c0:c1])
-        _attend_chunk(_heads_major(query[t0:t1], kv_heads), keys, values, chunk.num_cached_tokens,
-                      bias, out[t0:t1], fast)
+        _attend_chunk(
+            _heads_major(query[t0:t1], kv_heads),
+            keys,
+            values,
+            chunk.num_cached_tokens,
+            bias,
+            out[t0:t1],
+            fast,
+        )
     return out.view(num_tokens, num_heads * head_dim)
 
 
-def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                          batch: StageBatch, members: tuple[int, ...], prefix: int,
-                          causal_bias: torch.Tensor | None, out: torch.Tensor, fast: bool) -> None:
+def _attend_shared_prefix(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: StageBatch,
+    members: tuple[int, ...],
+    prefix: int,
+    causal_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    fast: bool,
+) -> None:
     """Cascade attention of the chunks `members`, which all hold [0, prefix) cached in the same
     blocks:
 
@@ -115,36 +148,57 @@ def _attend_shared_prefix(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     Each part gives an unnormalized output with its row max and sum; the two merge exactly."""
     kv_heads, group, head_dim = out.shape[1:]
     c0 = batch.context_starts[members[0]]
-    keys, values = _gather(key_cache, value_cache, batch.context_slots[c0:c0 + prefix])
+    keys, values = _gather(key_cache, value_cache, batch.context_slots[c0 : c0 + prefix])
     spans = [(batch.token_starts[i], batch.token_starts[i + 1]) for i in members]
     rows = torch.cat([torch.arange(t0, t1, device=query.device) for t0, t1 in spans])
     # queries: [kv_heads, group, n, head_dim], n = the members' tokens side by side
     queries = _heads_major(query.index_select(0, rows), kv_heads)
     n = rows.numel()
-    shared_out, shared_max, shared_sum = _partial_attention(queries.reshape(kv_heads, group * n, head_dim),
-                                                            keys, values, fast=fast)
+    shared_out, shared_max, shared_sum = _partial_attention(
+        queries.reshape(kv_heads, group * n, head_dim), keys, values, fast=fast
+    )
     shared_out = shared_out.view(kv_heads, group, n, head_dim)
-    shared_max, shared_sum = shared_max.view(kv_heads, group, n), shared_sum.view(kv_heads, group, n)
+    shared_max, shared_sum = (
+        shared_max.view(kv_heads, group, n),
+        shared_sum.view(kv_heads, group, n),
+    )
     offset = 0
     for index, (t0, t1) in zip(members, spans):
-        chunk, num_new = batch.chunks[index], t1 - t0
+        _chunk, num_new = batch.chunks[index], t1 - t0
         c0, c1 = batch.context_starts[index], batch.context_starts[index + 1]
-        own_keys, own_values = _gather(key_cache, value_cache, batch.context_slots[c0 + prefix:c1])
+        own_keys, own_values = _gather(
+            key_cache, value_cache, batch.context_slots[c0 + prefix : c1]
+        )
         # keys [prefix, end): [prefix, num_cached) visible | [num_cached, end) causal
         own_out, own_max, own_sum = _partial_attention(
-            queries[:, :, offset:offset + num_new].reshape(kv_heads, group * num_new, head_dim),
-            own_keys, own_values, num_new, causal_bias, fast)
+            queries[:, :, offset : offset + num_new].reshape(kv_heads, group * num_new, head_dim),
+            own_keys,
+            own_values,
+            num_new,
+            causal_bias,
+            fast,
+        )
         rows_of = slice(offset, offset + num_new)
-        merged = _merge(shared_out[:, :, rows_of], shared_max[:, :, rows_of], shared_sum[:, :, rows_of],
-                        own_out.view(kv_heads, group, num_new, head_dim),
-                        own_max.view(kv_heads, group, num_new), own_sum.view(kv_heads, group, num_new))
+        merged = _merge(
+            shared_out[:, :, rows_of],
+            shared_max[:, :, rows_of],
+            shared_sum[:, :, rows_of],
+            own_out.view(kv_heads, group, num_new, head_dim),
+            own_max.view(kv_heads, group, num_new),
+            own_sum.view(kv_heads, group, num_new),
+        )
         out[t0:t1] = merged.permute(2, 0, 1, 3).to(out.dtype)
         offset += num_new
 
 
-def _partial_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       causal_rows: int = 0, causal_bias: torch.Tensor | None = None,
-                       fast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _partial_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    causal_rows: int = 0,
+    causal_bias: torch.Tensor | None = None,
+    fast: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention left unnormalized, for merging: queries [kv_heads, r, head_dim] over
     keys/values [kv_heads, L, head_dim]. causal_rows = n > 0: r = group * n rows, row i of each
     group (position L - n + i) sees keys [0, L - n + i] (`causal_bias`, the batch's, masks them
@@ -160,7 +214,7 @@ def _partial_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.
     if causal_rows and not fast:
         # bias: [n, L]: [0, L - n) visible | [L - n, L) causal
         bias = causal_bias.new_zeros(causal_rows, length)
-        bias[:, length - causal_rows:] = causal_bias[:causal_rows, :causal_rows]
+        bias[:, length - causal_rows :] = causal_bias[:causal_rows, :causal_rows]
     tile = r if causal_rows else _tile_rows(r, kv_heads * length * 4)
     for a in range(0, r, tile):
         b = min(r, a + tile)
@@ -190,8 +244,10 @@ def _merge(out_a, max_a, sum_a, out_b, max_b, sum_b) -> torch.Tensor:
 def _gather(key_cache: torch.Tensor, value_cache: torch.Tensor, slots: torch.Tensor):
     """keys, values of `slots`: [len, kv_heads, head_dim] -> [kv_heads, len, head_dim], made
     contiguous once so that every matmul below reads them in place."""
-    return (key_cache.index_select(0, slots).transpose(0, 1).contiguous(),
-            value_cache.index_select(0, slots).transpose(0, 1).contiguous())
+    return (
+        key_cache.index_select(0, slots).transpose(0, 1).contiguous(),
+        value_cache.index_select(0, slots).transpose(0, 1).contiguous(),
+    )
 
 
 def _heads_major(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -200,9 +256,15 @@ def _heads_major(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(tokens, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)
 
 
-def _attend_chunk(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  num_cached: int, causal_bias: torch.Tensor | None, out: torch.Tensor,
-                  fast: bool = False) -> None:
+def _attend_chunk(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    num_cached: int,
+    causal_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    fast: bool = False,
+) -> None:
     """Tiles of query rows, so that each tile's scores stay in cache through the softmax.
     fast: the C++ softmax masks each tile itself (causal_bias unused)."""
     kv_heads, group, num_new, head_dim = queries.shape
@@ -217,7 +279,7 @@ def _attend_chunk(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         # scores: [kv_heads, group * (b - a), seen]
         scores = q_tile.new_empty(kv_heads, group * (b - a), seen)
         _matmul_heads(q_tile, keys[:, :seen].transpose(1, 2), scores)
-        if fast:   # row i of each head's b - a rows sees [0, seen - (b - a) + i]
+        if fast:  # row i of each head's b - a rows sees [0, seen - (b - a) + i]
             cpp.softmax_(scores, b - a)
             probs = scores
         else:
@@ -230,8 +292,11 @@ def _attend_chunk(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
 
 
 def _fast_softmax_applies(query: torch.Tensor) -> bool:
-    return (query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
-            and cpp.softmax_kernels() is not None)
+    return (
+        query.device.type == "cpu"
+        and query.dtype in (torch.float32, torch.bfloat16)
+        and cpp.softmax_kernels() is not None
+    )
 
 
 def _matmul_heads(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:

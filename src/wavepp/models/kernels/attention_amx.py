@@ -28,12 +28,22 @@ MIN_SHARED_PREFIX_TOKENS = 64
 def amx_applies(query: torch.Tensor) -> bool:
     """Whether the AMX kernel runs this query: bf16 on a CPU whose AMX tiles the kernel may
     use, the extension built."""
-    return (query.device.type == "cpu" and query.dtype == torch.bfloat16
-            and cpp.amx_attention_kernels() is not None)
+    return (
+        query.device.type == "cpu"
+        and query.dtype == torch.bfloat16
+        and cpp.amx_attention_kernels() is not None
+    )
 
 
-def amx_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                  batch: StageBatch, scale: float, *, keys_per_step: int = 0) -> torch.Tensor:
+def amx_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: StageBatch,
+    scale: float,
+    *,
+    keys_per_step: int = 0,
+) -> torch.Tensor:
     """Causal attention of the batch's chunks over their contexts in the cache.
 
     query: [num_tokens, num_heads, head_dim]; key_cache: [num_slots, kv_heads, head_dim],
@@ -42,13 +52,23 @@ def amx_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     keys_per_step: keys per online-softmax step (0: the kernel's default; small values make
     tests cross many steps)."""
     if not amx_applies(query):
-        raise RuntimeError("the AMX attention kernel runs bf16 CPU tensors on a CPU with AMX-BF16 only")
+        raise RuntimeError(
+            "the AMX attention kernel runs bf16 CPU tensors on a CPU with AMX-BF16 only"
+        )
     num_tokens, num_heads, _ = query.shape
     v_dim = value_cache.shape[2]
     indices = batch.memo("amx_indices", lambda: _indices(batch))
     out = torch.empty(num_tokens, num_heads, v_dim, dtype=torch.bfloat16)
-    cpp.amx_attention_kernels().attention(query, key_cache, value_cache, batch.context_slots, *indices,
-                                          float(scale), out, int(keys_per_step))
+    cpp.amx_attention_kernels().attention(
+        query,
+        key_cache,
+        value_cache,
+        batch.context_slots,
+        *indices,
+        float(scale),
+        out,
+        int(keys_per_step),
+    )
     return out.view(num_tokens, num_heads * v_dim)
 
 
@@ -69,5 +89,11 @@ def _indices(batch: StageBatch) -> tuple[torch.Tensor, ...]:
     def longs(values) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int64)
 
-    return (longs(batch.token_starts), longs(batch.context_starts),
-            longs(c.num_cached_tokens for c in batch.chunks), longs(starts), longs(members), longs(prefixes))
+    return (
+        longs(batch.token_starts),
+        longs(batch.context_starts),
+        longs(c.num_cached_tokens for c in batch.chunks),
+        longs(starts),
+        longs(members),
+        longs(prefixes),
+    )

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 
 from wavepp.models.batch import StageBatch
 
-try:   # variable-length FlashAttention (torch >= 2.10); CUDA kernels only
+try:  # variable-length FlashAttention (torch >= 2.10); CUDA kernels only
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
-except ImportError:   # pragma: no cover - the pinned torch has it
+except ImportError:  # pragma: no cover - the pinned torch has it
     _varlen_attn = None
 
 
@@ -18,13 +18,23 @@ def varlen_applies(head_dim: int, dtype: torch.dtype, device: torch.device) -> b
     """Whether torch's varlen FlashAttention runs these heads on `device`: this torch has it,
     a CUDA device of compute capability 8.0 or later (FlashAttention-2), bf16 or fp16, and a
     head_dim that is a multiple of 8 up to 256."""
-    return (_varlen_attn is not None and device.type == "cuda"
-            and dtype in (torch.bfloat16, torch.float16) and head_dim % 8 == 0 and head_dim <= 256
-            and torch.cuda.get_device_capability(device) >= (8, 0))
+    return (
+        _varlen_attn is not None
+        and device.type == "cuda"
+        and dtype in (torch.bfloat16, torch.float16)
+        and head_dim % 8 == 0
+        and head_dim <= 256
+        and torch.cuda.get_device_capability(device) >= (8, 0)
+    )
 
 
-def varlen_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     batch: StageBatch, scale: float) -> torch.Tensor:
+def varlen_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: StageBatch,
+    scale: float,
+) -> torch.Tensor:
     """Every chunk in one varlen FlashAttention call over the chunks' contexts, packed:
 
         queries  [num_tokens, heads, head_dim]    chunk i at rows cu_tokens[i]:cu_tokens[i+1]
@@ -34,15 +44,22 @@ def varlen_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
     token r of a chunk with C cached tokens (position C + r) sees keys [0, C + r], as in every
     other kernel here. Grouped-query heads by `enable_gqa` (K/V not repeated)."""
     if _varlen_attn is None or query.device.type == "cpu":
-        raise ValueError("the varlen attention kernel runs on CUDA only (torch.nn.attention.varlen); "
-                         f"these tensors are on {query.device}")
+        raise ValueError(
+            "the varlen attention kernel runs on CUDA only (torch.nn.attention.varlen); "
+            f"these tensors are on {query.device}"
+        )
     num_tokens, num_heads, head_dim = query.shape
     args, kwargs = varlen_operands(query, key_cache, value_cache, batch, scale)
     return _varlen_attn(*args, **kwargs).reshape(num_tokens, num_heads * head_dim)
 
 
-def varlen_operands(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    batch: StageBatch, scale: float) -> tuple[tuple, dict]:
+def varlen_operands(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: StageBatch,
+    scale: float,
+) -> tuple[tuple, dict]:
     """The arguments of the varlen call (`varlen_attn(*args, **kwargs)`), apart so that the
     packing is checked on any device: (query, keys, values, cu_seq_q, cu_seq_k, max_q, max_k),
     then scale, a causal window and grouped-query heads."""
@@ -50,13 +67,25 @@ def varlen_operands(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     keys = key_cache.index_select(0, batch.context_slots)
     values = value_cache.index_select(0, batch.context_slots)
     # window (-1, 0): causal; max_k is the longest context (max_position + 1)
-    args = (query.contiguous(), keys, values, batch.cu_tokens, batch.cu_context,
-            batch.max_chunk_tokens, batch.max_position + 1)
+    args = (
+        query.contiguous(),
+        keys,
+        values,
+        batch.cu_tokens,
+        batch.cu_context,
+        batch.max_chunk_tokens,
+        batch.max_position + 1,
+    )
     return args, {"scale": scale, "window_size": (-1, 0), "enable_gqa": True}
 
 
-def sdpa_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   batch: StageBatch, scale: float) -> torch.Tensor:
+def sdpa_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: StageBatch,
+    scale: float,
+) -> torch.Tensor:
     """Chunk by chunk through F.scaled_dot_product_attention: grouped-query heads by
     `enable_gqa` (K/V not repeated), K/V read as strided views of the gathered rows (the
     kernel takes strides, so no transposing copy)."""
@@ -72,6 +101,8 @@ def sdpa_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
         # q: [num_new, heads, head_dim] -> [1, heads, num_new, head_dim]; one token sees all
         q = query[t0:t1].permute(1, 0, 2).unsqueeze(0)
         mask = batch.visible_mask(index) if chunk.num_tokens > 1 else None
-        result = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        result = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
         out[t0:t1] = result[0].transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)

@@ -25,10 +25,20 @@ import torch
 from wavepp import env
 from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.kernels import cpp
-from wavepp.models.kernels.attention import (ATTENTION_KERNELS, CUDA_ATTENTION_KERNELS, check_attention,
-                                             paged_attention)
+from wavepp.models.kernels.attention import (
+    ATTENTION_KERNELS,
+    CUDA_ATTENTION_KERNELS,
+    check_attention,
+    paged_attention,
+)
 from wavepp.models.kernels.attention_torch import varlen_applies
-from wavepp.models.kernels.linear import LINEAR_KERNELS, KernelChoice, check_linear, choose_linear, linear_shapes
+from wavepp.models.kernels.linear import (
+    LINEAR_KERNELS,
+    KernelChoice,
+    check_linear,
+    choose_linear,
+    linear_shapes,
+)
 
 
 @dataclass(frozen=True)
@@ -41,14 +51,24 @@ class Kernels:
         check_linear(self.linear)
         check_attention(self.attention)
         if self.elementwise not in ("cpp", "torch"):
-            raise ValueError(f"unknown elementwise kernel {self.elementwise!r}; choose cpp or torch")
+            raise ValueError(
+                f"unknown elementwise kernel {self.elementwise!r}; choose cpp or torch"
+            )
 
-    def project(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x @ w.T (+ b) by this path. x: [..., in], w: [out, in] -> [..., out]."""
         return LINEAR_KERNELS[self.linear](x, w, b)
 
-    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               batch: StageBatch, scale: float) -> torch.Tensor:
+    def attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        batch: StageBatch,
+        scale: float,
+    ) -> torch.Tensor:
         """`paged_attention` by this kernel."""
         return paged_attention(query, key_cache, value_cache, batch, scale, kernel=self.attention)
 
@@ -56,20 +76,26 @@ class Kernels:
         """The C++ elementwise module where it runs these tensors (elementwise "cpp"; bf16, on
         the CPU, contiguous; the module built), else None: torch's ops. Both round alike."""
         if self.elementwise != "cpp" or not all(
-                t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+            t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
+            for t in tensors
+        ):
             return None
         return cpp.elementwise_kernels()
 
     def elementwise_in_use(self) -> str:
-        """"cpp" where the C++ elementwise kernels run with these Kernels, else "torch"."""
-        return "cpp" if self.elementwise == "cpp" and cpp.elementwise_kernels() is not None else "torch"
+        """ "cpp" where the C++ elementwise kernels run with these Kernels, else "torch"."""
+        return (
+            "cpp"
+            if self.elementwise == "cpp" and cpp.elementwise_kernels() is not None
+            else "torch"
+        )
 
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    name: str                        # the fastest kernel (or the pinned one)
-    seconds: dict[str, float]        # each kernel's fastest seconds on the timing wave
-    gflops: dict[str, float]         # the same as GFLOP/s (q.k and p.v over visible keys)
+    name: str  # the fastest kernel (or the pinned one)
+    seconds: dict[str, float]  # each kernel's fastest seconds on the timing wave
+    gflops: dict[str, float]  # the same as GFLOP/s (q.k and p.v over visible keys)
 
 
 @dataclass(frozen=True)
@@ -78,21 +104,23 @@ class StageKernels:
 
     kernels: Kernels
     linear: KernelChoice
-    attention: AttentionChoice | None   # None: the model has no GQA layer
+    attention: AttentionChoice | None  # None: the model has no GQA layer
 
 
 # (device type, dtype) -> {"linear": name, "attention": name}: this process's choices
 _process_choices: dict[tuple[str, torch.dtype], dict[str, str]] = {}
 
 
-def choose_kernels(model: torch.nn.Module, spec, dtype: torch.dtype, device: torch.device) -> StageKernels:
+def choose_kernels(
+    model: torch.nn.Module, spec, dtype: torch.dtype, device: torch.device
+) -> StageKernels:
     """This process's kernel paths for a stage of `spec` (its `model` gives the projections'
     shapes): measured by the first stage of the process on this device type and dtype, reused
     by later ones, a pin in the environment always applied."""
     key = (torch.device(device).type, dtype)
     elementwise = env.elementwise_kernel()
     if key == ("cpu", torch.bfloat16) and elementwise == "cpp":
-        cpp.elementwise_kernels()   # built (the first time on a machine) before any wave
+        cpp.elementwise_kernels()  # built (the first time on a machine) before any wave
     chosen = _process_choices.setdefault(key, {})
     if "linear" not in chosen or env.linear_kernel_pin():
         linear = choose_linear(linear_shapes(model), dtype, device=device)
@@ -103,8 +131,13 @@ def choose_kernels(model: torch.nn.Module, spec, dtype: torch.dtype, device: tor
     attention = None
     if gqa is not None:
         if "attention" not in chosen or env.attention_kernel_pin():
-            attention = choose_attention(gqa.num_kv_heads, gqa.num_heads // gqa.num_kv_heads, gqa.head_dim, dtype,
-                                         device=device)
+            attention = choose_attention(
+                gqa.num_kv_heads,
+                gqa.num_heads // gqa.num_kv_heads,
+                gqa.head_dim,
+                dtype,
+                device=device,
+            )
             chosen["attention"] = attention.name
         else:
             attention = AttentionChoice(chosen["attention"], {}, {})
@@ -112,8 +145,16 @@ def choose_kernels(model: torch.nn.Module, spec, dtype: torch.dtype, device: tor
     return StageKernels(kernels, linear, attention)
 
 
-def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, *, trials: int = 5,
-                     margin: float = 1.05, device: torch.device | str = "cpu") -> AttentionChoice:
+def choose_attention(
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    *,
+    trials: int = 5,
+    margin: float = 1.05,
+    device: torch.device | str = "cpu",
+) -> AttentionChoice:
     """Time every attention kernel, interleaved trial by trial (each kept at its fastest), on
     a wave like those of prefix-reuse workloads (4 chunks of 64 new tokens after a shared
     1,024-token prefix) with this model's heads, and return the fastest. `chunked` is the
@@ -131,13 +172,19 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
     if pinned:
         check_attention(pinned)
         if pinned in CUDA_ATTENTION_KERNELS and device.type != "cuda":
-            raise ValueError(f"WAVEPP_ATTENTION_KERNEL={pinned} runs on CUDA only; this stage runs on {device}")
+            raise ValueError(
+                f"WAVEPP_ATTENTION_KERNEL={pinned} runs on CUDA only; this stage runs on {device}"
+            )
         return AttentionChoice(pinned, {}, {})
     if device.type == "cuda":
-        return AttentionChoice("varlen" if varlen_applies(head_dim, dtype, device) else "sdpa", {}, {})
+        return AttentionChoice(
+            "varlen" if varlen_applies(head_dim, dtype, device) else "sdpa", {}, {}
+        )
     block_size, prefix, new = 16, 1024, 64
     shared = tuple(range(prefix // block_size))
-    chunks = [ChunkSpec(prefix, new, shared + tuple(range(100 + 4 * i, 104 + 4 * i)), i) for i in range(4)]
+    chunks = [
+        ChunkSpec(prefix, new, shared + tuple(range(100 + 4 * i, 104 + 4 * i)), i) for i in range(4)
+    ]
     batch = StageBatch.build(chunks, block_size)
     gen = torch.Generator().manual_seed(0)
     num_slots = (100 + 16) * block_size
@@ -145,20 +192,24 @@ def choose_attention(kv_heads: int, group: int, head_dim: int, dtype: torch.dtyp
     value_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     query = torch.randn(batch.num_tokens, kv_heads * group, head_dim, generator=gen).to(dtype)
     times: dict[str, list[float]] = {kernel: [] for kernel in cpu_attention_kernels(dtype)}
-    for trial in range(trials + 1):              # the first round warms up
+    for trial in range(trials + 1):  # the first round warms up
         for kernel in times:
             start = time.perf_counter()
-            paged_attention(query, key_cache, value_cache, batch, head_dim ** -0.5, kernel=kernel)
+            paged_attention(query, key_cache, value_cache, batch, head_dim**-0.5, kernel=kernel)
             if trial:
                 times[kernel].append(time.perf_counter() - start)
     # the fastest of the trials: a neighbour taking the core only adds time, and a choice
     # flipped by noise would change the numerics of every later wave in this process
     seconds = {kernel: min(t) for kernel, t in times.items()}
-    flops = attention_flops(kv_heads * group, head_dim, [(c.num_cached_tokens, c.num_tokens) for c in chunks])
+    flops = attention_flops(
+        kv_heads * group, head_dim, [(c.num_cached_tokens, c.num_tokens) for c in chunks]
+    )
     best = min(seconds, key=seconds.get)
     if seconds["chunked"] < margin * seconds[best]:
         best = "chunked"
-    return AttentionChoice(best, seconds, {kernel: flops / s / 1e9 for kernel, s in seconds.items()})
+    return AttentionChoice(
+        best, seconds, {kernel: flops / s / 1e9 for kernel, s in seconds.items()}
+    )
 
 
 def cpu_attention_kernels(dtype: torch.dtype) -> tuple[str, ...]:
@@ -168,8 +219,9 @@ def cpu_attention_kernels(dtype: torch.dtype) -> tuple[str, ...]:
     `amx` where it does not (not bf16, no AMX-BF16, or its extension not built)."""
     fast = dtype in (torch.float32, torch.bfloat16) and cpp.softmax_kernels() is not None
     amx = dtype == torch.bfloat16 and cpp.amx_attention_kernels() is not None
-    return tuple(k for k in ATTENTION_KERNELS
-                 if (fast or not k.endswith("_cpp")) and (amx or k != "amx"))
+    return tuple(
+        k for k in ATTENTION_KERNELS if (fast or not k.endswith("_cpp")) and (amx or k != "amx")
+    )
 
 
 def attention_flops(num_heads: int, head_dim: int, chunks: list[tuple[int, int]]) -> float:

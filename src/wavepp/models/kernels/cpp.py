@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd")
 _lock = threading.Lock()
-_modules: dict[str, object] = {}     # source file -> its built module, or None where it failed
+_modules: dict[str, object] = {}  # source file -> its built module, or None where it failed
 
 
 def softmax_kernels():
@@ -77,12 +77,20 @@ def softmax_(scores: torch.Tensor, causal_rows: int = 0, *, vectorized: bool = T
     _modules["cpu_softmax.cpp"].softmax_(scores, causal_rows, vectorized)
 
 
-def softmax_unnormalized_(scores: torch.Tensor, causal_rows: int, row_max: torch.Tensor,
-                          row_sum: torch.Tensor, *, vectorized: bool = True) -> None:
+def softmax_unnormalized_(
+    scores: torch.Tensor,
+    causal_rows: int,
+    row_max: torch.Tensor,
+    row_sum: torch.Tensor,
+    *,
+    vectorized: bool = True,
+) -> None:
     """exp(s - m) in place of `scores`, m each row's max over the keys it sees (causal_rows as
     in `softmax_`); writes m and the row's sum of the stored exps (fp32) into row_max, row_sum:
     [H, R] fp32 views (any strides) with H * R = the number of score rows."""
-    _modules["cpu_softmax.cpp"].softmax_unnormalized_(scores, causal_rows, row_max, row_sum, vectorized)
+    _modules["cpu_softmax.cpp"].softmax_unnormalized_(
+        scores, causal_rows, row_max, row_sum, vectorized
+    )
 
 
 def _build(source_name: str, label: str, fallback: str):
@@ -97,15 +105,19 @@ def _build(source_name: str, label: str, fallback: str):
         name = f"wavepp_{source_name.removesuffix('.cpp')}_{_fingerprint(source)}"
         built = _is_built(name)
         module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)
-    except Exception as err:   # noqa: BLE001 - no compiler, a failed build: keep torch's path
+    except Exception as err:  # noqa: BLE001 - no compiler, a failed build: keep torch's path
         lines = str(err).strip().splitlines() or [""]
-        log.warning("%s unavailable (%s: %s); %s run", label, type(err).__name__, lines[-1][:200], fallback)
+        log.warning(
+            "%s unavailable (%s: %s); %s run", label, type(err).__name__, lines[-1][:200], fallback
+        )
         return None
     seconds = time.perf_counter() - start
     if built:
         log.info("%s loaded in %.2f s", label, seconds)
-    else:   # the first use on this machine: say what it cost (visible without logging set up)
-        log.warning("%s built in %.1f s (g++ %s; once per machine)", label, seconds, " ".join(_FLAGS))
+    else:  # the first use on this machine: say what it cost (visible without logging set up)
+        log.warning(
+            "%s built in %.1f s (g++ %s; once per machine)", label, seconds, " ".join(_FLAGS)
+        )
     return module
 
 
@@ -113,8 +125,9 @@ def _is_built(name: str) -> bool:
     """Whether torch's extensions directory holds `name` already (only for the log line)."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
+
         return os.path.exists(os.path.join(_get_build_directory(name, False), f"{name}.so"))
-    except Exception:   # noqa: BLE001 - a private helper of torch's; say "built" then
+    except Exception:  # noqa: BLE001 - a private helper of torch's; say "built" then
         return False
 
 
@@ -123,7 +136,9 @@ def _fingerprint(source: str) -> str:
     cpu = platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
-            cpu += "".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
+            cpu += "".join(
+                sorted({line for line in info if line.startswith(("model name", "flags"))})
+            )
     except OSError:
         pass
     text = "\n".join((source, " ".join(_FLAGS), torch.__version__, cpu))

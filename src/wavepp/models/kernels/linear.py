@@ -51,7 +51,7 @@ def _packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> 
     if cached is None or cached[0] != w._version:
         cached = (w._version, _reorder(w))
         w._wavepp_packed = cached
-    if cached[1] is None:               # this dtype or device has no oneDNN path
+    if cached[1] is None:  # this dtype or device has no oneDNN path
         return F.linear(x, w, b)
     return torch.ops.mkldnn._linear_pointwise(x, cached[1], b, "none", [], "")
 
@@ -59,13 +59,13 @@ def _packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> 
 def _upcast(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     if w.dtype == torch.float32 or x.dtype == torch.float32:
         return F.linear(x, w, b)
-    if w._base is None:     # a parameter: its fp32 copy lives on it, made again after an update
+    if w._base is None:  # a parameter: its fp32 copy lives on it, made again after an update
         cached = getattr(w, "_wavepp_fp32", None)
         if cached is None or cached[0] != w._version:
             cached = (w._version, w.float())
             w._wavepp_fp32 = cached
         w32 = cached[1]
-    else:                   # a view (an expert of a stacked weight): upcast as it is used
+    else:  # a view (an expert of a stacked weight): upcast as it is used
         w32 = w.float()
     out = torch.matmul(x.float(), w32.t())
     if b is not None:
@@ -74,37 +74,56 @@ def _upcast(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> 
 
 
 def _reorder(w: torch.Tensor) -> torch.Tensor | None:
-    if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16) or not packed_available():
+    if (
+        w.device.type != "cpu"
+        or w.dtype not in (torch.float32, torch.bfloat16)
+        or not packed_available()
+    ):
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(w, None)
-    except RuntimeError:                # e.g. bf16 on a CPU without the instructions oneDNN needs
+    except RuntimeError:  # e.g. bf16 on a CPU without the instructions oneDNN needs
         return None
 
 
 def packed_available() -> bool:
     """This torch build has oneDNN's prepacked linear."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
+    )
 
 
-LINEAR_KERNELS: dict[str, Callable] = {"linear": _f_linear, "matmul": _matmul_t, "packed": _packed, "upcast": _upcast}
+LINEAR_KERNELS: dict[str, Callable] = {
+    "linear": _f_linear,
+    "matmul": _matmul_t,
+    "packed": _packed,
+    "upcast": _upcast,
+}
 
 
 def check_linear(name: str) -> str:
     if name not in LINEAR_KERNELS:
-        raise ValueError(f"unknown linear kernel {name!r}; choose one of {', '.join(LINEAR_KERNELS)}")
+        raise ValueError(
+            f"unknown linear kernel {name!r}; choose one of {', '.join(LINEAR_KERNELS)}"
+        )
     return name
 
 
 @dataclass(frozen=True)
 class KernelChoice:
-    name: str                           # the fastest path (or the pinned one)
-    gflops: dict[str, float]            # each candidate's rate over the shapes (median of trials)
-    seconds: float                      # the measurement's own time
+    name: str  # the fastest path (or the pinned one)
+    gflops: dict[str, float]  # each candidate's rate over the shapes (median of trials)
+    seconds: float  # the measurement's own time
 
 
-def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *, trials: int = 5,
-                  seed: int = 0, device: torch.device | str = "cpu") -> KernelChoice:
+def choose_linear(
+    shapes: Sequence[tuple[int, int, int]],
+    dtype: torch.dtype,
+    *,
+    trials: int = 5,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> KernelChoice:
     """Time every linear path on `shapes` ((rows, in, out) each) with random operands of `dtype`,
     the candidates interleaved trial by trial (so that a noisy neighbour hurts them alike), and
     return the one with the highest median rate. Takes well under a second for a model's shapes.
@@ -121,14 +140,19 @@ def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *,
         return KernelChoice("linear", {}, 0.0)
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
-    operands = [(torch.randn(r, i, generator=gen).to(dtype), torch.randn(o, i, generator=gen).to(dtype))
-                for r, i, o in shapes]
+    operands = [
+        (torch.randn(r, i, generator=gen).to(dtype), torch.randn(o, i, generator=gen).to(dtype))
+        for r, i, o in shapes
+    ]
     flops = sum(2 * r * i * o for r, i, o in shapes)
-    candidates = {name: fn for name, fn in LINEAR_KERNELS.items()
-                  if (name != "packed" or (packed_available() and _reorder(operands[0][1]) is not None))
-                  and (name != "upcast" or dtype != torch.float32)}
+    candidates = {
+        name: fn
+        for name, fn in LINEAR_KERNELS.items()
+        if (name != "packed" or (packed_available() and _reorder(operands[0][1]) is not None))
+        and (name != "upcast" or dtype != torch.float32)
+    }
     rates: dict[str, list[float]] = {name: [] for name in candidates}
-    for fn in candidates.values():           # warm up each path (first calls pick and pack)
+    for fn in candidates.values():  # warm up each path (first calls pick and pack)
         for x, w in operands:
             fn(x, w)
     for _ in range(trials):
@@ -141,7 +165,9 @@ def choose_linear(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *,
     return KernelChoice(max(gflops, key=gflops.get), gflops, time.perf_counter() - t0)
 
 
-def linear_shapes(model: torch.nn.Module, rows: Sequence[int] = (64, 256, 512)) -> list[tuple[int, int, int]]:
+def linear_shapes(
+    model: torch.nn.Module, rows: Sequence[int] = (64, 256, 512)
+) -> list[tuple[int, int, int]]:
     """(rows, in, out) of every projection of a stage model: its 2-D weights [out, in] (3-D
     expert weights [experts, out, in] count once), the embedding and the head left out (the
     head runs on a few rows a wave)."""

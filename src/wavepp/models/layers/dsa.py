@@ -28,7 +28,7 @@ from wavepp.models.spec import MLASpec
 class Indexer(nn.Module):
     def __init__(self, spec: MLASpec, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
-        index = spec.index   # MLASpec checks the q LoRA and the widths the indexer needs
+        index = spec.index  # MLASpec checks the q LoRA and the widths the indexer needs
         self.num_heads, self.head_dim = index.num_heads, index.head_dim
         self.rope, self.topk = spec.qk_rope_head_dim, index.topk
         self.wq_b = _param(dtype, self.num_heads * self.head_dim, spec.q_lora_rank)
@@ -38,8 +38,9 @@ class Indexer(nn.Module):
         # per-head weights of the scores: fp32 whatever the model dtype, as the reference keeps them
         self.weights_proj = _param(torch.float32, self.num_heads, hidden_size)
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, ctx: ForwardContext,
-                key_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, q_resid: torch.Tensor, ctx: ForwardContext, key_cache: torch.Tensor
+    ) -> torch.Tensor:
         """x: [n, hidden], q_resid: [n, q_lora_rank] -> top-k positions [n, index_topk] int64.
         Writes the batch's indexer keys into key_cache ([num_slots, index_head_dim])."""
         n, r = x.shape[0], self.rope
@@ -47,23 +48,31 @@ class Indexer(nn.Module):
         # q: [n, heads, head_dim]; k: [n, head_dim]
         q = linear(q_resid, self.wq_b).view(n, self.num_heads, self.head_dim)
         q = torch.cat((apply_rope(q[..., :r], cos, sin, True, ctx.kernels), q[..., r:]), -1).float()
-        k = F.layer_norm(linear(x, self.wk), (self.head_dim,), self.k_norm_weight, self.k_norm_bias, 1e-6)
+        k = F.layer_norm(
+            linear(x, self.wk), (self.head_dim,), self.k_norm_weight, self.k_norm_bias, 1e-6
+        )
         k = torch.cat((apply_rope(k[:, None, :r], cos, sin, True, ctx.kernels)[:, 0], k[:, r:]), -1)
         key_cache.index_copy_(0, batch.slot_mapping, k)
         # weights: [n, 1, heads]
-        weights = (linear(x.float(), self.weights_proj) * self.num_heads ** -0.5)[:, None, :]
+        weights = (linear(x.float(), self.weights_proj) * self.num_heads**-0.5)[:, None, :]
         topk = torch.full((n, self.topk), -1, dtype=torch.int64)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
-            context = batch.context_slots[batch.context_starts[index]:batch.context_starts[index + 1]]
+            context = batch.context_slots[
+                batch.context_starts[index] : batch.context_starts[index + 1]
+            ]
             keys = key_cache.index_select(0, context).float()
             # per_head: [m, heads, end] -> scores: [m, end]
-            per_head = torch.relu(torch.matmul(q[t0:t1], keys.t()) * self.head_dim ** -0.5)
+            per_head = torch.relu(torch.matmul(q[t0:t1], keys.t()) * self.head_dim**-0.5)
             scores = torch.bmm(weights[t0:t1], per_head)[:, 0]
             positions = torch.arange(chunk.num_cached_tokens, chunk.end)
-            scores.masked_fill_(torch.arange(chunk.end)[None, :] > positions[:, None], float("-inf"))
+            scores.masked_fill_(
+                torch.arange(chunk.end)[None, :] > positions[:, None], float("-inf")
+            )
             causal = torch.arange(chunk.end)[None, :] <= positions[:, None]
-            chosen = causal if self.topk >= chunk.end else _top_lowest_first(scores, self.topk) & causal
+            chosen = (
+                causal if self.topk >= chunk.end else _top_lowest_first(scores, self.topk) & causal
+            )
             keep = min(self.topk, chunk.end)
             # rank of each chosen key among its row's chosen keys, in position order
             rank = torch.where(chosen, chosen.cumsum(-1) - 1, keep)

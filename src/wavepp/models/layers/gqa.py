@@ -22,16 +22,22 @@ from wavepp.models.spec import GQASpec
 
 
 class GQAttention(nn.Module):
-    def __init__(self, spec: GQASpec, layer: int, hidden_size: int, norm_eps: float, dtype: torch.dtype) -> None:
+    def __init__(
+        self, spec: GQASpec, layer: int, hidden_size: int, norm_eps: float, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.spec, self.layer = spec, layer
-        self.scale = spec.head_dim ** -0.5
+        self.scale = spec.head_dim**-0.5
         qkv_size = spec.q_size + 2 * spec.kv_size
         self.qkv_proj = _param(dtype, qkv_size, hidden_size)
         self.qkv_bias = _param(dtype, qkv_size) if spec.qkv_bias else None
         self.o_proj = _param(dtype, hidden_size, spec.q_size)
         self.o_bias = _param(dtype, hidden_size) if spec.o_bias else None
-        widths = {"none": None, "head": (spec.head_dim, spec.head_dim), "projection": (spec.q_size, spec.kv_size)}
+        widths = {
+            "none": None,
+            "head": (spec.head_dim, spec.head_dim),
+            "projection": (spec.q_size, spec.kv_size),
+        }
         norm = widths[spec.qk_norm]
         self.q_norm = RMSNorm(norm[0], norm_eps, dtype) if norm else None
         self.k_norm = RMSNorm(norm[1], norm_eps, dtype) if norm else None
@@ -57,12 +63,17 @@ class GQAttention(nn.Module):
             # rotate together: qk: [n, heads + kv_heads, head_dim]
             qkv = qkv.view(n, -1, spec.head_dim)
             if self.q_norm is not None:
-                qk = torch.cat((self.q_norm(qkv[:, :heads], kernels),
-                                self.k_norm(qkv[:, heads:heads + kv_heads], kernels)), 1)
+                qk = torch.cat(
+                    (
+                        self.q_norm(qkv[:, :heads], kernels),
+                        self.k_norm(qkv[:, heads : heads + kv_heads], kernels),
+                    ),
+                    1,
+                )
             else:
-                qk = qkv[:, :heads + kv_heads]
+                qk = qkv[:, : heads + kv_heads]
             qk = self._rotate(qk, ctx)
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         key_cache.index_copy_(0, ctx.batch.slot_mapping, k)
         value_cache.index_copy_(0, ctx.batch.slot_mapping, v)
         out = kernels.attend(q, key_cache, value_cache, ctx.batch, self.scale)
@@ -74,7 +85,9 @@ class GQAttention(nn.Module):
         r = self.spec.rotary_dim
         if r == self.spec.head_dim:
             return apply_rotary(x, ctx.cos, ctx.sin, ctx.kernels)
-        return torch.cat((apply_rope(x[..., :r], ctx.cos, ctx.sin, kernels=ctx.kernels), x[..., r:]), dim=-1)
+        return torch.cat(
+            (apply_rope(x[..., :r], ctx.cos, ctx.sin, kernels=ctx.kernels), x[..., r:]), dim=-1
+        )
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

@@ -36,7 +36,7 @@ class KimiDeltaAttention(nn.Module):
         self.conv_weight = _param(dtype, 3 * qkv, self.taps)
         self.f_a_proj = _param(dtype, d, hidden)
         self.f_b_proj = _param(dtype, qkv, d)
-        self.dt_bias = _param(torch.float32, qkv)      # kept fp32, as the checkpoint keeps it
+        self.dt_bias = _param(torch.float32, qkv)  # kept fp32, as the checkpoint keeps it
         self.A_log = _param(dtype, self.heads)
         self.b_proj = _param(dtype, self.heads, hidden)
         self.g_a_proj = _param(dtype, d, hidden)
@@ -49,13 +49,13 @@ class KimiDeltaAttention(nn.Module):
         slot (zeros if None) and writes the states of its `state_saves` into the cache."""
         n, heads, d = x.shape[0], self.heads, self.head_dim
         batch, pools, linear = ctx.batch, ctx.cache, ctx.kernels.project
-        mixed = linear(x, self.qkv_proj)                                   # [n, 3 * qkv]
+        mixed = linear(x, self.qkv_proj)  # [n, 3 * qkv]
         # g: [n, heads, d] fp32, <= 0
         g = linear(linear(x, self.f_a_proj), self.f_b_proj).float() + self.dt_bias
         g = -self.A_log.float().exp()[:, None] * F.softplus(g.view(n, heads, d), threshold=20.0)
-        beta = torch.sigmoid(linear(x, self.b_proj)).float()               # [n, heads]
-        recurrent = pools.state_view("recurrent", self.layer)                # [slots, heads * d * d]
-        conv_state = pools.state_view("conv", self.layer)                    # [slots, (taps - 1) * 3qkv]
+        beta = torch.sigmoid(linear(x, self.b_proj)).float()  # [n, heads]
+        recurrent = pools.state_view("recurrent", self.layer)  # [slots, heads * d * d]
+        conv_state = pools.state_view("conv", self.layer)  # [slots, (taps - 1) * 3qkv]
         out = torch.empty(n, heads, d, dtype=x.dtype)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
@@ -67,25 +67,33 @@ class KimiDeltaAttention(nn.Module):
                 history = conv_state[chunk.state_in].view(self.taps - 1, 3 * self.qkv)
             # window: [taps - 1 + m, 3qkv]  |  history (positions before the chunk) | chunk's inputs
             window = torch.cat((history, mixed[t0:t1]))
-            qkv = self._conv(window)                                         # [m, 3qkv]
-            q, k, v = (t.float().view(-1, heads, d).transpose(0, 1) for t in qkv.split(self.qkv, -1))
-            q, k = l2_normalize(q) * d ** -0.5, l2_normalize(k)
+            qkv = self._conv(window)  # [m, 3qkv]
+            q, k, v = (
+                t.float().view(-1, heads, d).transpose(0, 1) for t in qkv.split(self.qkv, -1)
+            )
+            q, k = l2_normalize(q) * d**-0.5, l2_normalize(k)
             gc, bc = g[t0:t1].transpose(0, 1), beta[t0:t1].t()
             # the scan splits at every save: [start, p1) | [p1, p2) | ... | [p_last, end)
             start = chunk.num_cached_tokens
             for position, slot in (*chunk.state_saves, (chunk.end, None)):
                 a, b = start - chunk.num_cached_tokens, position - chunk.num_cached_tokens
                 if b > a:
-                    o, state = kda_scan(q[:, a:b], k[:, a:b], v[:, a:b], gc[:, a:b], bc[:, a:b], state)
-                    out[t0 + a:t0 + b] = o.transpose(0, 1).to(x.dtype)
+                    o, state = kda_scan(
+                        q[:, a:b], k[:, a:b], v[:, a:b], gc[:, a:b], bc[:, a:b], state
+                    )
+                    out[t0 + a : t0 + b] = o.transpose(0, 1).to(x.dtype)
                 if slot is not None:
                     recurrent[slot] = state.flatten()
                     # the last taps - 1 inputs before `position`: window rows [b, b + taps - 1)
-                    conv_state[slot] = window[b:b + self.taps - 1].flatten()
+                    conv_state[slot] = window[b : b + self.taps - 1].flatten()
                 start = position
         gate = linear(linear(x, self.g_a_proj), self.g_b_proj).view(n, heads, d)
         o = out.float()
-        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps) * self.o_norm_weight.float()
+        o = (
+            o
+            * torch.rsqrt(o.square().mean(-1, keepdim=True) + self.eps)
+            * self.o_norm_weight.float()
+        )
         o = (o * torch.sigmoid(gate.float())).to(x.dtype)
         return linear(o.view(n, heads * d), self.o_proj)
 

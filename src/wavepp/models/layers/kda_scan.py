@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-SCAN_CHUNK = 64   # tokens per triangular solve: [C, C, dk] decay factors per head
+SCAN_CHUNK = 64  # tokens per triangular solve: [C, C, dk] decay factors per head
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -32,8 +32,15 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
 
 
-def kda_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-             state: torch.Tensor, chunk: int = SCAN_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_scan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = SCAN_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's scan, all fp32 (q and k already normalized and q scaled).
 
     q, k, g: [heads, n, dk]; v: [heads, n, dv]; beta: [heads, n]; state: [heads, dk, dv].
@@ -44,8 +51,14 @@ def kda_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     outputs = []
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
-        o, state = _scan_chunk(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end],
-                               beta[:, start:end], state)
+        o, state = _scan_chunk(
+            q[:, start:end],
+            k[:, start:end],
+            v[:, start:end],
+            g[:, start:end],
+            beta[:, start:end],
+            state,
+        )
         outputs.append(o)
     if not outputs:
         return v.new_zeros(heads, 0, v.shape[-1]), state.clone()
@@ -55,20 +68,22 @@ def kda_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
 def _scan_chunk(q, k, v, g, beta, state):
     # q, k, g: [h, c, dk]; v: [h, c, dv]; beta: [h, c]; state: [h, dk, dv]
     c = k.shape[1]
-    G = g.cumsum(dim=1)                                                   # [h, c, dk]
-    strict = torch.ones(c, c, dtype=torch.bool).tril_(-1)                 # s < t
-    causal = torch.ones(c, c, dtype=torch.bool).tril_()                   # s <= t
+    G = g.cumsum(dim=1)  # [h, c, dk]
+    strict = torch.ones(c, c, dtype=torch.bool).tril_(-1)  # s < t
+    causal = torch.ones(c, c, dtype=torch.bool).tril_()  # s <= t
     # decay[t, s] = e^(G_t - G_s) for s <= t (exponent <= 0), 0 above the diagonal
-    diff = (G[:, :, None, :] - G[:, None, :, :]).masked_fill_(~causal[None, :, :, None], float("-inf"))
-    decay = diff.exp_()                                                   # [h, c, c, dk]
-    kk = torch.einsum("htc,hsc,htsc->hts", k, k, decay)                   # [h, c, c]
+    diff = (G[:, :, None, :] - G[:, None, :, :]).masked_fill_(
+        ~causal[None, :, :, None], float("-inf")
+    )
+    decay = diff.exp_()  # [h, c, c, dk]
+    kk = torch.einsum("htc,hsc,htsc->hts", k, k, decay)  # [h, c, c]
     A = (beta[:, :, None] * kk).masked_fill_(~strict, 0.0)
     eye = torch.eye(c, dtype=q.dtype).expand(A.shape[0], c, c)
     eG = G.exp()
-    rhs = beta[:, :, None] * (v - (k * eG) @ state)                       # [h, c, dv]
+    rhs = beta[:, :, None] * (v - (k * eG) @ state)  # [h, c, dv]
     u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
     qk = torch.einsum("htc,hsc,htsc->hts", q, k, decay).masked_fill_(~causal, 0.0)
-    o = (q * eG) @ state + qk @ u                                         # [h, c, dv]
-    tail = (G[:, -1:, :] - G).exp()                                       # e^(G_C - G_s): [h, c, dk]
+    o = (q * eG) @ state + qk @ u  # [h, c, dv]
+    tail = (G[:, -1:, :] - G).exp()  # e^(G_C - G_s): [h, c, dk]
     new_state = eG[:, -1, :, None] * state + (k * tail).transpose(1, 2) @ u
     return o, new_state

@@ -36,10 +36,14 @@ class MLAttention(nn.Module):
         super().__init__()
         self.layer = layer
         self.num_heads = spec.num_heads
-        self.nope, self.rope, self.v_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
+        self.nope, self.rope, self.v_dim = (
+            spec.qk_nope_head_dim,
+            spec.qk_rope_head_dim,
+            spec.v_head_dim,
+        )
         self.kv_lora_rank = spec.kv_lora_rank
         self.interleave = spec.rope_interleave
-        self.rotates = spec.rotates   # Kimi-Linear: the "rope" dims stay unrotated
+        self.rotates = spec.rotates  # Kimi-Linear: the "rope" dims stay unrotated
         self.reuses_topk = spec.reuses_topk
         self.scale = spec.softmax_scale
         hidden, heads = hidden_size, spec.num_heads
@@ -53,7 +57,9 @@ class MLAttention(nn.Module):
             self.q_proj = _param(dtype, heads * spec.qk_head_dim, hidden)
         self.kv_a_proj = _param(dtype, spec.kv_lora_rank + spec.qk_rope_head_dim, hidden)
         self.kv_a_norm = RMSNorm(spec.kv_lora_rank, 1e-6, dtype)
-        self.kv_b_proj = _param(dtype, heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank)
+        self.kv_b_proj = _param(
+            dtype, heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank
+        )
         self.o_proj = _param(dtype, hidden, heads * spec.v_head_dim)
         self.indexer = Indexer(spec, hidden, dtype) if spec.runs_indexer else None
 
@@ -62,7 +68,14 @@ class MLAttention(nn.Module):
         the cache. Sets ctx.topk to this layer's selection ([n, index_topk]; None without DSA);
         a layer that shares the previous layer's selection reads it from there."""
         n, heads = x.shape[0], self.num_heads
-        batch, pools, kernels, cos, sin, linear = ctx.batch, ctx.cache, ctx.kernels, ctx.cos, ctx.sin, ctx.kernels.project
+        batch, pools, kernels, cos, sin, linear = (
+            ctx.batch,
+            ctx.cache,
+            ctx.kernels,
+            ctx.cos,
+            ctx.sin,
+            ctx.kernels.project,
+        )
         q_resid = None
         if self.q_lora:
             q_resid = self.q_a_norm(linear(x, self.q_a_proj), kernels)
@@ -73,27 +86,46 @@ class MLAttention(nn.Module):
         q = q.view(n, heads, self.nope + self.rope)
         c, k_rope = linear(x, self.kv_a_proj).split([self.kv_lora_rank, self.rope], dim=-1)
         if self.rotates:
-            q = torch.cat((q[..., :self.nope], apply_rope(q[..., self.nope:], cos, sin, self.interleave, kernels)), -1)
+            q = torch.cat(
+                (
+                    q[..., : self.nope],
+                    apply_rope(q[..., self.nope :], cos, sin, self.interleave, kernels),
+                ),
+                -1,
+            )
             k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave, kernels)[:, 0]
         latent_cache = pools.view("latent", self.layer)
-        latent_cache.index_copy_(0, batch.slot_mapping, torch.cat((self.kv_a_norm(c, kernels), k_rope), -1))
+        latent_cache.index_copy_(
+            0, batch.slot_mapping, torch.cat((self.kv_a_norm(c, kernels), k_rope), -1)
+        )
         if self.indexer is not None:
             ctx.topk = self.indexer(x, q_resid, ctx, pools.view("index_key", self.layer))
         elif not self.reuses_topk:
             ctx.topk = None
         elif ctx.topk is None:
-            raise ValueError(f"layer {self.layer} shares the previous layer's top-k, but none was given")
+            raise ValueError(
+                f"layer {self.layer} shares the previous layer's top-k, but none was given"
+            )
         topk = ctx.topk
         if topk is None and kernels.attention == "amx" and amx_applies(q):
-            return linear(self._latent_attention(q, latent_cache, batch).reshape(n, heads * self.v_dim), self.o_proj)
+            return linear(
+                self._latent_attention(q, latent_cache, batch).reshape(n, heads * self.v_dim),
+                self.o_proj,
+            )
         out = x.new_empty(n, heads, self.v_dim)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
-            context = batch.context_slots[batch.context_starts[index]:batch.context_starts[index + 1]]
+            context = batch.context_slots[
+                batch.context_starts[index] : batch.context_starts[index + 1]
+            ]
             # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope], values [heads, end, v]
             rows = latent_cache.index_select(0, context)
-            kv = linear(rows[:, :self.kv_lora_rank], self.kv_b_proj).view(-1, heads, self.nope + self.v_dim)
-            keys = torch.cat((kv[..., :self.nope], rows[:, None, self.kv_lora_rank:].expand(-1, heads, -1)), -1)
+            kv = linear(rows[:, : self.kv_lora_rank], self.kv_b_proj).view(
+                -1, heads, self.nope + self.v_dim
+            )
+            keys = torch.cat(
+                (kv[..., : self.nope], rows[:, None, self.kv_lora_rank :].expand(-1, heads, -1)), -1
+            )
             # allowed: [chunk_tokens, end], key j visible to query i iff j <= num_cached + i (and selected)
             allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
             if topk is not None:
@@ -101,9 +133,15 @@ class MLAttention(nn.Module):
             # scores: [heads, chunk_tokens, end], -inf where not visible. In fp32, as the
             # reference computes them: bf16 scores of 24-dim heads drift by ~0.1 in logprob
             bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
-            scores = torch.baddbmm(bias, q[t0:t1].transpose(0, 1).float(), keys.permute(1, 2, 0).float(),
-                                   alpha=self.scale)
-            o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope:].transpose(0, 1).float())
+            scores = torch.baddbmm(
+                bias,
+                q[t0:t1].transpose(0, 1).float(),
+                keys.permute(1, 2, 0).float(),
+                alpha=self.scale,
+            )
+            o = torch.bmm(
+                torch.softmax(scores, dim=-1), kv[..., self.nope :].transpose(0, 1).float()
+            )
             out[t0:t1] = o.transpose(0, 1).to(out.dtype)
         return linear(out.view(n, heads * self.v_dim), self.o_proj)
 
@@ -115,10 +153,18 @@ class MLAttention(nn.Module):
         up to rounding, without expanding any context. q: [n, heads, nope + rope] -> [n, heads, v]."""
         n, heads, rank = q.shape[0], self.num_heads, self.kv_lora_rank
         w = self.kv_b_proj.view(heads, self.nope + self.v_dim, rank)
-        q_lat = torch.bmm(q[..., :self.nope].transpose(0, 1), w[:, :self.nope])        # [heads, n, rank]
-        query = torch.cat((q_lat.transpose(0, 1), q[..., self.nope:]), -1)             # [n, heads, rank + rope]
-        o_lat = amx_attention(query, latent_cache[:, None], latent_cache[:, None, :rank], batch, self.scale)
-        out = torch.bmm(o_lat.view(n, heads, rank).transpose(0, 1), w[:, self.nope:].transpose(1, 2))
+        q_lat = torch.bmm(
+            q[..., : self.nope].transpose(0, 1), w[:, : self.nope]
+        )  # [heads, n, rank]
+        query = torch.cat(
+            (q_lat.transpose(0, 1), q[..., self.nope :]), -1
+        )  # [n, heads, rank + rope]
+        o_lat = amx_attention(
+            query, latent_cache[:, None], latent_cache[:, None, :rank], batch, self.scale
+        )
+        out = torch.bmm(
+            o_lat.view(n, heads, rank).transpose(0, 1), w[:, self.nope :].transpose(1, 2)
+        )
         return out.transpose(0, 1)
 
 

@@ -13,10 +13,12 @@ class SwiGLUMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(2 * intermediate_size, hidden_size, dtype=dtype),
-                                         requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(hidden_size, intermediate_size, dtype=dtype),
-                                      requires_grad=False)
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(2 * intermediate_size, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.down_proj = nn.Parameter(
+            torch.empty(hidden_size, intermediate_size, dtype=dtype), requires_grad=False
+        )
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         # x: [num_tokens, hidden] -> gate_up: [num_tokens, 2 * intermediate]

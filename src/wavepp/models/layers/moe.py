@@ -36,10 +36,14 @@ class Router(nn.Module):
         self.n_group, self.topk_group = spec.n_group, spec.topk_group
         self.norm_topk_prob, self.scaling_factor = spec.norm_topk_prob, spec.routed_scaling_factor
         # the router decides discrete choices: it stays fp32 whatever the model dtype
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32),
-                                   requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False) \
-            if spec.score_bias else None
+        self.weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
+            if spec.score_bias
+            else None
+        )
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [num_tokens, hidden] -> (weights [num_tokens, top_k] fp32, experts [num_tokens, top_k] int64)."""
@@ -68,15 +72,23 @@ class Router(nn.Module):
 class Experts(nn.Module):
     """`num_experts` SwiGLU experts stacked: gate_up [E, 2 * I, H], down [E, H, I]."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
-                                         requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype),
-                                      requires_grad=False)
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
+            requires_grad=False,
+        )
+        self.down_proj = nn.Parameter(
+            torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype),
+            requires_grad=False,
+        )
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, kernels: Kernels
+    ) -> torch.Tensor:
         """x: [num_tokens, H]; weights, experts: [num_tokens, top_k] -> [num_tokens, H]."""
         num_tokens, top_k = experts.shape
         flat = experts.flatten()
@@ -92,7 +104,9 @@ class Experts(nn.Module):
             if count == 0:
                 continue
             rows = slice(start, start + count)
-            gate, up = kernels.project(routed[rows], self.gate_up_proj[expert]).split(self.intermediate_size, -1)
+            gate, up = kernels.project(routed[rows], self.gate_up_proj[expert]).split(
+                self.intermediate_size, -1
+            )
             torch.mm(F.silu(gate).mul_(up), self.down_proj[expert].t(), out=out[rows])
             start += count
         out.mul_(weights.flatten()[order, None].to(out.dtype))
@@ -106,8 +120,11 @@ class MoE(nn.Module):
         super().__init__()
         self.router = Router(spec, hidden_size)
         self.experts = Experts(spec.num_experts, hidden_size, spec.intermediate_size, dtype)
-        self.shared = (SwiGLUMLP(hidden_size, spec.intermediate_size * spec.num_shared_experts, dtype)
-                       if spec.num_shared_experts else None)
+        self.shared = (
+            SwiGLUMLP(hidden_size, spec.intermediate_size * spec.num_shared_experts, dtype)
+            if spec.num_shared_experts
+            else None
+        )
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]

@@ -4,13 +4,41 @@ how checkpoint tensors become parameters. The runtime's models and the simulator
 from wavepp.models.spec.attention import AttentionSpec, GQASpec, IndexSpec, KDASpec, MLASpec
 from wavepp.models.spec.mlp import DenseMLPSpec, MLPSpec, MoESpec
 from wavepp.models.spec.model import LayerSpec, ModelSpec, StageSpec, split_layers, stage_specs
-from wavepp.models.spec.page_layout import BOOKKEEPING_BLOCKS, CachePool, PageLayout, StatePool, page_layout
+from wavepp.models.spec.page_layout import (
+    BOOKKEEPING_BLOCKS,
+    CachePool,
+    PageLayout,
+    StatePool,
+    page_layout,
+)
 from wavepp.models.spec.rope import Llama3RopeScaling, RopeSpec, YarnScaling, rope_parameters
 from wavepp.models.spec.weights import EMBED, LM_HEAD, MlpNames, Param
 
 __all__ = [
-    "AttentionSpec", "BOOKKEEPING_BLOCKS", "CachePool", "DenseMLPSpec", "EMBED", "GQASpec", "IndexSpec",
-    "KDASpec", "LM_HEAD", "LayerSpec", "Llama3RopeScaling", "MLASpec", "MLPSpec", "MlpNames", "ModelSpec",
-    "MoESpec", "PageLayout", "Param", "RopeSpec", "StageSpec", "StatePool", "YarnScaling",
-    "page_layout", "rope_parameters", "split_layers", "stage_specs",
+    "AttentionSpec",
+    "BOOKKEEPING_BLOCKS",
+    "CachePool",
+    "DenseMLPSpec",
+    "EMBED",
+    "GQASpec",
+    "IndexSpec",
+    "KDASpec",
+    "LM_HEAD",
+    "LayerSpec",
+    "Llama3RopeScaling",
+    "MLASpec",
+    "MLPSpec",
+    "MlpNames",
+    "ModelSpec",
+    "MoESpec",
+    "PageLayout",
+    "Param",
+    "RopeSpec",
+    "StageSpec",
+    "StatePool",
+    "YarnScaling",
+    "page_layout",
+    "rope_parameters",
+    "split_layers",
+    "stage_specs",
 ]

@@ -49,9 +49,13 @@ class GQASpec:
     def __post_init__(self) -> None:
         _positive(self, "num_heads", "num_kv_heads", "head_dim")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if not 0 < self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
-            raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
+            raise ValueError(
+                f"rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]"
+            )
         if self.qk_norm not in ("none", "head", "projection"):
             raise ValueError(f"GQASpec.qk_norm {self.qk_norm!r} is not none, head or projection")
 
@@ -71,16 +75,28 @@ class GQASpec:
 
     def params(self, hf: str, ours: str, hidden: int) -> list[Param]:
         q, kv = self.q_size, self.kv_size
-        params = [cat(ours + "qkv_proj", [(f"{hf}{x}_proj.weight", (n, hidden)) for x, n in zip("qkv", (q, kv, kv))]),
-                  one(ours + "o_proj", hf + "o_proj.weight", (hidden, q))]
+        params = [
+            cat(
+                ours + "qkv_proj",
+                [(f"{hf}{x}_proj.weight", (n, hidden)) for x, n in zip("qkv", (q, kv, kv))],
+            ),
+            one(ours + "o_proj", hf + "o_proj.weight", (hidden, q)),
+        ]
         if self.qkv_bias:
-            params.append(cat(ours + "qkv_bias", [(f"{hf}{x}_proj.bias", (n,)) for x, n in zip("qkv", (q, kv, kv))]))
+            params.append(
+                cat(
+                    ours + "qkv_bias",
+                    [(f"{hf}{x}_proj.bias", (n,)) for x, n in zip("qkv", (q, kv, kv))],
+                )
+            )
         if self.o_bias:
             params.append(one(ours + "o_bias", hf + "o_proj.bias", (hidden,)))
         if self.qk_norm != "none":
             widths = (self.head_dim, self.head_dim) if self.qk_norm == "head" else (q, kv)
-            params += [one(ours + "q_norm.weight", hf + "q_norm.weight", (widths[0],)),
-                       one(ours + "k_norm.weight", hf + "k_norm.weight", (widths[1],))]
+            params += [
+                one(ours + "q_norm.weight", hf + "q_norm.weight", (widths[0],)),
+                one(ours + "k_norm.weight", hf + "k_norm.weight", (widths[1],)),
+            ]
         return params
 
 
@@ -117,7 +133,9 @@ class MLASpec:
     kind = "mla"
 
     def __post_init__(self) -> None:
-        _positive(self, "num_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        _positive(
+            self, "num_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"
+        )
         if self.runs_indexer and not self.q_lora_rank:
             raise ValueError("the DSA indexer reads the q LoRA residual: q_lora_rank must be > 0")
         if self.runs_indexer and not self.qk_rope_head_dim <= self.index.head_dim:
@@ -146,25 +164,48 @@ class MLASpec:
 
     def params(self, hf: str, ours: str, hidden: int) -> list[Param]:
         heads = self.num_heads
-        params = [one(ours + "kv_a_proj", hf + "kv_a_proj_with_mqa.weight",
-                      (self.kv_lora_rank + self.qk_rope_head_dim, hidden)),
-                  one(ours + "kv_a_norm.weight", hf + "kv_a_layernorm.weight", (self.kv_lora_rank,)),
-                  one(ours + "kv_b_proj", hf + "kv_b_proj.weight",
-                      (heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank)),
-                  one(ours + "o_proj", hf + "o_proj.weight", (hidden, heads * self.v_head_dim))]
+        params = [
+            one(
+                ours + "kv_a_proj",
+                hf + "kv_a_proj_with_mqa.weight",
+                (self.kv_lora_rank + self.qk_rope_head_dim, hidden),
+            ),
+            one(ours + "kv_a_norm.weight", hf + "kv_a_layernorm.weight", (self.kv_lora_rank,)),
+            one(
+                ours + "kv_b_proj",
+                hf + "kv_b_proj.weight",
+                (heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank),
+            ),
+            one(ours + "o_proj", hf + "o_proj.weight", (hidden, heads * self.v_head_dim)),
+        ]
         if self.q_lora_rank:
-            params += [one(ours + "q_a_proj", hf + "q_a_proj.weight", (self.q_lora_rank, hidden)),
-                       one(ours + "q_a_norm.weight", hf + "q_a_layernorm.weight", (self.q_lora_rank,)),
-                       one(ours + "q_b_proj", hf + "q_b_proj.weight", (heads * self.qk_head_dim, self.q_lora_rank))]
+            params += [
+                one(ours + "q_a_proj", hf + "q_a_proj.weight", (self.q_lora_rank, hidden)),
+                one(ours + "q_a_norm.weight", hf + "q_a_layernorm.weight", (self.q_lora_rank,)),
+                one(
+                    ours + "q_b_proj",
+                    hf + "q_b_proj.weight",
+                    (heads * self.qk_head_dim, self.q_lora_rank),
+                ),
+            ]
         else:
-            params.append(one(ours + "q_proj", hf + "q_proj.weight", (heads * self.qk_head_dim, hidden)))
+            params.append(
+                one(ours + "q_proj", hf + "q_proj.weight", (heads * self.qk_head_dim, hidden))
+            )
         if self.runs_indexer:
             i, o, dim = hf + "indexer.", ours + "indexer.", self.index.head_dim
-            params += [one(o + "wq_b", i + "wq_b.weight", (self.index.num_heads * dim, self.q_lora_rank)),
-                       one(o + "wk", i + "wk.weight", (dim, hidden)),
-                       one(o + "k_norm_weight", i + "k_norm.weight", (dim,)),
-                       one(o + "k_norm_bias", i + "k_norm.bias", (dim,)),
-                       one(o + "weights_proj", i + "weights_proj.weight", (self.index.num_heads, hidden), fp32=True)]
+            params += [
+                one(o + "wq_b", i + "wq_b.weight", (self.index.num_heads * dim, self.q_lora_rank)),
+                one(o + "wk", i + "wk.weight", (dim, hidden)),
+                one(o + "k_norm_weight", i + "k_norm.weight", (dim,)),
+                one(o + "k_norm_bias", i + "k_norm.bias", (dim,)),
+                one(
+                    o + "weights_proj",
+                    i + "weights_proj.weight",
+                    (self.index.num_heads, hidden),
+                    fp32=True,
+                ),
+            ]
         return params
 
 
@@ -192,21 +233,36 @@ class KDASpec:
 
     def state_pools(self) -> tuple[tuple[str, int, bool], ...]:
         """(name, elements, fp32) of one snapshot of this layer."""
-        return (("recurrent", self.num_heads * self.head_dim ** 2, True),
-                ("conv", (self.conv_kernel - 1) * 3 * self.qkv_size, False))
+        return (
+            ("recurrent", self.num_heads * self.head_dim**2, True),
+            ("conv", (self.conv_kernel - 1) * 3 * self.qkv_size, False),
+        )
 
     def params(self, hf: str, ours: str, hidden: int) -> list[Param]:
         heads, d, qkv = self.num_heads, self.head_dim, self.qkv_size
-        params = [cat(ours + "qkv_proj", [(f"{hf}{x}_proj.weight", (qkv, hidden)) for x in "qkv"]),
-                  # conv_weight: [3 * qkv, taps], channels in q | k | v order as qkv_proj's rows
-                  Param(ours + "conv_weight", tuple((f"{hf}{x}_conv1d.weight", (qkv, 1, self.conv_kernel))
-                                                    for x in "qkv"), "conv"),
-                  Param(ours + "A_log", ((hf + "A_log", (1, 1, heads, 1)),), "flatten"),
-                  one(ours + "dt_bias", hf + "dt_bias", (qkv,), fp32=True),
-                  one(ours + "o_norm_weight", hf + "o_norm.weight", (d,))]
-        shapes = {"f_a_proj": (d, hidden), "f_b_proj": (qkv, d), "b_proj": (heads, hidden),
-                  "g_a_proj": (d, hidden), "g_b_proj": (qkv, d), "o_proj": (hidden, qkv)}
-        return params + [one(ours + name, f"{hf}{name}.weight", shape) for name, shape in shapes.items()]
+        params = [
+            cat(ours + "qkv_proj", [(f"{hf}{x}_proj.weight", (qkv, hidden)) for x in "qkv"]),
+            # conv_weight: [3 * qkv, taps], channels in q | k | v order as qkv_proj's rows
+            Param(
+                ours + "conv_weight",
+                tuple((f"{hf}{x}_conv1d.weight", (qkv, 1, self.conv_kernel)) for x in "qkv"),
+                "conv",
+            ),
+            Param(ours + "A_log", ((hf + "A_log", (1, 1, heads, 1)),), "flatten"),
+            one(ours + "dt_bias", hf + "dt_bias", (qkv,), fp32=True),
+            one(ours + "o_norm_weight", hf + "o_norm.weight", (d,)),
+        ]
+        shapes = {
+            "f_a_proj": (d, hidden),
+            "f_b_proj": (qkv, d),
+            "b_proj": (heads, hidden),
+            "g_a_proj": (d, hidden),
+            "g_b_proj": (qkv, d),
+            "o_proj": (hidden, qkv),
+        }
+        return params + [
+            one(ours + name, f"{hf}{name}.weight", shape) for name, shape in shapes.items()
+        ]
 
 
 AttentionSpec = GQASpec | MLASpec | KDASpec

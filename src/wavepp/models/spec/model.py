@@ -13,8 +13,8 @@ stage also owns the token embedding, the last the final norm and the LM head.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 from functools import cached_property
+from typing import Sequence
 
 from wavepp.models.spec.attention import AttentionSpec
 from wavepp.models.spec.mlp import MLPSpec
@@ -42,7 +42,7 @@ class ModelSpec:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    mlp_names: MlpNames = MlpNames()      # what its checkpoints call the MLP parts
+    mlp_names: MlpNames = MlpNames()  # what its checkpoints call the MLP parts
 
     @cached_property
     def layers(self) -> tuple[LayerSpec, ...]:
@@ -67,7 +67,9 @@ class ModelSpec:
     @property
     def runs_on_cuda(self) -> bool:
         """The CUDA path covers GQA attention with dense MLPs (the Llama family)."""
-        return all(layer.attention.kind == "gqa" and layer.mlp.kind == "dense" for layer in self.layers)
+        return all(
+            layer.attention.kind == "gqa" and layer.mlp.kind == "dense" for layer in self.layers
+        )
 
     def reuses_topk(self, index: int) -> bool:
         """Layer `index` attends over the previous layer's DSA selection (False past the end)."""
@@ -76,12 +78,23 @@ class ModelSpec:
     def stage_params(self, stage: StageSpec) -> list[Param]:
         """Every parameter of the slice `stage` and the checkpoint tensors it is made of."""
         hidden = self.hidden_size
-        params = embed_and_head(self.vocab_size, hidden, first=stage.is_first, last=stage.is_last,
-                                tied=self.tie_word_embeddings)
+        params = embed_and_head(
+            self.vocab_size,
+            hidden,
+            first=stage.is_first,
+            last=stage.is_last,
+            tied=self.tie_word_embeddings,
+        )
         for j, index in enumerate(range(stage.start_layer, stage.end_layer)):
             hf, ours, layer = f"model.layers.{index}.", f"layers.{j}.", self.layers[index]
-            params += [one(ours + "input_norm.weight", hf + "input_layernorm.weight", (hidden,)),
-                       one(ours + "post_attn_norm.weight", hf + "post_attention_layernorm.weight", (hidden,))]
+            params += [
+                one(ours + "input_norm.weight", hf + "input_layernorm.weight", (hidden,)),
+                one(
+                    ours + "post_attn_norm.weight",
+                    hf + "post_attention_layernorm.weight",
+                    (hidden,),
+                ),
+            ]
             params += layer.attention.params(hf + "self_attn.", ours + "attn.", hidden)
             params += layer.mlp.params(hf, ours + "mlp.", hidden, self.mlp_names)
         return params
@@ -97,9 +110,11 @@ class StageSpec:
 
     def __post_init__(self) -> None:
         if not 0 <= self.start_layer < self.end_layer <= self.num_layers:
-            raise ValueError(f"stage layer range [{self.start_layer}, {self.end_layer}) is outside "
-                             f"the model's {self.num_layers} layers (need 0 <= start < end <= "
-                             f"{self.num_layers})")
+            raise ValueError(
+                f"stage layer range [{self.start_layer}, {self.end_layer}) is outside "
+                f"the model's {self.num_layers} layers (need 0 <= start < end <= "
+                f"{self.num_layers})"
+            )
 
     @property
     def is_first(self) -> bool:
@@ -120,19 +135,25 @@ class StageSpec:
         return cls(0, num_layers, num_layers)
 
 
-def split_layers(num_layers: int, num_stages: int, sizes: Sequence[int] = ()) -> list[tuple[int, int]]:
+def split_layers(
+    num_layers: int, num_stages: int, sizes: Sequence[int] = ()
+) -> list[tuple[int, int]]:
     """Contiguous split. Default: balanced, stage sizes differ by at most one, the larger ones
     first (the last stage also runs the final norm and LM head). `sizes`: each stage's layer
     count, in order (vLLM's VLLM_PP_LAYER_PARTITION): for a stage that carries more than its
     layers (rank 0 also runs the leader), fewer layers there balance the pipeline."""
     if num_stages < 1 or num_stages > num_layers:
-        raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages "
-                         f"(need 1 <= num_stages <= {num_layers})")
+        raise ValueError(
+            f"cannot split {num_layers} layers into {num_stages} stages "
+            f"(need 1 <= num_stages <= {num_layers})"
+        )
     if sizes:
         sizes = [int(n) for n in sizes]
         if len(sizes) != num_stages or min(sizes) < 1 or sum(sizes) != num_layers:
-            raise ValueError(f"layer split {sizes} must give each of the {num_stages} stages at least one "
-                             f"layer and sum to the model's {num_layers} layers")
+            raise ValueError(
+                f"layer split {sizes} must give each of the {num_stages} stages at least one "
+                f"layer and sum to the model's {num_layers} layers"
+            )
         starts = [sum(sizes[:i]) for i in range(num_stages)]
         return [(start, start + n) for start, n in zip(starts, sizes)]
     base, extra = divmod(num_layers, num_stages)
@@ -145,4 +166,7 @@ def split_layers(num_layers: int, num_stages: int, sizes: Sequence[int] = ()) ->
 
 
 def stage_specs(num_layers: int, num_stages: int, sizes: Sequence[int] = ()) -> list[StageSpec]:
-    return [StageSpec(start, end, num_layers) for start, end in split_layers(num_layers, num_stages, sizes)]
+    return [
+        StageSpec(start, end, num_layers)
+        for start, end in split_layers(num_layers, num_stages, sizes)
+    ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BOOKKEEPING_BLOCKS = 1 << 12   # blocks of a stage whose layers keep no per-token rows
+BOOKKEEPING_BLOCKS = 1 << 12  # blocks of a stage whose layers keep no per-token rows
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,12 @@ class PageLayout:
 
     def bytes_per_snapshot(self, start_layer: int, end_layer: int, dtype_bytes: int) -> int:
         """Bytes of one state snapshot over the layers [start_layer, end_layer) of a stage."""
-        return sum(s.elements * s.element_bytes(dtype_bytes)
-                   for s in self.states for i in s.layers if start_layer <= i < end_layer)
+        return sum(
+            s.elements * s.element_bytes(dtype_bytes)
+            for s in self.states
+            for i in s.layers
+            if start_layer <= i < end_layer
+        )
 
     def pool(self, name: str) -> CachePool:
         for pool in self.pools:
@@ -81,15 +85,20 @@ class PageLayout:
     def bytes_per_token(self, layer: int, dtype_bytes: int) -> int:
         return self.elements_per_token(layer) * dtype_bytes
 
-    def bytes_per_block(self, start_layer: int, end_layer: int, block_size: int, dtype_bytes: int) -> int:
+    def bytes_per_block(
+        self, start_layer: int, end_layer: int, block_size: int, dtype_bytes: int
+    ) -> int:
         """Bytes of one block over the layers [start_layer, end_layer) of a stage."""
-        return block_size * sum(self.bytes_per_token(i, dtype_bytes) for i in range(start_layer, end_layer))
+        return block_size * sum(
+            self.bytes_per_token(i, dtype_bytes) for i in range(start_layer, end_layer)
+        )
 
-    def num_blocks(self, budget_bytes: int, start_layer: int, end_layer: int, block_size: int,
-                   dtype_bytes: int) -> int:
+    def num_blocks(
+        self, budget_bytes: int, start_layer: int, end_layer: int, block_size: int, dtype_bytes: int
+    ) -> int:
         """Blocks a stage owning [start_layer, end_layer) can hold in `budget_bytes` (at least 1)."""
         per_block = self.bytes_per_block(start_layer, end_layer, block_size, dtype_bytes)
-        if per_block == 0:   # a stage of linear-attention layers only: its blocks are bookkeeping
+        if per_block == 0:  # a stage of linear-attention layers only: its blocks are bookkeeping
             return BOOKKEEPING_BLOCKS
         return max(1, int(budget_bytes) // per_block)
 
@@ -104,7 +113,11 @@ def page_layout(spec) -> PageLayout:
             pools.setdefault((name, width), []).append(index)
         for name, elements, fp32 in layer.attention.state_pools():
             states.setdefault((name, elements, fp32), []).append(index)
-    return PageLayout(spec.architecture,
-                      tuple(CachePool(name, width, tuple(layers)) for (name, width), layers in pools.items()),
-                      tuple(StatePool(name, elements, tuple(layers), fp32)
-                            for (name, elements, fp32), layers in states.items()))
+    return PageLayout(
+        spec.architecture,
+        tuple(CachePool(name, width, tuple(layers)) for (name, width), layers in pools.items()),
+        tuple(
+            StatePool(name, elements, tuple(layers), fp32)
+            for (name, elements, fp32), layers in states.items()
+        ),
+    )

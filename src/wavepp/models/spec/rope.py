@@ -27,7 +27,9 @@ class Llama3RopeScaling:
         if self.factor <= 0 or self.low_freq_factor <= 0:
             raise ValueError(f"llama3 rope scaling needs positive factors, got {self}")
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {self}")
+            raise ValueError(
+                f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {self}"
+            )
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,10 @@ class YarnScaling:
 
     def __post_init__(self) -> None:
         if self.factor <= 0 or self.original_max_position_embeddings <= 0:
-            raise ValueError(f"yarn rope scaling needs factor > 0 and original_max_position_embeddings > 0, "
-                             f"got {self}")
+            raise ValueError(
+                f"yarn rope scaling needs factor > 0 and original_max_position_embeddings > 0, "
+                f"got {self}"
+            )
 
     @staticmethod
     def _mscale(scale: float, mscale: float = 1.0) -> float:
@@ -60,7 +64,9 @@ class YarnScaling:
         if self.attention_factor is not None:
             return self.attention_factor
         if self.mscale and self.mscale_all_dim:
-            return self._mscale(self.factor, self.mscale) / self._mscale(self.factor, self.mscale_all_dim)
+            return self._mscale(self.factor, self.mscale) / self._mscale(
+                self.factor, self.mscale_all_dim
+            )
         return self._mscale(self.factor)
 
     @property
@@ -87,10 +93,14 @@ class RopeSpec:
         if self.dim <= 0 or self.dim % 2:
             raise ValueError(f"RopeSpec.dim={self.dim} must be even and positive")
         if not self.theta > 0 or self.max_positions <= 0:
-            raise ValueError(f"RopeSpec needs theta > 0 and max_positions > 0, got {self.theta}, {self.max_positions}")
+            raise ValueError(
+                f"RopeSpec needs theta > 0 and max_positions > 0, got {self.theta}, {self.max_positions}"
+            )
 
 
-def rope_parameters(hf: dict, model_type: str, supported: tuple[str, ...]) -> tuple[float, RopeScaling | None]:
+def rope_parameters(
+    hf: dict, model_type: str, supported: tuple[str, ...]
+) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) of an HF config.json dict. transformers 5 writes rope_parameters
     {rope_type, rope_theta, ...}; older configs carry rope_theta at the top level and an
     optional rope_scaling dict. Raises ValueError naming a rope_type outside `supported`."""
@@ -99,19 +109,28 @@ def rope_parameters(hf: dict, model_type: str, supported: tuple[str, ...]) -> tu
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in supported:
-        raise ValueError(f"rope_type {rope_type!r} is not supported for {model_type}; supported: "
-                         + ", ".join(repr(s) for s in supported))
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported for {model_type}; supported: "
+            + ", ".join(repr(s) for s in supported)
+        )
     if rope_type == "llama3":
         return theta, Llama3RopeScaling(
-            factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
             high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
     if rope_type == "yarn":
         original = int(params["original_max_position_embeddings"])
         factor = params.get("factor") or hf["max_position_embeddings"] / original
         return theta, YarnScaling(
-            factor=float(factor), original_max_position_embeddings=original,
-            beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-            mscale=float(params.get("mscale") or 0), mscale_all_dim=float(params.get("mscale_all_dim") or 0),
-            attention_factor=params.get("attention_factor"), truncate=bool(params.get("truncate", True)))
+            factor=float(factor),
+            original_max_position_embeddings=original,
+            beta_fast=float(params.get("beta_fast") or 32),
+            beta_slow=float(params.get("beta_slow") or 1),
+            mscale=float(params.get("mscale") or 0),
+            mscale_all_dim=float(params.get("mscale_all_dim") or 0),
+            attention_factor=params.get("attention_factor"),
+            truncate=bool(params.get("truncate", True)),
+        )
     return theta, None

@@ -28,11 +28,11 @@ FINAL_NORM = "model.norm.weight"
 
 @dataclass(frozen=True)
 class Param:
-    target: str                                       # the stage model's state-dict name
+    target: str  # the stage model's state-dict name
     sources: tuple[tuple[str, tuple[int, ...]], ...]  # (HF tensor name, expected shape), in order
     combine: str = "one"
     fp32: bool = False
-    fallback: str | None = None                       # read this tensor where the source is absent
+    fallback: str | None = None  # read this tensor where the source is absent
 
     def __post_init__(self) -> None:
         if self.combine not in COMBINES:
@@ -45,11 +45,11 @@ class Param:
 class MlpNames:
     """What a family's checkpoints call the parts of a layer's MLP, under model.layers.{i}.
 
-        dense_block.{gate, up, down}_proj            a dense SwiGLU
-        moe_block.gate.weight                        the router
-        moe_block.{router_bias}                      its score-correction bias (None: no bias)
-        moe_block.experts.{e}.{expert[0..2]}         routed experts (gate, up, down)
-        moe_block.shared_experts.{gate, up, down}_proj
+    dense_block.{gate, up, down}_proj            a dense SwiGLU
+    moe_block.gate.weight                        the router
+    moe_block.{router_bias}                      its score-correction bias (None: no bias)
+    moe_block.experts.{e}.{expert[0..2]}         routed experts (gate, up, down)
+    moe_block.shared_experts.{gate, up, down}_proj
     """
 
     dense_block: str = "mlp"
@@ -66,20 +66,36 @@ def cat(target: str, sources: list[tuple[str, tuple[int, ...]]]) -> Param:
     return Param(target, tuple(sources), "cat")
 
 
-def swiglu(target: str, prefix: str, hidden: int, inter: int,
-           names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> list[Param]:
+def swiglu(
+    target: str,
+    prefix: str,
+    hidden: int,
+    inter: int,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+) -> list[Param]:
     """A SwiGLU's two params: gate | up fused, and down."""
     gate, up, down = names
-    return [cat(f"{target}gate_up_proj", [(f"{prefix}{gate}.weight", (inter, hidden)),
-                                          (f"{prefix}{up}.weight", (inter, hidden))]),
-            one(f"{target}down_proj", f"{prefix}{down}.weight", (hidden, inter))]
+    return [
+        cat(
+            f"{target}gate_up_proj",
+            [
+                (f"{prefix}{gate}.weight", (inter, hidden)),
+                (f"{prefix}{up}.weight", (inter, hidden)),
+            ],
+        ),
+        one(f"{target}down_proj", f"{prefix}{down}.weight", (hidden, inter)),
+    ]
 
 
-def embed_and_head(vocab_size: int, hidden: int, *, first: bool, last: bool, tied: bool) -> list[Param]:
+def embed_and_head(
+    vocab_size: int, hidden: int, *, first: bool, last: bool, tied: bool
+) -> list[Param]:
     """The first stage's embedding; the last stage's final norm and LM head (a tied head reads
     the embedding where the checkpoint has no lm_head.weight)."""
     params = [one("embed", EMBED, (vocab_size, hidden))] if first else []
     if last:
         params.append(one("norm.weight", FINAL_NORM, (hidden,)))
-        params.append(Param("lm_head", ((LM_HEAD, (vocab_size, hidden)),), fallback=EMBED if tied else None))
+        params.append(
+            Param("lm_head", ((LM_HEAD, (vocab_size, hidden)),), fallback=EMBED if tied else None)
+        )
     return params

@@ -25,8 +25,16 @@ from typing import Callable
 from wavepp.sched.planners.balanced import BalancedPlanner
 from wavepp.sched.planners.balanced_rules import ALL_RULES, BalancedRules
 from wavepp.sched.planners.base import (
-    MPU_PAPER_TOKENS, NOTHING_ADMITTING, Admitting, Planner, PlannerConfig, align_down, chunk_of,
-    first_tokens, pack_tokens)
+    MPU_PAPER_TOKENS,
+    NOTHING_ADMITTING,
+    Admitting,
+    Planner,
+    PlannerConfig,
+    align_down,
+    chunk_of,
+    first_tokens,
+    pack_tokens,
+)
 from wavepp.sched.planners.dynamic import DynamicChunkPlanner
 from wavepp.sched.planners.mpu import MpuPlanner, budget_ladder
 from wavepp.sched.planners.snapshot_align import align_chunk_ends
@@ -49,7 +57,23 @@ def make_planner(name: str, config: PlannerConfig, **kwargs) -> Planner:
 
 
 __all__ = [
-    "PLANNERS", "make_planner", "Planner", "PlannerConfig", "Admitting", "NOTHING_ADMITTING",
-    "MPU_PAPER_TOKENS", "StaticPlanner", "MpuPlanner", "BalancedPlanner", "BalancedRules", "ALL_RULES", "DynamicChunkPlanner",
-    "budget_ladder", "align_down", "chunk_of", "first_tokens", "pack_tokens", "align_chunk_ends",
+    "PLANNERS",
+    "make_planner",
+    "Planner",
+    "PlannerConfig",
+    "Admitting",
+    "NOTHING_ADMITTING",
+    "MPU_PAPER_TOKENS",
+    "StaticPlanner",
+    "MpuPlanner",
+    "BalancedPlanner",
+    "BalancedRules",
+    "ALL_RULES",
+    "DynamicChunkPlanner",
+    "budget_ladder",
+    "align_down",
+    "chunk_of",
+    "first_tokens",
+    "pack_tokens",
+    "align_chunk_ends",
 ]

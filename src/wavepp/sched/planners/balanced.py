@@ -9,7 +9,12 @@ from wavepp.sched.cost_model import CostModel
 from wavepp.sched.messages import Chunk
 from wavepp.sched.planners.balanced_rules import ALL_RULES, BalancedRules
 from wavepp.sched.planners.base import (
-    NOTHING_ADMITTING, Admitting, PlannerConfig, chunk_of, first_tokens)
+    NOTHING_ADMITTING,
+    Admitting,
+    PlannerConfig,
+    chunk_of,
+    first_tokens,
+)
 from wavepp.sched.planners.snapshot_align import align_chunk_ends
 from wavepp.sched.request import Request
 
@@ -107,11 +112,18 @@ class BalancedPlanner:
     of the busy period; waves in flight are the ones whose chunks have not all completed (the
     leader advances `num_computed_tokens` and finishes requests as waves come back).
     """
+
     name = "balanced"
 
-    def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
-                 target_waves: int | None = None, overhead_frac: float = 0.03,
-                 tail_frac: float = 0.125, rules: BalancedRules = ALL_RULES):
+    def __init__(
+        self,
+        config: PlannerConfig,
+        cost_model: CostModel | None = None,
+        target_waves: int | None = None,
+        overhead_frac: float = 0.03,
+        tail_frac: float = 0.125,
+        rules: BalancedRules = ALL_RULES,
+    ):
         self.config = config
         self.rules = rules
         self.tail_frac = tail_frac
@@ -145,10 +157,14 @@ class BalancedPlanner:
         self._retire()
         return sum(t for t, _ in self._in_flight)
 
-    def target_time(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> float:
+    def target_time(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> float:
         """The next wave's predicted time T (the rules of the class docstring)."""
         cost, cfg, rules = self.cost, self.config, self.rules
-        work = sum(cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests)
+        work = sum(
+            cost.chunk_time(r.num_scheduled_tokens, r.num_unscheduled_tokens) for r in requests
+        )
         # requests in admission are work of the next round: without them, the first request
         # admitted would spread over S thin waves while the rest of its burst is being admitted
         if rules.count_admitting:
@@ -157,12 +173,16 @@ class BalancedPlanner:
         spread = cost.coef.c_wave + (work + flight) / self.target_waves
         mean_prefix = sum(r.num_scheduled_tokens for r in requests) / max(1, len(requests))
         lo = cost.wave_time([(0, cfg.min_wave_tokens)]) if rules.min_wave_floor else 0.0
-        if cfg.fill_waves:       # the token cap binds once the share exceeds a full wave
+        if cfg.fill_waves:  # the token cap binds once the share exceeds a full wave
             return max(spread, lo)
         # the M tokens at hand, packed first come first served (the wave a fixed M-token budget
         # sends): after long prefixes a token costs more (attention), and each chunk pays its
         # fixed costs, so a cap of one M-token chunk cut waves of many short chunks below M
-        hi = cost.wave_time(first_tokens(requests, cfg.max_wave_tokens)) if rules.first_tokens_cap else math.inf
+        hi = (
+            cost.wave_time(first_tokens(requests, cfg.max_wave_tokens))
+            if rules.first_tokens_cap
+            else math.inf
+        )
         # fixed costs of a wave: its own, and per chunk the overhead plus reading the cached
         # prefix (g*L: large after long prefixes, e.g. MLA re-expansion), paid again per chunk
         fixed = cost.coef.c_wave + cost.coef.c0 + cost.coef.g * mean_prefix
@@ -196,19 +216,28 @@ class BalancedPlanner:
                 return False
             pending = sum(cost.chunk_time(cached, new) for cached, new in coming)
         work = sum(cost.chunk_time(L, x) for L, x in rests)
-        return work < self.config.hold_frac * (work + pending + self.in_flight_work()) / self.target_waves
+        return (
+            work
+            < self.config.hold_frac * (work + pending + self.in_flight_work()) / self.target_waves
+        )
 
-    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
+    def plan(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> list[Chunk]:
         cfg, cost, rules = self.config, self.cost, self.rules
         if self.num_in_flight == 0:
-            self._longest_s = 0.0    # the pipeline drained: a new busy period
-        if rules.cold_first and cfg.fill_waves and self.num_in_flight < self.target_waves and \
-                all(r.num_cached_tokens == 0 for r in requests):
+            self._longest_s = 0.0  # the pipeline drained: a new busy period
+        if (
+            rules.cold_first
+            and cfg.fill_waves
+            and self.num_in_flight < self.target_waves
+            and all(r.num_cached_tokens == 0 for r in requests)
+        ):
             # the pipeline is filling with cold prompts only: the ones with nothing sent yet go
             # first (a filled wave of chunks from an empty prefix is the cheapest one, so the
             # stages downstream start sooner); the rest keep their order behind them
             requests = sorted(requests, key=lambda r: r.num_scheduled_tokens > 0)
-        if self.holds(requests, admitting):   # a wave or the round brings more
+        if self.holds(requests, admitting):  # a wave or the round brings more
             return []
         left = self.target_time(requests, admitting) - cost.coef.c_wave
         token_cap = self.wave_tokens(requests)
@@ -227,22 +256,30 @@ class BalancedPlanner:
             if cost.chunk_time(L, x) > left * (1 + 1e-9):
                 x = cost.max_chunk_tokens(L, left)
                 if rules.tail_whole and need <= token_cap and need - x <= self.tail_frac * need:
-                    x = need    # a short rest would pay a chunk's fixed costs in a later wave
+                    x = need  # a short rest would pay a chunk's fixed costs in a later wave
             chunk = chunk_of(req, x, cfg.block_size)
             if chunk is None:
                 continue
             chunks.append(chunk)
             left -= cost.chunk_time(L, chunk.num_tokens)
             token_cap -= chunk.num_tokens
-        if rules.never_stall and not chunks and requests:   # never stall: at least one block of the first request
+        if (
+            rules.never_stall and not chunks and requests
+        ):  # never stall: at least one block of the first request
             chunk = chunk_of(requests[0], cfg.block_size, cfg.block_size)
             chunks = [chunk] if chunk else []
         chunks = align_chunk_ends(chunks, requests, cfg, max(0, token_cap))
         if chunks:
-            self._longest_s = max(self._longest_s, cost.wave_time([(c.start, c.num_tokens) for c in chunks]))
+            self._longest_s = max(
+                self._longest_s, cost.wave_time([(c.start, c.num_tokens) for c in chunks])
+            )
             by_id = {r.request_id: r for r in requests}
-            self._in_flight.append((sum(cost.chunk_time(c.start, c.num_tokens) for c in chunks),
-                                    tuple((by_id[c.request_id], c.end) for c in chunks)))
+            self._in_flight.append(
+                (
+                    sum(cost.chunk_time(c.start, c.num_tokens) for c in chunks),
+                    tuple((by_id[c.request_id], c.end) for c in chunks),
+                )
+            )
         return chunks
 
     def observe(self, chunks, seconds: float) -> None:
@@ -250,5 +287,8 @@ class BalancedPlanner:
 
     def _retire(self) -> None:
         """Forget waves whose chunks have all come back (or whose requests ended)."""
-        self._in_flight = [w for w in self._in_flight
-                           if any(not r.state.finished and r.num_computed_tokens < end for r, end in w[1])]
+        self._in_flight = [
+            w
+            for w in self._in_flight
+            if any(not r.state.finished and r.num_computed_tokens < end for r, end in w[1])
+        ]

@@ -33,8 +33,8 @@ class PlannerConfig:
     # M: the largest wave (mpu, balanced). On the 2-core CPU runtime, waves past ~512 tokens
     # bought no efficiency and cost pipeline fill and drain (measured with `wavepp bench`).
     max_wave_tokens: int = 512
-    min_wave_tokens: int = 64       # b_min: the smallest (mpu, balanced)
-    static_wave_tokens: int = 512   # the static planner's budget
+    min_wave_tokens: int = 64  # b_min: the smallest (mpu, balanced)
+    static_wave_tokens: int = 512  # the static planner's budget
     max_chunks_per_wave: int = 256
     # the mpu planner's M and b_min; None: max_wave_tokens and min_wave_tokens. The paper runs
     # microbatch 16,384 and b_min 8,192 (MPU_PAPER_TOKENS); scaled to this CPU's 512-token
@@ -60,33 +60,55 @@ class PlannerConfig:
     snapshot_align_frac: float = 0.125
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_stages", "max_wave_tokens", "min_wave_tokens",
-                     "static_wave_tokens", "max_chunks_per_wave"):
+        for name in (
+            "block_size",
+            "num_stages",
+            "max_wave_tokens",
+            "min_wave_tokens",
+            "static_wave_tokens",
+            "max_chunks_per_wave",
+        ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"PlannerConfig.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(
+                    f"PlannerConfig.{name} must be positive, got {getattr(self, name)}"
+                )
         if self.min_wave_tokens > self.max_wave_tokens:
-            raise ValueError(f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
-                             f"max_wave_tokens={self.max_wave_tokens}")
+            raise ValueError(
+                f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
+                f"max_wave_tokens={self.max_wave_tokens}"
+            )
         if self.deep_queue_waves < 0:
-            raise ValueError(f"PlannerConfig.deep_queue_waves must be >= 0, got {self.deep_queue_waves}")
+            raise ValueError(
+                f"PlannerConfig.deep_queue_waves must be >= 0, got {self.deep_queue_waves}"
+            )
         if self.snapshot_interval_blocks < 0:
-            raise ValueError(f"PlannerConfig.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}")
+            raise ValueError(
+                f"PlannerConfig.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}"
+            )
         if not 0 <= self.snapshot_align_frac < 1:
-            raise ValueError(f"PlannerConfig.snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}")
+            raise ValueError(
+                f"PlannerConfig.snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}"
+            )
         if not 0 <= self.hold_frac < 1:
             raise ValueError(f"PlannerConfig.hold_frac must be in [0, 1), got {self.hold_frac}")
         for name in ("mpu_microbatch_tokens", "mpu_min_tokens"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"PlannerConfig.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(
+                    f"PlannerConfig.{name} must be positive, got {getattr(self, name)}"
+                )
         if self.mpu_budgets[1] > self.mpu_budgets[0]:
-            raise ValueError(f"PlannerConfig: the mpu b_min {self.mpu_budgets[1]} exceeds its "
-                             f"microbatch {self.mpu_budgets[0]}")
+            raise ValueError(
+                f"PlannerConfig: the mpu b_min {self.mpu_budgets[1]} exceeds its "
+                f"microbatch {self.mpu_budgets[0]}"
+            )
 
     @property
     def mpu_budgets(self) -> tuple[int, int]:
         """(M, b_min) of the mpu planner."""
-        return (self.mpu_microbatch_tokens or self.max_wave_tokens,
-                self.mpu_min_tokens or self.min_wave_tokens)
+        return (
+            self.mpu_microbatch_tokens or self.max_wave_tokens,
+            self.mpu_min_tokens or self.min_wave_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -94,9 +116,10 @@ class Admitting:
     """Work on its way to the planner: the requests in the admission round now running, then
     those waiting for one, as (cached, new) tokens each (cached is 0 until a round agrees the
     prefix: an upper bound on the work)."""
+
     items: Sequence[tuple[int, int]] = ()
-    in_round: int = 0                    # the first `in_round` items are in the running round
-    round_left_s: float = math.inf       # predicted seconds until that round ends
+    in_round: int = 0  # the first `in_round` items are in the running round
+    round_left_s: float = math.inf  # predicted seconds until that round ends
 
     def __post_init__(self) -> None:
         if not 0 <= self.in_round <= len(self.items):
@@ -106,7 +129,7 @@ class Admitting:
 
     @property
     def round_items(self) -> Sequence[tuple[int, int]]:
-        return self.items[:self.in_round]
+        return self.items[: self.in_round]
 
 
 NOTHING_ADMITTING = Admitting()
@@ -133,9 +156,12 @@ class Planner(Protocol):
 
     The leader calls `plan` only when its ring has room for a wave, and sends whatever `plan`
     returns (the balanced planner counts it in flight from that call on)."""
+
     name: str
 
-    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
+    def plan(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> list[Chunk]:
         """Chunks of the next wave from `requests` (plannable, FCFS order); [] sends nothing.
 
         `admitting`: the requests in or waiting for an admission round, work that becomes
@@ -176,8 +202,9 @@ def first_tokens(requests: Sequence[Request], num_tokens: int) -> list[tuple[int
     return shapes
 
 
-def pack_tokens(requests: Sequence[Request], budget: int, config: PlannerConfig,
-                min_fragment: int) -> list[Chunk]:
+def pack_tokens(
+    requests: Sequence[Request], budget: int, config: PlannerConfig, min_fragment: int
+) -> list[Chunk]:
     """FCFS packing of up to `budget` tokens. A request that does not fit whole is split only
     if the remaining budget is at least `min_fragment` (no tiny tail fragments)."""
     chunks: list[Chunk] = []
@@ -193,5 +220,3 @@ def pack_tokens(requests: Sequence[Request], budget: int, config: PlannerConfig,
             chunks.append(chunk)
             left -= chunk.num_tokens
     return align_chunk_ends(chunks, requests, config, max(0, left))
-
-

@@ -36,8 +36,9 @@ from wavepp.sched.request import Request
 class DynamicChunkPlanner:
     name = "dynamic"
 
-    def __init__(self, config: PlannerConfig, cost_model: CostModel | None = None,
-                 smooth: float = 0.75):
+    def __init__(
+        self, config: PlannerConfig, cost_model: CostModel | None = None, smooth: float = 0.75
+    ):
         if not 0.0 <= smooth <= 1.0:
             raise ValueError(f"DynamicChunkPlanner.smooth must be in [0, 1], got {smooth}")
         self.config = config
@@ -52,7 +53,7 @@ class DynamicChunkPlanner:
         target = a * base * base + b * base
         lin = 2 * a * L + b
         if a > 0:
-            x = 2 * target / (lin + math.sqrt(lin * lin + 4 * a * target))   # stable positive root
+            x = 2 * target / (lin + math.sqrt(lin * lin + 4 * a * target))  # stable positive root
         else:
             x = target / lin if lin > 0 else float(base)
         x = base + self.smooth * (x - base)
@@ -60,7 +61,9 @@ class DynamicChunkPlanner:
         bs = self.config.block_size
         return max(bs, int(x) // bs * bs)
 
-    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
+    def plan(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> list[Chunk]:
         if not requests:
             return []
         budget = self.chunk_budget(requests[0].num_scheduled_tokens)
@@ -84,11 +87,15 @@ def fit_warmup(lengths: Sequence[int], seconds: Sequence[float]) -> CostCoeffici
     t(0, l) = c0 + b*l + a*l^2: no per-wave, prefix or knee term (c0 = c, at least 0; the
     chunking reads only a and b)."""
     if len(lengths) != len(seconds) or len(lengths) < 8:
-        raise ValueError(f"fit_warmup needs at least 8 (length, seconds) pairs, got {len(lengths)} and {len(seconds)}")
-    k = np.asarray(lengths, dtype=np.float64) / 1e3     # in thousands: a well-conditioned fit
+        raise ValueError(
+            f"fit_warmup needs at least 8 (length, seconds) pairs, got {len(lengths)} and {len(seconds)}"
+        )
+    k = np.asarray(lengths, dtype=np.float64) / 1e3  # in thousands: a well-conditioned fit
     X = np.column_stack([k * k, k, np.ones_like(k)])
     (a, b, c), *_ = np.linalg.lstsq(X, np.asarray(seconds, dtype=np.float64), rcond=None)
     a, b = a / 1e6, b / 1e3
     if a <= 0:
         raise ValueError(f"fit_warmup: the quadratic coefficient a={a:.3e} is not positive")
-    return CostCoefficients(c_wave=0.0, c0=max(0.0, float(c)), g=0.0, b=max(0.0, float(b)), a=float(a))
+    return CostCoefficients(
+        c_wave=0.0, c0=max(0.0, float(c)), g=0.0, b=max(0.0, float(b)), a=float(a)
+    )

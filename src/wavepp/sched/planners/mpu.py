@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from wavepp.sched.messages import Chunk
-from wavepp.sched.planners.base import NOTHING_ADMITTING, Admitting, PlannerConfig, align_down, pack_tokens
+from wavepp.sched.planners.base import (
+    NOTHING_ADMITTING,
+    Admitting,
+    PlannerConfig,
+    align_down,
+    pack_tokens,
+)
 from wavepp.sched.request import Request
 
 
@@ -21,6 +27,7 @@ class MpuPlanner:
 
     State: `budget` and the two streaks, moved by every `plan` call (through `decide`).
     """
+
     name = "mpu"
 
     def __init__(self, config: PlannerConfig, fill_factor: int = 2):
@@ -35,7 +42,7 @@ class MpuPlanner:
 
     def propose(self, requests: Sequence[Request]) -> int:
         work = sum(r.num_unscheduled_tokens for r in requests)
-        for b in self.budgets:   # largest first
+        for b in self.budgets:  # largest first
             n_long = sum(1 for r in requests if r.num_unscheduled_tokens > b / 2)
             if max(work / b, n_long) >= self.target_waves:
                 return b
@@ -55,7 +62,9 @@ class MpuPlanner:
             self._streak_up = self._streak_down = 0
         return self.budget
 
-    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
+    def plan(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> list[Chunk]:
         b = self.decide(self.propose(requests))
         return pack_tokens(requests, b, self.config, max(self.budgets[-1], b // 2))
 

@@ -31,12 +31,15 @@ from wavepp.sched.request import Request
 class SnapshotGrid(Protocol):
     """The three values alignment reads (a PlannerConfig has them): this module sits below the
     planners' base, which calls it, so it takes them by shape, not by importing the config."""
+
     block_size: int
     snapshot_interval_blocks: int
     snapshot_align_frac: float
 
 
-def snapshot_positions(req: Request, start: int, end: int, block_size: int, interval_blocks: int) -> list[int]:
+def snapshot_positions(
+    req: Request, start: int, end: int, block_size: int, interval_blocks: int
+) -> list[int]:
     """Token positions in (start, end) where `req` keeps a snapshot: grid points and its last
     reusable boundary (the snapshot plan's boundaries), increasing."""
     step = interval_blocks * block_size
@@ -54,23 +57,27 @@ def aligned_end(req: Request, start: int, end: int, config: SnapshotGrid, room: 
     tol = int(frac * (end - start)) // bs * bs
     if tol <= 0 or end >= req.num_tokens:
         return end
-    below = snapshot_positions(req, max(start, end - tol - 1), end + 1, bs, config.snapshot_interval_blocks)
+    below = snapshot_positions(
+        req, max(start, end - tol - 1), end + 1, bs, config.snapshot_interval_blocks
+    )
     if below and below[-1] == end:
-        return end       # already on a boundary
+        return end  # already on a boundary
     down = next((b for b in reversed(below) if end - tol <= b < end and b > start), None)
     up = None
     reach = min(tol, room)
     if reach > 0:
-        above = snapshot_positions(req, end, min(req.num_tokens, end + reach + 1), bs,
-                                   config.snapshot_interval_blocks)
+        above = snapshot_positions(
+            req, end, min(req.num_tokens, end + reach + 1), bs, config.snapshot_interval_blocks
+        )
         up = above[0] if above else (req.num_tokens if req.num_tokens - end <= reach else None)
     if down is not None and (up is None or end - down <= up - end):
         return down
     return up if up is not None else end
 
 
-def align_chunk_ends(chunks: Sequence[Chunk], requests: Sequence[Request], config: SnapshotGrid,
-                     room: int) -> list[Chunk]:
+def align_chunk_ends(
+    chunks: Sequence[Chunk], requests: Sequence[Request], config: SnapshotGrid, room: int
+) -> list[Chunk]:
     """`chunks` with their ends moved onto snapshot boundaries (see the module docstring).
     `room`: tokens the wave may still take (its budget minus its chunks' tokens). Mutates
     nothing; a no-op unless `config.snapshot_interval_blocks` and `config.snapshot_align_frac`."""

@@ -15,9 +15,12 @@ class StaticPlanner:
     def __init__(self, config: PlannerConfig):
         self.config = config
 
-    def plan(self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING) -> list[Chunk]:
-        return pack_tokens(requests, self.config.static_wave_tokens, self.config,
-                           self.config.block_size)
+    def plan(
+        self, requests: Sequence[Request], admitting: Admitting = NOTHING_ADMITTING
+    ) -> list[Chunk]:
+        return pack_tokens(
+            requests, self.config.static_wave_tokens, self.config, self.config.block_size
+        )
 
     def observe(self, chunks, seconds: float) -> None:
         pass
