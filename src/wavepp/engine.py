@@ -21,10 +21,10 @@ from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.prefill_result import PrefillResult, with_transfer_error
 from wavepp.prompts import Prompt, prompt_token_ids
 from wavepp.runtime.core import EngineCore, EngineError
+from wavepp.runtime.core_stats import CoreStats, EngineLoad
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
-from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import RequestState
 from wavepp.tokenizer import Tokenizer
 
@@ -285,7 +285,9 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stop the pipeline. Requests still in flight fail with EngineError; later calls
-        (submit, reset, check_integrity) raise EngineError. Safe to call twice."""
+        (submit, reset, check_integrity) raise EngineError. Safe to call twice. The order: the
+        core (its threads, then the stages are told), the stage processes, the hand-off (its
+        thread, then what this engine wrote in the store)."""
         if self._closed:
             return
         self._closed = True
@@ -294,7 +296,7 @@ class Engine:
             self._core.shutdown()
         finally:
             self._cluster.close()
-            if self._handoff is not None:  # the sweeper stops; what this engine wrote goes
+            if self._handoff is not None:
                 self._handoff.close()
 
     def __enter__(self) -> "Engine":

@@ -17,7 +17,7 @@ import pytest
 
 from tests.serve.conftest import app_in_thread
 from wavepp.engine import PrefillResult
-from wavepp.runtime.stats import EngineLoad
+from wavepp.runtime.core_stats import EngineLoad
 from wavepp.serve import ServeConfig, build_app
 
 # an answer that does not touch the lock comes in milliseconds; with the loop blocked it would

@@ -28,6 +28,7 @@ from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.core_loops import CoreLoops
+from wavepp.runtime.core_stats import CoreStats, EngineLoad
 from wavepp.runtime.live_requests import LiveRequests
 from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.profile import WaveProfile, profile_pipeline
@@ -41,7 +42,6 @@ from wavepp.runtime.protocol import (
 from wavepp.runtime.rounds_plane import RoundsPlane, start_stages
 from wavepp.runtime.runtime_leader import build_runtime_leader
 from wavepp.runtime.stage_runner import StageRunner
-from wavepp.runtime.stats import CoreStats, EngineLoad
 from wavepp.sched import get_policy
 
 

@@ -36,9 +36,9 @@ import collections
 import time
 from dataclasses import dataclass
 
+from wavepp.runtime.core_stats import MAX_RECORDS
 from wavepp.runtime.loop_host import LoopHost
 from wavepp.runtime.protocol import ResultMsg
-from wavepp.runtime.stats import MAX_RECORDS
 from wavepp.sched import ProbeMsg
 
 
