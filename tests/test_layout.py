@@ -140,6 +140,15 @@ def test_no_source_file_over_the_limit():
     assert long == {}
 
 
+def test_no_class_name_is_defined_twice():
+    """One name per concept: a module-level class name names one class in src/."""
+    where: dict[str, list[str]] = {}
+    for p in SRC.rglob("*.py"):
+        for match in re.finditer(r"^class (\w+)", p.read_text(), re.MULTILINE):
+            where.setdefault(match.group(1), []).append(str(p.relative_to(SRC)))
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}
+
+
 @pytest.mark.parametrize(
     "package",
     [
