@@ -106,3 +106,31 @@ def test_live_requests_free_the_callers_id_when_a_request_ends():
     assert isinstance(fut_b.exception(0), RuntimeError)
     live.fail_all(RuntimeError("down"))
     assert len(live) == 0
+
+
+def test_a_held_answer_wakes_the_thread_without_a_store_sweep(tmp_path):
+    """Held answers only move the next deadline: the store is swept on its interval and when it
+    has work (a new transfer, a drop), not once per finished request."""
+    import time
+
+    handoff = KVHandoff(tmp_path, num_stages=2, export_wait_s=60, sweep_interval_s=60)
+    sweeps = []
+    sweep = handoff.store.sweep
+    handoff.store.sweep = lambda now=None: sweeps.append(now) or sweep(now)
+    handoff.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not sweeps and time.monotonic() < deadline:  # the first pass
+            time.sleep(0.01)
+        for request_id in range(50):
+            handoff.expect(request_id)
+            assert handoff.finished(done(request_id))
+        time.sleep(0.3)
+        assert len(sweeps) == 1
+        handoff.open([1, 2], True, {"num_stages": 2})
+        deadline = time.monotonic() + 5
+        while len(sweeps) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sweeps) == 2
+    finally:
+        handoff.close()

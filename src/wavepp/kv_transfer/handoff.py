@@ -81,7 +81,8 @@ class KVHandoff:
         )
         self._lock = threading.Lock()
         self._pending: list[tuple[str, str, dict | None]] = []  # ("drop" | "fail", id, errors)
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # something changed: look again now
+        self._store_due = threading.Event()  # the store has work: a drop, a mark, a new transfer
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.num_swept = 0  # transfers dropped by the TTL or the cap
@@ -165,7 +166,8 @@ class KVHandoff:
             )
         except FileExistsError:
             raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
-        self._wake.set()  # the cap is checked with every new transfer
+        self._store_due.set()  # the cap is checked with every new transfer
+        self._wake.set()
         return transfer_id
 
     def answer(
@@ -199,18 +201,20 @@ class KVHandoff:
     def _queue(self, what: str, transfer_id: str, errors: dict | None) -> None:
         with self._lock:
             self._pending.append((what, transfer_id, errors))
+        self._store_due.set()
         self._wake.set()
 
     def _run(self) -> None:
         next_sweep = 0.0
         while not self._stop.is_set():
+            self._wake.clear()  # a change from here on wakes the wait below at once
             with self._lock:
                 overdue, due = self._reports.expire(self.clock())
             for req, errors in overdue:
                 self._on_overdue(req, errors)
             now = self.clock()
-            if now >= next_sweep or self._wake.is_set():
-                self._wake.clear()
+            if now >= next_sweep or self._store_due.is_set():
+                self._store_due.clear()
                 next_sweep = now + self.sweep_interval_s
                 try:
                     self._store_work()

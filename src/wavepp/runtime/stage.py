@@ -168,7 +168,7 @@ class StageRuntime:
             if snapshot_interval_blocks is not None:
                 self.pool_args = (*self.pool_args[:-1], snapshot_interval_blocks)
             pool = stage_pool(*self.pool_args)
-            slots = getattr(pool, "num_slots", None)  # hybrid models: snapshot slots
+            slots = pool.num_slots if pool.keeps_snapshots else None  # hybrid: snapshot slots
             if self.kv is None or slots != self._num_state_slots:
                 self.kv = None  # the old tensors go before the new ones are allocated
                 self.kv = self.model.new_kv_cache(
