@@ -121,7 +121,7 @@ FAMILY_CASES = ((0, 128), (0, 512), (1024, 128), (1024, 512), (4096, 256))   # (
 
 
 def _bench_families(dtype: torch.dtype, runs: int) -> None:
-    from wavepp.make_model import MOE_ARCHS, make_model
+    from wavepp.random_checkpoint import MOE_ARCHS, make_model
 
     print(f"machine: {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {dtype}")
     print(f"\n{'family':>12} {'case':>16} {'ms':>9} {'tokens/s':>9} {'cpu/wall':>8}")
@@ -279,7 +279,7 @@ def _model_path(name: str, tmp: str):
         from wavepp.model_store import resolve_model
         return resolve_model(name), name
     except Exception as err:  # built-in model unavailable: a random model of the same shape
-        from wavepp.make_model import make_model
+        from wavepp.random_checkpoint import make_model
         print(f"({name} unavailable: {err}; using a random model of SmolLM2-135M's shape)")
         path = make_model(f"{tmp}/random", arch="llama", num_layers=30, hidden_size=576, num_heads=9,
                           num_kv_heads=3, intermediate_size=1536, vocab_size=49152,

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tests.runtime.test_e2e import VOCAB, workload  # noqa: E402
 from wavepp.engine import Engine  # noqa: E402
-from wavepp.make_model import make_model  # noqa: E402
+from wavepp.random_checkpoint import make_model  # noqa: E402
 
 
 def main(argv=None) -> int:

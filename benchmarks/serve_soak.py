@@ -62,7 +62,7 @@ def main() -> int:
 
     model = args.model
     if model is None:
-        from wavepp.make_model import make_model
+        from wavepp.random_checkpoint import make_model
         model = str(make_model(Path(tempfile.mkdtemp(prefix="wavepp-soak-")) / "tiny", arch="llama",
                                num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
                                intermediate_size=128, vocab_size=256, max_position_embeddings=512, seed=5))

@@ -3,7 +3,7 @@
 import json
 
 from wavepp.cli import main
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 
 KEYS = {
     "workload",

@@ -32,7 +32,7 @@ from tests.connectors.helpers import (
 )
 from tests.serve.conftest import ServerProcess, save_byte_tokenizer
 from wavepp.kv_transfer import DirectoryStore
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 
 VLLM_BLOCK = 16  # CPU_MLA's only block size
 

@@ -22,8 +22,8 @@ import torch
 
 from tests.models.test_attention_kernels import random_wave, reference
 from wavepp.engine import Engine
-from wavepp.make_model import make_model
 from wavepp.models.kernels import ATTENTION_KERNELS, paged_attention, varlen_applies
+from wavepp.random_checkpoint import make_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wavepp.make_model import MOE_ARCHS, make_model
+from wavepp.random_checkpoint import MOE_ARCHS, make_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
 

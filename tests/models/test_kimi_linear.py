@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wavepp.make_model import make_model
 from wavepp.models import (
     ChunkSpec,
     StageBatch,
@@ -20,6 +19,7 @@ from wavepp.models import (
     page_layout,
     stage_specs,
 )
+from wavepp.random_checkpoint import make_model
 
 BLOCK = 16
 ATOL = 1e-4

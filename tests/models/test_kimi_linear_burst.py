@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 from wavepp.workloads.workload import snapshot_reusable_tokens
 
 BS, INTERVAL = 4, 4

@@ -9,7 +9,7 @@ import pytest
 
 from tests.models.test_moe_families import reference_logits, stable_topk
 from wavepp.engine import Engine
-from wavepp.make_model import MOE_ARCHS, make_model
+from wavepp.random_checkpoint import MOE_ARCHS, make_model
 
 VOCAB = 256
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from tests.models.conftest import random_prompt
-from wavepp.make_model import MOE_ARCHS
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model, stage_specs
 from wavepp.models.kernels import Kernels, cpp
+from wavepp.random_checkpoint import MOE_ARCHS
 
 FP32_ATOL = 1e-4
 BLOCK_SIZE = 4
@@ -228,7 +228,7 @@ def test_yarn_rope_scaling_matches_transformers(moe_models, tmp_path, arch):
 
 def test_mla_without_q_lora_matches_transformers(tmp_path):
     """DeepSeek-V3 layout with q_lora_rank null (q_proj straight from the hidden state)."""
-    from wavepp.make_model import make_model
+    from wavepp.random_checkpoint import make_model
 
     path = make_model(tmp_path / "ds", arch="deepseek_v3", seed=4, num_layers=3, q_lora_rank=0)
     assert load_model_config(path).q_lora_rank == 0

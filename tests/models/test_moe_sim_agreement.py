@@ -31,7 +31,7 @@ def test_simulator_counts_what_the_runtime_holds(moe_models, arch, dtype):
 @pytest.fixture(scope="module")
 def kimi_linear(tmp_path_factory):
     """KDA, KDA, MLA, KDA (the first layer dense): every kind of layer the simulator counts."""
-    from wavepp.make_model import make_model
+    from wavepp.random_checkpoint import make_model
 
     return make_model(
         tmp_path_factory.mktemp("kimi") / "kimi", arch="kimi_linear", num_layers=4, seed=3

@@ -1,6 +1,6 @@
 import pytest
 
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 
 from .helpers import MAX_POSITIONS, VOCAB
 

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from wavepp.engine import Engine, EngineError
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 
 VOCAB = 256
 

@@ -388,7 +388,7 @@ def test_mla_latents_exported_are_the_prompts_latent_cache(tmp_path):
     transformers caches for the whole prompt (its MLA caches the normalized latent c as the
     layer's keys and the rotated RoPE key as its values), reused blocks included. (vLLM
     decoding from them: tests/connectors/test_pd_mla.py.)"""
-    from wavepp.make_model import make_model
+    from wavepp.random_checkpoint import make_model
 
     path = make_model(tmp_path / "deepseek", arch="deepseek_v3", seed=3)
     reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -10,7 +10,7 @@ from concurrent.futures import wait
 import pytest
 
 from wavepp.engine import Engine
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 from wavepp.sched import CostCoefficients, CostModel
 
 from .helpers import VOCAB, assert_clean, groups

@@ -5,10 +5,10 @@ always wins."""
 import pytest
 import torch
 
-from wavepp.make_model import make_model
 from wavepp.models import load_model_config, load_stage_model
 from wavepp.models.kernels import AttentionChoice, KernelChoice
 from wavepp.models.kernels import choice as choice_mod
+from wavepp.random_checkpoint import make_model
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from wavepp.bench.http import wait_until_healthy
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 from wavepp.runtime.launch import free_port
 
 VOCAB = 256

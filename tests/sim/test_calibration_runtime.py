@@ -8,7 +8,7 @@ import pytest
 
 from wavepp.bench.measure import run_closed_loop as run_real
 from wavepp.engine import Engine
-from wavepp.make_model import make_model
+from wavepp.random_checkpoint import make_model
 from wavepp.sim import CpuHardware, StageSample
 from wavepp.sim.harness import run_closed_loop as run_sim
 from wavepp.workloads import make_workload

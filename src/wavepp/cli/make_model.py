@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wavepp.make_model import SUPPORTED_ARCHS
+from wavepp.random_checkpoint import SUPPORTED_ARCHS
 
 
 def add_parser(sub) -> None:
@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from wavepp.make_model import TinyModelSpec, make_model
+    from wavepp.random_checkpoint import TinyModelSpec, make_model
 
     spec = TinyModelSpec(
         arch=args.arch,
