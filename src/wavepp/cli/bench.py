@@ -296,29 +296,33 @@ def _run_policies(
     "single") -> each stage's kernel paths."""
     from wavepp.bench.measure import run_closed_loop
     from wavepp.bench.report import chrome_trace
-    from wavepp.engine import Engine
+    from wavepp.engine import Engine, EngineConfig
 
     engines, rows = {}, []
     try:
         if pipeline_policies:
             engines["pp"] = Engine(
-                model,
-                pp=args.pp,
-                policy=pipeline_policies[0],
-                dtype=args.dtype,
-                snapshot_interval_blocks=intervals[0],
-                device=args.device or "cpu",
-                layer_split=layer_split(args.layer_split),
-                pin_cpus=args.pin_cpus,
+                EngineConfig(
+                    model,
+                    pp=args.pp,
+                    policy=pipeline_policies[0],
+                    dtype=args.dtype,
+                    snapshot_interval_blocks=intervals[0],
+                    device=args.device or "cpu",
+                    layer_split=layer_split(args.layer_split),
+                    pin_cpus=args.pin_cpus,
+                )
             )
         if SINGLE_STAGE in policies:
             engines["single"] = Engine(
-                model,
-                pp=1,
-                policy="wavepp",
-                dtype=args.dtype,
-                snapshot_interval_blocks=intervals[0],
-                device=args.device or "cpu",
+                EngineConfig(
+                    model,
+                    pp=1,
+                    policy="wavepp",
+                    dtype=args.dtype,
+                    snapshot_interval_blocks=intervals[0],
+                    device=args.device or "cpu",
+                )
             )
         first = workloads[concurrencies[0]]
         for name, engine in engines.items():  # warm up: first forwards are slow

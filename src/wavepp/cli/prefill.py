@@ -68,11 +68,11 @@ def run(args) -> int:
         prompts += ids
     if not prompts:
         raise ValueError("no prompts: give PROMPT texts or --token-ids FILE")
-    from wavepp.engine import Engine
+    from wavepp.engine import Engine, EngineConfig
 
     blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
     t0 = time.perf_counter()
-    with Engine(
+    config = EngineConfig(
         args.model or DEFAULT_MODEL,
         pp=args.pp,
         policy=args.policy,
@@ -83,7 +83,8 @@ def run(args) -> int:
         device=args.device,
         layer_split=layer_split(args.layer_split),
         pin_cpus=args.pin_cpus,
-    ) as engine:
+    )
+    with Engine(config) as engine:
         prompts = [engine.tokenize(p) for p in prompts]  # the tokenizer loads outside the timing
         t1 = time.perf_counter()
         results = engine.prefill(prompts)
