@@ -93,46 +93,52 @@ class ServerProcess:
         debug: bool = True,
         env: dict | None = None,
     ):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(model)
-        cmd = [
-            sys.executable,
-            "-m",
-            "wavepp.cli",
-            "serve",
-            "--model",
-            self.model,
-            "--pp",
-            str(pp),
-            "--port",
-            str(self.port),
-            "--dtype",
-            "float32",
-            *(["--debug"] if debug else []),
-            *args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        )
-        # The server's output is read as it comes: a pipe nobody reads fills (64 KiB) over a
-        # package's worth of tests, and the server then blocks on its next log line.
-        self.output: collections.deque[str] = collections.deque(maxlen=200)
-        self.output_chars = 0
-        self.tracebacks = 0  # "Traceback" lines the server printed, all of its life
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-        try:
-            wait_until_healthy(self.url, self.proc, timeout_s=start_timeout_s)
-        except RuntimeError as exc:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self._reader.join(5)
-            raise RuntimeError(f"{exc}: {''.join(self.output)}") from None
+        # free_port() finds a port free now; another process may bind it before the server
+        # does: that start is tried again on a new port (the server says "address already in use")
+        for attempt in range(3):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            cmd = [
+                sys.executable,
+                "-m",
+                "wavepp.cli",
+                "serve",
+                "--model",
+                self.model,
+                "--pp",
+                str(pp),
+                "--port",
+                str(self.port),
+                "--dtype",
+                "float32",
+                *(["--debug"] if debug else []),
+                *args,
+            ]
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+            )
+            # The server's output is read as it comes: a pipe nobody reads fills (64 KiB) over
+            # a package's worth of tests, and the server then blocks on its next log line.
+            self.output: collections.deque[str] = collections.deque(maxlen=200)
+            self.output_chars = 0
+            self.tracebacks = 0  # "Traceback" lines the server printed, all of its life
+            self._reader = threading.Thread(target=self._drain, daemon=True)
+            self._reader.start()
+            try:
+                wait_until_healthy(self.url, self.proc, timeout_s=start_timeout_s)
+                break
+            except RuntimeError as exc:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                self._reader.join(5)
+                taken = "address already in use" in "".join(self.output)
+                if not taken or attempt == 2:
+                    raise RuntimeError(f"{exc}: {''.join(self.output)}") from None
         self.stage_pids = stage_pids(self.proc.pid)
 
     def _drain(self) -> None:
