@@ -274,6 +274,10 @@ class Engine:
         requests that ended before their parts did included."""
         return (0, 0) if self._handoff is None else self._handoff.counts()
 
+    def kv_store_usage(self) -> dict | None:
+        """The KV store's bytes (at its last sweep), cap and swept transfers; None without one."""
+        return None if self._handoff is None else self._handoff.usage()
+
     def stats(self, rounds_since: int | None = None) -> CoreStats:
         """A consistent snapshot of per-stage time, rounds and waves since the last reset (with
         `rounds_since`: the totals and the later rounds' latencies only; CoreStats.snapshot)."""

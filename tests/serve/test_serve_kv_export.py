@@ -192,3 +192,19 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
             assert r.status_code == 502, r.text
             assert "decode server" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
     assert wait_for(lambda: transfers() == before), transfers() - before
+
+
+def test_the_store_shows_in_the_metrics(served):
+    """/metrics shows the store's cap (the default: half the free space), its bytes as of the
+    last sweep, and the transfers swept, read without scanning the store at the scrape."""
+    url, _, _, engine = served
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": [9, 8, 7] * 5, **HAND_OFF}, timeout=60)
+    assert r.status_code == 200
+
+    def scraped(name):
+        return _metric(httpx.get(f"{url}/metrics", timeout=10).text, name)
+
+    usage = engine.kv_store_usage()
+    assert scraped("wavepp_kv_store_max_bytes") == usage["max_bytes"] > 2**20
+    assert wait_for(lambda: scraped("wavepp_kv_store_bytes") > 0)
+    assert scraped("wavepp_kv_transfers_swept_total") == engine.kv_store_usage()["num_swept"]

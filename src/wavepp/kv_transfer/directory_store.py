@@ -97,6 +97,7 @@ class DirectoryStore:
             raise ValueError(f"the KV store's TTL must be positive, got {ttl_s} s")
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self.bytes_after_sweep = 0  # what the store held after the last sweep
         self.ttl_s = ttl_s
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -243,6 +244,7 @@ class DirectoryStore:
                 self.remove(transfer_id)
                 dropped.append(transfer_id)
                 total -= size
+        self.bytes_after_sweep = total
         return dropped
 
     def remove_owned(self, owner: str) -> int:

@@ -197,6 +197,15 @@ class KVHandoff:
     def total_bytes(self) -> int:
         return self.store.total_bytes()
 
+    def usage(self) -> dict:
+        """What /metrics shows, read without scanning the store: its bytes at the last sweep
+        (at most a sweep interval old), its cap, and the transfers the TTL or the cap dropped."""
+        return {
+            "bytes": self.store.bytes_after_sweep,
+            "max_bytes": self.store.max_bytes,
+            "num_swept": self.num_swept,
+        }
+
     # ---- the sweeper -------------------------------------------------------------------------
     def _queue(self, what: str, transfer_id: str, errors: dict | None) -> None:
         with self._lock:

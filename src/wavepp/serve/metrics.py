@@ -22,6 +22,10 @@ Read from the engine at each scrape:
                                                stages reported: written | failed, since the
                                                engine started, every report counted (also one
                                                that came after its request ended)
+    wavepp_kv_store_bytes, wavepp_kv_store_max_bytes, wavepp_kv_transfers_swept_total
+                                               with --kv-store: its bytes at the last sweep (at
+                                               most a sweep interval old), its cap, the
+                                               transfers the TTL or the cap dropped
 
 "Since start" is since the server started or since the last POST /debug/reset, which empties
 the caches and restarts the engine's own measurements: the per-stage counters and the wave and
@@ -217,6 +221,17 @@ class _EngineCollector:
         exports.add_metric(["written"], written)
         exports.add_metric(["failed"], failed)
         yield exports
+        store = engine.kv_store_usage()
+        if store is not None:
+            yield _gauge(
+                "wavepp_kv_store_bytes", "bytes in the KV store at its last sweep", store["bytes"]
+            )
+            yield _gauge("wavepp_kv_store_max_bytes", "the KV store's size cap", store["max_bytes"])
+            swept = CounterMetricFamily(
+                "wavepp_kv_transfers_swept", "KV transfers the TTL or the size cap dropped"
+            )
+            swept.add_metric([], store["num_swept"])
+            yield swept
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
