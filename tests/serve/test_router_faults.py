@@ -210,3 +210,15 @@ def test_no_body_gets_a_5xx_from_the_router(body, path):
     assert resp.status_code < 500, (resp.status_code, resp.text[:200])
     huge = client.post(path, content=b'{"prompt": ' + b"9" * 5000 + b"}")
     assert huge.status_code == 400
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_numbers_json_has_not_are_a_400(number):
+    """Python's parser takes NaN and Infinity (1e999 becomes inf); JSON has neither, and the
+    body could not be sent on (it was a 500)."""
+    up = Upstreams()
+    resp = route(up).post(
+        "/v1/completions", content=b'{"prompt": "a", "temperature": ' + number + b"}"
+    )
+    assert resp.status_code == 400, resp.text
+    assert not up.seen

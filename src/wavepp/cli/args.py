@@ -37,3 +37,43 @@ def add_stage_args(p) -> None:
         help="leave the stage processes unpinned (default on the CPU: each stage pinned to "
         "CPUs of its own)",
     )
+
+
+def add_engine_args(p) -> None:
+    """--dtype, --block-size, --device and --stage-num-blocks: the pipeline's options that
+    `wavepp prefill` and `wavepp serve` share (see `engine_config`)."""
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda", "auto"],
+        help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
+        "auto (cuda when there is one); default cpu",
+    )
+    p.add_argument(
+        "--stage-num-blocks",
+        default=None,
+        help="cache blocks per stage, comma separated (default: sized from the model)",
+    )
+
+
+def engine_config(args, model: str, **options):
+    """The EngineConfig of a command's flags (add_engine_args, add_stage_args, --pp, --policy,
+    --top-k) and its own `options`."""
+    from wavepp.engine_config import EngineConfig
+
+    blocks = comma_list(args.stage_num_blocks) if args.stage_num_blocks else None
+    return EngineConfig(
+        model,
+        pp=args.pp,
+        policy=args.policy,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        stage_num_blocks=[int(x) for x in blocks] if blocks else None,
+        top_k=args.top_k,
+        device=args.device,
+        layer_split=layer_split(args.layer_split),
+        pin_cpus=args.pin_cpus,
+        **options,
+    )

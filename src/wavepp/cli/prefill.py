@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from wavepp.cli.args import add_stage_args, comma_list, layer_split
+from wavepp.cli.args import add_engine_args, add_stage_args, engine_config
 from wavepp.sched.policy import runtime_policies
 
 
@@ -33,20 +33,7 @@ def add_parser(sub) -> None:
         choices=runtime_policies(),
         help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument(
-        "--device",
-        default="cpu",
-        choices=["cpu", "cuda", "auto"],
-        help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
-        "auto (cuda when there is one); default cpu",
-    )
-    p.add_argument(
-        "--stage-num-blocks",
-        default=None,
-        help="cache blocks per stage, comma separated (default: sized from the model)",
-    )
+    add_engine_args(p)
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per prompt")
     p.set_defaults(func=run)
@@ -68,22 +55,10 @@ def run(args) -> int:
         prompts += ids
     if not prompts:
         raise ValueError("no prompts: give PROMPT texts or --token-ids FILE")
-    from wavepp.engine import Engine, EngineConfig
+    from wavepp.engine import Engine
 
-    blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
+    config = engine_config(args, args.model or DEFAULT_MODEL)
     t0 = time.perf_counter()
-    config = EngineConfig(
-        args.model or DEFAULT_MODEL,
-        pp=args.pp,
-        policy=args.policy,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        stage_num_blocks=blocks,
-        top_k=args.top_k,
-        device=args.device,
-        layer_split=layer_split(args.layer_split),
-        pin_cpus=args.pin_cpus,
-    )
     with Engine(config) as engine:
         prompts = [engine.tokenize(p) for p in prompts]  # the tokenizer loads outside the timing
         t1 = time.perf_counter()

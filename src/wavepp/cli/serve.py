@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wavepp.cli.args import add_stage_args, comma_list, layer_split
+from wavepp.cli.args import add_engine_args, add_stage_args, engine_config
 from wavepp.sched.policy import runtime_policies
 
 
@@ -65,20 +65,7 @@ def add_parser(sub) -> None:
         default=10.0,
         help="on SIGTERM, seconds to let requests in flight finish before aborting them",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument(
-        "--device",
-        default="cpu",
-        choices=["cpu", "cuda", "auto"],
-        help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
-        "auto (cuda when there is one); default cpu",
-    )
-    p.add_argument(
-        "--stage-num-blocks",
-        default=None,
-        help="cache blocks per stage, comma separated (default: sized from the model)",
-    )
+    add_engine_args(p)
     p.add_argument(
         "--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)"
     )
@@ -119,7 +106,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from wavepp.cli.prefill import serve_stage
-    from wavepp.engine_config import EngineConfig
     from wavepp.model_store import DEFAULT_MODEL
     from wavepp.runtime import torchrun_rank
     from wavepp.serve import ServeConfig, run_server
@@ -129,22 +115,13 @@ def run(args) -> int:
         return serve_stage(ranks, args.device)
 
     model = args.model or DEFAULT_MODEL
-    blocks = [int(x) for x in comma_list(args.stage_num_blocks)] if args.stage_num_blocks else None
-    engine_config = EngineConfig(
+    options = engine_config(
+        args,
         model,
-        pp=args.pp,
-        policy=args.policy,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        stage_num_blocks=blocks,
-        top_k=args.top_k,
-        device=args.device,
         kv_store=args.kv_store,
         kv_store_max_gib=args.kv_store_max_gib,
         kv_ttl_s=args.kv_ttl_s,
         kv_export_wait_s=args.kv_export_wait_s,
-        layer_split=layer_split(args.layer_split),
-        pin_cpus=args.pin_cpus,
     )
     limits = {
         name: getattr(args, name)
@@ -154,5 +131,5 @@ def run(args) -> int:
     config = ServeConfig(
         args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug, **limits
     )
-    run_server(engine_config, config, host=args.host, port=args.port, drain_s=args.drain_s)
+    run_server(options, config, host=args.host, port=args.port, drain_s=args.drain_s)
     return 0

@@ -31,6 +31,7 @@ import contextlib
 import http.cookiejar
 import json
 import logging
+import math
 from dataclasses import dataclass
 
 import httpx
@@ -173,8 +174,8 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
 
     async def relay(path: str, request: Request):
         raw = await read_body(request, config.max_body_bytes)
-        try:
-            body = json.loads(raw)
+        try:  # strict JSON: NaN and Infinity are no JSON numbers, and could not be sent on
+            body = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
         except (ValueError, RecursionError) as err:  # malformed, or nested past the parser's depth
             return _error(
                 400, f"the request body is not valid JSON: {str(err)[:200]}", "BadRequestError"
@@ -272,6 +273,17 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
         )
 
     return app
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is past a double's range")
+    return value
 
 
 def _add_headers(response: Response, upstream: httpx.Response) -> None:
