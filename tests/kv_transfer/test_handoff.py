@@ -8,19 +8,11 @@ import time
 
 import pytest
 
+from tests.eventually import eventually
 from wavepp.kv_transfer import DirectoryStore, TransferError
 from wavepp.kv_transfer.handoff import DEFAULT_FREE_FRACTION, KVHandoff
 
 META = {"num_stages": 1, "block_size": 4}
-
-
-def wait_for(cond, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_the_ttl_holds_with_no_traffic(tmp_path):
@@ -31,7 +23,7 @@ def test_the_ttl_holds_with_no_traffic(tmp_path):
         transfer_id = handoff.open([1, 2, 3], True, META)
         opened = time.monotonic()
         assert (tmp_path / transfer_id).is_dir()
-        assert wait_for(lambda: not (tmp_path / transfer_id).exists())
+        assert eventually(lambda: not (tmp_path / transfer_id).exists())
         # gone within TTL + one interval (and a margin for a busy machine), not at the next hand-off
         assert time.monotonic() - opened < 0.4 + 0.1 + 1.0
         assert handoff.num_swept == 1
@@ -54,7 +46,7 @@ def test_drop_is_for_this_engines_transfers_only_and_runs_on_the_sweeper(tmp_pat
         assert not ours.drop(bad)
     assert ours.drop(mine) and (tmp_path / mine).exists()  # queued, not removed in this thread
     ours.start()
-    assert wait_for(lambda: not (tmp_path / mine).exists())
+    assert eventually(lambda: not (tmp_path / mine).exists())
     assert (tmp_path / other).is_dir() and (tmp_path / "my-notes").is_dir()
     ours.close()
     theirs.close()
@@ -80,6 +72,6 @@ def test_a_failed_part_is_marked_by_the_sweeper(tmp_path):
         except TransferError as err:
             return err.reason == "failed"
 
-    assert wait_for(failed)
+    assert eventually(failed)
     handoff.close()
     assert list(tmp_path.iterdir()) == []

@@ -16,6 +16,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from tests.eventually import eventually
 from wavepp.engine import Engine
 from wavepp.kv_transfer import DirectoryStore, TransferError
 from wavepp.model_store import resolve_model
@@ -170,15 +171,6 @@ def test_kv_transfer_refused_clearly(tiny, tmp_path):
             3,
         ]
         assert_clean(engine)
-
-
-def eventually(cond, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _first_token(reference, prompt) -> int:

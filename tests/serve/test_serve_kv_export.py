@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import errno
 import threading
-import time
 
 import httpx
 import pytest
 
+from tests.eventually import eventually
 from tests.serve.conftest import app_in_thread
 from wavepp.engine import Engine
 from wavepp.kv_transfer import DirectoryStore, TransferError
@@ -51,15 +51,6 @@ def _metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     raise KeyError(name)
-
-
-def wait_for(cond, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _reason(store, transfer_id):
@@ -101,7 +92,7 @@ def test_a_failed_part_is_reported_in_the_answer_and_the_metrics(served):
         assert params["error"] == "stage 0: [Errno 28] No space left on device (injected)", params
         # the answer's "error" is what the decode side reads first; the store's mark follows
         # off the engine's lock (the sweeper)
-        assert wait_for(lambda params=params: _reason(store, params["transfer_id"]) == "failed")
+        assert eventually(lambda params=params: _reason(store, params["transfer_id"]) == "failed")
         with pytest.raises(TransferError) as err:
             store.read(params["transfer_id"])
         assert "No space left on device" in str(err.value)
@@ -161,7 +152,7 @@ def test_a_transfer_given_up_is_dropped_and_nothing_else_is(served):
         "object": "kv_transfer",
         "deleted": True,
     }
-    assert wait_for(lambda: not (store.root / transfer_id).exists())
+    assert eventually(lambda: not (store.root / transfer_id).exists())
     for name in (transfer_id, "my-notes", ".hidden", "x" * 300):
         r = httpx.delete(f"{url}/v1/kv_transfers/{name}", timeout=10)
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (
@@ -191,7 +182,7 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
             )
             assert r.status_code == 502, r.text
             assert "decode server" in r.json()["error"]["message"] and "127.0.0.1" not in r.text
-    assert wait_for(lambda: transfers() == before), transfers() - before
+    assert eventually(lambda: transfers() == before), transfers() - before
 
 
 def test_the_store_shows_in_the_metrics(served):
@@ -206,5 +197,5 @@ def test_the_store_shows_in_the_metrics(served):
 
     usage = engine.kv_store_usage()
     assert scraped("wavepp_kv_store_max_bytes") == usage["max_bytes"] > 2**20
-    assert wait_for(lambda: scraped("wavepp_kv_store_bytes") > 0)
+    assert eventually(lambda: scraped("wavepp_kv_store_bytes") > 0)
     assert scraped("wavepp_kv_transfers_swept_total") == engine.kv_store_usage()["num_swept"]
