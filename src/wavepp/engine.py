@@ -168,7 +168,7 @@ class Engine:
             )
         except BaseException:
             if export_id is not None:
-                self._handoff.drop(export_id)
+                self._handoff.drop_own(export_id)
             raise
         return fut if refused is None else with_transfer_error(fut, refused)
 
@@ -353,7 +353,7 @@ class Engine:
         token = req.result
         if req.state != RequestState.DONE or token is None:
             if req.export_id is not None:
-                self._handoff.drop(req.export_id)
+                self._handoff.drop_own(req.export_id)
             return PrefillResult(
                 request_id,
                 req.num_tokens,

@@ -22,7 +22,8 @@ class PrefillResult:
     # with logprob_start: for each position p from logprob_start to the prompt's last but one,
     # (logprob of prompt token p + 1, ((token id, logprob), ...) top tokens at p)
     prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
-    # with kv_transfer: where every stage wrote its layers' KV of the prompt (kv_transfer/directory_store.py);
+    # with kv_transfer: which transfer every stage wrote its layers' KV of the prompt to
+    # (kv_transfer/handoff.py);
     # "error" in it: a stage's part failed ("stage i: why"), and the transfer will not load
     kv_transfer: dict | None = None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+from tests.eventually import eventually
 from wavepp.kv_transfer.export import ExportOutcome
 from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.kv_transfer.reports import ExportReports
@@ -119,18 +120,13 @@ def test_a_held_answer_wakes_the_thread_without_a_store_sweep(tmp_path):
     handoff.store.sweep = lambda now=None: sweeps.append(now) or sweep(now)
     handoff.start()
     try:
-        deadline = time.monotonic() + 5
-        while not sweeps and time.monotonic() < deadline:  # the first pass
-            time.sleep(0.01)
+        assert eventually(lambda: sweeps)  # the first pass
         for request_id in range(50):
             handoff.expect(request_id)
             assert handoff.finished(done(request_id))
         time.sleep(0.3)
         assert len(sweeps) == 1
         handoff.open([1, 2], True, {"num_stages": 2})
-        deadline = time.monotonic() + 5
-        while len(sweeps) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(sweeps) == 2
+        assert eventually(lambda: len(sweeps) >= 2) and len(sweeps) == 2
     finally:
         handoff.close()

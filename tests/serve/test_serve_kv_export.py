@@ -170,7 +170,10 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
     from wavepp.serve.router import RouteConfig, build_router
 
     url, store, _, _ = served
-    transfers = lambda: {p.name for p in store.root.iterdir() if (p / ".wavepp-transfer").exists()}  # noqa: E731
+
+    def transfers():
+        return {p.name for p in store.root.iterdir() if (p / ".wavepp-transfer").exists()}
+
     before = transfers()
     dead = f"http://127.0.0.1:{free_port()}"
     with app_in_thread(build_router(RouteConfig(url, dead, timeout_s=30))) as router:

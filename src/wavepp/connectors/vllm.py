@@ -6,13 +6,14 @@
 
 A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
 returned ({"transfer_id", ...}). The scheduler side finds the transfer in the directory store
-(`wavepp.kv_transfer.directory_store`: every stage's part there, every checksum good, the same prompt, the
-same layer shapes) and tells vLLM how many prompt tokens it can load: whole vLLM blocks, the
-last token always left for vLLM to compute (it needs its logits). It reads and verifies a
-transfer once per request, however often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those
-tokens' K and V into each attention layer through the layer's own `do_kv_cache_update`, so the
-cache takes the layout of the backend that runs (on the CPU: K and V rows per block, repacked
-for AMX or the vector ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer
+(`wavepp.kv_transfer.directory_store`: every stage's part there, every checksum good, the same
+prompt, the same layer shapes) and tells vLLM how many prompt tokens it can load: whole vLLM
+blocks, the last token always left for vLLM to compute (it needs its logits). It reads and
+verifies a transfer once per request, however often vLLM asks
+(`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens' K and V into
+each attention layer through the layer's own `do_kv_cache_update`, so the cache takes the layout
+of the backend that runs (on the CPU: K and V rows per block, repacked for AMX or the vector
+ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer
 instead, rows [c | k_rope] (kv_lora_rank + qk_rope_head_dim: the latent after kv_a_layernorm,
 the RoPE key after rotation), written through the MLA backend's own
 `do_kv_cache_update(kv_c_normed, k_pe, ...)` (CPU_MLA and AMX_MLA keep one [c | k_pe] row per

@@ -257,7 +257,8 @@ class DirectoryStore:
         return sum(size for _, _, size in self._entries())
 
     def _entries(self):
-        """(id, created, bytes) of every transfer the store made; other folders are not looked into."""
+        """(id, created, bytes) of every transfer the store made; other folders are not looked
+        into."""
         try:
             folders = list(self.root.iterdir())
         except FileNotFoundError:

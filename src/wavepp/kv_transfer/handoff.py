@@ -9,7 +9,7 @@ what is given up, and keeps the store within its bounds, from a thread of its ow
     handoff.start(on_overdue)                           # on_overdue(req, errors): a deadline passed
     handoff.finished(req) / handoff.report(outcome) / handoff.take_errors(request_id)
     params = handoff.answer(transfer_id, num_tokens, meta, errors)   # kv_transfer_params
-    handoff.drop(transfer_id)                           # given up: removed by the thread
+    handoff.drop_own(transfer_id)                       # given up: removed by the thread
     handoff.close()                                     # the thread stops; our transfers go
 
 Its state is under its own lock, never held while it calls out: the engine core calls it under
@@ -128,7 +128,8 @@ class KVHandoff:
         return held
 
     def report(self, outcome) -> tuple[object, dict[int, str]] | None:
-        """A stage's outcome of one part: counted; the held request it completes, with its errors."""
+        """A stage's outcome of one part: counted; the held request it completes, with its
+        errors."""
         with self._lock:
             return self._reports.report(outcome)
 
@@ -183,19 +184,22 @@ class KVHandoff:
         return params
 
     def drop(self, transfer_id: str) -> bool:
-        """Give up a transfer this engine wrote (its request failed, or the decode side did):
-        queued for the sweeper. False for an id that is bad, unknown or another engine's."""
+        """Give up a transfer named from outside (the decode side failed): queued for the
+        thread. False for an id that is bad, unknown or another engine's (its request.json is
+        read here: not for a caller under the engine's lock, see `drop_own`)."""
         try:
             check_transfer_id(transfer_id)
         except ValueError:
             return False
         if self.store.owner_of(transfer_id) != self.owner:
             return False
-        self._queue("drop", transfer_id, None)
+        self.drop_own(transfer_id)
         return True
 
-    def total_bytes(self) -> int:
-        return self.store.total_bytes()
+    def drop_own(self, transfer_id: str) -> None:
+        """Give up a transfer this engine opened (its request failed): queued for the thread,
+        with no look at the store here (the thread's removal checks the owner itself)."""
+        self._queue("drop", transfer_id, None)
 
     def usage(self) -> dict:
         """What /metrics shows, read without scanning the store: its bytes at the last sweep

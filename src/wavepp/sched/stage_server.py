@@ -212,7 +212,8 @@ class StageServer:
             return ItemResult(
                 request_id,
                 False,
-                f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the host tier",
+                f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the "
+                f"host tier",
             )
         resume = pool.match_snapshots(hashes, on_gpu).num_blocks if self._hybrid_pool else on_gpu
         boundaries = (
@@ -220,7 +221,8 @@ class StageServer:
             if self._hybrid_pool
             else ()
         )
-        # states written back: the boundaries in (resume, agreed], and the one it resumes from at agreed
+        # states written back: the boundaries in (resume, agreed], and the one it resumes
+        # from at agreed
         num_states = sum(1 for b in boundaries if b <= agreed) + int(
             self._hybrid_pool and agreed not in boundaries
         )

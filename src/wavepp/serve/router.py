@@ -300,7 +300,5 @@ def _passthrough(resp: httpx.Response) -> Response:
 
 
 def _error(status: int, message: str, kind: str = "BadGateway") -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}},
-        status_code=status,
-    )
+    """The router's own refusal, in the OpenAI error format the server writes (APIError)."""
+    return JSONResponse(APIError(status, message, type_=kind).body(), status_code=status)
