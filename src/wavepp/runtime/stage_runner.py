@@ -27,11 +27,6 @@ from wavepp.runtime.stage import StageRuntime
 from wavepp.sched import Wave
 
 
-def rounds_on_loop(policy) -> bool:
-    """Admission rounds run on the stage's wave thread, between waves (lockstep)."""
-    return policy.inline_admission and policy.loop is None
-
-
 class StageRunner:
     def __init__(self, stage: StageRuntime, channels: Channels, num_stages: int):
         self.stage = stage
@@ -43,7 +38,9 @@ class StageRunner:
 
     @property
     def rounds_on_loop(self) -> bool:
-        return rounds_on_loop(self.stage.policy)
+        """Admission rounds run on the stage's wave thread, between waves (lockstep)."""
+        policy = self.stage.policy
+        return policy.inline_admission and policy.loop is None
 
     def note_admission(self, seconds: float) -> None:
         self._admission_s += seconds
