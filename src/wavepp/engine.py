@@ -56,7 +56,7 @@ class Engine:
             model_config.num_layers, pp, opts.layer_split
         )  # the layers split into pp stages
         self._handoff = None
-        if opts.kv_store is not None:
+        if opts.handoff_transport:
             if page_layout(model_config).is_hybrid:
                 raise ValueError(
                     f"the KV hand-off does not carry recurrent-state snapshots yet: "
@@ -67,6 +67,7 @@ class Engine:
             )
             self._handoff = KVHandoff(
                 opts.kv_store,
+                transport=opts.handoff_transport,
                 num_stages=pp,
                 export_wait_s=opts.kv_export_wait_s,
                 max_bytes=max_bytes,
@@ -86,7 +87,7 @@ class Engine:
                 device,
                 backend,
                 run_dir=self._cluster.run_dir,
-                kv_store="" if self._handoff is None else str(self._handoff.root),
+                kv_store="" if self._handoff is None else str(self._handoff.root or ""),
             )
             self._core = EngineCore(
                 self.config, self._cluster.channels, self._cluster.dead_stage, self._handoff
@@ -97,7 +98,8 @@ class Engine:
         self._closed = False
         self._core.start(self._result)
         if self._handoff is not None:
-            self._handoff.start(self._core.answer_overdue)
+            exporter = self._core.stage.exporter  # stage 0's: its transfer engine is rank 0's
+            self._handoff.start(self._core.answer_overdue, getattr(exporter, "transport", None))
         self._cluster.watch(self._core.fail)
         self.vocab_size = self._core.vocab_size
 
@@ -147,7 +149,10 @@ class Engine:
         export_id, refused = None, None
         if kv_transfer is not False and kv_transfer is not None:
             if self._handoff is None:
-                raise ValueError("kv_transfer needs a KV store: start the engine with kv_store=DIR")
+                raise ValueError(
+                    "kv_transfer needs the KV hand-off: start the engine with kv_store=DIR or "
+                    "kv_transport='mooncake'"
+                )
             try:
                 export_id = self._handoff.open(
                     token_ids,

@@ -41,7 +41,11 @@ class EngineConfig:
     `kv_ttl_s` passed or the store passes `kv_store_max_gib` (oldest first; default: half the
     file system's free space at start, kv_transfer/handoff.py), and those the engine wrote are
     removed at its shutdown. An answer waits at most `kv_export_wait_s` after the prefill for
-    the stages' parts (then names them failed).
+    the stages' parts (then names them failed). `kv_transport="mooncake"` hands the KV on
+    over Mooncake's transfer engine instead (no directory): each stage keeps its parts in an
+    arena of `kv_arena_gib` registered with an engine of its own on `kv_host`, over
+    `kv_transport_protocol` ("tcp" or "rdma"), until the decode side pulled them, `kv_ttl_s`
+    passed or newer parts needed the room (kv_transfer/transport.py).
 
     `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also runs
     the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of
@@ -63,6 +67,10 @@ class EngineConfig:
     profile_waves: bool = True
     device: str = "cpu"  # "cpu" | "cuda" | "auto"
     kv_store: str | None = None  # the KV hand-off's directory; None: no hand-off
+    kv_transport: str | None = None  # "directory" | "mooncake"; None: "directory" with kv_store
+    kv_transport_protocol: str = "tcp"  # mooncake: "tcp" | "rdma"
+    kv_host: str | None = None  # mooncake: the stages' address (None: the default route's)
+    kv_arena_gib: float = 2.0  # mooncake: each stage's staging arena
     kv_store_max_gib: float | None = None  # None: half the store's file system's free space
     kv_ttl_s: float = 600.0
     kv_export_wait_s: float = 60.0
@@ -82,9 +90,23 @@ class EngineConfig:
             raise ValueError(f"kv_ttl_s must be positive, got {self.kv_ttl_s}")
         if self.kv_store is not None and not str(self.kv_store):
             raise ValueError("kv_store must name a directory")
+        if self.kv_transport == "directory" and self.kv_store is None:
+            raise ValueError("kv_transport='directory' needs kv_store (a directory)")
+        if self.kv_transport == "mooncake" and self.kv_store is not None:
+            raise ValueError(
+                "kv_store is the directory transport's; kv_transport='mooncake' takes none"
+            )
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        self.runtime_config("", "cpu", self.backend or "gloo")  # the options every rank shares
+        # the options every rank shares
+        self.runtime_config("", "cpu", self.backend or "gloo", kv_store=self.kv_store or "")
+
+    @property
+    def handoff_transport(self) -> str:
+        """ "" (no hand-off), "directory" or "mooncake"."""
+        if self.kv_transport is not None:
+            return self.kv_transport
+        return "directory" if self.kv_store is not None else ""
 
     def runtime_config(
         self, model_path: str, device: str, backend: str, *, kv_store: str = "", run_dir: str = ""
@@ -107,6 +129,11 @@ class EngineConfig:
             snapshot_align_frac=self.snapshot_align_frac,
             profile_waves=self.profile_waves,
             kv_store=kv_store,
+            kv_transport=self.handoff_transport,
+            kv_transport_protocol=self.kv_transport_protocol,
+            kv_host=self.kv_host or "",
+            kv_arena_gib=self.kv_arena_gib,
+            kv_ttl_s=self.kv_ttl_s,
             kv_export_wait_s=self.kv_export_wait_s,
             layer_split=self.layer_split,
         )

@@ -77,6 +77,32 @@ def add_parser(sub) -> None:
         '{"do_remote_decode": true}, for a decode engine (docs/disaggregation.md)',
     )
     p.add_argument(
+        "--kv-transport",
+        choices=("directory", "mooncake"),
+        default=None,
+        help="how the stages hand the KV on: 'directory' (the default with --kv-store) or "
+        "'mooncake' (each stage's own Mooncake transfer engine; the decode side pulls from it)",
+    )
+    p.add_argument(
+        "--kv-transport-protocol",
+        choices=("tcp", "rdma"),
+        default="tcp",
+        help="with --kv-transport mooncake: the transfer engines' protocol (default tcp)",
+    )
+    p.add_argument(
+        "--kv-host",
+        default=None,
+        help="with --kv-transport mooncake: the address the stages' transfer engines listen on, "
+        "the one the decode hosts reach (default: this host's default-route address)",
+    )
+    p.add_argument(
+        "--kv-arena-gib",
+        type=float,
+        default=2.0,
+        help="with --kv-transport mooncake: each stage's staging arena; the oldest parts go "
+        "when it is full (default 2)",
+    )
+    p.add_argument(
         "--kv-store-max-gib",
         type=float,
         default=None,
@@ -86,7 +112,7 @@ def add_parser(sub) -> None:
         "--kv-ttl-s",
         type=float,
         default=600.0,
-        help="with --kv-store: seconds a transfer not taken lives (default 600)",
+        help="seconds a KV transfer not taken lives (default 600)",
     )
     p.add_argument(
         "--kv-export-wait-s",
@@ -119,6 +145,10 @@ def run(args) -> int:
         args,
         model,
         kv_store=args.kv_store,
+        kv_transport=args.kv_transport,
+        kv_transport_protocol=args.kv_transport_protocol,
+        kv_host=args.kv_host,
+        kv_arena_gib=args.kv_arena_gib,
         kv_store_max_gib=args.kv_store_max_gib,
         kv_ttl_s=args.kv_ttl_s,
         kv_export_wait_s=args.kv_export_wait_s,

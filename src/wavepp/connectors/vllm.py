@@ -1,16 +1,29 @@
-"""A vLLM KV connector (consumer) that loads what wavepp's stages wrote into vLLM's paged cache.
+"""A vLLM KV connector (consumer) that loads what wavepp's stages handed on into vLLM's paged
+cache, over Mooncake's transfer engine or from the directory store.
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "WavePPConnector",
         "kv_connector_module_path": "wavepp.connectors.vllm", "kv_role": "kv_consumer",
-        "kv_connector_extra_config": {"store": "DIR"}}'
+        "kv_connector_extra_config": {}}'
+
+`kv_connector_extra_config` may hold `"host"` (the address this side's transfer engine uses;
+default: the one on the route to the prefill's stages), `"protocol"` ("tcp" or "rdma"),
+`"store": DIR` (to also read the directory transport), `"recompute_failed_loads": false` (keep
+vLLM's own `kv_load_failure_policy`; by default the connector sets it to "recompute", so a
+pull that fails is computed, never an error nor a wrong token).
 
 A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
-returned ({"transfer_id", ...}). The scheduler side finds the transfer in the directory store
+returned ({"transfer_id", ...}). With the Mooncake transport they say, per stage, where its
+part lies (the stage's transfer engine session, addresses, layout); the scheduler side checks
+them against the request and this model (the prompt's digest, layers, pools, widths: no
+network) and tells vLLM how many prompt tokens load: every one but the last (vLLM computes it
+for its logits), whatever vLLM's block size. The worker side pulls each stage's part with its
+own transfer engine, straight from that stage's memory, checks the part was not freed while it
+was read, loads it, and releases it on the stage. A pull that fails (a stage gone, a part
+freed by its TTL or for room) marks the request's blocks as failed loads: vLLM computes them.
+With the directory store the scheduler side finds the transfer in the store
 (`wavepp.kv_transfer.directory_store`: every stage's part there, every checksum good, the same
-prompt, the same layer shapes) and tells vLLM how many prompt tokens it can load: whole vLLM
-blocks, the last token always left for vLLM to compute (it needs its logits). It reads and
-verifies a transfer once per request, however often vLLM asks
-(`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens' K and V into
+prompt, the same layer shapes) and reads and verifies a transfer once per request, however
+often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens' K and V into
 each attention layer through the layer's own `do_kv_cache_update`, so the cache takes the layout
 of the backend that runs (on the CPU: K and V rows per block, repacked for AMX or the vector
 ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer
@@ -22,13 +35,14 @@ incomplete past `wait_s`, failed (kv_transfer_params with "error": a stage could
 its part), corrupt, or of another model (other pools or widths) makes vLLM compute the prompt
 itself (logged, counted in `num_misses`): slower, never a wrong token. The transfer is dropped once its request finishes.
 
-This module imports vLLM, torch, safetensors and the store only (no wavepp module that pulls
-in the server's packages): it runs inside vLLM's own environment with wavepp's `src/` on the
+This module imports vLLM, torch, safetensors, mooncake and wavepp's kv_transfer modules only
+(no wavepp module that pulls in the server's packages): it runs inside vLLM's own environment with wavepp's `src/` on the
 path. Attention layers of the Llama family (GQA K/V pools) and MLA layers (latent pool).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +57,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from wavepp.kv_transfer.arena_pull import ArenaPuller, PullFailed
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
 from wavepp.kv_transfer.directory_store import DirectoryStore
+
+log = logging.getLogger(__name__)
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -56,6 +73,7 @@ class LoadSpec:
     end: int
     block_ids: tuple[int, ...]  # the request's vLLM blocks, from its first token
     block_size: int
+    stages: tuple = ()  # the Mooncake transport: each stage's location; empty: the store
 
 
 @dataclass
@@ -69,12 +87,14 @@ class WavePPConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        if not extra.get("store"):
-            raise ValueError(
-                'WavePPConnector needs kv_connector_extra_config {"store": DIR}, the '
-                "directory wavepp serve --kv-store writes to"
-            )
-        self.store = DirectoryStore(extra["store"])
+        self.store = DirectoryStore(extra["store"]) if extra.get("store") else None
+        self.puller = ArenaPuller(extra.get("host"), extra.get("protocol", "tcp"))
+        if extra.get("recompute_failed_loads", True):
+            # a part that cannot be pulled is computed by vLLM (the scheduler reads this policy
+            # once, after it made its connector)
+            self._kv_transfer_config.kv_load_failure_policy = "recompute"
+        self._load_errors: set[int] = set()
+        self.num_failed_pulls = 0
         self.block_size = vllm_config.cache_config.block_size
         model = vllm_config.model_config
         if model.use_mla:
@@ -97,7 +117,8 @@ class WavePPConnector(KVConnectorBase_V1):
             wait_s=float(extra.get("wait_s", 5.0)),
         )
         self.num_loaded_tokens = 0
-        self._plans: dict[str, tuple[str, int, int]] = {}  # request id -> (transfer, start, end)
+        # request id -> (transfer, start, end, stage locations)
+        self._plans: dict[str, tuple[str, int, int, tuple]] = {}
         self._scheduled: dict[str, str] = {}  # request id -> transfer, until it ends
 
     @property
@@ -120,6 +141,7 @@ class WavePPConnector(KVConnectorBase_V1):
             params["transfer_id"],
             num_computed_tokens,
             num_computed_tokens + n,
+            tuple(params.get("stages") or ()),
         )
         return n, False
 
@@ -134,11 +156,12 @@ class WavePPConnector(KVConnectorBase_V1):
             plan = self._plans.pop(new.req_id, None)
             if plan is None:
                 continue
-            transfer_id, start, end = plan
+            transfer_id, start, end, stages = plan
             meta.loads.append(
-                LoadSpec(transfer_id, start, end, tuple(new.block_ids[0]), self.block_size)
+                LoadSpec(transfer_id, start, end, tuple(new.block_ids[0]), self.block_size, stages)
             )
-            self._scheduled[new.req_id] = transfer_id
+            if not stages:  # the store's transfer is removed when the request ends
+                self._scheduled[new.req_id] = transfer_id
             self.num_loaded_tokens += end - start
         return meta
 
@@ -147,7 +170,7 @@ class WavePPConnector(KVConnectorBase_V1):
         self._plans.pop(request.request_id, None)
         self.planner.forget(request.request_id)
         transfer_id = self._scheduled.pop(request.request_id, None)
-        if transfer_id is not None:
+        if transfer_id is not None and self.store is not None:
             self.store.remove(transfer_id)
         return False, None
 
@@ -157,43 +180,73 @@ class WavePPConnector(KVConnectorBase_V1):
         if not isinstance(meta, WavePPConnectorMetadata) or not meta.loads:
             return
         for load in meta.loads:
-            rows = self._read_rows(load.transfer_id)
-            positions = torch.arange(load.start, load.end)
-            blocks = torch.tensor(load.block_ids, dtype=torch.int64)
-            slots = (
-                blocks[positions // load.block_size] * load.block_size + positions % load.block_size
+            if load.stages:
+                try:
+                    rows = self._pull(load)
+                except PullFailed as err:
+                    self._fail_load(load, err)
+                    continue
+            else:
+                rows = self._read_rows(load.transfer_id, load.start, load.end)
+            self._write_rows(forward_context, load, rows)
+            if load.stages:
+                self.puller.release(list(load.stages))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks of this step's loads whose pull failed: vLLM computes them."""
+        failed, self._load_errors = self._load_errors, set()
+        return failed
+
+    def _pull(self, load: LoadSpec) -> dict[int, dict[str, torch.Tensor]]:
+        """model layer -> pool -> rows [end - start, width] of tokens [start, end)."""
+        return self.puller.pull(list(load.stages), load.start, load.end)
+
+    def _fail_load(self, load: LoadSpec, err: Exception) -> None:
+        self.num_failed_pulls += 1
+        first, last = load.start // load.block_size, (load.end - 1) // load.block_size
+        self._load_errors.update(load.block_ids[first : last + 1])
+        log.warning(
+            "KV transfer %s could not be pulled (%s): vLLM computes tokens [%d, %d)",
+            load.transfer_id,
+            err,
+            load.start,
+            load.end,
+        )
+        self.puller.release(list(load.stages))
+
+    def _write_rows(self, forward_context, load: LoadSpec, rows) -> None:
+        """rows: model layer -> pool -> [end - start, width], tokens [start, end) of the
+        prompt, into each attention layer's cache through its own do_kv_cache_update."""
+        positions = torch.arange(load.start, load.end)
+        blocks = torch.tensor(load.block_ids, dtype=torch.int64)
+        slots = blocks[positions // load.block_size] * load.block_size + positions % load.block_size
+        for name, layer in forward_context.no_compile_layers.items():
+            cache = getattr(layer, "kv_cache", None)
+            match = _LAYER.search(name)
+            if (
+                cache is None
+                or not cache.numel()
+                or match is None
+                or int(match.group(1)) not in rows
+            ):
+                continue
+            pools = rows[int(match.group(1))]
+            if isinstance(layer, MLAAttention):
+                self._load_latents(layer, pools["latent"], cache, slots)
+                continue
+            key, value = pools["key"], pools["value"]
+            num_kv_heads = layer.num_kv_heads
+            # [tokens, kv_heads * head_dim] -> [tokens, kv_heads, head_dim], the cache's dtype
+            key = key.view(-1, num_kv_heads, key.shape[-1] // num_kv_heads)
+            value = value.view(-1, num_kv_heads, value.shape[-1] // num_kv_heads)
+            dtype = cache.dtype if cache.is_floating_point() else key.dtype
+            layer.impl.do_kv_cache_update(
+                layer,
+                key.to(cache.device, dtype),
+                value.to(cache.device, dtype),
+                cache,
+                slots.to(cache.device),
             )
-            for name, layer in forward_context.no_compile_layers.items():
-                cache = getattr(layer, "kv_cache", None)
-                match = _LAYER.search(name)
-                if (
-                    cache is None
-                    or not cache.numel()
-                    or match is None
-                    or int(match.group(1)) not in rows
-                ):
-                    continue
-                pools = rows[int(match.group(1))]
-                if isinstance(layer, MLAAttention):
-                    self._load_latents(layer, pools["latent"][load.start : load.end], cache, slots)
-                    continue
-                key, value = pools["key"], pools["value"]
-                num_kv_heads = layer.num_kv_heads
-                # [tokens, kv_heads * head_dim] -> [tokens, kv_heads, head_dim], the cache's dtype
-                key = key[load.start : load.end].view(
-                    -1, num_kv_heads, key.shape[-1] // num_kv_heads
-                )
-                value = value[load.start : load.end].view(
-                    -1, num_kv_heads, value.shape[-1] // num_kv_heads
-                )
-                dtype = cache.dtype if cache.is_floating_point() else key.dtype
-                layer.impl.do_kv_cache_update(
-                    layer,
-                    key.to(cache.device, dtype),
-                    value.to(cache.device, dtype),
-                    cache,
-                    slots.to(cache.device),
-                )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -222,13 +275,16 @@ class WavePPConnector(KVConnectorBase_V1):
             kv_c_normed, k_pe, cache, slots.to(cache.device), layer.kv_cache_dtype, layer._k_scale
         )
 
-    def _read_rows(self, transfer_id: str) -> dict[int, dict[str, torch.Tensor]]:
-        """model layer -> pool -> rows [tokens, width], from every part: `key` and `value`
-        [tokens, kv_heads * head_dim], or MLA's `latent` [tokens, kv_lora_rank + rope]."""
+    def _read_rows(
+        self, transfer_id: str, start: int, end: int
+    ) -> dict[int, dict[str, torch.Tensor]]:
+        """model layer -> pool -> rows [end - start, width] of tokens [start, end), from every
+        part in the store: `key` and `value` [tokens, kv_heads * head_dim], or MLA's `latent`
+        [tokens, kv_lora_rank + rope]."""
         out: dict[int, dict[str, torch.Tensor]] = {}
         for part in self.store.read(transfer_id, verify=False).parts:
             tensors = load_file(str(part.path))
             for pool, held in part.manifest["pools"].items():
                 for j, layer in enumerate(held["layers"]):
-                    out.setdefault(layer, {})[pool] = tensors[pool][j]
+                    out.setdefault(layer, {})[pool] = tensors[pool][j, start:end]
         return out

@@ -1,6 +1,7 @@
 """What a decode engine may load of a transfer: the decision its connector makes, engine-free.
 
-    plan_load(store, transfer_id, prompt, ...) -> LoadPlan(num_tokens, reason)
+    plan_load(store, transfer_id, prompt, ...) -> LoadPlan(num_tokens, reason)    directory store
+    plan_arena(params, prompt, ...) -> LoadPlan(num_tokens, reason)     Mooncake: the stages' arenas
 
     num_tokens > 0   load prompt tokens [num_computed, num_computed + num_tokens)
     num_tokens == 0  load nothing: compute the prompt (`reason` says why, for the log and the
@@ -8,8 +9,14 @@
                      nothing is left past what the engine has cached itself
     num_tokens None  the stages are still writing: ask again (until the caller's wait runs out)
 
-A decode engine computes at least the prompt's last token (it needs its logits) and takes whole
-blocks of its own, so at most `(len(prompt) - 1) // block_size * block_size` tokens load.
+A decode engine computes at least the prompt's last token (it needs its logits): every other
+token loads, `len(prompt) - 1` of them, whatever the engine's block size (its last block partly
+filled, as vLLM's NIXL path loads it).
+
+Over the transfer engine (`plan_arena`) the decision is made from the params alone, with no
+network on the scheduler's thread: the prompt's digest, every stage's location well formed,
+the layers, pools and widths this engine's. Whether the parts are still there is learned by the
+pull (arena_pull.py); a pull that fails is the worker's to report (vLLM recomputes those blocks).
 
 The engine names the pools its layers take and their row width: an attention layer's `key` and
 `value` (kv heads x head dim each), or MLA's one `latent` pool (kv_lora_rank + qk_rope_head_dim);
@@ -28,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from wavepp.kv_transfer.arena_part import check_location, prompt_digest
 from wavepp.kv_transfer.directory_store import DirectoryStore, Transfer, TransferError
 
 log = logging.getLogger("wavepp.connectors.vllm")
@@ -66,8 +74,52 @@ def plan_load(
     reason = mismatch(transfer, prompt, num_layers, kv_width, pools)
     if reason:
         return LoadPlan(0, f"KV transfer {transfer_id!r} does not fit this request: {reason}")
-    end = (len(prompt) - 1) // block_size * block_size
-    return LoadPlan(max(0, end - num_computed))
+    return LoadPlan(max(0, len(prompt) - 1 - num_computed))
+
+
+def plan_arena(
+    params: dict,
+    prompt: Sequence[int],
+    *,
+    num_computed: int,
+    num_layers: int,
+    kv_width: int,
+    pools: Sequence[str] = KV_POOLS,
+) -> LoadPlan:
+    """How many tokens past `num_computed` load from the stages' arenas that `params` (an
+    answer's kv_transfer_params, Mooncake transport) name; 0 with the reason when they cannot."""
+    transfer_id = params.get("transfer_id")
+    stages = params.get("stages")
+    if not isinstance(stages, list) or not stages:
+        return LoadPlan(0, f"KV transfer {transfer_id!r}: its params name no stage parts")
+    if params.get("num_tokens") != len(prompt) or params.get("prompt_digest") != prompt_digest(
+        prompt
+    ):
+        return LoadPlan(0, f"KV transfer {transfer_id!r} is of another prompt")
+    layers = set()
+    for i, location in enumerate(stages):
+        why = check_location(location)
+        if why is None and location["num_tokens"] != len(prompt):
+            why = f"it holds {location['num_tokens']} tokens; the prompt has {len(prompt)}"
+        if why is None and set(location["pools"]) != set(pools):
+            why = (
+                f"it holds the pools {sorted(location['pools'])}; this model's layers take "
+                f"{sorted(pools)}"
+            )
+        if why is None:
+            for name, pool in location["pools"].items():
+                if pool["width"] != kv_width:
+                    why = f"its {name} rows are {pool['width']} wide; this model's are {kv_width}"
+        if why is not None:
+            return LoadPlan(0, f"KV transfer {transfer_id!r}, stage {i}: {why} (another model?)")
+        layers.update(location["pools"][pools[0]]["layers"])
+    if layers != set(range(num_layers)):
+        return LoadPlan(
+            0,
+            f"KV transfer {transfer_id!r} covers {len(layers)} layers; this model has "
+            f"{num_layers} (another model?)",
+        )
+    return LoadPlan(max(0, len(prompt) - 1 - num_computed))
 
 
 def mismatch(
@@ -113,7 +165,7 @@ class DecodePlanner:
 
     def __init__(
         self,
-        store: DirectoryStore,
+        store: DirectoryStore | None,
         *,
         block_size: int,
         num_layers: int,
@@ -161,6 +213,22 @@ class DecodePlanner:
         if params.get("error"):
             reason = (
                 f"the prefill reports that KV transfer {transfer_id!r} failed: {params['error']}"
+            )
+            end = 0
+        elif "stages" in params:  # the Mooncake transport: the stages' arenas
+            plan = plan_arena(
+                params,
+                prompt,
+                num_computed=0,
+                num_layers=self.num_layers,
+                kv_width=self.kv_width,
+                pools=self.pools,
+            )
+            reason, end = plan.reason, plan.num_tokens
+        elif self.store is None:
+            reason = (
+                f"KV transfer {transfer_id!r} is in a directory store and this connector has "
+                'none (kv_connector_extra_config {"store": DIR})'
             )
             end = 0
         else:

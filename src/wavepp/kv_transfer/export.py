@@ -1,12 +1,14 @@
 """A stage's side of the hand-off: copy a finished request's KV out of the paged pools, then
-write it to the store on a thread of its own, beside execution.
+hand it to the transport (transport.py: the directory store, or this stage's arena for
+Mooncake's transfer engine) on a thread of its own, beside execution.
 
     stage LOOP:   forward(wave) -> for each chunk that ends a request asking for export:
                       rows = pools.export_rows(block_table, num_tokens)   (a copy, on the host)
                       exporter.submit(transfer_id, rows)                  (returns at once)
                   complete(wave)                                          (blocks may be reused)
-    writer:       pack as safetensors -> store.write_part (atomic, manifest last)
-                  -> on_outcome(ExportOutcome(request, transfer, stage, error or None))
+    writer:       transport.put(...)   (directory: pack + atomic write; mooncake: into the arena)
+                  -> on_outcome(ExportOutcome(request, transfer, stage, error, location))
+                  idle: transport.tick(now)   (the arena frees what was released or expired)
 
 The copy is taken before the stage completes the wave, so a block the pool hands to another
 request afterwards cannot change what is written. Reused blocks are copied like computed ones:
@@ -21,16 +23,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from safetensors.torch import save
 
-from wavepp.kv_transfer.directory_store import DirectoryStore, TransferError
+from wavepp.kv_transfer.arena import ArenaFull
+from wavepp.kv_transfer.directory_store import TransferError
+from wavepp.kv_transfer.mooncake_engine import TransferFailed
+from wavepp.kv_transfer.transport import StageTransport
 
 log = logging.getLogger(__name__)
 _STOP = object()
+TICK_S = 0.05  # an idle writer lets its transport free what was released this often
 
 
 @dataclass(frozen=True)
@@ -41,17 +47,25 @@ class ExportOutcome:
     transfer_id: str
     stage_id: int
     error: str | None = None
+    location: dict | None = None  # where the part lies (the Mooncake transport), for the answer
 
 
 class StageExporter:
     def __init__(
-        self, store: DirectoryStore, stage_id: int, manifest: dict, *, max_pending: int = 256
+        self,
+        transport: StageTransport,
+        stage_id: int,
+        manifest: dict,
+        *,
+        max_pending: int = 256,
+        clock=time.monotonic,
     ):
         """`manifest`: what every part of this stage says of itself (model type, layers, dtype,
-        block size); each part adds its pools, token count and checksum."""
-        self.store = store
+        block size); each part adds its pools and token count."""
+        self.transport = transport
+        self.clock = clock
         self.stage_id = stage_id
-        self.manifest = manifest
+        self.manifest = {**manifest, "stage_id": stage_id}
         self.num_written = 0
         self.num_failed = 0
         # called on the writer thread after each part, written or failed (the runtime sets it)
@@ -72,29 +86,26 @@ class StageExporter:
         self._queue.put((transfer_id, rows, num_tokens, request_id))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued, then stop the writer."""
+        """Hand on what is queued, then stop the writer and close the transport."""
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
+        self.transport.close()
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not _STOP:
-            transfer_id, rows, num_tokens, request_id = item
-            error = None
+        while True:
             try:
-                tensors = {name: t for name, (_, t) in rows.items()}
-                pools = {
-                    name: {"layers": layers, "width": int(t.shape[-1])}
-                    for name, (layers, t) in rows.items()
-                }
-                data = save(tensors, metadata={"transfer_id": transfer_id})
-                self.store.write_part(
-                    transfer_id,
-                    self.stage_id,
-                    data,
-                    {**self.manifest, "pools": pools, "num_tokens": num_tokens},
-                )
+                item = self._queue.get(timeout=TICK_S)
+            except queue.Empty:
+                self._tick()
+                continue
+            if item is _STOP:
+                return
+            transfer_id, rows, num_tokens, request_id = item
+            error = location = None
+            try:
+                location = self.transport.put(transfer_id, rows, num_tokens, self.manifest)
                 self.num_written += 1
-            except (OSError, TransferError, ValueError) as err:
+            except (OSError, TransferError, TransferFailed, ValueError, ArenaFull) as err:
                 error = str(err)
             except Exception as err:  # noqa: BLE001 - whatever it is, the writer goes on and says so
                 error = f"{type(err).__name__}: {err}"
@@ -104,10 +115,18 @@ class StageExporter:
                     "stage %d: KV export of %s failed: %s", self.stage_id, transfer_id, error
                 )
             try:
-                self.on_outcome(ExportOutcome(request_id, transfer_id, self.stage_id, error))
+                self.on_outcome(
+                    ExportOutcome(request_id, transfer_id, self.stage_id, error, location)
+                )
             except Exception:  # noqa: BLE001 - a report that cannot be made must not stop the writer
                 log.exception(
                     "stage %d: the outcome of %s's KV export could not be reported",
                     self.stage_id,
                     transfer_id,
                 )
+
+    def _tick(self) -> None:
+        try:
+            self.transport.tick(self.clock())
+        except Exception:  # noqa: BLE001 - housekeeping that fails is tried again next tick
+            log.exception("stage %d: the KV transport's housekeeping failed", self.stage_id)

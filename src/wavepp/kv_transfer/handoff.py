@@ -1,7 +1,9 @@
 """Rank 0's side of the KV hand-off, one component: it opens a transfer for a request that asks
 for one, tracks which stages have reported their parts (reports.py) and answers a request whose
-stages stay silent past the deadline, says in the answer which transfer the stages wrote, drops
-what is given up, and keeps the store within its bounds, from a thread of its own.
+stages stay silent past the deadline, says in the answer which transfer the stages wrote (and,
+over Mooncake's transfer engine, where each stage holds its part), drops what is given up, and
+keeps the transport's bounds, from a thread of its own. What differs per transport (the
+directory store, or the stages' arenas) is in handoff_backends.py.
 
     handoff = KVHandoff(root, num_stages=2, export_wait_s=60, max_bytes=None, ttl_s=600)
     transfer_id = handoff.open(token_ids, True, meta)   # request.json written (the caller's thread)
@@ -35,7 +37,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from wavepp.kv_transfer.directory_store import DirectoryStore, check_transfer_id
+from wavepp.kv_transfer.directory_store import check_transfer_id
+from wavepp.kv_transfer.handoff_backends import ArenaBackend, DirectoryBackend
 from wavepp.kv_transfer.reports import ExportReports
 
 log = logging.getLogger(__name__)
@@ -55,8 +58,9 @@ def default_max_bytes(root: str | Path) -> int:
 class KVHandoff:
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | None = None,
         *,
+        transport: str = "directory",
         num_stages: int = 1,
         export_wait_s: float = 60.0,
         max_bytes: int | None = None,
@@ -68,8 +72,16 @@ class KVHandoff:
             raise ValueError(
                 f"the wait for the stages' KV parts must be positive, got {export_wait_s} s"
             )
-        cap = default_max_bytes(root) if max_bytes is None else max_bytes
-        self.store = DirectoryStore(root, max_bytes=cap, ttl_s=ttl_s)
+        if transport == "directory":
+            if root is None:
+                raise ValueError("the directory KV transport needs a directory (kv_store)")
+            cap = default_max_bytes(root) if max_bytes is None else max_bytes
+            self.backend = DirectoryBackend(root, max_bytes=cap, ttl_s=ttl_s)
+        elif transport == "mooncake":
+            self.backend = ArenaBackend(num_stages=num_stages, ttl_s=ttl_s, clock=clock)
+        else:
+            raise ValueError(f"kv transport must be 'directory' or 'mooncake', got {transport!r}")
+        self.transport = transport
         self.clock = clock
         self._reports = ExportReports(num_stages, export_wait_s)
         self._on_overdue: Callable = lambda req, errors: None
@@ -88,15 +100,25 @@ class KVHandoff:
         self.num_swept = 0  # transfers dropped by the TTL or the cap
 
     @property
-    def root(self) -> Path:
-        return self.store.root
+    def root(self) -> Path | None:
+        """The directory store's root (None for the Mooncake transport)."""
+        return self.backend.root
+
+    @property
+    def store(self):
+        """The directory store (the directory transport only)."""
+        return self.backend.store
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self, on_overdue: Callable | None = None) -> None:
+    def start(self, on_overdue: Callable | None = None, arena_client=None) -> None:
         """Start the thread; `on_overdue(req, errors)` answers a held request whose deadline
-        passed (called with no lock of this component's held)."""
+        passed (called with no lock of this component's held). `arena_client`: with the
+        Mooncake transport, stage 0's MooncakeTransport, through which parts are released and
+        the stages' arenas read."""
         if on_overdue is not None:
             self._on_overdue = on_overdue
+        if arena_client is not None and self.transport == "mooncake":
+            self.backend.client = arena_client
         self._thread = threading.Thread(target=self._run, name="wavepp-kv-handoff", daemon=True)
         self._thread.start()
 
@@ -110,7 +132,7 @@ class KVHandoff:
         self._store_work()
         with self._lock:
             self._reports.clear()
-        self.store.remove_owned(self.owner)
+        self.backend.close(self.owner)
 
     # ---- the stages' reports (the engine core, under its lock) -------------------------------
     def expect(self, request_id: int) -> None:
@@ -130,6 +152,7 @@ class KVHandoff:
     def report(self, outcome) -> tuple[object, dict[int, str]] | None:
         """A stage's outcome of one part: counted; the held request it completes, with its
         errors."""
+        self.backend.note(outcome)
         with self._lock:
             return self._reports.report(outcome)
 
@@ -161,12 +184,7 @@ class KVHandoff:
             raise ValueError(
                 f"kv_transfer must be True or a transfer id (str), got {kv_transfer!r}"
             )
-        try:
-            self.store.write_request(
-                transfer_id, {"token_ids": token_ids, **meta, "owner": self.owner}
-            )
-        except FileExistsError:
-            raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
+        self.backend.open(transfer_id, token_ids, meta, self.owner)
         self._store_due.set()  # the cap is checked with every new transfer
         self._wake.set()
         return transfer_id
@@ -177,7 +195,12 @@ class KVHandoff:
         """The answer's kv_transfer_params: which transfer, and what a decode engine checks it
         against. With `errors` ({stage: why}) the transfer is marked failed (by the sweeper;
         the decode side refuses params with "error" without reading the store)."""
-        params = {"transfer_id": transfer_id, "num_tokens": num_tokens, **meta}
+        params = {
+            "transfer_id": transfer_id,
+            "num_tokens": num_tokens,
+            **meta,
+            **self.backend.answer_fields(transfer_id),
+        }
         if errors:
             params["error"] = "; ".join(f"stage {stage}: {why}" for stage, why in errors.items())
             self._queue("fail", transfer_id, errors)
@@ -191,7 +214,7 @@ class KVHandoff:
             check_transfer_id(transfer_id)
         except ValueError:
             return False
-        if self.store.owner_of(transfer_id) != self.owner:
+        if not self.backend.owns(transfer_id, self.owner):
             return False
         self.drop_own(transfer_id)
         return True
@@ -204,11 +227,7 @@ class KVHandoff:
     def usage(self) -> dict:
         """What /metrics shows, read without scanning the store: its bytes at the last sweep
         (at most a sweep interval old), its cap, and the transfers the TTL or the cap dropped."""
-        return {
-            "bytes": self.store.bytes_after_sweep,
-            "max_bytes": self.store.max_bytes,
-            "num_swept": self.num_swept,
-        }
+        return {**self.backend.usage(), "num_swept": self.num_swept}
 
     # ---- the sweeper -------------------------------------------------------------------------
     def _queue(self, what: str, transfer_id: str, errors: dict | None) -> None:
@@ -243,17 +262,10 @@ class KVHandoff:
             pending, self._pending = self._pending, []
         for what, transfer_id, errors in pending:
             if what == "drop":
-                self.store.remove(transfer_id, owner=self.owner)
-                continue
-            try:
-                self.store.mark_failed(transfer_id, errors)
-            except OSError as err:
-                log.warning(
-                    "KV transfer %s: its failure could not be recorded in the store: %s",
-                    transfer_id,
-                    err,
-                )
-        dropped = self.store.sweep(time.time())
-        self.num_swept += len(dropped)
+                self.backend.drop(transfer_id, self.owner)
+            else:
+                self.backend.fail(transfer_id, errors)
+        dropped = self.backend.sweep()
+        self.num_swept += dropped
         if dropped:
-            log.info("KV store: %d transfer(s) past the TTL or the size cap dropped", len(dropped))
+            log.info("KV hand-off: %d transfer(s) past the TTL or the size cap dropped", dropped)

@@ -23,7 +23,12 @@ class RuntimeConfig:
     snapshot_interval_blocks: int | None = None  # hybrid models: snapshot grid; None: from memory
     snapshot_align_frac: float = 0.125  # hybrid models: PlannerConfig.snapshot_align_frac
     profile_waves: bool = True  # time waves of varied shape at start-up (runtime/profile.py)
-    kv_store: str = ""  # KV hand-off: the directory store every stage writes to
+    kv_store: str = ""  # KV hand-off over the directory store: where every stage writes
+    kv_transport: str = ""  # "" (no hand-off), "directory" (kv_store) or "mooncake"
+    kv_transport_protocol: str = "tcp"  # mooncake: "tcp" | "rdma"
+    kv_host: str = ""  # mooncake: the address the stages' transfer engines listen on
+    kv_arena_gib: float = 2.0  # mooncake: each stage's staging arena
+    kv_ttl_s: float = 600.0  # a part not taken lives this long
     kv_export_wait_s: float = 60.0  # a hand-off's answer waits this long for the stages' reports
     layer_split: tuple[int, ...] = ()  # layers per stage, in order; empty: balanced (models/spec)
 
@@ -60,6 +65,20 @@ class RuntimeConfig:
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.kv_transport not in ("", "directory", "mooncake"):
+            raise ValueError(
+                f"kv_transport must be 'directory' or 'mooncake', got {self.kv_transport!r}"
+            )
+        if self.kv_transport == "directory" and not self.kv_store:
+            raise ValueError("the directory KV transport needs kv_store (a directory)")
+        if self.kv_transport_protocol not in ("tcp", "rdma"):
+            raise ValueError(
+                f"kv_transport_protocol must be 'tcp' or 'rdma', got {self.kv_transport_protocol!r}"
+            )
+        if not self.kv_arena_gib > 0:
+            raise ValueError(f"kv_arena_gib must be positive, got {self.kv_arena_gib}")
+        if not self.kv_ttl_s > 0:
+            raise ValueError(f"kv_ttl_s must be positive, got {self.kv_ttl_s}")
         if not self.kv_export_wait_s > 0:
             raise ValueError(f"kv_export_wait_s must be positive, got {self.kv_export_wait_s}")
         if self.num_threads < 1:

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from wavepp.kv_transfer import DirectoryStore
 from wavepp.kv_transfer.export import StageExporter
+from wavepp.kv_transfer.transport import stage_transport
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.kernels import StageKernels, choose_kernels
@@ -128,7 +128,7 @@ class StageRuntime:
         self.reset(config.policy)
         # KV hand-off: this stage writes its own layers of each request that asks for it
         self.exporter = None
-        if config.kv_store:
+        if config.kv_transport:
             manifest = {
                 "model_type": self.model_config.model_type,
                 "dtype": config.dtype,
@@ -136,7 +136,7 @@ class StageRuntime:
                 "num_stages": config.num_stages,
                 "layers": [self.spec.start_layer, self.spec.end_layer],
             }
-            self.exporter = StageExporter(DirectoryStore(config.kv_store), stage_id, manifest)
+            self.exporter = StageExporter(stage_transport(config, stage_id), stage_id, manifest)
 
     def close(self) -> None:
         """Finish the exports queued (the stage is stopping)."""

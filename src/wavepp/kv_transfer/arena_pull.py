@@ -1,0 +1,106 @@
+"""The decode side's pull over Mooncake's transfer engine: tokens [start, end) of every stage's
+part, straight from each stage's arena into one registered buffer of this process, then each
+part's sequence number read again (arena.py: a part freed or replaced while it was read fails
+the pull, never loads).
+
+    puller = ArenaPuller(host=None, protocol="tcp")
+    rows = puller.pull(stages, start, end)    # {model layer: {pool: [end - start, width]}}; PullFailed
+    puller.release(stages)                    # tell each stage it may free its part (best effort)
+
+The rows are views of the buffer: valid until the next `pull`. Only torch, numpy and mooncake are
+imported (it runs in vLLM's environment).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from wavepp.kv_transfer.arena_part import RELEASED_OFFSET, part_bytes, read_plan
+from wavepp.kv_transfer.mooncake_engine import (
+    TransferEngineHandle,
+    TransferFailed,
+    local_host_for,
+    split_session,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PullFailed(Exception):
+    """A part that could not be pulled whole: its stage gone, its part freed, a read failed."""
+
+
+class ArenaPuller:
+    def __init__(self, host: str | None = None, protocol: str = "tcp"):
+        self.host = host
+        self.protocol = protocol
+        self.engine: TransferEngineHandle | None = None
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._words = torch.zeros(64, dtype=torch.int64)  # seq read-backs and release words
+        self.num_pulled_bytes = 0
+
+    def _start(self, session: str) -> TransferEngineHandle:
+        if self.engine is None:
+            host = self.host or local_host_for(split_session(session)[0])
+            self.engine = TransferEngineHandle.start(host, self.protocol)
+            self.engine.register(self._words)
+        return self.engine
+
+    def _room(self, nbytes: int) -> torch.Tensor:
+        if self._buffer.numel() < nbytes:
+            engine = self.engine
+            if self._buffer.numel():
+                engine.unregister(self._buffer)
+            size = max(nbytes, 2 * self._buffer.numel(), 2**24)
+            self._buffer = torch.empty(size, dtype=torch.uint8)
+            engine.register(self._buffer)
+        return self._buffer
+
+    def pull(self, stages: list[dict], start: int, end: int) -> dict[int, dict[str, torch.Tensor]]:
+        if not stages or len(stages) > self._words.numel():
+            raise PullFailed(f"{len(stages)} stages' parts cannot be pulled")
+        engine = self._start(stages[0]["session"])
+        sizes = [part_bytes(loc, start, end) for loc in stages]
+        buffer = self._room(sum(sizes))
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        at = 0
+        words = self._words.data_ptr()
+        for i, (loc, size) in enumerate(zip(stages, sizes)):
+            segments, views = read_plan(loc, start, end, buffer[at : at + size])
+            at += size
+            try:
+                engine.read(loc["session"], segments)
+                engine.read(loc["session"], [(words + 8 * i, loc["entry_addr"], 8)])
+            except TransferFailed as err:
+                raise PullFailed(f"stage {loc['stage']}'s part: {err}") from None
+            if int(self._words[i]) != loc["seq"]:
+                raise PullFailed(
+                    f"stage {loc['stage']}'s part was freed before the pull ended (its TTL, or "
+                    "its arena needed the room, or the stage restarted)"
+                )
+            for pool, (layers, rows) in views.items():
+                for j, layer in enumerate(layers):
+                    out.setdefault(layer, {})[pool] = rows[j]
+        self.num_pulled_bytes += at
+        return out
+
+    def release(self, stages: list[dict]) -> None:
+        """Write each part's seq into its `released` word; failures are logged (the stage's
+        TTL frees what is not released)."""
+        if self.engine is None or len(stages) > self._words.numel():
+            return
+        words = self._words.data_ptr()
+        for i, loc in enumerate(stages):
+            self._words[i] = loc["seq"]
+            try:
+                self.engine.write(
+                    loc["session"], words + 8 * i, loc["entry_addr"] + RELEASED_OFFSET, 8
+                )
+            except TransferFailed as err:
+                log.info("stage %s's part could not be released: %s", loc.get("stage"), err)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()

@@ -1,0 +1,216 @@
+"""What a stage hands its part of a transfer to: one interface, two transports.
+
+    transport.put(transfer_id, rows, num_tokens, manifest) -> location | None
+        rows: {pool: (model layers, [layers, num_tokens, width])}, a host copy the caller gave up;
+        the location goes into the answer's params (None: the decode side finds the part by
+        the transfer id alone); OSError / TransferError / ValueError / ArenaFull: not handed on
+    transport.tick(now)        housekeeping when the writer is idle (the arena's releases, TTL)
+    transport.release(location)   rank 0 gives a transfer up (the decode side failed)
+    transport.usage()          what it holds now
+    transport.close()
+
+`DirectoryTransport` (`--kv-store DIR`): each part packed as safetensors into the directory
+store, which a decode engine on the same file system reads (directory_store.py). No set-up;
+one host (or a shared file system).
+
+`MooncakeTransport` (`--kv-transport mooncake`): each stage process registers an arena of its
+own with a Mooncake transfer engine of its own, copies the part into it, and keeps it until the
+decode side pulled it and released it, the TTL passed, or newer parts needed the room (oldest
+first; arena.py). The location says where to read (session, addresses, layout: arena_part.py);
+the decode side's engine reads it straight from this process's memory, over TCP or RDMA. Nothing
+goes through rank 0 and nothing touches a file.
+
+Both are called from the stage's one export writer thread (export.py), never from its compute
+loop; `release` and `usage` also from rank 0's hand-off thread (a lock guards the arena's table).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+from safetensors.torch import save
+
+from wavepp.kv_transfer.arena import ArenaLedger
+from wavepp.kv_transfer.arena_part import RELEASED_OFFSET, pack_layout
+from wavepp.kv_transfer.directory_store import DirectoryStore
+from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle, default_host
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("directory", "mooncake")
+DEFAULT_ARENA_GIB = 2.0
+DEFAULT_MAX_ENTRIES = 4096
+
+
+class StageTransport:
+    kind = ""
+
+    def put(
+        self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict
+    ) -> dict | None:  # pragma: no cover - the interface
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        return
+
+    def release(self, location: dict) -> None:
+        return
+
+    def usage(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        return
+
+
+class DirectoryTransport(StageTransport):
+    kind = "directory"
+
+    def __init__(self, store: DirectoryStore):
+        self.store = store
+
+    def put(self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict) -> None:
+        tensors = {name: t for name, (_, t) in rows.items()}
+        pools = {
+            name: {"layers": layers, "width": int(t.shape[-1])}
+            for name, (layers, t) in rows.items()
+        }
+        data = save(tensors, metadata={"transfer_id": transfer_id})
+        self.store.write_part(
+            transfer_id,
+            manifest["stage_id"],
+            data,
+            {**manifest, "pools": pools, "num_tokens": num_tokens},
+        )
+        return None
+
+
+class MooncakeTransport(StageTransport):
+    kind = "mooncake"
+
+    def __init__(
+        self,
+        stage_id: int,
+        *,
+        host: str,
+        protocol: str = "tcp",
+        arena_bytes: int = int(DEFAULT_ARENA_GIB * 2**30),
+        ttl_s: float = 600.0,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock=time.monotonic,
+    ):
+        self.stage_id = stage_id
+        self.clock = clock
+        self.ledger = ArenaLedger(arena_bytes, max_entries, ttl_s)
+        self.engine = TransferEngineHandle.start(host, protocol)
+        # the entries' table and the data region, each registered: the table is what a decode
+        # engine reads after its pull and writes to release a part
+        self._table = torch.from_numpy(self.ledger.table.view("uint8").reshape(-1))
+        self._data = torch.empty(arena_bytes, dtype=torch.uint8)
+        self._table_addr = self.engine.register(self._table)
+        self._data_addr = self.engine.register(self._data)
+        # rank 0's scratch: the word it writes to release a part, the header it reads for usage
+        self._word = torch.zeros(1, dtype=torch.int64)
+        self._word_addr = self.engine.register(self._word)
+        self._header = torch.zeros(4, dtype=torch.int64)
+        self._header_addr = self.engine.register(self._header)
+        self._lock = threading.Lock()  # the table: the writer thread and rank 0's hand-off
+
+    @property
+    def session(self) -> str:
+        return self.engine.session
+
+    def put(self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict) -> dict:
+        nbytes, pools = pack_layout(rows)
+        with self._lock:
+            slot = self.ledger.alloc(nbytes, self.clock())  # ArenaFull: refused, with why
+        try:
+            for name, (_, tensor) in rows.items():
+                at = slot.offset + pools[name]["offset"]
+                size = tensor.numel() * tensor.element_size()
+                self._data[at : at + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        except BaseException:
+            with self._lock:
+                self.ledger.cancel(slot)
+            raise
+        with self._lock:
+            self.ledger.commit(slot)
+        return {
+            "session": self.session,
+            "stage": self.stage_id,
+            "layers": list(manifest["layers"]),
+            "entry": slot.entry,
+            "seq": slot.seq,
+            "entry_addr": self._table_addr + slot.entry * self.ledger.table.strides[0],
+            "addr": self._data_addr + slot.offset,
+            "nbytes": nbytes,
+            "num_tokens": num_tokens,
+            "dtype": manifest["dtype"],
+            "pools": pools,
+        }
+
+    def tick(self, now: float) -> None:
+        with self._lock:
+            self.ledger.reclaim(now)
+
+    def release(self, location: dict) -> None:
+        """Give a part up (rank 0: the decode side failed, or the request did): its `seq` into
+        its entry's `released` word, here or on another stage's arena over the engine."""
+        if location["session"] == self.session:
+            with self._lock:
+                if int(self.ledger.table[location["entry"], 0]) == location["seq"]:
+                    self.ledger.table[location["entry"], 1] = location["seq"]
+            return
+        with self._lock:  # one word, one writer at a time
+            self._word[0] = location["seq"]
+            self.engine.write(
+                location["session"],
+                self._word_addr,
+                location["entry_addr"] + RELEASED_OFFSET,
+                8,
+            )
+
+    def arena_header(self, location: dict) -> dict:
+        """{"entries", "bytes", "capacity"} held now by the arena `location` is in (this one,
+        or another stage's, read over the engine); TransferFailed when that stage is gone."""
+        if location["session"] == self.session:
+            header = self.ledger.table[0].astype("int64")
+        else:
+            table = location["entry_addr"] - location["entry"] * self.ledger.table.strides[0]
+            with self._lock:
+                self.engine.read(location["session"], [(self._header_addr, table, 32)])
+                header = self._header.numpy().copy()
+        return {"entries": int(header[1]), "bytes": int(header[2]), "capacity": int(header[3])}
+
+    def usage(self) -> dict:
+        with self._lock:
+            return {
+                "bytes": self.ledger.live_bytes,
+                "entries": self.ledger.live_entries,
+                "capacity": self.ledger.capacity,
+                "released": self.ledger.num_released,
+                "expired": self.ledger.num_expired,
+                "evicted": self.ledger.num_evicted,
+                "refused": self.ledger.num_refused,
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self.ledger.clear()
+        self.engine.close()
+
+
+def stage_transport(config, stage_id: int) -> StageTransport:
+    """The transport a stage's RuntimeConfig names (runtime/config.py)."""
+    if config.kv_transport == "mooncake":
+        return MooncakeTransport(
+            stage_id,
+            host=config.kv_host or default_host(),
+            protocol=config.kv_transport_protocol,
+            arena_bytes=int(config.kv_arena_gib * 2**30),
+            ttl_s=config.kv_ttl_s,
+        )
+    return DirectoryTransport(DirectoryStore(config.kv_store))
