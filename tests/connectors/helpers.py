@@ -32,15 +32,18 @@ def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     )
 
 
-def start_vllm(model: str, store: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """vLLM's OpenAI server on `model` with the connector reading `store` (no prefix caching: a
-    cached token is one the connector loaded); `args` are more of its options. -> (process, url)"""
+def start_vllm(
+    model: str, store: Path | None, log: Path, *args: str, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
+    """vLLM's OpenAI server on `model` with the connector (reading `store` too, when given; no
+    prefix caching: a cached token is one the connector loaded); `args` are more of its
+    options, `env` more of its environment. -> (process, url)"""
     port = free_port()
     config = {
         "kv_connector": "WavePPConnector",
         "kv_connector_module_path": "wavepp.connectors.vllm",
         "kv_role": "kv_consumer",
-        "kv_connector_extra_config": {"store": str(store)},
+        "kv_connector_extra_config": {} if store is None else {"store": str(store)},
     }
     proc = start(
         [
@@ -62,6 +65,7 @@ def start_vllm(model: str, store: Path, log: Path, *args: str) -> tuple[subproce
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_OMP_THREADS_BIND": "0-1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
+            **(env or {}),
         },
         log,
     )

@@ -44,16 +44,17 @@ def plan(store, transfer_id="t", prompt=PROMPT, **kw):
     return plan_load(store, transfer_id, prompt, **args)
 
 
-def test_whole_blocks_and_never_the_last_token(tmp_path):
+def test_every_token_but_the_last_whatever_the_block_size(tmp_path):
     store = DirectoryStore(tmp_path)
     write(store)
-    assert plan(store).num_tokens == 64  # (70 - 1) // 32 * 32
-    assert plan(store, block_size=16).num_tokens == 64
+    assert plan(store).num_tokens == 69  # 70 - 1: the last block (of 32) partly filled
+    assert plan(store, block_size=16).num_tokens == 69
+    assert plan(store, block_size=128).num_tokens == 69  # vLLM's default on the CPU
     assert plan(store, prompt=PROMPT[:65]).num_tokens == 64  # a shorter prompt of the same prefix
-    assert plan(store, prompt=PROMPT[:64]).num_tokens == 32  # 64 tokens: the last one is computed
-    assert plan(store, num_computed=32).num_tokens == 32  # past what the engine cached itself
+    assert plan(store, prompt=PROMPT[:64]).num_tokens == 63  # the last one is computed
+    assert plan(store, num_computed=32).num_tokens == 37  # past what the engine cached itself
     assert (
-        plan(store, num_computed=64).num_tokens == 0 and plan(store, num_computed=64).reason == ""
+        plan(store, num_computed=69).num_tokens == 0 and plan(store, num_computed=69).reason == ""
     )
 
 
@@ -103,7 +104,7 @@ def test_an_mla_engine_loads_latents_of_its_width_only(tmp_path):
     write(store, "narrow", width=24, pools=LATENT_POOLS)
     write(store, "kv", width=576)
     mla = dict(kv_width=576, pools=LATENT_POOLS)
-    assert plan(store, "latent", **mla).num_tokens == 64
+    assert plan(store, "latent", **mla).num_tokens == 69
     narrow, kv = plan(store, "narrow", **mla), plan(store, "kv", **mla)
     assert (
         narrow.num_tokens == 0
@@ -113,7 +114,7 @@ def test_an_mla_engine_loads_latents_of_its_width_only(tmp_path):
         kv.num_tokens == 0
         and "holds the pools ['key', 'value']; this model's layers take ['latent']" in kv.reason
     )
-    assert planner(store, **mla).num_new_tokens("r", {"transfer_id": "latent"}, PROMPT, 0) == 64
+    assert planner(store, **mla).num_new_tokens("r", {"transfer_id": "latent"}, PROMPT, 0) == 69
 
 
 def test_incomplete_asks_again_until_the_last_stage_wrote(tmp_path):
@@ -130,7 +131,7 @@ def test_incomplete_asks_again_until_the_last_stage_wrote(tmp_path):
             "pools": {p: {"layers": [2, 3], "width": 32} for p in ("key", "value")},
         },
     )
-    assert plan(store).num_tokens == 64
+    assert plan(store).num_tokens == 69
 
 
 class Counting:
@@ -165,18 +166,18 @@ def test_a_transfer_is_verified_once_per_request_however_often_it_is_asked(tmp_p
     write(store)
     count = Counting(store, monkeypatch)
     plans, params = planner(store), {"transfer_id": "t"}
-    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64
+    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 69
     assert (count.reads, count.hashes) == (1, 2)  # two parts, each checksummed
     for _ in range(5):  # vLLM asking again, step after step
-        assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64
-    assert plans.num_new_tokens("r1", params, PROMPT, 32) == 32  # what it cached itself since
+        assert plans.num_new_tokens("r1", params, PROMPT, 0) == 69
+    assert plans.num_new_tokens("r1", params, PROMPT, 32) == 37  # what it cached itself since
     assert (count.reads, count.hashes) == (1, 2)
     assert (
-        plans.num_new_tokens("r2", params, PROMPT, 0) == 64
+        plans.num_new_tokens("r2", params, PROMPT, 0) == 69
     )  # another request verifies for itself
     assert (count.reads, count.hashes) == (2, 4)
     plans.forget("r1")  # loaded, or ended
-    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 64 and (count.reads, count.hashes) == (
+    assert plans.num_new_tokens("r1", params, PROMPT, 0) == 69 and (count.reads, count.hashes) == (
         3,
         6,
     )

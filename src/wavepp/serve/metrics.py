@@ -26,6 +26,9 @@ Read from the engine at each scrape:
                                                with --kv-store: its bytes at the last sweep (at
                                                most a sweep interval old), its cap, the
                                                transfers the TTL or the cap dropped
+    wavepp_kv_arena_bytes{stage}, wavepp_kv_arena_transfers{stage},
+    wavepp_kv_arena_capacity_bytes{stage}      with --kv-transport mooncake: what each stage's
+                                               arena holds, read at the last sweep
 
 "Since start" is since the server started or since the last POST /debug/reset, which empties
 the caches and restarts the engine's own measurements: the per-stage counters and the wave and
@@ -222,11 +225,28 @@ class _EngineCollector:
         exports.add_metric(["failed"], failed)
         yield exports
         store = engine.kv_store_usage()
+        if store is not None and "arenas" in store:  # the Mooncake transport: per stage
+            for name, key, doc in (
+                ("wavepp_kv_arena_bytes", "bytes", "bytes a stage's KV arena holds"),
+                ("wavepp_kv_arena_transfers", "entries", "KV parts a stage's arena holds"),
+                ("wavepp_kv_arena_capacity_bytes", "capacity", "a stage's KV arena's size"),
+            ):
+                g = GaugeMetricFamily(
+                    name, f"{doc} (read at the hand-off's last sweep)", labels=["stage"]
+                )
+                for stage, usage in store["arenas"].items():
+                    g.add_metric([str(stage)], usage[key])
+                yield g
         if store is not None:
-            yield _gauge(
-                "wavepp_kv_store_bytes", "bytes in the KV store at its last sweep", store["bytes"]
-            )
-            yield _gauge("wavepp_kv_store_max_bytes", "the KV store's size cap", store["max_bytes"])
+            if "bytes" in store:
+                yield _gauge(
+                    "wavepp_kv_store_bytes",
+                    "bytes in the KV store at its last sweep",
+                    store["bytes"],
+                )
+                yield _gauge(
+                    "wavepp_kv_store_max_bytes", "the KV store's size cap", store["max_bytes"]
+                )
             swept = CounterMetricFamily(
                 "wavepp_kv_transfers_swept", "KV transfers the TTL or the size cap dropped"
             )
