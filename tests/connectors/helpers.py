@@ -1,5 +1,6 @@
 """The processes of the disaggregation tests: vLLM's OpenAI server (its CPU build, in `.venv-vllm`)
-with the WavePPConnector, `wavepp route`, and what the tests do to a transfer in the store."""
+with the WavePPConnector, `wavepp route`, and what the tests do to a transfer (in the store, or in
+a stage's arena over the transfer engine)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from safetensors.torch import load_file, save
 
 from wavepp.bench.http import wait_until_healthy
 from wavepp.kv_transfer import DirectoryStore, Transfer, TransferError
+from wavepp.kv_transfer.arena_part import DTYPES
+from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
 from wavepp.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +142,41 @@ def poison(store: DirectoryStore, transfer_id: str, pools: tuple[str, ...] = ("v
             if k not in ("stage_id", "file", "bytes", "sha256")
         }
         store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
+
+
+def arena_gauge(metrics: str, name: str) -> dict[str, float]:
+    """{stage: value} of a wavepp_kv_arena_* gauge in /metrics text."""
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith(name + "{"):
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def poison_part(location: dict, engine: TransferEngineHandle, pool_name: str) -> None:
+    """Noise over a stage's `pool_name` rows, written into its arena over the network: only
+    the decode's output can tell."""
+    pool = location["pools"][pool_name]
+    n = len(pool["layers"]) * location["num_tokens"] * pool["width"]
+    noise = (torch.randn(n, generator=torch.Generator().manual_seed(0)) * 4).to(
+        DTYPES[location["dtype"]]
+    )
+    raw = noise.view(torch.uint8).clone()
+    engine.register(raw)
+    engine.write(
+        location["session"], raw.data_ptr(), location["addr"] + pool["offset"], raw.numel()
+    )
+
+
+def arenas_empty(client, prefill_url: str, num_stages: int) -> bool:
+    """Every stage's arena holds nothing, by the prefill's /metrics."""
+    metrics = client.get(f"{prefill_url}/metrics").text
+    empty = {str(stage): 0 for stage in range(num_stages)}
+    return (
+        arena_gauge(metrics, "wavepp_kv_arena_transfers") == empty
+        and arena_gauge(metrics, "wavepp_kv_arena_bytes") == empty
+    )
 
 
 def loaded_tokens(metrics: str) -> float:

@@ -1,8 +1,9 @@
 """Disaggregation of an MLA model: a tiny DeepSeek-V3 prefilled by `wavepp serve --pp 2
---kv-store`, decoded by vLLM's CPU build loading the latent pools through the WavePPConnector,
-`wavepp route` in front. The loaded prompts decode the same greedy tokens, with the same
-logprobs, as vLLM computing them itself; vLLM reports the loaded tokens as cached; poisoned
-latents change its output; latents of another width are refused, the reason logged.
+--kv-transport mooncake`, decoded by vLLM's CPU build pulling the latent pools from each stage's
+arena through the WavePPConnector (no store), `wavepp route` in front. The loaded prompts decode
+the same greedy tokens, with the same logprobs, as vLLM computing them itself; vLLM reports
+every prompt token but the last as cached; the arenas are empty after; poisoned latents change
+its output; latents of another width are refused, the reason logged.
 
 vLLM runs fp32 on its CPU_MLA backend (the AMX_MLA backend it would pick on an AMX machine is
 bf16 only; both keep one [c | k_pe] row per slot, written by the backend's
@@ -11,30 +12,27 @@ bf16 only; both keep one [c | k_pe] row per slot, written by the backend's
 
 from __future__ import annotations
 
+import copy
 import json
 import random
-import shutil
-import time
 
 import httpx
 import pytest
-from safetensors.torch import load_file, save
 
 from tests.connectors.helpers import (
+    arenas_empty,
     loaded_tokens,
     needs_vllm,
-    poison,
+    poison_part,
     start_route,
     start_vllm,
     stop,
-    wait_for_transfer,
     wait_healthy,
 )
+from tests.eventually import eventually
 from tests.serve.conftest import ServerProcess, save_byte_tokenizer
-from wavepp.kv_transfer import DirectoryStore
+from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
 from wavepp.random_checkpoint import make_model
-
-VLLM_BLOCK = 16  # CPU_MLA's only block size
 
 pytestmark = [pytest.mark.slow, needs_vllm]
 
@@ -58,30 +56,24 @@ def make_deepseek(path):
     return path
 
 
-def narrow_latents(store: DirectoryStore, transfer_id: str, width: int) -> None:
-    """Cut every stage's latent rows to `width`, manifests and checksums to match: a transfer of
-    another MLA model."""
-    for part in store.read(transfer_id).parts:
-        tensors = load_file(str(part.path))
-        tensors["latent"] = tensors["latent"][..., :width].contiguous()
-        manifest = {
-            k: v
-            for k, v in part.manifest.items()
-            if k not in ("stage_id", "file", "bytes", "sha256")
-        }
-        manifest["pools"]["latent"]["width"] = width
-        store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
-
-
 def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
     model = str(make_deepseek(tmp_path / "deepseek"))
-    store = tmp_path / "store"
-    prefill = ServerProcess(model, "--kv-store", str(store), start_timeout_s=300, debug=False)
+    prefill = ServerProcess(
+        model,
+        "--kv-transport",
+        "mooncake",
+        "--kv-host",
+        "127.0.0.1",
+        "--kv-arena-gib",
+        "0.25",
+        start_timeout_s=300,
+        debug=False,
+    )
     procs = []
     try:
         vllm, vllm_url = start_vllm(
             model,
-            store,
+            None,
             tmp_path / "vllm.log",
             "--dtype",
             "float32",
@@ -123,48 +115,39 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
             routed = [complete(route_url, p) for p in prompts]
             alone = [complete(vllm_url, p) for p in prompts]
             metrics = client.get(f"{vllm_url}/metrics").text
-            # each transfer is dropped once vLLM's request finished
-            deadline = time.monotonic() + 10
-            while any(store.iterdir()) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert list(store.iterdir()) == []
+            # each part is released once vLLM pulled it
+            assert eventually(lambda: arenas_empty(client, prefill.url, 2), timeout_s=20)
 
-            # poisoned latents (values replaced, checksums rewritten) load and change the output
+            # latents of another width (another model's) are refused: vLLM computes, and logs why
             first = complete(
                 prefill.url, prompts[2], max_tokens=1, kv_transfer_params={"do_remote_decode": True}
             )
-            transfer_id = first["kv_transfer_params"]["transfer_id"]
-            kv = DirectoryStore(store)
-            wait_for_transfer(kv, transfer_id)
-            shutil.copytree(store / transfer_id, store / "poisoned")
-            poison(kv, "poisoned", pools=("latent",))
-            poisoned = complete(
-                vllm_url, prompts[2], kv_transfer_params={"transfer_id": "poisoned"}
-            )
-            # latents of another width (another model's) are refused: vLLM computes, and logs why
-            shutil.copytree(store / transfer_id, store / "narrow")
-            narrow_latents(kv, "narrow", 24)
-            narrow = complete(vllm_url, prompts[2], kv_transfer_params={"transfer_id": "narrow"})
+            params = first["kv_transfer_params"]
+            narrow_params = copy.deepcopy(params)
+            for location in narrow_params["stages"]:
+                location["pools"]["latent"]["width"] = 24
+            narrow = complete(vllm_url, prompts[2], kv_transfer_params=narrow_params)
+            # poisoned latents, written into each stage's arena, load and change the output
+            engine = TransferEngineHandle.start("127.0.0.1")
+            for location in params["stages"]:
+                poison_part(location, engine, "latent")
+            poisoned = complete(vllm_url, prompts[2], kv_transfer_params=params)
+            engine.close()
 
         def logprobs(answer):
             return answer["choices"][0]["logprobs"]
 
         for p, r, a in zip(prompts, routed, alone):
-            assert (
-                r["usage"]["prompt_tokens_details"]["cached_tokens"]
-                == (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK
-            )
+            assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p) - 1
             assert (a["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) == 0
             assert logprobs(r)["tokens"] == logprobs(a)["tokens"]
             # fp32 on both sides: the same logprobs but for summation order
             assert logprobs(r)["token_logprobs"] == pytest.approx(
                 logprobs(a)["token_logprobs"], abs=1e-3
             )
-        assert loaded_tokens(metrics) == sum(
-            (len(p) - 1) // VLLM_BLOCK * VLLM_BLOCK for p in prompts
-        )
+        assert loaded_tokens(metrics) == sum(len(p) - 1 for p in prompts)
         assert logprobs(first)["tokens"][0] == logprobs(alone[2])["tokens"][0]
-        assert poisoned["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+        assert poisoned["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompts[2]) - 1
         assert logprobs(poisoned)["tokens"] != logprobs(alone[2])["tokens"]
         assert narrow["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert logprobs(narrow)["tokens"] == logprobs(alone[2])["tokens"]

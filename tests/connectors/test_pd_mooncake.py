@@ -18,7 +18,6 @@ import random
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -26,8 +25,10 @@ import pytest
 import torch
 
 from tests.connectors.helpers import (
+    arenas_empty,
     loaded_tokens,
     needs_vllm,
+    poison_part,
     start_route,
     start_vllm,
     stop,
@@ -35,37 +36,11 @@ from tests.connectors.helpers import (
 )
 from tests.eventually import eventually
 from tests.serve.conftest import ServerProcess
-from wavepp.kv_transfer.arena_part import DTYPES
 from wavepp.kv_transfer.arena_pull import ArenaPuller
 from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
 from wavepp.model_store import resolve_model
 
 pytestmark = [pytest.mark.slow, needs_vllm]
-
-
-def arena_gauge(metrics: str, name: str) -> dict[str, float]:
-    """{stage: value} of a wavepp_kv_arena_* gauge in /metrics text."""
-    out = {}
-    for line in metrics.splitlines():
-        if line.startswith(name + "{"):
-            stage = line.split('stage="', 1)[1].split('"', 1)[0]
-            out[stage] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def poison_part(location: dict, engine: TransferEngineHandle) -> None:
-    """Noise over every stage's `value` rows, written into its arena over the network: only
-    the decode's output can tell."""
-    pool = location["pools"]["value"]
-    n = len(pool["layers"]) * location["num_tokens"] * pool["width"]
-    noise = (torch.randn(n, generator=torch.Generator().manual_seed(0)) * 4).to(
-        DTYPES[location["dtype"]]
-    )
-    raw = noise.view(torch.uint8).clone()
-    engine.register(raw)
-    engine.write(
-        location["session"], raw.data_ptr(), location["addr"] + pool["offset"], raw.numel()
-    )
 
 
 def stage_processes(pid: int) -> list[int]:
@@ -157,15 +132,8 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(tmp_path):
                 assert cached(a) == 0
             assert loaded_tokens(metrics) == sum(len(p) - 1 for p in prompts)
 
-            def arenas(name="wavepp_kv_arena_transfers"):
-                return arena_gauge(client.get(f"{prefill.url}/metrics").text, name)
-
             # vLLM released every part it pulled: both stages' arenas are empty
-            deadline = time.monotonic() + 20
-            while arenas() != {"0": 0, "1": 0} and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert arenas() == {"0": 0, "1": 0}
-            assert arenas("wavepp_kv_arena_bytes") == {"0": 0, "1": 0}
+            assert eventually(lambda: arenas_empty(client, prefill.url, 2), timeout_s=20)
 
             def prefill_only(prompt):
                 answer = complete(prefill.url, prompt, {"do_remote_decode": True}, max_tokens=1)
@@ -177,7 +145,7 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(tmp_path):
             engine = TransferEngineHandle.start("127.0.0.1")
             params = prefill_only(prompts[0])
             for location in params["stages"]:
-                poison_part(location, engine)
+                poison_part(location, engine, "value")
             poisoned = complete(vllm_url, prompts[0], params)
             assert cached(poisoned) == len(prompts[0]) - 1
             assert tokens(poisoned) != tokens(alone[0])
