@@ -55,24 +55,10 @@ class Engine:
         stage_specs(
             model_config.num_layers, pp, opts.layer_split
         )  # the layers split into pp stages
-        self._handoff = None
-        if opts.handoff_transport:
-            if page_layout(model_config).is_hybrid:
-                raise ValueError(
-                    f"the KV hand-off does not carry recurrent-state snapshots yet: "
-                    f"{model_config.model_type} cannot take kv_store"
-                )
-            max_bytes = (
-                None if opts.kv_store_max_gib is None else int(opts.kv_store_max_gib * 2**30)
-            )
-            self._handoff = KVHandoff(
-                opts.kv_store,
-                transport=opts.handoff_transport,
-                num_stages=pp,
-                export_wait_s=opts.kv_export_wait_s,
-                max_bytes=max_bytes,
-                ttl_s=opts.kv_ttl_s,
-            )
+        hybrid = page_layout(model_config).is_hybrid
+        self._handoff = KVHandoff.for_engine(
+            opts, hybrid=model_config.model_type if hybrid else None
+        )
         if device == "cuda" and not model_config.runs_on_cuda:
             raise ValueError(
                 f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "

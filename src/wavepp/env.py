@@ -17,6 +17,9 @@ started later) sees the environment as it is then.
                                                           (softmax and elementwise run torch's)
     WAVEPP_MOONCAKE_TRACE         ../shared/data/...      the Mooncake trace the `trace` workload
                                                           replays
+    MC_LOG_LEVEL                  WARNING                 Mooncake's transfer engine's own log
+                                                          level (its INFO lines are per peer);
+                                                          set, it is left as it is
 
 A pinned kernel skips the start-up timing and runs in every process alike: the same numerics
 run after run (the test suite pins linear and chunked, `tests/conftest.py`).
@@ -56,3 +59,8 @@ def cpp_kernels_disabled() -> bool:
 def mooncake_trace(default: str) -> str:
     """WAVEPP_MOONCAKE_TRACE, or `default`."""
     return os.environ.get("WAVEPP_MOONCAKE_TRACE", default)
+
+
+def quiet_transfer_engine_logs() -> None:
+    """MC_LOG_LEVEL=WARNING for Mooncake's transfer engine unless set: called before it loads."""
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")

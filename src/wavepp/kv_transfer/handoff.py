@@ -99,6 +99,27 @@ class KVHandoff:
         self._thread: threading.Thread | None = None
         self.num_swept = 0  # transfers dropped by the TTL or the cap
 
+    @classmethod
+    def for_engine(cls, opts, *, hybrid: str | None = None) -> "KVHandoff | None":
+        """The hand-off an EngineConfig asks for (None: none); `hybrid`, the model type of a
+        hybrid model, which cannot take one yet."""
+        if not opts.handoff_transport:
+            return None
+        if hybrid:
+            raise ValueError(
+                f"the KV hand-off does not carry recurrent-state snapshots yet: {hybrid} cannot "
+                "take kv_store or kv_transport"
+            )
+        gib = opts.kv_store_max_gib
+        return cls(
+            opts.kv_store,
+            transport=opts.handoff_transport,
+            num_stages=opts.pp,
+            export_wait_s=opts.kv_export_wait_s,
+            max_bytes=None if gib is None else int(gib * 2**30),
+            ttl_s=opts.kv_ttl_s,
+        )
+
     @property
     def root(self) -> Path | None:
         """The directory store's root (None for the Mooncake transport)."""

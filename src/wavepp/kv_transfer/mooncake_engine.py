@@ -16,11 +16,12 @@ Makefile); it needs Debian's `libibverbs1` and `libnuma1` even for TCP.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import threading
 
 import torch
+
+from wavepp.env import quiet_transfer_engine_logs
 
 PROTOCOLS = ("tcp", "rdma")
 INSTALL_HINT = (
@@ -35,9 +36,7 @@ class TransferFailed(Exception):
 
 
 def _import_engine():
-    # the engine's INFO lines (several per engine and per peer) are noise in a server's log;
-    # MC_LOG_LEVEL set by the user wins
-    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+    quiet_transfer_engine_logs()
     try:
         from mooncake.engine import TransferEngine
     except ImportError as err:
@@ -71,7 +70,9 @@ def check_host(host: str) -> str:
         try:
             host = socket.gethostbyname(host)
         except OSError as err:
-            raise ValueError(f"kv_host {host!r} is not an address this machine resolves: {err}") from None
+            raise ValueError(
+                f"kv_host {host!r} is not an address this machine resolves: {err}"
+            ) from None
     return host
 
 
