@@ -6,9 +6,10 @@
     python benchmarks/bench_kv_export.py --answer --repeat 5   # how much later a hand-off is answered
 
 --micro: SmolLM2's half (15 layers) in bf16 pools, a request's blocks scattered over the pool;
-times `PagedPools.export_rows` (the copy the stage makes before the wave completes), then per
-transport what the writer thread does off the stage's path (directory: safetensors packing plus
-the store's atomic write; mooncake: the copy into the arena) and, for mooncake, the decode side's
+for the directory store times `PagedPools.export_rows` (the copy the stage makes before the wave
+completes) and what the writer thread does off the stage's path (safetensors packing plus
+the store's atomic write); for mooncake the one copy of the request's blocks straight into the
+arena (on the stage's compute loop, in place of `export_rows`) and the decode side's
 pull of every token but the last with a transfer engine of its own in another process (TCP on
 loopback: the bytes cross the kernel's socket path as they would a NIC), medians of 5.
 
@@ -73,20 +74,21 @@ def micro() -> None:
     with tempfile.TemporaryDirectory() as root:
         directory = DirectoryTransport(DirectoryStore(root))
         print(f"one stage of SmolLM2 ({spec.end_layer - spec.start_layer} layers, bf16), medians of 5")
-        print("| prompt tokens | MB per stage | copy out of the pools | directory: pack + write | "
-              "write MB/s | mooncake: into the arena | pull (another process) | pull MB/s |")
+        print("| prompt tokens | MB per stage | directory: copy out of the pools (compute loop) | "
+              "pack + write (writer) | write MB/s | mooncake: blocks into the arena (compute loop) | "
+              "pull (another process) | pull MB/s |")
         print("|---|---|---|---|---|---|---|---|")
         for n in (512, 1600, 4096):
             table = rng.sample(range(1024), -(-n // 16))
             times = {"copy": [], "write": [], "arena": [], "pull": []}
             for i in range(5):
                 t0 = time.perf_counter()
-                rows = pools.export_rows(table, n)
+                rows = directory.stage(pools, table, n)
                 t1 = time.perf_counter()
                 directory.store.write_request(f"r{n}-{i}", {"token_ids": [], "num_stages": 2})
                 directory.put(f"r{n}-{i}", rows, n, manifest)
                 t2 = time.perf_counter()
-                location = arena.put(f"r{n}-{i}", rows, n, manifest)
+                location = arena.put(f"r{n}-{i}", arena.stage(pools, table, n), n, manifest)
                 t3 = time.perf_counter()
                 parent.send(([location], 0, n - 1))
                 times["pull"].append(parent.recv())

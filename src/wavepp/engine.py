@@ -287,6 +287,8 @@ class Engine:
             return
         self._closed = True
         self._cluster.unwatch()  # the stages exit on purpose from here on
+        if self._handoff is not None:
+            self._handoff.detach()  # before stage 0's transfer engine goes with the core
         try:
             self._core.shutdown()
         finally:

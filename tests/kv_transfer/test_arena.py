@@ -62,18 +62,20 @@ def test_a_full_table_gives_up_its_oldest_entry_and_a_cancelled_slot_is_never_se
     assert ledger.table[d.entry, 0] == 0 and ledger.live_entries == 1
 
 
-def part(prompt, layers=(0, 1), width=8, pools=("key", "value"), tokens=None):
+def part(prompt, layers=(0, 1), width=8, pools=("key", "value"), block=16):
+    """A stage's part as the arena lays it: whole blocks of `block` rows per layer."""
+    rows_per_layer = -(-len(prompt) // block) * block
     rows = {
         p: (
             list(layers),
-            torch.arange(len(layers) * len(prompt) * width, dtype=torch.float32).view(
-                len(layers), len(prompt), width
+            torch.arange(len(layers) * rows_per_layer * width, dtype=torch.float32).view(
+                len(layers), rows_per_layer, width
             )
             + 1000 * i,
         )
         for i, p in enumerate(pools)
     }
-    nbytes, layout = pack_layout(rows)
+    nbytes, layout = pack_layout({p: (ls, t.shape, t.dtype) for p, (ls, t) in rows.items()})
     loc = {
         "session": "127.0.0.1:1",
         "stage": 0,
@@ -84,16 +86,17 @@ def part(prompt, layers=(0, 1), width=8, pools=("key", "value"), tokens=None):
         "addr": 0,
         "nbytes": nbytes,
         "dtype": "float32",
-        "num_tokens": len(prompt) if tokens is None else tokens,
+        "num_tokens": len(prompt),
+        "rows": rows_per_layer,
         "pools": layout,
     }
     return rows, loc
 
 
 def test_the_read_plan_names_each_layers_run_of_tokens():
-    prompt = list(range(10))
+    prompt = list(range(10))  # 10 tokens in a block of 16: each layer's rows are 16 apart
     rows, loc = part(prompt)
-    assert check_location(loc) is None
+    assert check_location(loc) is None and loc["rows"] == 16
     arena = torch.zeros(loc["nbytes"], dtype=torch.uint8)
     for name, (_, t) in rows.items():  # laid out as a stage lays it
         at = loc["pools"][name]["offset"]
@@ -101,10 +104,10 @@ def test_the_read_plan_names_each_layers_run_of_tokens():
     loc["addr"] = arena.data_ptr()
     local = torch.zeros(4096, dtype=torch.uint8)
     segments, views = read_plan(loc, 3, 9, local)
+    assert len(segments) == 4  # one run per pool and layer
     for dst, src, n in segments:  # what the transfer engine does
-        ctypes_copy = torch.frombuffer(bytearray(n), dtype=torch.uint8)
-        ctypes_copy.copy_(arena[src - loc["addr"] : src - loc["addr"] + n])
-        local[dst - local.data_ptr() : dst - local.data_ptr() + n].copy_(ctypes_copy)
+        at, to = src - loc["addr"], dst - local.data_ptr()
+        local[to : to + n].copy_(arena[at : at + n])
     for name, (_, t) in rows.items():
         assert torch.equal(views[name][1], t[:, 3:9])
 
@@ -130,6 +133,7 @@ def params_for(prompt, **kw):
         ("latent", "pools"),
         ("fewer layers", "covers 2 layers"),
         ("past its bytes", "reaches past"),
+        ("fewer rows", "fewer rows than tokens"),
     ],
 )
 def test_params_that_cannot_serve_the_request_compute_it(case, needle):
@@ -149,6 +153,8 @@ def test_params_that_cannot_serve_the_request_compute_it(case, needle):
         params["stages"] = params["stages"][:1]
     elif case == "past its bytes":
         params["stages"][0]["nbytes"] -= 4
+    elif case == "fewer rows":
+        params["stages"][0]["rows"] = len(prompt) - 1
     plan = plan_arena(params, prompt, num_computed=0, num_layers=4, kv_width=8)
     assert plan.num_tokens == 0 and needle in plan.reason
 

@@ -96,13 +96,14 @@ def test_an_arena_frees_parts_past_their_ttl_and_refuses_one_larger_than_itself(
         kv_transport="mooncake",
         kv_host="127.0.0.1",
         kv_ttl_s=0.5,
-        # 16 KiB: a stage's part of 60 tokens (2 layers x K, V x 32 fp32 values) is 30 KiB
+        # 16 KiB: a stage's part of 60 tokens is 32 KiB (4 whole blocks of 16 rows, 2 layers,
+        # K and V, 32 fp32 values a row)
         kv_arena_gib=16 * 2**-20,
         profile_waves=False,
     ) as engine:
         refused = engine.submit(prompt, kv_transfer=True).result(timeout=60)
         assert refused.first_token_id is not None  # the prefill's answer stands
-        assert "needs 30.0 KiB; this stage's arena holds 16.0 KiB" in refused.kv_transfer["error"]
+        assert "needs 32.0 KiB; this stage's arena holds 16.0 KiB" in refused.kv_transfer["error"]
         short = prompt[:20]
         kept = engine.submit(short, kv_transfer=True).result(timeout=60)
         assert "error" not in kept.kv_transfer

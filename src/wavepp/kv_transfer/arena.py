@@ -7,9 +7,10 @@ which transfer, and the table a decode engine reads (and writes one word of) ove
     ledger.commit(slot)                  # now live: its entry carries its sequence number
     ledger.reclaim(now)                  # entries the decode side released, or past the TTL
 
-The table (`ledger.table`, numpy uint64 [max_entries + 1, 4], registered with the transfer
-engine beside the data): row 0 is the header [MAGIC, live entries, live bytes, capacity]; row
-e >= 1 is entry e [seq, released, nbytes, offset]. A live entry's `seq` is unique to it (a
+The table (`ledger.table`, numpy uint64 [max_entries + 2, 4], registered with the transfer
+engine beside the data): row 0 is the header [MAGIC, live entries, live bytes, capacity], row 1
+the parts freed so far by why [released, expired, evicted, refused] (rank 0 reads both for
+/metrics); row e >= 2 is entry e [seq, released, nbytes, offset]. A live entry's `seq` is unique to it (a
 random base per arena plus a counter: a restarted stage never repeats one), 0 when free.
 
 What the decode side relies on:
@@ -38,6 +39,7 @@ import numpy as np
 MAGIC = 0x5741564550504B56  # "WAVEPPKV"
 ALIGN = 64  # every transfer starts on a cache line
 SEQ, RELEASED, NBYTES, OFFSET = range(4)  # an entry's words
+HEADER_ROWS = 2  # the table's rows before its first entry
 
 
 def size_text(nbytes: int) -> str:
@@ -67,22 +69,26 @@ class ArenaLedger:
             raise ValueError(f"an arena needs at least one entry, got {max_entries}")
         self.capacity = capacity
         self.ttl_s = ttl_s
-        self.table = np.zeros((max_entries + 1, 4), dtype=np.uint64)
+        self.table = np.zeros((max_entries + HEADER_ROWS, 4), dtype=np.uint64)
         self.table[0] = (MAGIC, 0, 0, capacity)
-        self._free = list(range(max_entries, 0, -1))  # entry numbers, pop() gives the lowest
+        # entry numbers, pop() gives the lowest
+        self._free = list(range(max_entries + HEADER_ROWS - 1, HEADER_ROWS - 1, -1))
         # entry -> (slot, since): live and reserved entries, oldest first (= ring order)
         self._held: OrderedDict[int, tuple[Slot, float]] = OrderedDict()
         self._head = 0
         # below 2**52, so a JSON reader that parses numbers as doubles keeps it exact
         self._next_seq = (secrets.randbits(31) + 1) << 20
-        self.num_released = 0  # entries freed because the decode side released them
-        self.num_expired = 0  # ... because the TTL passed
-        self.num_evicted = 0  # ... because a newer transfer needed the room or the entry
-        self.num_refused = 0  # transfers larger than the arena
 
     @property
     def table_bytes(self) -> int:
         return self.table.nbytes
+
+    # parts freed because the decode side (or rank 0) released them, the TTL passed, a newer part
+    # needed the room or the entry; and parts refused, larger than the arena
+    num_released = property(lambda self: int(self.table[1, 0]))
+    num_expired = property(lambda self: int(self.table[1, 1]))
+    num_evicted = property(lambda self: int(self.table[1, 2]))
+    num_refused = property(lambda self: int(self.table[1, 3]))
 
     @property
     def live_entries(self) -> int:
@@ -96,7 +102,7 @@ class ArenaLedger:
         """Room for `nbytes`: the entries it overlaps (the oldest) are evicted first. The slot
         is not visible to readers until `commit`. ArenaFull when nbytes > capacity."""
         if nbytes > self.capacity:
-            self.num_refused += 1
+            self.table[1, 3] += 1
             raise ArenaFull(
                 f"the transfer needs {size_text(nbytes)}; this stage's arena holds "
                 f"{size_text(self.capacity)} (raise --kv-arena-gib)"
@@ -109,10 +115,10 @@ class ArenaLedger:
         for entry, (slot, _) in list(self._held.items()):
             if slot.offset < end and start < slot.offset + slot.nbytes:
                 self._drop(entry)
-                self.num_evicted += 1
+                self.table[1, 2] += 1
         if not self._free:
             self._drop(next(iter(self._held)))
-            self.num_evicted += 1
+            self.table[1, 2] += 1
         entry = self._free.pop()
         self._next_seq += 1
         slot = Slot(entry, self._next_seq, start, nbytes)
@@ -134,19 +140,23 @@ class ArenaLedger:
             self._drop(slot.entry)
 
     def reclaim(self, now: float) -> int:
-        """Free the entries the decode side released and those past the TTL; how many."""
+        """Free the entries the decode side released and those past the TTL; how many. One
+        numpy pass finds the released; the TTL looks at the oldest entries only (held in
+        allocation order)."""
         freed = 0
+        entries = self.table[HEADER_ROWS:]
+        seq, released = entries[:, SEQ], entries[:, RELEASED]
+        for i in np.flatnonzero((seq != 0) & (released == seq)):
+            self._drop(int(i) + HEADER_ROWS)
+            self.table[1, 0] += 1
+            freed += 1
         for entry, (_, since) in list(self._held.items()):
-            row = self.table[entry]
-            if row[SEQ] == 0:
+            if now - since < self.ttl_s:
+                break
+            if self.table[entry, SEQ] == 0:
                 continue  # reserved, not committed yet
-            if row[RELEASED] == row[SEQ]:
-                self.num_released += 1
-            elif now - since >= self.ttl_s:
-                self.num_expired += 1
-            else:
-                continue
             self._drop(entry)
+            self.table[1, 1] += 1
             freed += 1
         return freed
 

@@ -3,11 +3,13 @@ reads that pull tokens [start, end) of it: one module both sides share (the stag
 it, the decode side reads by it).
 
 A part is one contiguous run of the arena's data region, pool after pool (sorted by name), in
-each pool layer after layer, in each layer `num_tokens` rows of `width` values of `dtype`:
+each pool layer after layer, in each layer `rows` rows of `width` values of `dtype` (`rows`:
+the request's whole blocks, so the stage copies them straight out of its paged pools; the
+first `num_tokens` rows are the prompt's):
 
     location = {"session": "10.0.0.5:15291", "stage": 1, "layers": [15, 30],
                 "entry": 7, "seq": 1234567, "entry_addr": ..., "addr": ..., "nbytes": ...,
-                "num_tokens": 1600, "dtype": "bfloat16",
+                "num_tokens": 1600, "rows": 1600, "dtype": "bfloat16",
                 "pools": {"key": {"layers": [15, ..., 29], "width": 192, "offset": 0}, ...}}
 
 `entry_addr` is the address of the part's entry in the stage's table (arena.py: seq at +0,
@@ -17,6 +19,7 @@ released at +8); `addr` the address of its first byte.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Sequence
 
 import numpy as np
@@ -35,14 +38,14 @@ def prompt_digest(token_ids: Sequence[int]) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def pack_layout(rows: dict[str, tuple[list[int], torch.Tensor]]) -> tuple[int, dict]:
-    """(bytes, {pool: {"layers", "width", "offset"}}) of a part holding `rows` ({pool: (model
-    layers, [layers, tokens, width])}), each pool starting on a cache line."""
+def pack_layout(shapes: dict[str, tuple[list[int], tuple, torch.dtype]]) -> tuple[int, dict]:
+    """(bytes, {pool: {"layers", "width", "offset"}}) of a part holding, per pool, (model
+    layers, its shape [layers, ..., width], dtype), each pool starting on a cache line."""
     pools, offset = {}, 0
-    for name in sorted(rows):
-        layers, tensor = rows[name]
-        pools[name] = {"layers": list(layers), "width": int(tensor.shape[-1]), "offset": offset}
-        offset += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+    for name in sorted(shapes):
+        layers, shape, dtype = shapes[name]
+        pools[name] = {"layers": list(layers), "width": int(shape[-1]), "offset": offset}
+        offset += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
     return offset, pools
 
 
@@ -50,10 +53,12 @@ def check_location(location) -> str | None:
     """Why `location` (from a request's params, so from outside) cannot be read, or None."""
     if not isinstance(location, dict):
         return "a stage's location is not an object"
-    for key in ("entry_addr", "addr", "nbytes", "num_tokens", "seq", "stage"):
+    for key in ("entry_addr", "addr", "nbytes", "num_tokens", "rows", "seq", "stage"):
         value = location.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             return f"a stage's location has no valid {key!r}"
+    if location["rows"] < location["num_tokens"]:
+        return "a stage's location holds fewer rows than tokens"
     if not isinstance(location.get("session"), str) or ":" not in location["session"]:
         return "a stage's location names no transfer engine session"
     if location.get("dtype") not in DTYPES:
@@ -75,7 +80,7 @@ def check_location(location) -> str | None:
             or offset < 0
         ):
             return f"pool {name!r} has no valid layers, width or offset"
-        if offset + len(layers) * location["num_tokens"] * width * itemsize > location["nbytes"]:
+        if offset + len(layers) * location["rows"] * width * itemsize > location["nbytes"]:
             return f"pool {name!r} reaches past the part's {location['nbytes']} bytes"
     return None
 
@@ -97,7 +102,7 @@ def read_plan(
     [layers, end - start, width])}, views of `local`."""
     dtype = DTYPES[location["dtype"]]
     itemsize = dtype.itemsize
-    num_tokens = location["num_tokens"]
+    rows_per_layer = location["rows"]
     segments, views, at = [], {}, 0
     base = local.data_ptr()
     for name in sorted(location["pools"]):
@@ -106,7 +111,7 @@ def read_plan(
         row_bytes = width * itemsize
         run = (end - start) * row_bytes
         for j in range(len(layers)):
-            remote = location["addr"] + pool["offset"] + (j * num_tokens + start) * row_bytes
+            remote = location["addr"] + pool["offset"] + (j * rows_per_layer + start) * row_bytes
             segments.append((base + at + j * run, remote, run))
         size = len(layers) * run
         views[name] = (

@@ -143,6 +143,11 @@ class KVHandoff:
         self._thread = threading.Thread(target=self._run, name="wavepp-kv-handoff", daemon=True)
         self._thread.start()
 
+    def detach(self) -> None:
+        """The engine is about to stop its stages: the hand-off stops using stage 0's transfer
+        engine (the Mooncake transport) before it goes."""
+        self.backend.detach()
+
     def close(self) -> None:
         """Stop the thread (what is queued is done first), forget the hand-offs in flight, then
         remove what this engine wrote."""

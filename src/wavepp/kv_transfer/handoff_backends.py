@@ -7,7 +7,8 @@ given up and sweeps the store by TTL and size cap (directory_store.py).
 `ArenaBackend` (the Mooncake transport): the stages hold their parts in arenas of their own and
 free them themselves (released by the decode side, TTL, room; arena.py). Rank 0 keeps, per
 transfer it opened, the prompt's digest and each stage's location as the stages report them
-(until its answer's TTL passes), so the answer carries them and a transfer given up (the
+(until the TTL passes, or more transfers than an arena has entries were opened since: the
+stages hold none older), so the answer carries them and a transfer given up (the
 decode side failed, the request did) is released on every stage: rank 0 writes the release word
 through stage 0's transfer engine (`client`, a MooncakeTransport). It also reads each stage's
 arena header (entries, bytes held) on every sweep, for /metrics.
@@ -20,11 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from wavepp.kv_transfer.arena_part import prompt_digest
 from wavepp.kv_transfer.directory_store import DirectoryStore
 from wavepp.kv_transfer.mooncake_engine import TransferFailed
+from wavepp.kv_transfer.transport import DEFAULT_MAX_ENTRIES
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,9 @@ class DirectoryBackend:
     def usage(self) -> dict:
         return {"bytes": self.store.bytes_after_sweep, "max_bytes": self.store.max_bytes}
 
+    def detach(self) -> None:
+        return
+
     def close(self, owner: str) -> None:
         self.store.remove_owned(owner)
 
@@ -87,13 +93,24 @@ class _Opened:
 class ArenaBackend:
     kind = "mooncake"
 
-    def __init__(self, *, num_stages: int, ttl_s: float, clock=time.monotonic):
+    def __init__(
+        self,
+        *,
+        num_stages: int,
+        ttl_s: float,
+        max_transfers: int = DEFAULT_MAX_ENTRIES,
+        clock=time.monotonic,
+    ):
         self.num_stages = num_stages
         self.ttl_s = ttl_s
+        # no stage's arena holds more parts than its table's entries: a transfer older than the
+        # last `max_transfers` opened is gone from every stage, and forgotten here too
+        self.max_transfers = max_transfers
         self.clock = clock
         self.client = None  # stage 0's MooncakeTransport (Engine wires it at start)
+        self._client_lock = threading.Lock()  # held while the client is used; `detach` waits
         self._lock = threading.Lock()
-        self._opened: dict[str, _Opened] = {}
+        self._opened: OrderedDict[str, _Opened] = OrderedDict()  # oldest first
         self._tables: dict[int, dict] = {}  # stage -> its latest location (session, table)
         self._usage: dict[int, dict] = {}  # stage -> {"entries", "bytes", "capacity"}
         self._unreachable: set[str] = set()  # sessions whose arena could not be read, logged once
@@ -106,6 +123,8 @@ class ArenaBackend:
             if transfer_id in self._opened:
                 raise ValueError(f"transfer id {transfer_id!r} is in use")
             self._opened[transfer_id] = _Opened(self.clock(), digest)
+            while len(self._opened) > self.max_transfers:
+                self._opened.popitem(last=False)
 
     def note(self, outcome) -> None:
         if outcome.location is None:
@@ -149,8 +168,10 @@ class ArenaBackend:
             for transfer_id in old:
                 del self._opened[transfer_id]
             tables = dict(self._tables)
-        if self.client is not None:
-            for stage, location in tables.items():
+        for stage, location in tables.items():
+            with self._client_lock:
+                if self.client is None:
+                    return len(old)
                 try:
                     usage = self.client.arena_header(location)
                     self._unreachable.discard(location["session"])
@@ -170,22 +191,30 @@ class ArenaBackend:
         with self._lock:
             return {"arenas": {s: dict(u) for s, u in sorted(self._usage.items())}}
 
+    def detach(self) -> None:
+        """Stop using stage 0's transfer engine (the engine is shutting its stages down); waits
+        for a release or a read in progress."""
+        with self._client_lock:
+            self.client = None
+
     def close(self, owner: str) -> None:
+        """Forget every transfer: the arenas went with their stage processes."""
         with self._lock:
-            opened, self._opened = self._opened, {}
-        for transfer_id, held in opened.items():
-            self._release(transfer_id, held.stages.values())
+            self._opened.clear()
+            self._usage.clear()
 
     def _release(self, transfer_id: str, locations) -> None:
-        if self.client is None:
-            return
         for location in locations:
-            try:
-                self.client.release(location)
-            except TransferFailed as err:
-                log.warning(
-                    "KV transfer %s: stage %s's part could not be released (%s); its TTL frees it",
-                    transfer_id,
-                    location.get("stage"),
-                    err,
-                )
+            with self._client_lock:
+                if self.client is None:
+                    return
+                try:
+                    self.client.release(location)
+                except TransferFailed as err:
+                    log.warning(
+                        "KV transfer %s: stage %s's part could not be released (%s); its TTL "
+                        "frees it",
+                        transfer_id,
+                        location.get("stage"),
+                        err,
+                    )

@@ -1,9 +1,13 @@
 """What a stage hands its part of a transfer to: one interface, two transports.
 
-    transport.put(transfer_id, rows, num_tokens, manifest) -> location | None
-        rows: {pool: (model layers, [layers, num_tokens, width])}, a host copy the caller gave up;
-        the location goes into the answer's params (None: the decode side finds the part by
-        the transfer id alone); OSError / TransferError / ValueError / ArenaFull: not handed on
+    staged = transport.stage(pools, block_table, num_tokens)
+        on the stage's compute loop, before the wave completes: the one copy out of the paged
+        pools (directory: host rows; mooncake: straight into the arena); never raises for a
+        part it cannot take (the error is staged and raised by `put`)
+    transport.put(transfer_id, staged, num_tokens, manifest) -> location | None
+        on the writer thread: the location goes into the answer's params (None: the decode side
+        finds the part by the transfer id alone); OSError / TransferError / ValueError /
+        ArenaFull: not handed on
     transport.tick(now)        housekeeping when the writer is idle (the arena's releases, TTL)
     transport.release(location)   rank 0 gives a transfer up (the decode side failed)
     transport.usage()          what it holds now
@@ -27,13 +31,14 @@ loop; `release` and `usage` also from rank 0's hand-off thread (a lock guards th
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
 import torch
 from safetensors.torch import save
 
-from wavepp.kv_transfer.arena import ArenaLedger
+from wavepp.kv_transfer.arena import HEADER_ROWS, ArenaFull, ArenaLedger
 from wavepp.kv_transfer.arena_part import RELEASED_OFFSET, pack_layout
 from wavepp.kv_transfer.directory_store import DirectoryStore
 from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle, default_host
@@ -47,6 +52,11 @@ DEFAULT_MAX_ENTRIES = 4096
 
 class StageTransport:
     kind = ""
+
+    def stage(self, pools, block_table: list[int], num_tokens: int):
+        """The request's rows, copied out of `pools` (PagedPools): {pool: (model layers,
+        [layers, num_tokens, width])} on the host."""
+        return pools.export_rows(block_table, num_tokens)
 
     def put(
         self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict
@@ -115,7 +125,7 @@ class MooncakeTransport(StageTransport):
         # rank 0's scratch: the word it writes to release a part, the header it reads for usage
         self._word = torch.zeros(1, dtype=torch.int64)
         self._word_addr = self.engine.register(self._word)
-        self._header = torch.zeros(4, dtype=torch.int64)
+        self._header = torch.zeros(8, dtype=torch.int64)
         self._header_addr = self.engine.register(self._header)
         self._lock = threading.Lock()  # the table: the writer thread and rank 0's hand-off
 
@@ -123,21 +133,38 @@ class MooncakeTransport(StageTransport):
     def session(self) -> str:
         return self.engine.session
 
-    def put(self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict) -> dict:
-        nbytes, pools = pack_layout(rows)
-        with self._lock:
-            slot = self.ledger.alloc(nbytes, self.clock())  # ArenaFull: refused, with why
+    def stage(self, pools, block_table: list[int], num_tokens: int):
+        """Room in the arena, then the request's whole blocks copied straight into it (one copy,
+        on the compute loop); the part is live once this returns. A part the arena cannot take
+        comes back as its ArenaFull, for `put` to raise on the writer thread."""
+        shapes = pools.export_shapes(num_tokens)
+        nbytes, layout = pack_layout(shapes)
         try:
-            for name, (_, tensor) in rows.items():
-                at = slot.offset + pools[name]["offset"]
-                size = tensor.numel() * tensor.element_size()
-                self._data[at : at + size].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+            with self._lock:
+                slot = self.ledger.alloc(nbytes, self.clock())
+        except ArenaFull as err:
+            return err
+        try:
+            out = {}
+            for name, (_, shape, dtype) in shapes.items():
+                at = slot.offset + layout[name]["offset"]
+                size = math.prod(shape) * dtype.itemsize
+                out[name] = self._data[at : at + size].view(dtype).view(shape)
+            pools.export_blocks_into(block_table, num_tokens, out)
         except BaseException:
             with self._lock:
                 self.ledger.cancel(slot)
             raise
         with self._lock:
             self.ledger.commit(slot)
+        _, shape, _ = next(iter(shapes.values()))
+        return slot, layout, nbytes, shape[1] * shape[2]  # rows per layer: whole blocks
+
+    def put(self, transfer_id: str, staged, num_tokens: int, manifest: dict) -> dict:
+        """The staged part's location (nothing left to copy); its ArenaFull raised."""
+        if isinstance(staged, Exception):
+            raise staged
+        slot, pools, nbytes, rows = staged
         return {
             "session": self.session,
             "stage": self.stage_id,
@@ -148,6 +175,7 @@ class MooncakeTransport(StageTransport):
             "addr": self._data_addr + slot.offset,
             "nbytes": nbytes,
             "num_tokens": num_tokens,
+            "rows": rows,  # rows per layer: whole blocks, past num_tokens
             "dtype": manifest["dtype"],
             "pools": pools,
         }
@@ -174,16 +202,23 @@ class MooncakeTransport(StageTransport):
             )
 
     def arena_header(self, location: dict) -> dict:
-        """{"entries", "bytes", "capacity"} held now by the arena `location` is in (this one,
-        or another stage's, read over the engine); TransferFailed when that stage is gone."""
+        """What the arena `location` is in holds now and has freed (this one, or another
+        stage's, read over the engine): {"entries", "bytes", "capacity", "freed": {why: n}};
+        TransferFailed when that stage is gone."""
         if location["session"] == self.session:
-            header = self.ledger.table[0].astype("int64")
+            header = self.ledger.table[:HEADER_ROWS].astype("int64").reshape(-1)
         else:
             table = location["entry_addr"] - location["entry"] * self.ledger.table.strides[0]
             with self._lock:
-                self.engine.read(location["session"], [(self._header_addr, table, 32)])
+                self.engine.read(location["session"], [(self._header_addr, table, 64)])
                 header = self._header.numpy().copy()
-        return {"entries": int(header[1]), "bytes": int(header[2]), "capacity": int(header[3])}
+        freed = dict(zip(("released", "expired", "evicted", "refused"), map(int, header[4:8])))
+        return {
+            "entries": int(header[1]),
+            "bytes": int(header[2]),
+            "capacity": int(header[3]),
+            "freed": freed,
+        }
 
     def usage(self) -> dict:
         with self._lock:

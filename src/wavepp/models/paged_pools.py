@@ -124,6 +124,37 @@ class PagedPools:
             out[name] = (layers, rows.cpu().contiguous())
         return out
 
+    def export_shapes(self, num_tokens: int) -> dict[str, tuple[list[int], tuple, torch.dtype]]:
+        """What `export_blocks_into` fills for a request of `num_tokens`, per pool: (its model
+        layers in this stage, [layers, num_blocks, block_size, width], dtype): whole blocks, the
+        last one's rows past `num_tokens` whatever the pool held there."""
+        num_blocks = -(-num_tokens // self.block_size)
+        return {
+            name: (
+                sorted(layer for (pool, layer) in self._index if pool == name),
+                (tensor.shape[0], num_blocks, self.block_size, tensor.shape[-1]),
+                tensor.dtype,
+            )
+            for name, tensor in self.tensors.items()
+        }
+
+    def export_blocks_into(
+        self, block_table: list[int], num_tokens: int, out: dict[str, torch.Tensor]
+    ) -> None:
+        """Copy the blocks holding tokens [0, num_tokens) into `out` ({pool: a host tensor of
+        `export_shapes`' shape}): one copy, straight from the pools (a staging arena's)."""
+        num_blocks = -(-num_tokens // self.block_size)
+        if num_blocks > len(block_table):
+            raise ValueError(
+                f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}"
+            )
+        index = torch.tensor(block_table[:num_blocks], dtype=torch.int64, device=self.device)
+        for name, tensor in self.tensors.items():
+            if tensor.device.type == "cpu":
+                torch.index_select(tensor, 1, index, out=out[name])
+            else:
+                out[name].copy_(tensor.index_select(1, index))
+
     def copy_states(self, src_slot: int, dst_slot: int) -> None:
         """Copy every layer's state of one slot into another (a snapshot taken or restored)."""
         for tensor in self.states.values():

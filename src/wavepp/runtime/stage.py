@@ -243,7 +243,7 @@ class StageRuntime:
                 if p.chunk.export_id is not None:
                     self.exporter.submit(
                         p.chunk.export_id,
-                        self.kv.export_rows(p.block_table, p.chunk.end),
+                        self.exporter.transport.stage(self.kv, p.block_table, p.chunk.end),
                         p.chunk.end,
                         p.chunk.request_id,
                     )

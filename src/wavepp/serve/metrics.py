@@ -28,7 +28,9 @@ Read from the engine at each scrape:
                                                transfers the TTL or the cap dropped
     wavepp_kv_arena_bytes{stage}, wavepp_kv_arena_transfers{stage},
     wavepp_kv_arena_capacity_bytes{stage}      with --kv-transport mooncake: what each stage's
-                                               arena holds, read at the last sweep
+    wavepp_kv_arena_parts_freed_total{stage,reason}   arena holds and has freed (released |
+                                               expired | evicted | refused), read at the last
+                                               sweep
 
 "Since start" is since the server started or since the last POST /debug/reset, which empties
 the caches and restarts the engine's own measurements: the per-stage counters and the wave and
@@ -237,6 +239,16 @@ class _EngineCollector:
                 for stage, usage in store["arenas"].items():
                     g.add_metric([str(stage)], usage[key])
                 yield g
+            freed = CounterMetricFamily(
+                "wavepp_kv_arena_parts_freed",
+                "KV parts a stage's arena let go, by why: released (pulled, or given up), "
+                "expired (TTL), evicted (room for newer ones), refused (larger than the arena)",
+                labels=["stage", "reason"],
+            )
+            for stage, usage in store["arenas"].items():
+                for reason, n in usage["freed"].items():
+                    freed.add_metric([str(stage), reason], n)
+            yield freed
         if store is not None:
             if "bytes" in store:
                 yield _gauge(
