@@ -119,7 +119,9 @@ class MooncakeTransport(StageTransport):
         # the entries' table and the data region, each registered: the table is what a decode
         # engine reads after its pull and writes to release a part
         self._table = torch.from_numpy(self.ledger.table.view("uint8").reshape(-1))
-        self._data = torch.empty(arena_bytes, dtype=torch.uint8)
+        # zeroed: every page is touched now, not on the compute loop at a part's first copy (and
+        # the arena's memory is taken at start, as RDMA registration pins it anyway)
+        self._data = torch.zeros(arena_bytes, dtype=torch.uint8)
         self._table_addr = self.engine.register(self._table)
         self._data_addr = self.engine.register(self._data)
         # rank 0's scratch: the word it writes to release a part, the header it reads for usage
