@@ -4,7 +4,7 @@
     client -> router: POST /v1/completions or /v1/chat/completions (streaming or not)
       1. router -> prefill: the same body, max_tokens 1, no streaming, and
                             kv_transfer_params {"do_remote_decode": true}
-         <- its kv_transfer_params: where every stage wrote the prompt's KV
+         <- its kv_transfer_params: where every stage holds its part of the prompt's KV
       2. router -> decode:  the client's body, with those kv_transfer_params in place of any the
                             client sent (a client never names a transfer to the decode side)
          <- the answer (streamed through as it comes), returned to the client
@@ -15,9 +15,9 @@ An error from either side goes back to the client with its status, body and end-
 (`Retry-After` among them). The router's own errors: 502 for an upstream that cannot be reached
 or answers what is not an OpenAI answer, 504 for one that does not answer within
 `timeout_s`; their messages name the side, never its address (the log has that). A prefill
-answer without kv_transfer_params (a server without --kv-store) still decodes: the decode side
-then computes the prompt itself; so does one whose kv_transfer_params carry "error" (a stage
-could not write its part), forwarded as they are so that the decode side logs why. `usage` is
+answer without kv_transfer_params (a server with no hand-off: no --kv-store, no --kv-transport)
+still decodes: the decode side then computes the prompt itself; so does one whose
+kv_transfer_params carry "error" (a stage could not hand its part on), forwarded as they are so that the decode side logs why. `usage` is
 the decode side's, `prompt_tokens_details.cached_tokens` included (the tokens it loaded).
 
 No state is kept between requests: the upstream client takes no cookies (a `Set-Cookie` goes
