@@ -17,8 +17,9 @@ or answers what is not an OpenAI answer, 504 for one that does not answer within
 `timeout_s`; their messages name the side, never its address (the log has that). A prefill
 answer without kv_transfer_params (a server with no hand-off: no --kv-store, no --kv-transport)
 still decodes: the decode side then computes the prompt itself; so does one whose
-kv_transfer_params carry "error" (a stage could not hand its part on), forwarded as they are so that the decode side logs why. `usage` is
-the decode side's, `prompt_tokens_details.cached_tokens` included (the tokens it loaded).
+kv_transfer_params carry "error" (a stage could not hand its part on), forwarded as they are so
+that the decode side logs why. `usage` is the decode side's,
+`prompt_tokens_details.cached_tokens` included (the tokens it loaded).
 
 No state is kept between requests: the upstream client takes no cookies (a `Set-Cookie` goes
 back to the client whose answer carried it, and nowhere else), and each request's end-to-end
