@@ -84,8 +84,7 @@ class Engine:
         self._closed = False
         self._core.start(self._result)
         if self._handoff is not None:
-            exporter = self._core.stage.exporter  # stage 0's: its transfer engine is rank 0's
-            self._handoff.start(self._core.answer_overdue, getattr(exporter, "transport", None))
+            self._handoff.start(self._core.answer_overdue, self._core.kv_transport)
         self._cluster.watch(self._core.fail)
         self.vocab_size = self._core.vocab_size
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -94,6 +95,51 @@ def start_route(prefill_url: str, decode_url: str, log: Path) -> tuple[subproces
         log,
     )
     return proc, f"http://127.0.0.1:{port}"
+
+
+def grouped_prompts(seed: int = 5) -> list[list[int]]:
+    """16 prompts of token ids in four groups sharing 150-token prefixes, 160 to 205 tokens."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(100, 40000) for _ in range(150)] for _ in range(4)]
+    return [
+        prefixes[i % 4] + [rng.randrange(100, 40000) for _ in range(10 + 3 * i)] for i in range(16)
+    ]
+
+
+# `wavepp serve` options of the transfer engine's hand-off, on loopback, with a small arena
+MOONCAKE_PREFILL = (
+    "--kv-transport",
+    "mooncake",
+    "--kv-host",
+    "127.0.0.1",
+    "--kv-arena-gib",
+    "0.25",
+)
+
+
+def start_decode_and_route(
+    model: str,
+    store: Path | None,
+    prefill_url: str,
+    tmp_path: Path,
+    *vllm_args: str,
+    env: dict | None = None,
+) -> tuple[list[subprocess.Popen], str, str]:
+    """vLLM with the connector (start_vllm) and `wavepp route` in front of it and the prefill
+    server, both healthy (their logs: tmp_path / vllm.log, route.log). -> (processes, vLLM's url,
+    the router's url); the caller stops the processes."""
+    vllm, vllm_url = start_vllm(model, store, tmp_path / "vllm.log", *vllm_args, env=env)
+    procs = [vllm]
+    try:
+        route, route_url = start_route(prefill_url, vllm_url, tmp_path / "route.log")
+        procs.append(route)
+        wait_healthy(
+            [(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")]
+        )
+    except BaseException:
+        stop(procs)
+        raise
+    return procs, vllm_url, route_url
 
 
 def wait_healthy(procs: list[tuple[subprocess.Popen, str, Path]], timeout_s: float = 900) -> None:

@@ -7,7 +7,6 @@ written makes vLLM compute."""
 
 from __future__ import annotations
 
-import random
 import shutil
 import time
 from pathlib import Path
@@ -16,14 +15,13 @@ import httpx
 import pytest
 
 from tests.connectors.helpers import (
+    grouped_prompts,
     loaded_tokens,
     needs_vllm,
     poison,
-    start_route,
-    start_vllm,
+    start_decode_and_route,
     stop,
     wait_for_transfer,
-    wait_healthy,
 )
 from tests.serve.conftest import ServerProcess
 from wavepp.kv_transfer import DirectoryStore
@@ -40,10 +38,11 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
     prefill = ServerProcess(Path(model), "--kv-store", str(store), start_timeout_s=300, debug=False)
     procs = []
     try:
-        vllm, vllm_url = start_vllm(
+        procs, vllm_url, route_url = start_decode_and_route(
             model,
             store,
-            tmp_path / "vllm.log",
+            prefill.url,
+            tmp_path,
             "--dtype",
             "float32",
             "--block-size",
@@ -51,19 +50,8 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
             "--max-model-len",
             "1024",
         )
-        procs.append(vllm)
-        route, route_url = start_route(prefill.url, vllm_url, tmp_path / "route.log")
-        procs.append(route)
-        wait_healthy(
-            [(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")]
-        )
 
-        rng = random.Random(5)
-        prefixes = [[rng.randrange(100, 40000) for _ in range(150)] for _ in range(4)]
-        prompts = [
-            prefixes[i % 4] + [rng.randrange(100, 40000) for _ in range(10 + 3 * i)]
-            for i in range(16)
-        ]
+        prompts = grouped_prompts()
         with httpx.Client(timeout=600) as client:
 
             def complete(url, prompt):

@@ -20,14 +20,13 @@ import httpx
 import pytest
 
 from tests.connectors.helpers import (
+    MOONCAKE_PREFILL,
     arenas_empty,
     loaded_tokens,
     needs_vllm,
     poison_part,
-    start_route,
-    start_vllm,
+    start_decode_and_route,
     stop,
-    wait_healthy,
 )
 from tests.eventually import eventually
 from tests.serve.conftest import ServerProcess, save_byte_tokenizer
@@ -60,33 +59,23 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
     model = str(make_deepseek(tmp_path / "deepseek"))
     prefill = ServerProcess(
         model,
-        "--kv-transport",
-        "mooncake",
-        "--kv-host",
-        "127.0.0.1",
-        "--kv-arena-gib",
-        "0.25",
+        *MOONCAKE_PREFILL,
         start_timeout_s=300,
         debug=False,
     )
     procs = []
     try:
-        vllm, vllm_url = start_vllm(
+        procs, vllm_url, route_url = start_decode_and_route(
             model,
             None,
-            tmp_path / "vllm.log",
+            prefill.url,
+            tmp_path,
             "--dtype",
             "float32",
             "--attention-backend",
             "CPU_MLA",
             "--max-model-len",
             "512",
-        )
-        procs.append(vllm)
-        route, route_url = start_route(prefill.url, vllm_url, tmp_path / "route.log")
-        procs.append(route)
-        wait_healthy(
-            [(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")]
         )
 
         # two share a 48-token prefix: wavepp reuses its blocks for the second and exports them too

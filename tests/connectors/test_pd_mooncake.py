@@ -14,7 +14,6 @@ prefill each make vLLM compute the prompt, with the right tokens."""
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import tempfile
@@ -25,14 +24,14 @@ import pytest
 import torch
 
 from tests.connectors.helpers import (
+    MOONCAKE_PREFILL,
     arenas_empty,
+    grouped_prompts,
     loaded_tokens,
     needs_vllm,
     poison_part,
-    start_route,
-    start_vllm,
+    start_decode_and_route,
     stop,
-    wait_healthy,
 )
 from tests.eventually import eventually
 from tests.serve.conftest import ServerProcess
@@ -67,40 +66,25 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(tmp_path):
     decode_tmp = Path(tempfile.mkdtemp(prefix="vllm-"))
     prefill = ServerProcess(
         Path(model),
-        "--kv-transport",
-        "mooncake",
-        "--kv-host",
-        "127.0.0.1",
-        "--kv-arena-gib",
-        "0.25",
+        *MOONCAKE_PREFILL,
         start_timeout_s=300,
         debug=False,
         env={"TMPDIR": str(prefill_tmp)},
     )
     procs = []
     try:
-        vllm, vllm_url = start_vllm(
+        procs, vllm_url, route_url = start_decode_and_route(
             model,
             None,
-            tmp_path / "vllm.log",
+            prefill.url,
+            tmp_path,
             "--dtype",
             "float32",
             "--max-model-len",
             "1024",
             env={"TMPDIR": str(decode_tmp)},
         )
-        procs.append(vllm)
-        route, route_url = start_route(prefill.url, vllm_url, tmp_path / "route.log")
-        procs.append(route)
-        wait_healthy(
-            [(vllm, vllm_url, tmp_path / "vllm.log"), (route, route_url, tmp_path / "route.log")]
-        )
-        rng = random.Random(5)
-        prefixes = [[rng.randrange(100, 40000) for _ in range(150)] for _ in range(4)]
-        prompts = [
-            prefixes[i % 4] + [rng.randrange(100, 40000) for _ in range(10 + 3 * i)]
-            for i in range(16)
-        ]
+        prompts = grouped_prompts()
         with httpx.Client(timeout=600) as client:
 
             def complete(url, prompt, params=None, max_tokens=16):

@@ -23,6 +23,19 @@ from .helpers import VOCAB, assert_clean
 pytestmark = pytest.mark.slow
 
 
+def mooncake_engine(model, **options) -> Engine:
+    """A PP = 2 engine handing the KV on over the transfer engine, on loopback."""
+    options = dict(kv_arena_gib=0.05, profile_waves=False) | options
+    return Engine(
+        str(model),
+        pp=2,
+        dtype="float32",
+        kv_transport="mooncake",
+        kv_host="127.0.0.1",
+        **options,
+    )
+
+
 def arenas(engine) -> dict[int, dict]:
     return engine.kv_store_usage()["arenas"]
 
@@ -34,15 +47,7 @@ def test_each_stage_part_is_pulled_from_its_own_arena_and_is_the_prompts_cache(t
     prefix = [rng.randrange(VOCAB) for _ in range(70)]
     prompts = [prefix + [rng.randrange(VOCAB) for _ in range(n)] for n in (23, 9)]
     puller = ArenaPuller("127.0.0.1")
-    with Engine(
-        str(tiny),
-        pp=2,
-        dtype="float32",
-        kv_transport="mooncake",
-        kv_host="127.0.0.1",
-        kv_arena_gib=0.05,
-        profile_waves=False,
-    ) as engine:
+    with mooncake_engine(tiny) as engine:
         results = [engine.submit(p, kv_transfer=True).result(timeout=60) for p in prompts]
         assert results[1].num_cached_tokens == 64  # reused blocks are handed on too
         for prompt, result in zip(prompts, results):
@@ -89,18 +94,9 @@ def test_an_arena_frees_parts_past_their_ttl_and_refuses_one_larger_than_itself(
     rng = random.Random(4)
     prompt = [rng.randrange(VOCAB) for _ in range(60)]
     puller = ArenaPuller("127.0.0.1")
-    with Engine(
-        str(tiny),
-        pp=2,
-        dtype="float32",
-        kv_transport="mooncake",
-        kv_host="127.0.0.1",
-        kv_ttl_s=0.5,
-        # 16 KiB: a stage's part of 60 tokens is 32 KiB (4 whole blocks of 16 rows, 2 layers,
-        # K and V, 32 fp32 values a row)
-        kv_arena_gib=16 * 2**-20,
-        profile_waves=False,
-    ) as engine:
+    # 16 KiB: a stage's part of 60 tokens is 32 KiB (4 whole blocks of 16 rows, 2 layers, K and
+    # V, 32 fp32 values a row)
+    with mooncake_engine(tiny, kv_ttl_s=0.5, kv_arena_gib=16 * 2**-20) as engine:
         refused = engine.submit(prompt, kv_transfer=True).result(timeout=60)
         assert refused.first_token_id is not None  # the prefill's answer stands
         assert "needs 32.0 KiB; this stage's arena holds 16.0 KiB" in refused.kv_transfer["error"]

@@ -209,6 +209,13 @@ class EngineCore(CoreLoops):
             return self._stats.snapshot(rounds_since)
 
     @property
+    def kv_transport(self):
+        """Stage 0's KV transport (in this process), or None without a hand-off: rank 0's
+        hand-off releases parts and reads the stages' arenas through its transfer engine."""
+        exporter = self.stage.exporter
+        return None if exporter is None else exporter.transport
+
+    @property
     def num_live_requests(self) -> int:
         with self.cond:
             return len(self._requests)
