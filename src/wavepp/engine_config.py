@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepp.kv_transfer.mooncake_engine import check_host
 from wavepp.model_store import DEFAULT_MODEL
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import DEVICES
@@ -96,6 +97,8 @@ class EngineConfig:
             raise ValueError(
                 "kv_store is the directory transport's; kv_transport='mooncake' takes none"
             )
+        if self.kv_transport == "mooncake" and self.kv_host:
+            check_host(self.kv_host)  # an address this machine resolves, or ValueError
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         # the options every rank shares

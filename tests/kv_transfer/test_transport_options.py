@@ -21,6 +21,7 @@ from wavepp.kv_transfer.handoff_backends import ArenaBackend
         (dict(kv_transport="nixl"), "'directory' or 'mooncake'"),
         (dict(kv_transport="mooncake", kv_transport_protocol="udp"), "'tcp' or 'rdma'"),
         (dict(kv_transport="mooncake", kv_arena_gib=0), "kv_arena_gib must be positive"),
+        (dict(kv_transport="mooncake", kv_host="no-such-host.invalid"), "not an address"),
     ],
 )
 def test_bad_hand_off_options_are_refused_before_anything_starts(options, needle):

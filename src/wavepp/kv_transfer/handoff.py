@@ -39,6 +39,7 @@ from typing import Callable
 
 from wavepp.kv_transfer.directory_store import check_transfer_id
 from wavepp.kv_transfer.handoff_backends import ArenaBackend, DirectoryBackend
+from wavepp.kv_transfer.mooncake_engine import check_installed
 from wavepp.kv_transfer.reports import ExportReports
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ class KVHandoff:
                 f"the KV hand-off does not carry recurrent-state snapshots yet: {hybrid} cannot "
                 "take kv_store or kv_transport"
             )
+        if opts.handoff_transport == "mooncake":
+            check_installed()  # before a stage process is spawned
         gib = opts.kv_store_max_gib
         return cls(
             opts.kv_store,

@@ -8,20 +8,23 @@ peer is named by its "host:port" session), over TCP or RDMA.
     engine.read(session, [(local, remote, n), ...])  a batch, synchronous; TransferFailed
     engine.write(session, local, remote, n)
 
-Only the standard library, torch and mooncake are imported: the decode side runs this inside
-vLLM's environment. The package is `mooncake-transfer-engine-non-cuda` (pinned by the
+Only the standard library and mooncake are imported (torch tensors are what it registers): the
+decode side runs this inside vLLM's environment, and the engine's options check a host with it. The package is `mooncake-transfer-engine-non-cuda` (pinned by the
 Makefile); it needs Debian's `libibverbs1` and `libnuma1` even for TCP.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import socket
 import threading
-
-import torch
+from typing import TYPE_CHECKING
 
 from wavepp.env import quiet_transfer_engine_logs
+
+if TYPE_CHECKING:
+    import torch
 
 PROTOCOLS = ("tcp", "rdma")
 INSTALL_HINT = (
@@ -33,6 +36,14 @@ INSTALL_HINT = (
 class TransferFailed(Exception):
     """A transfer the engine could not make (a peer gone, a session unknown, an address that
     peer never registered)."""
+
+
+def check_installed() -> None:
+    """RuntimeError, saying what to install, when the transfer engine's package is missing."""
+    if importlib.util.find_spec("mooncake") is None:
+        raise RuntimeError(
+            f"the Mooncake KV transport needs Mooncake's transfer engine: {INSTALL_HINT}"
+        )
 
 
 def _import_engine():
