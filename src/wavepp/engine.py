@@ -219,6 +219,13 @@ class Engine:
                 load = dataclasses.replace(load, error=dead)
         return load
 
+    def cached_prefix(self, prompts: Sequence[Prompt]) -> list:
+        """For each prompt (text or token ids), how many of its tokens every stage holds now
+        (CachedView: the all-stage prefix a request would reuse, each stage's own, each stage's
+        free or evictable blocks), asked of every stage as a probe asks, between rounds
+        (runtime/cache_queries.py). A bad prompt raises ValueError."""
+        return self._core.cached_prefix([self.tokenize(p) for p in prompts])
+
     def stage_capacity(self) -> list:
         """Each stage's blocks by state (CapacityView): stage 0's now, the others' as their last
         admission commit reported them (None before their first)."""

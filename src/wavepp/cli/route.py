@@ -8,17 +8,37 @@ import sys
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "route",
-        help="one OpenAI endpoint over a prefill (wavepp) and a decode (vLLM) server",
+        help="one OpenAI endpoint over prefill (wavepp) replicas and decode (vLLM) servers",
         description="Serve POST /v1/completions and /v1/chat/completions by sending each request "
-        "to the prefill server with max_tokens 1 and the KV hand-off asked, then to "
-        "the decode server with the returned kv_transfer_params (streams passed "
-        "through, errors with their status).",
+        "to a prefill replica (by --routing) with max_tokens 1 and the KV hand-off asked, then "
+        "to a decode server with the returned kv_transfer_params (streams passed through, "
+        "errors with their status); without --decode, the replica's own answer.",
     )
     p.add_argument(
-        "--prefill", required=True, metavar="URL", help="the wavepp serve --kv-store server"
+        "--prefill",
+        required=True,
+        metavar="URL[,URL...]",
+        help="the wavepp serve replicas (with --kv-transport or --kv-store when --decode is given)",
     )
     p.add_argument(
-        "--decode", required=True, metavar="URL", help="the vLLM server with the WavePPConnector"
+        "--decode",
+        default="",
+        metavar="URL[,URL...]",
+        help="the vLLM servers with the WavePPConnector (none: the replicas' answers)",
+    )
+    p.add_argument(
+        "--routing",
+        default="round-robin",
+        choices=("cache", "approx", "least-load", "round-robin"),
+        help="how a prefill replica is picked: cache (what each holds on all its stages, asked "
+        "before each request), approx (the router's own record), least-load, round-robin "
+        "(serve/routing.py; default round-robin)",
+    )
+    p.add_argument(
+        "--health-interval-s",
+        type=float,
+        default=2.0,
+        help="seconds between the replicas' health checks (default 2)",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
@@ -42,17 +62,18 @@ def run(args) -> int:
 
     from wavepp.serve.router import RouteConfig, build_router
 
-    for name in ("prefill", "decode"):
-        url = getattr(args, name)
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--{name} must be an http(s) URL, got {url!r}")
-    app = build_router(
-        RouteConfig(
-            args.prefill.rstrip("/"), args.decode.rstrip("/"), args.timeout_s, args.max_body_bytes
-        )
+    config = RouteConfig(
+        args.prefill,
+        args.decode,
+        args.timeout_s,
+        args.max_body_bytes,
+        routing=args.routing,
+        health_interval_s=args.health_interval_s,
     )
+    app = build_router(config)
     print(
-        f"wavepp route: prefill {args.prefill}, decode {args.decode} on http://{args.host}:{args.port}",
+        f"wavepp route ({config.routing}): prefill {', '.join(config.prefill)}, decode "
+        f"{', '.join(config.decode) or '(none)'} on http://{args.host}:{args.port}",
         file=sys.stderr,
         flush=True,
     )

@@ -6,6 +6,8 @@ so that each group has one sending thread and one receiving thread on any pair o
     headers  stage s -> stage s+1           wave headers              (gloo)
     data     stage s -> stage s+1           activations               (gloo on CPU, NCCL on GPU)
     results  last stage -> leader           first tokens, timings     (gloo)
+    queries  rank 0 -> stage s              cache queries (a router's) (gloo)
+    answers  stage s -> rank 0              their answers             (gloo)
 
 Objects travel pickled as uint8 tensors, always over gloo on the host: a fixed-size first
 message (`INLINE_BYTES`: the length, then as much of the pickle as fits) and, for a larger
@@ -77,7 +79,7 @@ class Channels:
         # every rank creates the groups in the same order
         self.groups = {
             name: dist.new_group(backend="gloo")
-            for name in ("rounds", "replies", "headers", "results")
+            for name in ("rounds", "replies", "headers", "results", "queries", "answers")
         }
         self.groups["data"] = dist.new_group(backend=backend)
 

@@ -25,6 +25,7 @@ from typing import Callable
 
 from wavepp.cache import CapacityView
 from wavepp.kv_transfer.handoff import KVHandoff
+from wavepp.runtime.cache_queries import CachedView, CacheQueries
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.core_loops import CoreLoops
@@ -61,6 +62,13 @@ class EngineCore(CoreLoops):
         self._check_alive = check_alive
         self.stage, self.stage_num_blocks, self._worker_kernels = start_stages(config, channels)
         self._plane = RoundsPlane(channels, self.stage, self.num_stages)
+        self._queries = CacheQueries(
+            channels,
+            self.stage,
+            self.num_stages,
+            config.block_size,
+            hybrid=self.stage.layout.is_hybrid,
+        )
         self._runner = StageRunner(self.stage, channels, self.num_stages)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.vocab_size = self.stage.model_config.vocab_size
@@ -208,6 +216,11 @@ class EngineCore(CoreLoops):
         with self.cond:
             return self._stats.snapshot(rounds_since)
 
+    def cached_prefix(self, token_lists) -> list[CachedView]:
+        """How much of each prompt every stage holds now (runtime/cache_queries.py); off the
+        core's lock, beside rounds and waves."""
+        return self._queries.ask(token_lists)
+
     @property
     def kv_transport(self):
         """Stage 0's KV transport (in this process), or None without a hand-off: rank 0's
@@ -236,6 +249,7 @@ class EngineCore(CoreLoops):
             if t.ident is not None:
                 t.join(timeout=10)
         if self.num_stages > 1 and not self.error:
+            self._queries.close()
             try:
                 self._plane.tell_workers(Shutdown())
                 self.channels.send_obj(Shutdown(), 1, "headers")

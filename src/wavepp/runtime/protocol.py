@@ -117,3 +117,24 @@ class RoundWork:
 class WaveWork:
     header: WaveHeader
     hidden: object  # torch.Tensor [num_tokens, hidden_size], or None for an empty wave
+
+
+@dataclass(frozen=True)
+class CacheQuery:
+    """A question from outside the round protocol (a router's, runtime/cache_queries.py): how
+    much of each prompt this stage holds, as a probe would answer it, with nothing remembered.
+    Rank 0 -> stage s on the queries plane."""
+
+    query_id: int
+    items: tuple  # ProbeItem: (id, block hashes, tokens)
+
+
+@dataclass(frozen=True)
+class CacheAnswer:
+    """A stage's answer to a CacheQuery (stage s -> rank 0 on the answers plane): one Hint per
+    item, and its blocks by state now."""
+
+    query_id: int
+    stage_id: int
+    hints: tuple
+    capacity: CapacityView

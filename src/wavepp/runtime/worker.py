@@ -1,4 +1,4 @@
-"""A stage rank other than 0: three threads.
+"""A stage rank other than 0: four threads.
 
 WAVE       receives rounds-plane messages from the leader; answers them at once
            (asynchronous policies, and the outside loops trtllm-pp and sglang-pp, whose
@@ -6,6 +6,8 @@ WAVE       receives rounds-plane messages from the leader; answers them at once
            (lockstep)
 RECV       receives wave headers and activations from the previous stage (and the KV
            export reports of the stages before it)
+QUERY      answers rank 0's cache queries (how much of a prompt this stage holds) at once,
+           under the stage's lock only, beside the rounds and the waves
 LOOP       runs waves in order (and, under lockstep, rounds between them), sends
            activations on, or results back to rank 0 from the last stage; passes KV
            export reports (its own writer's and those received) on the same way
@@ -25,6 +27,7 @@ import torch
 from wavepp.runtime.channels import Channels, Shutdown
 from wavepp.runtime.profile import ProfileTimes, ProfileWaves, time_stage_waves
 from wavepp.runtime.protocol import (
+    CacheAnswer,
     CheckIntegrity,
     ControlReply,
     ExportReport,
@@ -84,6 +87,16 @@ def run_worker(channels: Channels) -> None:
                 if reply is not None:
                     channels.send_obj(reply, 0, "replies")
 
+    def query_thread():
+        while True:
+            msg = channels.recv_obj(0, "queries")
+            if isinstance(msg, Shutdown):
+                return
+            with stage.lock:
+                hints = stage.server.query(msg.items)
+                capacity = stage.server.pool.capacity()
+            channels.send_obj(CacheAnswer(msg.query_id, rank, hints, capacity), 0, "answers")
+
     def recv_thread():
         while True:
             header = channels.recv_obj(rank - 1, "headers")
@@ -99,12 +112,13 @@ def run_worker(channels: Channels) -> None:
 
     threads = [
         threading.Thread(target=_guard(fn, config.run_dir, rank), name=fn.__name__, daemon=True)
-        for fn in (wave_thread, recv_thread)
+        for fn in (wave_thread, recv_thread, query_thread)
     ]
     for t in threads:
         t.start()
     _guard(lambda: _loop(runner, inbox), config.run_dir, rank)()
-    for t in threads:  # the leader shut WAVE down first; RECV ended with the shutdown header
+    # the leader shut WAVE and QUERY down first; RECV ended with the shutdown header
+    for t in threads:
         t.join(timeout=10)
     stage.close()
 

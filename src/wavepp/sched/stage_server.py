@@ -89,9 +89,15 @@ class StageServer:
     def probe(self, msg: ProbeMsg) -> ProbeReply:
         """Local reuse candidate of each request: the longest prefix present here. Mutates nothing
         but remembers the hashes for the lease that may follow."""
-        hints = []
         for item in msg.items:
             self._probed[item.request_id] = item
+        return ProbeReply(msg.round_id, self.stage_id, self.query(msg.items))
+
+    def query(self, items) -> tuple[Hint, ...]:
+        """Each item's hint, as a probe gives it, with nothing remembered: what a router asks
+        (how much of a prompt this stage holds) between rounds."""
+        hints = []
+        for item in items:
             match = self.pool.match(item.block_hashes)
             num_blocks = match.num_blocks
             # the host tier's run of blocks after a GPU prefix that is all computed here
@@ -121,7 +127,7 @@ class StageServer:
                 )
                 continue
             hints.append(Hint(item.request_id, num_blocks + num_host))
-        return ProbeReply(msg.round_id, self.stage_id, tuple(hints))
+        return tuple(hints)
 
     def lease(self, msg: LeaseMsg) -> LeaseReply:
         """Lease the agreed prefix, escrow room for the rest and commit the escrow: the

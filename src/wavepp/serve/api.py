@@ -23,8 +23,8 @@ from pathlib import Path
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from wavepp.engine import Engine
-from wavepp.serve.chat import parse_chat, parse_detokenize, parse_tokenize
+from wavepp.engine import Engine, EngineError
+from wavepp.serve.chat import parse_cache_query, parse_chat, parse_detokenize, parse_tokenize
 from wavepp.serve.completion_request import parse_completion, parse_json, parse_score
 from wavepp.serve.encoding import gc_paused, json_bytes
 from wavepp.serve.errors import APIError
@@ -149,26 +149,7 @@ class API:
 
     async def tokenize(self, request: Request):
         req = await self._parse(request, parse_tokenize, self.model_names)
-        if req.messages is not None:
-            self._check_chars([m["content"] for m in req.messages], "messages")
-            ids = await self._chat_ids(
-                req.messages,
-                req.add_generation_prompt,
-                req.continue_final_message,
-                check_length=False,
-            )
-        else:
-            self._check_chars([req.prompt], "prompt")
-            ids = (
-                []
-                if not req.prompt
-                else await self._engine_call(
-                    "prompt",
-                    self.engine.tokenize,
-                    req.prompt,
-                    add_special_tokens=req.add_special_tokens,
-                )
-            )
+        ids = await self._request_ids(req)
         strs = (
             await self.runner.work(self.engine.token_strs, ids) if req.return_token_strs else None
         )
@@ -178,6 +159,54 @@ class API:
             "tokens": ids,
             "token_strs": strs,
         }
+
+    async def cache_query(self, request: Request):
+        """How many of a prompt's tokens every stage holds now (the body as /tokenize takes
+        it: a prompt, or chat messages), each stage's own count and free or evictable blocks,
+        and the engine's load: what `wavepp route --routing cache` asks each replica."""
+        req = await self._parse(request, parse_cache_query, self.model_names)
+        if isinstance(req, list):
+            ids = await self._engine_call("prompt", self.engine.tokenize, req)
+        else:
+            ids = await self._request_ids(req)
+        if not ids:
+            raise APIError(400, "the prompt is empty", "prompt")
+        self._check_lengths([ids], "prompt" if isinstance(req, list) or req.prompt else "messages")
+        try:
+            (view,) = await self.runner.work(self.engine.cached_prefix, [ids])
+        except EngineError as exc:
+            raise APIError(503, str(exc), type_="service_unavailable") from None
+        load = self.engine.load()
+        return {
+            "object": "cache_query",
+            "num_tokens": view.num_tokens,
+            "cached_tokens": view.cached_tokens,
+            "stages": [
+                {"cached_tokens": tokens, "available_blocks": blocks}
+                for tokens, blocks in zip(view.stage_cached_tokens, view.stage_available_blocks)
+            ],
+            "load": {"num_waiting": load.num_waiting, "num_running": load.num_running},
+        }
+
+    async def _request_ids(self, req) -> list[int]:
+        """The token ids of a /tokenize-shaped request: its chat messages or its prompt."""
+        if req.messages is not None:
+            self._check_chars([m["content"] for m in req.messages], "messages")
+            return await self._chat_ids(
+                req.messages,
+                req.add_generation_prompt,
+                req.continue_final_message,
+                check_length=False,
+            )
+        self._check_chars([req.prompt], "prompt")
+        if not req.prompt:
+            return []
+        return await self._engine_call(
+            "prompt",
+            self.engine.tokenize,
+            req.prompt,
+            add_special_tokens=req.add_special_tokens,
+        )
 
     async def detokenize(self, request: Request):
         ids = await self._parse(request, parse_detokenize, self.model_names, self.engine.vocab_size)

@@ -5,6 +5,7 @@ health and metrics.
     POST /v1/chat/completions  the same for chat messages, through the model's chat template
     POST /v1/score             one query, many items: each item's probabilities over label tokens
     POST /tokenize, /detokenize  as vLLM has them
+    POST /v1/cache_query       how much of a prompt every stage holds now, and the load (routers)
     DELETE /v1/kv_transfers/{id}  give up a KV hand-off (the decode side failed: the router says so)
     GET  /v1/models, /health, /metrics
     GET  /debug/integrity, POST /debug/reset (with debug=True: both wait for the pipeline to be idle)
@@ -90,6 +91,10 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(request: Request):
         return await api.tokenize(request)
+
+    @app.post("/v1/cache_query")
+    async def cache_query(request: Request):
+        return await api.cache_query(request)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):

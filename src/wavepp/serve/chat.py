@@ -113,6 +113,15 @@ def parse_tokenize(body, model_names: tuple[str, ...]) -> TokenizeRequest:
     )
 
 
+def parse_cache_query(body, model_names: tuple[str, ...]) -> TokenizeRequest | list:
+    """POST /v1/cache_query: a /tokenize body, or {"prompt": [token ids]} (returned as the
+    list: the engine checks the ids)."""
+    if isinstance(body, dict) and isinstance(body.get("prompt"), list) and "messages" not in body:
+        check_model(body, model_names)
+        return body["prompt"]
+    return parse_tokenize(body, model_names)
+
+
 def parse_detokenize(body, model_names: tuple[str, ...], vocab_size: int) -> list[int]:
     """vLLM's /detokenize: {"tokens": [ids]} -> the ids."""
     if not isinstance(body, dict):

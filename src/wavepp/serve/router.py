@@ -1,5 +1,13 @@
-"""`wavepp route`: one OpenAI endpoint in front of a prefill server (wavepp) and a decode server
+"""`wavepp route`: one OpenAI endpoint in front of prefill replicas (wavepp) and decode servers
 (vLLM with `wavepp.connectors.vllm`), as disaggregated serving runs them.
+
+Each request goes to one prefill replica, picked by the routing policy (serve/routing.py:
+round-robin, least-load, approx), among the replicas that pass their health checks (GET /health
+every `health_interval_s`; one that fails leaves the rotation, and comes back when it passes
+again). A replica that cannot be reached is marked down and the request goes to another, once.
+Without decode servers the router serves the replicas' own answers (the first token), streams
+included: a prefill-only tier routed. With several decode servers, the one with the fewest
+requests in flight decodes.
 
     client -> router: POST /v1/completions or /v1/chat/completions (streaming or not)
       1. router -> prefill: the same body, max_tokens 1, no streaming, and
@@ -28,54 +36,72 @@ headers go to both upstreams (hop-by-hop ones, RFC 9110 7.6.1, are dropped both 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.cookiejar
 import json
 import logging
-import math
+import time
 from dataclasses import dataclass
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from wavepp.serve.errors import APIError
 from wavepp.serve.limits import DEFAULT_MAX_BODY_BYTES, read_body
+from wavepp.serve.routing import POLICIES, NoReplica, ReplicaTable, prompt_key, route_metrics
 from wavepp.serve.sampling import TOKEN_CHOICE_FIELDS
+from wavepp.serve.upstream import (
+    REQUEST_OWN,
+    NoCookies,
+    UpstreamError,
+    cached_tokens_of,
+    end_to_end,
+    error_response,
+    finite_float,
+    not_json,
+    pass_answer,
+    passthrough,
+)
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# set anew by whoever sends the message: the body is encoded again (its length and encoding
-# change; httpx decodes what it reads), the host is the upstream's, date and server are uvicorn's
-_REQUEST_OWN = frozenset(
-    {"host", "content-length", "content-type", "content-encoding", "accept-encoding"}
-)
-_RESPONSE_OWN = frozenset({"content-length", "content-encoding", "date", "server"})
 DROP_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 2.0
+QUERY_TIMEOUT_S = 1.0
+# what a cache query carries of a request: its prompt or its messages (as /tokenize takes them)
+QUERY_FIELDS = ("prompt", "messages", "add_generation_prompt", "continue_final_message")
 
 
 @dataclass(frozen=True)
 class RouteConfig:
-    prefill_url: str
-    decode_url: str
+    """`prefill` and `decode`: one URL, a comma-separated list, or a sequence of them (decode
+    may be empty: no decode step)."""
+
+    prefill: tuple[str, ...] | str
+    decode: tuple[str, ...] | str = ()
     timeout_s: float = 600.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    routing: str = "round-robin"
+    health_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
+        for name in ("prefill", "decode"):
+            value = getattr(self, name)
+            urls = value.split(",") if isinstance(value, str) else list(value or ())
+            urls = tuple(u.strip().rstrip("/") for u in urls if u.strip())
+            for url in urls:
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(f"a {name} server must be an http(s) URL, got {url!r}")
+            object.__setattr__(self, name, urls)
+        if not self.prefill:
+            raise ValueError("at least one prefill server is needed")
+        if self.routing not in POLICIES:
+            raise ValueError(f"routing must be one of {', '.join(POLICIES)}, got {self.routing!r}")
+        if not self.health_interval_s > 0:
+            raise ValueError(f"the health interval must be positive, got {self.health_interval_s}")
         if not self.timeout_s > 0:
             raise ValueError(f"the upstream timeout must be positive, got {self.timeout_s} s")
         if self.max_body_bytes < 1:
@@ -100,51 +126,47 @@ def decode_body(body: dict, params: dict | None) -> dict:
     return out
 
 
-def end_to_end(
-    headers: httpx.Headers | list[tuple[str, str]], own: frozenset
-) -> list[tuple[str, str]]:
-    """The headers a proxy passes on: not hop-by-hop, not named by Connection, not `own`."""
-    items = headers.multi_items() if isinstance(headers, httpx.Headers) else list(headers)
-    named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
-    return [
-        (k, v)
-        for k, v in items
-        if (lk := k.lower()) not in HOP_BY_HOP and lk not in named and lk not in own
-    ]
-
-
-class _NoCookies(http.cookiejar.DefaultCookiePolicy):
-    """The upstream client stores no cookie: each is the client's whose answer carried it."""
-
-    def set_ok(self, cookie, request) -> bool:
-        return False
-
-
-class _Upstream(Exception):
-    def __init__(self, side: str, err: httpx.HTTPError, timeout_s: float):
-        timed_out = isinstance(err, httpx.TimeoutException)
-        self.status = 504 if timed_out else 502
-        self.message = (
-            f"the {side} server did not answer within {timeout_s:g} s"
-            if timed_out
-            else f"the {side} server could not be reached ({type(err).__name__})"
-        )
-
-
 def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The router's app; `transport` replaces the network (tests)."""
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
         transport=transport,
-        cookies=http.cookiejar.CookieJar(policy=_NoCookies()),
+        cookies=http.cookiejar.CookieJar(policy=NoCookies()),
     )
+    prefills = ReplicaTable(config.prefill, config.routing)
+    decodes = ReplicaTable(config.decode, "least-load") if config.decode else None
+
+    async def check_health() -> None:
+        tables = [t for t in (prefills, decodes) if t is not None]
+        for table in tables:
+            for i, replica in enumerate(table.replicas):
+                try:
+                    ok = (
+                        await client.get(f"{replica.url}/health", timeout=HEALTH_TIMEOUT_S)
+                    ).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok != replica.healthy:
+                    log.warning("route: %s is %s", replica.url, "back" if ok else "down")
+                table.set_healthy(i, ok)
+
+    async def health_loop() -> None:
+        while True:
+            await asyncio.sleep(config.health_interval_s)
+            try:
+                await check_health()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("route: health check failed")
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        task = asyncio.create_task(health_loop())
         yield
+        task.cancel()
         await client.aclose()
 
     app = FastAPI(title="wavepp route", lifespan=lifespan)
+    app.state.prefills, app.state.decodes = prefills, decodes
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -157,85 +179,131 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
             )
         except httpx.HTTPError as err:
             log.warning("route: %s %s failed: %r", method, url, err)
-            raise _Upstream(side, err, config.timeout_s) from None
+            raise UpstreamError(side, err, config.timeout_s) from None
 
-    async def drop_transfer(params: dict | None) -> None:
-        """The decode side failed: the prefill drops the transfer it wrote (best effort)."""
+    async def drop_transfer(prefill_url: str, params: dict | None) -> None:
+        """The decode side failed: the replica that prefilled drops its transfer (best effort)."""
         transfer_id = (params or {}).get("transfer_id")
         if not isinstance(transfer_id, str):
             return
         try:
             await client.delete(
-                f"{config.prefill_url}/v1/kv_transfers/{transfer_id}", timeout=DROP_TIMEOUT_S
+                f"{prefill_url}/v1/kv_transfers/{transfer_id}", timeout=DROP_TIMEOUT_S
             )
         except httpx.HTTPError as err:
             log.warning(
                 "route: the prefill server did not drop KV transfer %s: %r", transfer_id, err
             )
 
+    async def held_tokens(body: dict, headers) -> dict[int, int]:
+        """The cache policy's question to every healthy replica: how many of this request's
+        tokens it holds on all its stages (POST /v1/cache_query); 0 for one that does not
+        answer in QUERY_TIMEOUT_S (it is not marked down for that: its health check decides)."""
+        query = {k: body[k] for k in QUERY_FIELDS if k in body}
+        up = prefills.healthy()
+
+        async def ask(i: int) -> int:
+            url = f"{prefills.replicas[i].url}/v1/cache_query"
+            try:
+                r = await client.post(url, json=query, headers=headers, timeout=QUERY_TIMEOUT_S)
+                return int(r.json()["cached_tokens"]) if r.status_code == 200 else 0
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                return 0
+
+        t0 = time.perf_counter()
+        held = dict(zip(up, await asyncio.gather(*(ask(i) for i in up))))
+        prefills.note_query(time.perf_counter() - t0)
+        return held
+
+    async def to_replica(body: dict, path: str, headers, key, *, stream: bool, held=None):
+        """Send to a prefill replica by the policy; one that cannot be reached is marked down
+        and another tried, once. -> (replica index, response); UpstreamError or NoReplica."""
+        tried: list[int] = []
+        while True:
+            index = prefills.choose(key, exclude=tried, cached=held).index
+            prefills.started(index, key)
+            url = prefills.replicas[index].url
+            try:
+                return index, await send(
+                    "prefill", "POST", f"{url}{path}", headers, json=body, stream=stream
+                )
+            except UpstreamError as err:
+                prefills.finished(index)
+                if err.unreachable:
+                    prefills.set_healthy(index, False)
+                    tried.append(index)
+                if not err.unreachable or len(tried) > 1 or not prefills.healthy(tried):
+                    raise
+
     async def relay(path: str, request: Request):
         raw = await read_body(request, config.max_body_bytes)
         try:  # strict JSON: NaN and Infinity are no JSON numbers, and could not be sent on
-            body = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+            body = json.loads(raw, parse_constant=not_json, parse_float=finite_float)
         except (ValueError, RecursionError) as err:  # malformed, or nested past the parser's depth
-            return _error(
+            return error_response(
                 400, f"the request body is not valid JSON: {str(err)[:200]}", "BadRequestError"
             )
         if not isinstance(body, dict):
-            return _error(
+            return error_response(
                 400,
                 f"the request body must be a JSON object, got {type(body).__name__}",
                 "BadRequestError",
             )
-        headers = end_to_end(request.headers.items(), _REQUEST_OWN)
+        headers = end_to_end(request.headers.items(), REQUEST_OWN)
+        streaming = body.get("stream") is True
+        held = await held_tokens(body, headers) if config.routing == "cache" else None
         try:
-            prefill = await send(
-                "prefill", "POST", f"{config.prefill_url}{path}", headers, json=prefill_body(body)
+            if decodes is None:  # a prefill-only tier: the replica's own answer
+                index, answer = await to_replica(
+                    {k: v for k, v in body.items() if k != "kv_transfer_params"},
+                    path,
+                    headers,
+                    prompt_key(body),
+                    stream=streaming,
+                    held=held,
+                )
+                return await pass_answer(answer, lambda n=0: prefills.finished(index, n))
+            index, prefill = await to_replica(
+                prefill_body(body), path, headers, prompt_key(body), stream=False, held=held
             )
-        except _Upstream as err:
-            return _error(err.status, err.message)
-        if prefill.status_code != 200:
-            return _passthrough(prefill)
+        except NoReplica as err:
+            return error_response(503, str(err), "ServiceUnavailable")
+        except UpstreamError as err:
+            return error_response(err.status, err.message)
+        prefill_url = prefills.replicas[index].url
         try:
-            answer = prefill.json()
+            answer = prefill.json() if prefill.status_code == 200 else None
         except ValueError:
             answer = None
+        prefills.finished(index, cached_tokens_of(answer))
+        if prefill.status_code != 200:
+            return passthrough(prefill)
         if not isinstance(answer, dict):
-            return _error(502, "the prefill server's answer is not a JSON object")
+            return error_response(502, "the prefill server's answer is not a JSON object")
         params = answer.get("kv_transfer_params")
         params = params if isinstance(params, dict) else None
-        url = f"{config.decode_url}{path}"
+        try:
+            decode_index = decodes.choose(None).index
+        except NoReplica as err:
+            await drop_transfer(prefill_url, params)
+            return error_response(503, str(err).replace("prefill", "decode"), "ServiceUnavailable")
+        decodes.started(decode_index)
+        url = f"{decodes.replicas[decode_index].url}{path}"
         try:
             decode = await send(
-                "decode",
-                "POST",
-                url,
-                headers,
-                json=decode_body(body, params),
-                stream=body.get("stream") is True,
+                "decode", "POST", url, headers, json=decode_body(body, params), stream=streaming
             )
-        except _Upstream as err:
-            await drop_transfer(params)
-            return _error(err.status, err.message)
-        if decode.status_code != 200 or body.get("stream") is not True:
+        except UpstreamError as err:
+            decodes.finished(decode_index)
+            await drop_transfer(prefill_url, params)
+            return error_response(err.status, err.message)
+        if decode.status_code != 200:
             await decode.aread()
             await decode.aclose()
-            if decode.status_code != 200:
-                await drop_transfer(params)
-            return _passthrough(decode)
-
-        async def chunks():
-            try:
-                async for chunk in decode.aiter_bytes():
-                    yield chunk
-            except httpx.HTTPError as err:  # the decode side went away mid-stream: the stream ends
-                log.warning("route: the decode stream broke: %r", err)
-            finally:
-                await decode.aclose()  # a client that leaves closes the decode stream too
-
-        response = StreamingResponse(chunks(), status_code=200)
-        _add_headers(response, decode)
-        return response
+            await drop_transfer(prefill_url, params)
+            decodes.finished(decode_index)
+            return passthrough(decode)
+        return await pass_answer(decode, lambda n=0: decodes.finished(decode_index))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -247,59 +315,38 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
 
     @app.get("/v1/models")
     async def models(request: Request):
+        table = decodes or prefills
+        up = table.healthy()
+        if not up:
+            return error_response(503, "no upstream server is healthy", "ServiceUnavailable")
+        side = "decode" if decodes is not None else "prefill"
         try:
-            return _passthrough(
+            return passthrough(
                 await send(
-                    "decode",
+                    side,
                     "GET",
-                    f"{config.decode_url}/v1/models",
-                    end_to_end(request.headers.items(), _REQUEST_OWN),
+                    f"{table.replicas[up[0]].url}/v1/models",
+                    end_to_end(request.headers.items(), REQUEST_OWN),
                 )
             )
-        except _Upstream as err:
-            return _error(err.status, err.message)
+        except UpstreamError as err:
+            return error_response(err.status, err.message)
 
     @app.get("/health")
     async def health():
-        bad = []
-        for name, url in (("prefill", config.prefill_url), ("decode", config.decode_url)):
-            try:
-                if (await client.get(f"{url}/health")).status_code != 200:
-                    bad.append(name)
-            except httpx.HTTPError:
-                bad.append(name)
+        await check_health()
+        bad = [
+            name
+            for name, t in (("prefill", prefills), ("decode", decodes))
+            if t is not None and not t.healthy()
+        ]
         return JSONResponse(
             {"status": "ok" if not bad else f"unhealthy: {', '.join(bad)}"},
             status_code=503 if bad else 200,
         )
 
+    @app.get("/metrics")
+    async def metrics():
+        return Response(route_metrics(prefills, decodes), media_type=CONTENT_TYPE_LATEST)
+
     return app
-
-
-def _not_json(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:40]} is past a double's range")
-    return value
-
-
-def _add_headers(response: Response, upstream: httpx.Response) -> None:
-    for key, value in end_to_end(upstream.headers, _RESPONSE_OWN):
-        if key.lower() != "content-type" or "content-type" not in response.headers:
-            response.headers.append(key, value)
-
-
-def _passthrough(resp: httpx.Response) -> Response:
-    """An upstream's answer as it is: status, body and end-to-end headers."""
-    response = Response(resp.content, status_code=resp.status_code)
-    _add_headers(response, resp)
-    return response
-
-
-def _error(status: int, message: str, kind: str = "BadGateway") -> JSONResponse:
-    """The router's own refusal, in the OpenAI error format the server writes (APIError)."""
-    return JSONResponse(APIError(status, message, type_=kind).body(), status_code=status)

@@ -1,0 +1,274 @@
+"""Which prefill replica a request goes to: the routing policies of `wavepp route`, free of HTTP
+(pure: no clock, no I/O), so that one implementation can serve the router and a simulator.
+
+    table = ReplicaTable(urls, policy="approx")
+    choice = table.choose(prompt_key)          # Choice(index, reason); NoReplica if none is up
+    table.started(choice.index) ... table.finished(choice.index, cached_tokens)
+    table.set_healthy(index, ok)               # the router's health checks, failures
+
+Policies:
+  cache        by what each replica holds on **all** of its stages right now: the router asks
+               every healthy replica (POST /v1/cache_query: the round protocol's probe, answered
+               by every stage, agreed as admission agrees it) and the replica that would reuse
+               the most of the prompt wins, under the same balance rule as approx. Only
+               wavepp's replicas can answer this: a pipeline whose stages evict on their own
+               reuses only the prefix every stage holds, which no router of its own record sees.
+  round-robin  the healthy replicas in turn.
+  least-load   the healthy replica with the fewest requests in flight (ties: in turn).
+  approx       what routers without a replica's own cache view do (vLLM's router, SGLang's
+               gateway `cache_aware`): the router's own record of which prompt prefixes it sent
+               to which replica (`PrefixRecord`, chained hashes of fixed chunks of the prompt,
+               bounded per replica, least recently sent first out), and the replica holding the
+               longest such prefix wins, unless it has `balance_slack` or more requests in
+               flight above the least loaded healthy replica: then least-load decides. So no
+               replica idles while another has more than `balance_slack` queued above it, and a
+               replica that holds nothing a request shares gets requests by load.
+
+`prompt_key(body)`: what a prefix is taken of: a completion's prompt (token ids, or its text), a
+chat's messages (their JSON). Text is chunked by characters, token ids by tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import xxhash
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+POLICIES = ("cache", "approx", "least-load", "round-robin")
+TEXT_CHUNK = 64  # characters a chunk of a text prompt
+TOKEN_CHUNK = 16  # token ids a chunk of a prompt of ids
+DEFAULT_MAX_PREFIXES = 65536  # chunk hashes a replica's record keeps
+DEFAULT_BALANCE_SLACK = 4
+
+
+class NoReplica(Exception):
+    """No healthy replica to route to."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    reason: str  # "round-robin" | "least-load" | "prefix" | "balance"
+    matched_chunks: int = 0
+
+
+def prompt_key(body: dict) -> str | tuple[int, ...]:
+    """What the prefix of a request is: a completion's prompt, or a chat's messages."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return tuple(prompt)
+    if isinstance(prompt, str):
+        return prompt
+    if "messages" in body:
+        return json.dumps(body["messages"], sort_keys=True, ensure_ascii=False)
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+
+
+def chunk_hashes(key: str | tuple[int, ...]) -> list[int]:
+    """Chained hashes of the key's whole chunks: hash i names chunks 0..i."""
+    if isinstance(key, str):
+        data, size = key.encode(), TEXT_CHUNK
+        pieces = [data[i : i + size] for i in range(0, len(data) - size + 1, size)]
+    else:
+        size = TOKEN_CHUNK
+        pieces = [
+            b"".join(t.to_bytes(8, "little", signed=True) for t in key[i : i + size])
+            for i in range(0, len(key) - size + 1, size)
+        ]
+    out, h = [], 0
+    for piece in pieces:
+        h = xxhash.xxh3_64_intdigest(piece, seed=h)
+        out.append(h)
+    return out
+
+
+class PrefixRecord:
+    """The chunk hashes sent to one replica, least recently sent first out."""
+
+    def __init__(self, max_prefixes: int = DEFAULT_MAX_PREFIXES):
+        self.max_prefixes = max_prefixes
+        self._hashes: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def match(self, hashes: Sequence[int]) -> int:
+        """How many leading chunks were sent here (hash i names chunks 0..i: the first miss
+        ends the match)."""
+        n = 0
+        for h in hashes:
+            if h not in self._hashes:
+                break
+            n += 1
+        return n
+
+    def add(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            self._hashes[h] = None
+            self._hashes.move_to_end(h)
+        while len(self._hashes) > self.max_prefixes:
+            self._hashes.popitem(last=False)
+
+    def clear(self) -> None:
+        self._hashes.clear()
+
+
+@dataclass
+class ReplicaState:
+    url: str
+    healthy: bool = True
+    in_flight: int = 0
+    num_requests: int = 0
+    cached_tokens: int = 0  # the replica's own count, from its answers' usage
+    record: PrefixRecord = field(default_factory=PrefixRecord)
+
+
+class ReplicaTable:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        policy: str = "round-robin",
+        *,
+        balance_slack: int = DEFAULT_BALANCE_SLACK,
+        max_prefixes: int = DEFAULT_MAX_PREFIXES,
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"routing must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if not urls:
+            raise ValueError("at least one prefill replica is needed")
+        if balance_slack < 1:
+            raise ValueError(f"the balance slack must be >= 1, got {balance_slack}")
+        self.policy = policy
+        self.balance_slack = balance_slack
+        self.replicas = [ReplicaState(u, record=PrefixRecord(max_prefixes)) for u in urls]
+        self._next = 0
+        self.decisions: dict[str, int] = {}
+        self.num_queries, self.query_seconds = 0, 0.0  # the cache policy's questions
+
+    def note_query(self, seconds: float) -> None:
+        self.num_queries += 1
+        self.query_seconds += seconds
+
+    def healthy(self, exclude: Sequence[int] = ()) -> list[int]:
+        return [i for i, r in enumerate(self.replicas) if r.healthy and i not in exclude]
+
+    def choose(self, key, exclude: Sequence[int] = (), cached: dict | None = None) -> Choice:
+        """The replica for a request whose prefix is `key` (not one of `exclude`); `cached`
+        (the cache policy): {replica: tokens it holds on all its stages}."""
+        up = self.healthy(exclude)
+        if not up:
+            raise NoReplica("no prefill replica is healthy")
+        if self.policy == "cache":
+            choice = self._best_held({i: (cached or {}).get(i, 0) for i in up}, up)
+        elif self.policy == "round-robin":
+            choice = Choice(self._in_turn(up), "round-robin")
+        elif self.policy == "least-load":
+            choice = Choice(self._least_loaded(up), "least-load")
+        else:
+            choice = self._approx(key, up)
+        self.decisions[choice.reason] = self.decisions.get(choice.reason, 0) + 1
+        return choice
+
+    def started(self, index: int, key=None) -> None:
+        replica = self.replicas[index]
+        replica.in_flight += 1
+        replica.num_requests += 1
+        if key is not None and self.policy == "approx":
+            replica.record.add(chunk_hashes(key))
+
+    def finished(self, index: int, cached_tokens: int = 0) -> None:
+        replica = self.replicas[index]
+        replica.in_flight = max(0, replica.in_flight - 1)
+        replica.cached_tokens += max(0, int(cached_tokens))
+
+    def set_healthy(self, index: int, ok: bool) -> None:
+        replica = self.replicas[index]
+        if replica.healthy and not ok:
+            replica.record.clear()  # a replica that went down may come back with empty caches
+        replica.healthy = ok
+
+    def _in_turn(self, up: list[int]) -> int:
+        n = len(self.replicas)
+        for step in range(n):
+            i = (self._next + step) % n
+            if i in up:
+                self._next = (i + 1) % n
+                return i
+        return up[0]
+
+    def _least_loaded(self, up: list[int]) -> int:
+        low = min(self.replicas[i].in_flight for i in up)
+        return self._in_turn([i for i in up if self.replicas[i].in_flight == low])
+
+    def _approx(self, key, up: list[int]) -> Choice:
+        hashes = chunk_hashes(key)
+        return self._best_held({i: self.replicas[i].record.match(hashes) for i in up}, up)
+
+    def _best_held(self, held: dict[int, int], up: list[int]) -> Choice:
+        """The replica holding the most (`held`: chunks or tokens), the least loaded of those
+        that hold as much, unless it has `balance_slack` more in flight than the least loaded
+        replica (then least-load); least-load where none holds anything."""
+        best = max(held.values())
+        if best == 0:
+            return Choice(self._least_loaded(up), "least-load")
+        low = min(self.replicas[i].in_flight for i in up)
+        holders = [i for i in up if held[i] == best]
+        i = min(holders, key=lambda j: self.replicas[j].in_flight)
+        if self.replicas[i].in_flight - low >= self.balance_slack:
+            return Choice(self._least_loaded(up), "balance", best)
+        return Choice(i, "prefix", best)
+
+
+def route_metrics(prefills: ReplicaTable, decodes: ReplicaTable | None) -> bytes:
+    """The router's /metrics: per replica its requests, the tokens its answers said were
+    cached, what it has in flight and whether it is up; the routing decisions by reason."""
+    families = []
+    for side, table in (("prefill", prefills), ("decode", decodes)):
+        if table is None:
+            continue
+        for name, doc, kind, value in (
+            ("wavepp_route_requests", "requests sent to the server", "counter", "num_requests"),
+            (
+                "wavepp_route_cached_tokens",
+                "prompt tokens its answers said were cached",
+                "counter",
+                "cached_tokens",
+            ),
+            ("wavepp_route_in_flight", "requests in flight there", "gauge", "in_flight"),
+            ("wavepp_route_up", "1 while its health checks pass", "gauge", "healthy"),
+        ):
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, doc, labels=["side", "server"]
+            )
+            for replica in table.replicas:
+                family.add_metric([side, replica.url], float(getattr(replica, value)))
+            families.append(family)
+    decisions = CounterMetricFamily(
+        "wavepp_route_decisions", "prefill replicas chosen, by why", labels=["policy", "reason"]
+    )
+    for reason, n in sorted(prefills.decisions.items()):
+        decisions.add_metric([prefills.policy, reason], n)
+    families.append(decisions)
+    queries = CounterMetricFamily(
+        "wavepp_route_cache_queries", "the cache policy's questions to the replicas (all at once)"
+    )
+    queries.add_metric([], prefills.num_queries)
+    families.append(queries)
+    seconds = CounterMetricFamily(
+        "wavepp_route_cache_query_seconds", "time the cache policy waited for the replicas' answers"
+    )
+    seconds.add_metric([], prefills.query_seconds)
+    families.append(seconds)
+
+    class _Collector:
+        def collect(self):
+            yield from families
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())
+    return generate_latest(registry)
