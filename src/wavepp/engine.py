@@ -220,11 +220,13 @@ class Engine:
         return load
 
     def cached_prefix(self, prompts: Sequence[Prompt]) -> list:
-        """For each prompt (text or token ids), how many of its tokens every stage holds now
-        (CachedView: the all-stage prefix a request would reuse, each stage's own, each stage's
-        free or evictable blocks), asked of every stage as a probe asks, between rounds
+        """For each prompt (text or ids), how much of it every stage holds now: CachedView
         (runtime/cache_queries.py). A bad prompt raises ValueError."""
         return self._core.cached_prefix([self.tokenize(p) for p in prompts])
+
+    def stage_cache_counters(self) -> list:
+        """Per stage, now: StageCacheCounters (runtime/cache_queries.py)."""
+        return self._core.stage_cache_counters()
 
     def stage_capacity(self) -> list:
         """Each stage's blocks by state (CapacityView): stage 0's now, the others' as their last

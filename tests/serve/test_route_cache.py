@@ -77,6 +77,14 @@ def test_cache_routing_follows_what_every_stage_of_a_replica_holds(tiny_model):
             assert views[x][0] < PREFIX and views[y][0] == PREFIX
             moved = complete(url, prompt(0))
             assert cached(moved) == PREFIX  # the other replica: it holds the prefix on all stages
+            held = client.get(f"{replicas[x].url}/metrics").text
+            assert 'wavepp_stage_cache_blocks_total{kind="evicted",stage="0"} 0.0' in held
+            evicted = [
+                float(line.rsplit(" ", 1)[1])
+                for line in held.splitlines()
+                if line.startswith('wavepp_stage_cache_blocks_total{kind="evicted",stage="1"}')
+            ]
+            assert evicted and evicted[0] >= 4  # stage 1 gave up group 0's four blocks
 
             # a replica stopped mid-run: what would go there fails over, none lost
             replicas[y].stop()
@@ -88,3 +96,30 @@ def test_cache_routing_follows_what_every_stage_of_a_replica_holds(tiny_model):
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_a_cache_query_answers_what_every_stage_holds_and_refuses_bad_prompts(server):
+    with httpx.Client(timeout=60) as client:
+        rng = random.Random(20261206)  # a prompt no other test of this server sends
+        ids = [rng.randrange(256) for _ in range(3 * 16 + 5)]
+        cold = client.post(f"{server.url}/v1/cache_query", json={"prompt": ids}).json()
+        assert cold["object"] == "cache_query" and cold["num_tokens"] == len(ids)
+        assert cold["cached_tokens"] == 0 and len(cold["stages"]) == 2
+        r = client.post(f"{server.url}/v1/completions", json={"prompt": ids, "max_tokens": 1})
+        assert r.status_code == 200
+        warm = client.post(f"{server.url}/v1/cache_query", json={"prompt": ids}).json()
+        assert warm["cached_tokens"] == 48 and [s["cached_tokens"] for s in warm["stages"]] == [
+            48,
+            48,
+        ]
+        assert set(warm["load"]) == {"num_waiting", "num_running"}
+        text = client.post(f"{server.url}/v1/cache_query", json={"prompt": "hello"}).json()
+        assert text["num_tokens"] > 0
+        for bad, field in (
+            ({"prompt": []}, "prompt"),
+            ({"prompt": [10**9]}, "prompt"),
+            ({"prompt": 5}, "prompt"),
+            ({"messages": "hi"}, "messages"),
+        ):
+            r = client.post(f"{server.url}/v1/cache_query", json=bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (bad, r.text)

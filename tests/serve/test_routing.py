@@ -75,7 +75,7 @@ def test_no_healthy_replica_is_refused_and_bad_options_are_named():
     table.set_healthy(0, False)
     with pytest.raises(NoReplica):
         table.choose("x")
-    with pytest.raises(ValueError, match="round-robin, least-load, approx"):
+    with pytest.raises(ValueError, match="cache, approx, least-load, round-robin"):
         ReplicaTable(URLS, "cache-aware")
     with pytest.raises(ValueError, match="at least one"):
         ReplicaTable([], "approx")

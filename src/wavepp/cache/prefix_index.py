@@ -44,6 +44,7 @@ class BlockStore:
         self._leaves = LeafQueue()
         self._clock = 0  # logical time: ticks once per touched block
         self._num_evictable = 0
+        self.num_evicted_blocks = 0  # entries evicted since start (a counter, for metrics)
         self._num_leased = 0
         self._num_escrowed = 0
         self._num_in_use = 0
@@ -200,6 +201,7 @@ class BlockStore:
         for node in subtree:  # grows while we walk it: breadth first
             if node.victim_children:
                 subtree.extend(node.victim_children)
+        self.num_evicted_blocks += len(subtree)
         for node in reversed(subtree):
             if self.host_tier is not None and node.computed:
                 self.host_tier.offload(node.block_hash, self._has_snapshot(node))  # type: ignore[arg-type]

@@ -38,6 +38,15 @@ class CachedView:
     stage_available_blocks: tuple[int, ...]  # each stage's blocks free or evictable now
 
 
+@dataclass(frozen=True)
+class StageCacheCounters:
+    stage_id: int
+    probe_hit_blocks: int  # blocks this stage held of the prompts it was probed for
+    reused_blocks: int  # blocks admitted requests reused (held on every stage)
+    evicted_blocks: int
+    capacity: object  # CapacityView now
+
+
 class CacheQueries:
     def __init__(self, channels, stage, num_stages: int, block_size: int, hybrid: bool = False):
         self.channels, self.stage = channels, stage
@@ -49,30 +58,9 @@ class CacheQueries:
     def ask(self, token_lists) -> list[CachedView]:
         bs = self.block_size
         reqs = [Request.create(i, tokens, bs) for i, tokens in enumerate(token_lists)]
-        items = tuple(ProbeItem(r.request_id, tuple(r.block_hashes), r.num_tokens) for r in reqs)
-        with self._lock:
-            if self._closed:
-                raise EngineError("the engine was shut down")
-            query_id, self._next_id = self._next_id, self._next_id + 1
-            try:
-                for s in range(1, self.num_stages):
-                    self.channels.send_obj(CacheQuery(query_id, items), s, "queries")
-                with self.stage.lock:
-                    answers = [
-                        CacheAnswer(
-                            query_id,
-                            0,
-                            self.stage.server.query(items),
-                            self.stage.server.pool.capacity(),
-                        )
-                    ]
-                for s in range(1, self.num_stages):
-                    answer = self.channels.recv_obj(s, "answers")
-                    if not isinstance(answer, CacheAnswer) or answer.query_id != query_id:
-                        raise EngineError(f"stage {s} answered another cache query: {answer!r}")
-                    answers.append(answer)
-            except PeerLostError as err:
-                raise EngineError(f"a stage did not answer the cache query: {err}") from None
+        answers = self._exchange(
+            tuple(ProbeItem(r.request_id, tuple(r.block_hashes), r.num_tokens) for r in reqs)
+        )
         out = []
         for j, req in enumerate(reqs):
             hints = [a.hints[j] for a in answers]
@@ -87,6 +75,39 @@ class CacheQueries:
                 )
             )
         return out
+
+    def stage_counters(self) -> list[StageCacheCounters]:
+        """Every stage's cache counters now (a query with no prompt: /metrics asks it)."""
+        return [StageCacheCounters(a.stage_id, *a.counters, a.capacity) for a in self._exchange(())]
+
+    def _exchange(self, items: tuple) -> list[CacheAnswer]:
+        """Every stage's answer to one query, stage 0's first."""
+        with self._lock:
+            if self._closed:
+                raise EngineError("the engine was shut down")
+            query_id, self._next_id = self._next_id, self._next_id + 1
+            try:
+                for s in range(1, self.num_stages):
+                    self.channels.send_obj(CacheQuery(query_id, items), s, "queries")
+                with self.stage.lock:
+                    server = self.stage.server
+                    answers = [
+                        CacheAnswer(
+                            query_id,
+                            0,
+                            server.query(items),
+                            server.pool.capacity(),
+                            server.counters(),
+                        )
+                    ]
+                for s in range(1, self.num_stages):
+                    answer = self.channels.recv_obj(s, "answers")
+                    if not isinstance(answer, CacheAnswer) or answer.query_id != query_id:
+                        raise EngineError(f"stage {s} answered another cache query: {answer!r}")
+                    answers.append(answer)
+            except PeerLostError as err:
+                raise EngineError(f"a stage did not answer the cache query: {err}") from None
+        return answers
 
     def close(self) -> None:
         """The stages' QUERY threads end (best effort: a stage that is gone is skipped)."""

@@ -221,6 +221,10 @@ class EngineCore(CoreLoops):
         core's lock, beside rounds and waves."""
         return self._queries.ask(token_lists)
 
+    def stage_cache_counters(self) -> list:
+        """Every stage's cache counters now (StageCacheCounters), asked of every stage."""
+        return self._queries.stage_counters()
+
     @property
     def kv_transport(self):
         """Stage 0's KV transport (in this process), or None without a hand-off: rank 0's

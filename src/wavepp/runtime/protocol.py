@@ -138,3 +138,4 @@ class CacheAnswer:
     stage_id: int
     hints: tuple
     capacity: CapacityView
+    counters: tuple[int, int, int] = (0, 0, 0)  # StageServer.counters()

@@ -94,8 +94,9 @@ def run_worker(channels: Channels) -> None:
                 return
             with stage.lock:
                 hints = stage.server.query(msg.items)
-                capacity = stage.server.pool.capacity()
-            channels.send_obj(CacheAnswer(msg.query_id, rank, hints, capacity), 0, "answers")
+                capacity, counters = stage.server.pool.capacity(), stage.server.counters()
+            answer = CacheAnswer(msg.query_id, rank, hints, capacity, counters)
+            channels.send_obj(answer, 0, "answers")
 
     def recv_thread():
         while True:

@@ -73,6 +73,8 @@ class StageServer:
         self.requests: dict[int, StageRequest] = {}
         self._probed: dict[int, ProbeItem] = {}
         self._hybrid_pool = pool.keeps_snapshots
+        self.num_probe_hit_blocks = 0  # counters since start (metrics): counters()
+        self.num_reused_blocks = 0
 
     def handle(self, msg):
         """Answer one rounds-plane message; ReleaseMsg has no reply."""
@@ -91,7 +93,18 @@ class StageServer:
         but remembers the hashes for the lease that may follow."""
         for item in msg.items:
             self._probed[item.request_id] = item
-        return ProbeReply(msg.round_id, self.stage_id, self.query(msg.items))
+        hints = self.query(msg.items)
+        self.num_probe_hit_blocks += sum(h.num_blocks for h in hints)
+        return ProbeReply(msg.round_id, self.stage_id, hints)
+
+    def counters(self) -> tuple[int, int, int]:
+        """Blocks since start: held here when probed (this stage's own hits), reused by
+        admitted requests (the prefix every stage held), evicted here."""
+        return (
+            self.num_probe_hit_blocks,
+            self.num_reused_blocks,
+            getattr(self.pool, "num_evicted_blocks", 0),
+        )
 
     def query(self, items) -> tuple[Hint, ...]:
         """Each item's hint, as a probe gives it, with nothing remembered: what a router asks
@@ -147,7 +160,9 @@ class StageServer:
                 self.pool.host_tier is not None
                 and item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks
             ):
-                results.append(self._lease_from_host(item, probed))
+                result = self._lease_from_host(item, probed)
+                self.num_reused_blocks += item.num_leased_blocks if result.ok else 0
+                results.append(result)
                 continue
             lease = self.pool.lease(item.request_id, probed.block_hashes, item.num_leased_blocks)
             if not lease.ok:
@@ -187,6 +202,7 @@ class StageServer:
                 )
                 continue
             num_cached = item.num_leased_blocks * self.block_size
+            self.num_reused_blocks += item.num_leased_blocks
             self.requests[item.request_id] = StageRequest(
                 item.request_id, probed.num_tokens, probed.block_hashes, num_cached, num_cached
             )

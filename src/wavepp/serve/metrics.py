@@ -18,6 +18,10 @@ Read from the engine at each scrape:
     wavepp_admission_round_seconds             histogram: one admission round's latency
     wavepp_stage_blocks{stage,state}           used | free | leased | escrowed | in_use | evictable
                                                (stage 0 now, the others' last report)
+    wavepp_stage_cache_blocks_total{stage,kind}  probe_hit | reused | evicted: each stage's own
+                                               hits, what every stage held for an admitted
+                                               request, its evictions (asked of the stages at
+                                               the scrape)
     wavepp_kv_exports_total{outcome}           KV hand-off parts (one per stage and request) the
                                                stages reported: written | failed, since the
                                                engine started, every report counted (also one
@@ -44,6 +48,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from wavepp.runtime.protocol import EngineError
 
 # admission rounds on loopback take well under a millisecond to a few: finer buckets below 5 ms
 _ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025)
@@ -217,6 +223,7 @@ class _EngineCollector:
             ):
                 blocks.add_metric([str(stage), state], value)
         yield blocks
+        yield from _stage_cache(engine)
         written, failed = engine.kv_export_counts()
         exports = CounterMetricFamily(
             "wavepp_kv_exports",
@@ -264,6 +271,28 @@ class _EngineCollector:
             )
             swept.add_metric([], store["num_swept"])
             yield swept
+
+
+def _stage_cache(engine):
+    """Every stage's cache counters, asked of the stages now (a cache query: no prompt)."""
+    try:
+        counters = engine.stage_cache_counters()
+    except EngineError:  # a stage is gone: /metrics still answers, without these
+        return
+    family = CounterMetricFamily(
+        "wavepp_stage_cache_blocks",
+        "a stage's cache blocks since start, by what happened: probe_hit (held here when "
+        "probed), reused (reused by an admitted request: held on every stage), evicted",
+        labels=["stage", "kind"],
+    )
+    for c in counters:
+        for kind, value in (
+            ("probe_hit", c.probe_hit_blocks),
+            ("reused", c.reused_blocks),
+            ("evicted", c.evicted_blocks),
+        ):
+            family.add_metric([str(c.stage_id), kind], value)
+    yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
