@@ -1,4 +1,4 @@
-"""The routing policies (serve/routing.py), free of HTTP: round-robin in turn, least-load by
+"""The routing policies (wavepp/routing.py), free of HTTP: round-robin in turn, least-load by
 requests in flight, approx by the router's own record of the prefixes it sent where, bounded
 by the balance slack; replicas that are down are skipped; the record is bounded."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from wavepp.serve.routing import (
+from wavepp.routing import (
     TEXT_CHUNK,
     TOKEN_CHUNK,
     NoReplica,
@@ -94,3 +94,17 @@ def test_prefix_keys_and_their_chained_chunks():
     record.add(chunk_hashes(tuple(range(4 * TOKEN_CHUNK))))
     assert len(record) == 3  # bounded: the least recently sent went first
     assert record.match(chunk_hashes(tuple(range(4 * TOKEN_CHUNK)))) == 0  # its first chunk gone
+
+
+def test_cache_counts_what_every_stage_holds_and_what_is_in_flight_there():
+    table = ReplicaTable(URLS, "cache", balance_slack=3)
+    key = tuple(range(4 * TOKEN_CHUNK))
+    # replica 1 holds half of it on all its stages; replica 2 holds nothing yet, but a request
+    # of the same prefix is in flight there
+    ticket = table.started(2, key)
+    choice = table.choose(key, cached={0: 0.0, 1: 0.5, 2: 0.0})
+    assert (choice.index, choice.reason) == (2, "prefix")  # all four chunks queued there
+    table.finished(2, 0, ticket)
+    assert table.replicas[2].queued == {}  # what it had in flight is gone with it
+    assert table.choose(key, cached={0: 0.0, 1: 0.5, 2: 0.0}).index == 1
+    assert table.choose(key, cached={}).reason == "least-load"

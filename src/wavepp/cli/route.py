@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
         choices=("cache", "approx", "least-load", "round-robin"),
         help="how a prefill replica is picked: cache (what each holds on all its stages, asked "
         "before each request), approx (the router's own record), least-load, round-robin "
-        "(serve/routing.py; default round-robin)",
+        "(wavepp/routing.py; default round-robin)",
     )
     p.add_argument(
         "--health-interval-s",

@@ -147,6 +147,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="hybrid models: real state snapshots every this many blocks (0: a stand-in that "
         "resumes only where a chunk ended)",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="prefill replicas behind one router (sim/replicas.py; open loop: --workload trace)",
+    )
+    p.add_argument(
+        "--routing",
+        default="cache,approx,least-load,round-robin",
+        help="with --replicas: the routing policies to compare, comma-separated (wavepp/routing.py)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--check-integrity", action="store_true", help="check every cache after every event"
@@ -189,6 +200,18 @@ def run(args) -> int:
                 raise ValueError(f"--token-scale must be positive, got {args.token_scale}")
             settings = with_overrides(settings, token_scale=args.token_scale)
         rows = run_grid(settings, jobs=args.jobs)
+    elif args.replicas > 1:
+        rows = _run_replicas(args)
+        for row in rows:
+            print(
+                f"{row['replicas']} replicas, {row['routing']:<11} hit rate {row['hit_rate']:.3f} "
+                f"(ideal {row['ideal_hit_rate']:.3f})  {row['input_tok_s']:,.0f} input tok/s  "
+                f"TTFT p50 {row['ttft_p50_s']:.3f} s p99 {row['ttft_p99_s']:.3f} s  "
+                f"requests per replica {row['requests_per_replica']}"
+            )
+        if args.json:
+            write_json(args.json, rows, {"argv": sys.argv[1:]})
+        return 0
     else:
         rows, traces = _run_settings(args)
     wall = time.perf_counter() - t0
@@ -213,16 +236,45 @@ def run(args) -> int:
     return 0
 
 
-def _run_settings(args) -> tuple[list[dict], list]:
+def _run_replicas(args) -> list[dict]:
+    """--replicas N: every policy x routing on each (open-loop) workload, one row each."""
+    from wavepp.routing import POLICIES
+    from wavepp.sim.replicas import run_replicas
+
+    routings = comma_list(args.routing)
+    for routing in routings:
+        if routing not in POLICIES:
+            raise ValueError(f"--routing takes {', '.join(POLICIES)}; got {routing!r}")
+    setup = _setup(args)
+    rows = []
+    for kind in comma_list(args.workload):
+        workload = _workload(kind, args, setup, args.num_requests or 256)
+        for policy in _policies(args.policy or "wavepp"):
+            for routing in routings:
+                row = run_replicas(policy, setup, workload, replicas=args.replicas, routing=routing)
+                rows.append(
+                    {
+                        "model": setup.model.name,
+                        "hardware": setup.hardware.name,
+                        "pp": setup.num_devices,
+                        "workload": workload.name,
+                        "policy": policy,
+                        **row,
+                    }
+                )
+    return rows
+
+
+def _setup(args):
     from wavepp.sim.hardware import get_hardware
     from wavepp.sim.model_catalog import get_model
     from wavepp.sim.precision import with_weights
-    from wavepp.sim.scenario import SimSetup, run_setting
+    from wavepp.sim.scenario import SimSetup
     from wavepp.sim.sglang import get_sglang
     from wavepp.sim.trtllm import get_trtllm
     from wavepp.sim.vllm_pp import get_vllm
 
-    setup = SimSetup(
+    return SimSetup(
         with_weights(get_model(args.model), args.weights or ""),
         get_hardware(args.hardware),
         args.pp,
@@ -238,6 +290,12 @@ def _run_settings(args) -> tuple[list[dict], list]:
         vllm=get_vllm(args.vllm or "legacy"),
         snapshot_interval_blocks=args.snapshot_interval_blocks,
     )
+
+
+def _run_settings(args) -> tuple[list[dict], list]:
+    from wavepp.sim.scenario import run_setting
+
+    setup = _setup(args)
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []

@@ -1,7 +1,7 @@
 """`wavepp route`: one OpenAI endpoint in front of prefill replicas (wavepp) and decode servers
 (vLLM with `wavepp.connectors.vllm`), as disaggregated serving runs them.
 
-Each request goes to one prefill replica, picked by the routing policy (serve/routing.py:
+Each request goes to one prefill replica, picked by the routing policy (wavepp/routing.py:
 round-robin, least-load, approx), among the replicas that pass their health checks (GET /health
 every `health_interval_s`; one that fails leaves the rotation, and comes back when it passes
 again). A replica that cannot be reached is marked down and the request goes to another, once.
@@ -49,9 +49,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from wavepp.routing import POLICIES, NoReplica, ReplicaTable, prompt_key
 from wavepp.serve.errors import APIError
 from wavepp.serve.limits import DEFAULT_MAX_BODY_BYTES, read_body
-from wavepp.serve.routing import POLICIES, NoReplica, ReplicaTable, prompt_key, route_metrics
 from wavepp.serve.sampling import TOKEN_CHOICE_FIELDS
 from wavepp.serve.upstream import (
     REQUEST_OWN,
@@ -64,6 +64,7 @@ from wavepp.serve.upstream import (
     not_json,
     pass_answer,
     passthrough,
+    route_metrics,
 )
 
 log = logging.getLogger(__name__)
@@ -195,20 +196,24 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
                 "route: the prefill server did not drop KV transfer %s: %r", transfer_id, err
             )
 
-    async def held_tokens(body: dict, headers) -> dict[int, int]:
+    async def held_tokens(body: dict, headers) -> dict[int, float]:
         """The cache policy's question to every healthy replica: how many of this request's
         tokens it holds on all its stages (POST /v1/cache_query); 0 for one that does not
-        answer in QUERY_TIMEOUT_S (it is not marked down for that: its health check decides)."""
+        answer in QUERY_TIMEOUT_S (it is not marked down for that: its health check decides).
+        -> {replica: the share of the prompt it holds}."""
         query = {k: body[k] for k in QUERY_FIELDS if k in body}
         up = prefills.healthy()
 
-        async def ask(i: int) -> int:
+        async def ask(i: int) -> float:
             url = f"{prefills.replicas[i].url}/v1/cache_query"
             try:
                 r = await client.post(url, json=query, headers=headers, timeout=QUERY_TIMEOUT_S)
-                return int(r.json()["cached_tokens"]) if r.status_code == 200 else 0
+                if r.status_code != 200:
+                    return 0.0
+                answer = r.json()
+                return int(answer["cached_tokens"]) / max(1, int(answer["num_tokens"]))
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                return 0
+                return 0.0
 
         t0 = time.perf_counter()
         held = dict(zip(up, await asyncio.gather(*(ask(i) for i in up))))
@@ -221,14 +226,18 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
         tried: list[int] = []
         while True:
             index = prefills.choose(key, exclude=tried, cached=held).index
-            prefills.started(index, key)
+            ticket = prefills.started(index, key)
             url = prefills.replicas[index].url
             try:
-                return index, await send(
-                    "prefill", "POST", f"{url}{path}", headers, json=body, stream=stream
+                return (
+                    index,
+                    ticket,
+                    await send(
+                        "prefill", "POST", f"{url}{path}", headers, json=body, stream=stream
+                    ),
                 )
             except UpstreamError as err:
-                prefills.finished(index)
+                prefills.finished(index, 0, ticket)
                 if err.unreachable:
                     prefills.set_healthy(index, False)
                     tried.append(index)
@@ -254,7 +263,7 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
         held = await held_tokens(body, headers) if config.routing == "cache" else None
         try:
             if decodes is None:  # a prefill-only tier: the replica's own answer
-                index, answer = await to_replica(
+                index, ticket, answer = await to_replica(
                     {k: v for k, v in body.items() if k != "kv_transfer_params"},
                     path,
                     headers,
@@ -262,8 +271,8 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
                     stream=streaming,
                     held=held,
                 )
-                return await pass_answer(answer, lambda n=0: prefills.finished(index, n))
-            index, prefill = await to_replica(
+                return await pass_answer(answer, lambda n=0: prefills.finished(index, n, ticket))
+            index, ticket, prefill = await to_replica(
                 prefill_body(body), path, headers, prompt_key(body), stream=False, held=held
             )
         except NoReplica as err:
@@ -275,7 +284,7 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
             answer = prefill.json() if prefill.status_code == 200 else None
         except ValueError:
             answer = None
-        prefills.finished(index, cached_tokens_of(answer))
+        prefills.finished(index, cached_tokens_of(answer), ticket)
         if prefill.status_code != 200:
             return passthrough(prefill)
         if not isinstance(answer, dict):

@@ -1,5 +1,6 @@
 """What `wavepp route` does with an upstream's messages (serve/router.py): the headers a proxy
-passes on, its own errors, an answer passed through or streamed, the cached tokens it reports."""
+passes on, its own errors, an answer passed through or streamed, the cached tokens it reports;
+and the router's /metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import math
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from wavepp.routing import ReplicaTable
 from wavepp.serve.errors import APIError
 
 log = logging.getLogger("wavepp.serve.router")
@@ -130,3 +134,53 @@ def passthrough(resp: httpx.Response) -> Response:
 def error_response(status: int, message: str, kind: str = "BadGateway") -> JSONResponse:
     """The router's own refusal, in the OpenAI error format the server writes (APIError)."""
     return JSONResponse(APIError(status, message, type_=kind).body(), status_code=status)
+
+
+def route_metrics(prefills: ReplicaTable, decodes: ReplicaTable | None) -> bytes:
+    """The router's /metrics: per replica its requests, the tokens its answers said were
+    cached, what it has in flight and whether it is up; the routing decisions by reason."""
+    families = []
+    for side, table in (("prefill", prefills), ("decode", decodes)):
+        if table is None:
+            continue
+        for name, doc, kind, value in (
+            ("wavepp_route_requests", "requests sent to the server", "counter", "num_requests"),
+            (
+                "wavepp_route_cached_tokens",
+                "prompt tokens its answers said were cached",
+                "counter",
+                "cached_tokens",
+            ),
+            ("wavepp_route_in_flight", "requests in flight there", "gauge", "in_flight"),
+            ("wavepp_route_up", "1 while its health checks pass", "gauge", "healthy"),
+        ):
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, doc, labels=["side", "server"]
+            )
+            for replica in table.replicas:
+                family.add_metric([side, replica.url], float(getattr(replica, value)))
+            families.append(family)
+    decisions = CounterMetricFamily(
+        "wavepp_route_decisions", "prefill replicas chosen, by why", labels=["policy", "reason"]
+    )
+    for reason, n in sorted(prefills.decisions.items()):
+        decisions.add_metric([prefills.policy, reason], n)
+    families.append(decisions)
+    queries = CounterMetricFamily(
+        "wavepp_route_cache_queries", "the cache policy's questions to the replicas (all at once)"
+    )
+    queries.add_metric([], prefills.num_queries)
+    families.append(queries)
+    seconds = CounterMetricFamily(
+        "wavepp_route_cache_query_seconds", "time the cache policy waited for the replicas' answers"
+    )
+    seconds.add_metric([], prefills.query_seconds)
+    families.append(seconds)
+
+    class _Collector:
+        def collect(self):
+            yield from families
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())
+    return generate_latest(registry)

@@ -1,5 +1,6 @@
 """Which prefill replica a request goes to: the routing policies of `wavepp route`, free of HTTP
-(pure: no clock, no I/O), so that one implementation can serve the router and a simulator.
+(pure: no clock, no I/O), so that one implementation serves the router (serve/router.py) and
+the simulator's replicas (sim/replicas.py).
 
     table = ReplicaTable(urls, policy="approx")
     choice = table.choose(prompt_key)          # Choice(index, reason); NoReplica if none is up
@@ -9,8 +10,11 @@
 Policies:
   cache        by what each replica holds on **all** of its stages right now: the router asks
                every healthy replica (POST /v1/cache_query: the round protocol's probe, answered
-               by every stage, agreed as admission agrees it) and the replica that would reuse
-               the most of the prompt wins, under the same balance rule as approx. Only
+               by every stage, agreed as admission agrees it), and by what it has in flight there
+               (a prompt queued on a replica holds nothing yet, but will: the router's record
+               of the requests it sent and that have not ended, which it drops at their end).
+               The replica that will hold the most of the prompt (the larger of the two, as a
+               share of the prompt) wins, under the same balance rule as approx. Only
                wavepp's replicas can answer this: a pipeline whose stages evict on their own
                reuses only the prefix every stage holds, which no router of its own record sees.
   round-robin  the healthy replicas in turn.
@@ -31,13 +35,11 @@ chat's messages (their JSON). Text is chunked by characters, token ids by tokens
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import xxhash
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 POLICIES = ("cache", "approx", "least-load", "round-robin")
 TEXT_CHUNK = 64  # characters a chunk of a text prompt
@@ -126,6 +128,7 @@ class ReplicaState:
     num_requests: int = 0
     cached_tokens: int = 0  # the replica's own count, from its answers' usage
     record: PrefixRecord = field(default_factory=PrefixRecord)
+    queued: Counter = field(default_factory=Counter)  # chunk hashes of its requests in flight
 
 
 class ReplicaTable:
@@ -159,12 +162,20 @@ class ReplicaTable:
 
     def choose(self, key, exclude: Sequence[int] = (), cached: dict | None = None) -> Choice:
         """The replica for a request whose prefix is `key` (not one of `exclude`); `cached`
-        (the cache policy): {replica: tokens it holds on all its stages}."""
+        (the cache policy): {replica: the share of the prompt it holds on all its stages}."""
         up = self.healthy(exclude)
         if not up:
             raise NoReplica("no prefill replica is healthy")
         if self.policy == "cache":
-            choice = self._best_held({i: (cached or {}).get(i, 0) for i in up}, up)
+            hashes = chunk_hashes(key)
+            held = {}
+            for i in up:
+                queued = self.replicas[i].queued
+                n = 0
+                while n < len(hashes) and queued[hashes[n]] > 0:
+                    n += 1
+                held[i] = max((cached or {}).get(i, 0.0), n / len(hashes) if hashes else 0.0)
+            choice = self._best_held(held, up)
         elif self.policy == "round-robin":
             choice = Choice(self._in_turn(up), "round-robin")
         elif self.policy == "least-load":
@@ -174,17 +185,31 @@ class ReplicaTable:
         self.decisions[choice.reason] = self.decisions.get(choice.reason, 0) + 1
         return choice
 
-    def started(self, index: int, key=None) -> None:
+    def started(self, index: int, key=None) -> tuple:
+        """A request went to replica `index`; what `finished` takes back at its end."""
         replica = self.replicas[index]
         replica.in_flight += 1
         replica.num_requests += 1
-        if key is not None and self.policy == "approx":
+        if key is None:
+            return ()
+        if self.policy == "approx":
             replica.record.add(chunk_hashes(key))
+        if self.policy == "cache":
+            hashes = tuple(chunk_hashes(key))
+            replica.queued.update(hashes)
+            return hashes
+        return ()
 
-    def finished(self, index: int, cached_tokens: int = 0) -> None:
+    def finished(self, index: int, cached_tokens: int = 0, ticket: tuple = ()) -> None:
+        """The request ended; `ticket`: what `started` returned for it."""
         replica = self.replicas[index]
         replica.in_flight = max(0, replica.in_flight - 1)
         replica.cached_tokens += max(0, int(cached_tokens))
+        if ticket:
+            replica.queued.subtract(ticket)
+            for h in ticket:
+                if replica.queued[h] <= 0:
+                    del replica.queued[h]
 
     def set_healthy(self, index: int, ok: bool) -> None:
         replica = self.replicas[index]
@@ -222,53 +247,3 @@ class ReplicaTable:
         if self.replicas[i].in_flight - low >= self.balance_slack:
             return Choice(self._least_loaded(up), "balance", best)
         return Choice(i, "prefix", best)
-
-
-def route_metrics(prefills: ReplicaTable, decodes: ReplicaTable | None) -> bytes:
-    """The router's /metrics: per replica its requests, the tokens its answers said were
-    cached, what it has in flight and whether it is up; the routing decisions by reason."""
-    families = []
-    for side, table in (("prefill", prefills), ("decode", decodes)):
-        if table is None:
-            continue
-        for name, doc, kind, value in (
-            ("wavepp_route_requests", "requests sent to the server", "counter", "num_requests"),
-            (
-                "wavepp_route_cached_tokens",
-                "prompt tokens its answers said were cached",
-                "counter",
-                "cached_tokens",
-            ),
-            ("wavepp_route_in_flight", "requests in flight there", "gauge", "in_flight"),
-            ("wavepp_route_up", "1 while its health checks pass", "gauge", "healthy"),
-        ):
-            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                name, doc, labels=["side", "server"]
-            )
-            for replica in table.replicas:
-                family.add_metric([side, replica.url], float(getattr(replica, value)))
-            families.append(family)
-    decisions = CounterMetricFamily(
-        "wavepp_route_decisions", "prefill replicas chosen, by why", labels=["policy", "reason"]
-    )
-    for reason, n in sorted(prefills.decisions.items()):
-        decisions.add_metric([prefills.policy, reason], n)
-    families.append(decisions)
-    queries = CounterMetricFamily(
-        "wavepp_route_cache_queries", "the cache policy's questions to the replicas (all at once)"
-    )
-    queries.add_metric([], prefills.num_queries)
-    families.append(queries)
-    seconds = CounterMetricFamily(
-        "wavepp_route_cache_query_seconds", "time the cache policy waited for the replicas' answers"
-    )
-    seconds.add_metric([], prefills.query_seconds)
-    families.append(seconds)
-
-    class _Collector:
-        def collect(self):
-            yield from families
-
-    registry = CollectorRegistry()
-    registry.register(_Collector())
-    return generate_latest(registry)
