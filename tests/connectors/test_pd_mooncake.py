@@ -34,28 +34,12 @@ from tests.connectors.helpers import (
     stop,
 )
 from tests.eventually import eventually
-from tests.serve.conftest import ServerProcess
+from tests.serve.conftest import ServerProcess, stage_pids
 from wavepp.kv_transfer.arena_pull import ArenaPuller
 from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
 from wavepp.model_store import resolve_model
 
 pytestmark = [pytest.mark.slow, needs_vllm]
-
-
-def stage_processes(pid: int) -> list[int]:
-    """The stage processes the server at `pid` spawned (multiprocessing's spawn children)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and b"spawn_main" in cmdline:
-            out.append(int(entry.name))
-    return out
 
 
 def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(tmp_path):
@@ -154,7 +138,7 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(tmp_path):
             assert tokens(freed) == tokens(alone[2])
             # a stage process killed after the prefill: its session is gone, vLLM computes
             params = prefill_only(prompts[3])
-            (stage1,) = stage_processes(prefill.proc.pid)
+            (stage1,) = stage_pids(prefill.proc.pid)
             os.kill(stage1, signal.SIGKILL)
             killed = complete(vllm_url, prompts[3], params)
             assert tokens(killed) == tokens(alone[3])
