@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--routing",
-        default="round-robin",
+        default="cache",
         choices=("cache", "approx", "least-load", "round-robin"),
         help="how a prefill replica is picked: cache (what each holds on all its stages, asked "
         "before each request), approx (the router's own record), least-load, round-robin "
-        "(wavepp/routing.py; default round-robin)",
+        "(wavepp/routing.py; default cache)",
     )
     p.add_argument(
         "--health-interval-s",

@@ -85,7 +85,7 @@ class RouteConfig:
     decode: tuple[str, ...] | str = ()
     timeout_s: float = 600.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    routing: str = "round-robin"
+    routing: str = "cache"
     health_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
@@ -260,7 +260,9 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
             )
         headers = end_to_end(request.headers.items(), REQUEST_OWN)
         streaming = body.get("stream") is True
-        held = await held_tokens(body, headers) if config.routing == "cache" else None
+        # with one replica up there is nothing to decide: no question asked
+        ask = config.routing == "cache" and len(prefills.healthy()) > 1
+        held = await held_tokens(body, headers) if ask else None
         try:
             if decodes is None:  # a prefill-only tier: the replica's own answer
                 index, ticket, answer = await to_replica(
