@@ -96,29 +96,17 @@ def plan_arena(
         prompt
     ):
         return LoadPlan(0, f"KV transfer {transfer_id!r} is of another prompt")
-    layers = set()
     for i, location in enumerate(stages):
         why = check_location(location)
         if why is None and location["num_tokens"] != len(prompt):
             why = f"it holds {location['num_tokens']} tokens; the prompt has {len(prompt)}"
-        if why is None and set(location["pools"]) != set(pools):
-            why = (
-                f"it holds the pools {sorted(location['pools'])}; this model's layers take "
-                f"{sorted(pools)}"
-            )
-        if why is None:
-            for name, pool in location["pools"].items():
-                if pool["width"] != kv_width:
-                    why = f"its {name} rows are {pool['width']} wide; this model's are {kv_width}"
         if why is not None:
-            return LoadPlan(0, f"KV transfer {transfer_id!r}, stage {i}: {why} (another model?)")
-        layers.update(location["pools"][pools[0]]["layers"])
-    if layers != set(range(num_layers)):
-        return LoadPlan(
-            0,
-            f"KV transfer {transfer_id!r} covers {len(layers)} layers; this model has "
-            f"{num_layers} (another model?)",
-        )
+            return LoadPlan(0, f"KV transfer {transfer_id!r}, stage {i}: {why}")
+    why = layout_mismatch(
+        [(i, location["pools"]) for i, location in enumerate(stages)], num_layers, kv_width, pools
+    )
+    if why is not None:
+        return LoadPlan(0, f"KV transfer {transfer_id!r} does not fit this request: {why}")
     return LoadPlan(max(0, len(prompt) - 1 - num_computed))
 
 
@@ -133,17 +121,33 @@ def mismatch(
     ids = transfer.token_ids
     if len(ids) < len(prompt) - 1 or ids[: len(prompt)] != prompt[: len(ids)]:
         return "its prompt is not this request's"
+    return layout_mismatch(
+        [(part.stage_id, part.manifest.get("pools", {})) for part in transfer.parts],
+        num_layers,
+        kv_width,
+        pools,
+    )
+
+
+def layout_mismatch(
+    parts: Sequence[tuple[int, dict]], num_layers: int, kv_width: int, pools: Sequence[str]
+) -> str | None:
+    """Why stage parts holding `parts` ([(stage, {pool: {"layers", "width", ...}})]) are not
+    of this engine's model (other pools, rows of another width, not every layer), or None:
+    one check for both transports."""
     layers = set()
-    for part in transfer.parts:
-        held = part.manifest.get("pools", {})
+    for stage_id, held in parts:
         if set(held) != set(pools):
             return (
-                f"stage {part.stage_id} holds the pools {sorted(held)}; this model's layers take "
+                f"stage {stage_id} holds the pools {sorted(held)}; this model's layers take "
                 f"{sorted(pools)}"
             )
         for name, pool in held.items():
             if pool["width"] != kv_width:
-                return f"its {name} rows are {pool['width']} wide; this model's are {kv_width} (another model?)"
+                return (
+                    f"stage {stage_id}: its {name} rows are {pool['width']} wide; this model's "
+                    f"are {kv_width} (another model?)"
+                )
         layers.update(held[pools[0]]["layers"])
     if layers != set(range(num_layers)):
         return f"it covers {len(layers)} layers; this model has {num_layers} (another model?)"

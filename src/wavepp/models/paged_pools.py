@@ -110,15 +110,10 @@ class PagedPools:
         """A copy, on the host, of tokens [0, num_tokens) held in `block_table`'s blocks, per pool:
         {pool: (its model layers in this stage, [layers, num_tokens, width])}. Later writes to
         the blocks do not change it."""
-        num_blocks = -(-num_tokens // self.block_size)
-        if num_blocks > len(block_table):
-            raise ValueError(
-                f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}"
-            )
-        index = torch.tensor(block_table[:num_blocks], dtype=torch.int64, device=self.device)
+        index = self._block_index(block_table, num_tokens)
         out = {}
         for name, tensor in self.tensors.items():
-            layers = sorted(layer for (pool, layer) in self._index if pool == name)
+            layers = self._layers(name)
             # [layers, num_blocks, block_size, width] -> [layers, num_tokens, width]
             rows = tensor.index_select(1, index).flatten(1, 2)[:, :num_tokens]
             out[name] = (layers, rows.cpu().contiguous())
@@ -131,7 +126,7 @@ class PagedPools:
         num_blocks = -(-num_tokens // self.block_size)
         return {
             name: (
-                sorted(layer for (pool, layer) in self._index if pool == name),
+                self._layers(name),
                 (tensor.shape[0], num_blocks, self.block_size, tensor.shape[-1]),
                 tensor.dtype,
             )
@@ -143,17 +138,25 @@ class PagedPools:
     ) -> None:
         """Copy the blocks holding tokens [0, num_tokens) into `out` ({pool: a host tensor of
         `export_shapes`' shape}): one copy, straight from the pools (a staging arena's)."""
-        num_blocks = -(-num_tokens // self.block_size)
-        if num_blocks > len(block_table):
-            raise ValueError(
-                f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}"
-            )
-        index = torch.tensor(block_table[:num_blocks], dtype=torch.int64, device=self.device)
+        index = self._block_index(block_table, num_tokens)
         for name, tensor in self.tensors.items():
             if tensor.device.type == "cpu":
                 torch.index_select(tensor, 1, index, out=out[name])
             else:
                 out[name].copy_(tensor.index_select(1, index))
+
+    def _block_index(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        """The blocks holding tokens [0, num_tokens), as an index on the pools' device."""
+        num_blocks = -(-num_tokens // self.block_size)
+        if num_blocks > len(block_table):
+            raise ValueError(
+                f"{num_tokens} tokens need {num_blocks} blocks; the table has {len(block_table)}"
+            )
+        return torch.tensor(block_table[:num_blocks], dtype=torch.int64, device=self.device)
+
+    def _layers(self, name: str) -> list[int]:
+        """The model layers pool `name` holds in this stage, in order."""
+        return sorted(layer for (pool, layer) in self._index if pool == name)
 
     def copy_states(self, src_slot: int, dst_slot: int) -> None:
         """Copy every layer's state of one slot into another (a snapshot taken or restored)."""

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from wavepp.runtime.channels import PeerLostError, Shutdown
 from wavepp.runtime.protocol import CacheAnswer, CacheQuery, EngineError
 from wavepp.sched.admission import agree_prefix
-from wavepp.sched.messages import ProbeItem
 from wavepp.sched.request import Request
 
 
@@ -58,9 +57,7 @@ class CacheQueries:
     def ask(self, token_lists) -> list[CachedView]:
         bs = self.block_size
         reqs = [Request.create(i, tokens, bs) for i, tokens in enumerate(token_lists)]
-        answers = self._exchange(
-            tuple(ProbeItem(r.request_id, tuple(r.block_hashes), r.num_tokens) for r in reqs)
-        )
+        answers = self._exchange(tuple(r.probe_item() for r in reqs))
         out = []
         for j, req in enumerate(reqs):
             hints = [a.hints[j] for a in answers]

@@ -20,7 +20,7 @@ from wavepp.sched.admission import (
     failures_by_request,
     waits_for_round,
 )
-from wavepp.sched.messages import LeaseItem, LeaseMsg, ProbeItem, ProbeMsg, ReleaseMsg
+from wavepp.sched.messages import LeaseItem, LeaseMsg, ProbeMsg, ReleaseMsg
 from wavepp.sched.request import RequestState
 
 
@@ -41,7 +41,7 @@ class LeaderRounds:
             req.num_rounds += 1
         self.round = AdmissionRound(self._next_round_id, batch, now)
         self._next_round_id += 1
-        items = tuple(ProbeItem(r.request_id, tuple(r.block_hashes), r.num_tokens) for r in batch)
+        items = tuple(r.probe_item() for r in batch)
         return RoundStep(send=ProbeMsg(self.round.round_id, items))
 
     def advance_round(self, replies, now: float) -> RoundStep:

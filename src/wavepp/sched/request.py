@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass, field
 
 from wavepp.cache import hash_blocks
-from wavepp.sched.messages import Chunk, PromptLogprobs, TokenResult
+from wavepp.sched.messages import Chunk, ProbeItem, PromptLogprobs, TokenResult
 
 
 class RequestState(enum.Enum):
@@ -89,6 +89,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def probe_item(self) -> ProbeItem:
+        """What a probe asks every stage of this request: its block hashes and length."""
+        return ProbeItem(self.request_id, tuple(self.block_hashes), self.num_tokens)
 
     @property
     def num_unscheduled_tokens(self) -> int:

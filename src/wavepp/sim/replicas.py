@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from wavepp.routing import ReplicaTable
 from wavepp.sched.admission import agree_prefix
-from wavepp.sched.messages import ProbeItem
 from wavepp.sched.request import Request
 from wavepp.sched.stats import quantile
 from wavepp.sim.pipeline import PipelineSim
@@ -28,7 +27,7 @@ from wavepp.sim.sim_setup import SimSetup
 def all_stage_tokens(sim: PipelineSim, token_ids, block_size: int, hybrid: bool) -> int:
     """Tokens of the prompt every stage of the replica holds now, as its cache query says."""
     req = Request.create(0, token_ids, block_size)
-    item = (ProbeItem(0, tuple(req.block_hashes), req.num_tokens),)
+    item = (req.probe_item(),)
     hints = [server.query(item)[0] for server in sim.servers]
     return agree_prefix(req, hints, block_size, hybrid=hybrid) * block_size
 
