@@ -48,6 +48,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="linear layers' weight format (default: the model's own; --grid: the grid's)",
     )
     p.add_argument(
+        "--attention-dtype",
+        choices=["bf16", "fp8"],
+        default=None,
+        help="full attention's math (sim/precision.py; default: the model's own, bf16; --grid: "
+        "the grid's)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=["bf16", "fp8"],
+        default=None,
+        help="the KV cache's element (default: the model's own, bf16; --grid: the grid's)",
+    )
+    p.add_argument(
+        "--budget-tokens",
+        type=int,
+        default=0,
+        help="real tokens: the fixed budget of static, trtllm-pp, vllm-pp, tp-ep and dp-ep (per "
+        "device) in place of each one's default (0: the defaults)",
+    )
+    p.add_argument(
         "--trtllm",
         choices=["legacy", "rc26"],
         default=None,
@@ -68,8 +88,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3"
     )
-    p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300")
-    p.add_argument("--pp", type=int, default=4, help="pipeline stages (tp-ep: the TP/EP degree)")
+    p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300, GB200, GB300")
+    p.add_argument(
+        "--pp", type=int, default=4, help="pipeline stages (tp-ep, dp-ep: the devices of the group)"
+    )
     p.add_argument(
         "--workload",
         default="short-suffix",
@@ -190,7 +212,8 @@ def run(args) -> int:
         from wavepp.sim.grid import get_grid, run_grid, with_overrides
 
         settings = get_grid(args.grid, paper_setup=args.setup)
-        for name in ("weights", "trtllm", "sglang", "vllm"):  # the grid's unless given
+        names = ("weights", "attention_dtype", "kv_dtype", "budget_tokens")
+        for name in names + ("trtllm", "sglang", "vllm"):  # the grid's unless given
             if getattr(args, name):
                 settings = with_overrides(settings, **{name: getattr(args, name)})
         if args.policy:
@@ -268,14 +291,19 @@ def _run_replicas(args) -> list[dict]:
 def _setup(args):
     from wavepp.sim.hardware import get_hardware
     from wavepp.sim.model_catalog import get_model
-    from wavepp.sim.precision import with_weights
+    from wavepp.sim.precision import with_precision
     from wavepp.sim.scenario import SimSetup
     from wavepp.sim.sglang import get_sglang
     from wavepp.sim.trtllm import get_trtllm
     from wavepp.sim.vllm_pp import get_vllm
 
     return SimSetup(
-        with_weights(get_model(args.model), args.weights or ""),
+        with_precision(
+            get_model(args.model),
+            weights=args.weights or "",
+            attention=args.attention_dtype or "",
+            kv=args.kv_dtype or "",
+        ),
         get_hardware(args.hardware),
         args.pp,
         token_scale=16 if args.token_scale is None else args.token_scale,
@@ -289,10 +317,12 @@ def _setup(args):
         sglang=get_sglang(args.sglang or "legacy"),
         vllm=get_vllm(args.vllm or "legacy"),
         snapshot_interval_blocks=args.snapshot_interval_blocks,
+        budget_tokens=args.budget_tokens,
     )
 
 
 def _run_settings(args) -> tuple[list[dict], list]:
+    from wavepp.sim.grid import precision_columns
     from wavepp.sim.scenario import run_setting
 
     setup = _setup(args)
@@ -314,6 +344,7 @@ def _run_settings(args) -> tuple[list[dict], list]:
                     "workload": workload.name,
                     "concurrency": conc,
                     "policy": policy,
+                    **precision_columns(setup),
                     **{
                         k: v
                         for k, v in result.row().items()

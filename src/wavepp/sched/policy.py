@@ -18,6 +18,8 @@ Each in-house baseline differs from `wavepp` in exactly one mechanism; the outsi
     vllm-pp      one central scheduler and pool     static                         simulator
     tp-ep        one scheduler, every device on     static                         simulator
                  every layer
+    dp-ep        as tp-ep with data-parallel        static                         simulator
+                 attention (DP attention, EP experts)
     fixed-*      the paper's ablation steps         static                         simulator
 
 The outside loops (`loop`) run step by step on every rank in the simulator (sim/loops.py) and as
@@ -73,6 +75,13 @@ POLICIES: dict[str, Policy] = {
             True,
             "static",
             "one scheduler, fixed budget, TP/EP over all devices",
+            in_runtime=False,
+        ),
+        Policy(
+            "dp-ep",
+            True,
+            "static",
+            "one scheduler, fixed budget per rank, DP attention and EP experts over all devices",
             in_runtime=False,
         ),
         # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)

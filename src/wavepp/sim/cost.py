@@ -17,10 +17,19 @@ For a wave of chunks (L cached tokens, x new tokens each), T = sum of x, every l
 
 A GEMM runs at peak * efficiency * rows / (rows + half_rows) (tiles fill poorly with few rows:
 the per-expert token count of a small wave) and never faster than reading its weights from
-HBM (roofline). Attention runs at its own efficiency, lower for chunks of few queries, and
-never faster than reading the cached KV. `degree` > 1 models tensor/expert parallelism: work
-and weights split over `degree` devices, plus per-layer collectives over the links (over the
-NICs where the devices span `num_nodes` > 1 nodes).
+HBM (roofline). Attention runs in the model's attention dtype (bf16 or fp8) at that dtype's
+kernel efficiency, lower for chunks of few queries, and never faster than reading the cached KV.
+`degree` > 1 spreads a stage over `degree` devices, in one of two layouts:
+
+    tp   tensor-parallel attention (heads split, weights split), experts split (EP); per layer
+         an all-reduce of the attention output, the MoE all-to-all and an all-gather (a dense
+         MLP: a second all-reduce)
+    dp   data-parallel attention (each device runs its own requests through the whole attention
+         block, weights replicated), experts split (EP): per MoE layer only the all-to-all, a
+         token sent once to each device holding one of its experts (DeepEP's dispatch and
+         combine); dense MLPs, the router and the shared expert replicated, no exchange
+
+The collectives run over the links (over the NICs where the devices span `num_nodes` > 1 nodes).
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ from typing import Sequence
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
+
+LAYOUTS = ("tp", "dp")  # how a stage's `degree` devices share its layers (module docstring)
+
+# bytes per element of an expert GEMM's input as dispatched to the experts' devices (DeepEP sends
+# FP8, or NVFP4 where the experts run it: SGLang's GB200 part II fuses that quantization in)
+DISPATCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": NVFP4_ACTIVATION_BYTES}
 
 ChunkShape = tuple[int, int]  # (num_cached, num_new), real tokens
 
@@ -70,7 +85,10 @@ class StageCostModel:
         overheads: ExecOverheads = ExecOverheads(),
         snapshot_interval_tokens: int = 0,
         num_nodes: int = 1,
+        layout: str = "tp",
     ):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if not 0 <= start < end <= model.num_layers:
             raise ValueError(f"layers [{start}, {end}) outside the model's {model.num_layers}")
         if degree <= 0:
@@ -81,6 +99,7 @@ class StageCostModel:
         self.start, self.end = start, end
         self.first, self.last, self.degree = first, last, degree
         self.num_nodes = num_nodes  # nodes the `degree` devices span (collectives cross NICs)
+        self.layout = layout
         self.overheads = overheads
         # hybrid models: a chunk loads the state it resumes from and saves one at every
         # snapshot boundary it crosses and at its end (0: snapshots not charged)
@@ -118,10 +137,10 @@ class StageCostModel:
             out["snapshots"] = self.snapshot_copy_seconds(chunks)
         if self.last:
             m, num_last = self.model, len(chunks)  # at most one final token per chunk
-            out["lm_head"] = self._gemm(
-                2.0 * num_last * m.hidden_size * m.vocab_size / self.degree,
+            out["lm_head"] = self._split_gemm(
+                2.0 * num_last * m.hidden_size * m.vocab_size,
                 num_last,
-                m.vocab_size * m.hidden_size * 2 / self.degree,
+                m.vocab_size * m.hidden_size * 2,
                 "bf16",
             )
         return out
@@ -138,15 +157,8 @@ class StageCostModel:
     def _layer(self, layer: int, chunks: Sequence[ChunkShape]) -> dict[str, float]:
         m, hw, n = self.model, self.hw, self.degree
         T = sum(x for _, x in chunks)
-        # under tensor parallelism the MLA down-projections (to the q and kv latents) are
-        # replicated on every device; the rest of the attention weights split by heads
-        rep = 0
-        if n > 1 and m.attention == "mla" and not m.is_linear(layer):
-            rep = m.hidden_size * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
-        params = (m.attention_params(layer) - rep) / n + rep
-        out = {
-            "projections": self._gemm(2.0 * T * params, T, params * m.weight_bytes, m.gemm_dtype)
-        }
+        projections = self._projections(layer, T)
+        out = {"projections": projections}
         out["attention"] = sum(self._attention(layer, L, x) for L, x in chunks)
         if m.attention == "mla" and not m.sparse_attention and not m.is_linear(layer):
             r, h = m.kv_lora_rank, m.num_heads
@@ -164,37 +176,77 @@ class StageCostModel:
             )
             if m.num_shared_experts:
                 ps = m.num_shared_experts * p
-                out["moe_shared"] = self._gemm(
-                    2.0 * T * ps / n, T, ps * m.weight_bytes / n, m.gemm_dtype
+                out["moe_shared"] = self._split_gemm(
+                    2.0 * T * ps, T, ps * m.weight_bytes, m.gemm_dtype
                 )
-            out["router"] = self._gemm(
-                2.0 * T * m.hidden_size * e / n, T, m.hidden_size * e * 2 / n, "bf16"
+            out["router"] = self._split_gemm(
+                2.0 * T * m.hidden_size * e, T, m.hidden_size * e * 2, "bf16"
             )
             permute = 4.0 * k * m.hidden_size * 2  # scatter to experts and gather back
         else:
             p = m.mlp_params(layer)
-            out["mlp"] = self._gemm(2.0 * T * p / n, T, p * m.weight_bytes / n, m.gemm_dtype)
+            out["mlp"] = self._split_gemm(2.0 * T * p, T, p * m.weight_bytes, m.gemm_dtype)
             permute = 0.0
         passes = self.overheads.elementwise_hidden_passes * m.hidden_size * 2
         out["elementwise"] = T * (passes + permute) / n / hw.hbm_bytes_s
-        if m.gemm_dtype == "nvfp4":
-            out["quantize"] = (
-                T * self._quantized_inputs(layer) * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
-            )
+        quantized = self._quantized_inputs(layer)
+        if quantized:
+            out["quantize"] = T * quantized * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
         if n > 1:
-            out["collectives"] = self._collectives(layer, T)
+            collectives = (
+                self._expert_exchange(layer, T)
+                if self.layout == "dp"
+                else self._collectives(layer, T)
+            )
+            if collectives:
+                out["collectives"] = collectives
         return out
+
+    def _split_gemm(self, flops: float, rows: float, weight_bytes: float, dtype: str) -> float:
+        """A GEMM over `rows` tokens shared by the stage's devices: under tp each runs every row
+        against 1/degree of the weights; under dp each runs its 1/degree of the rows against all
+        of them."""
+        n = self.degree
+        if self.layout == "dp":
+            return self._gemm(flops / n, rows / n, weight_bytes, dtype)
+        return self._gemm(flops / n, rows, weight_bytes / n, dtype)
+
+    def _projections(self, layer: int, T: int) -> float:
+        """The attention block's projections, a GEMM per weight format. dp: each device runs
+        its T/degree tokens against all of them. tp: heads split over the devices, but the MLA
+        down-projections to the q and kv latents ("q_a", "kv_a") are replicated on each."""
+        m, n = self.model, self.degree
+        replicated = ("q_a", "kv_a") if self.layout == "tp" and n > 1 else ()
+        by_format: dict[tuple[float, str], float] = {}
+        for name, params in m.attention_param_groups(layer).items():
+            share = params if name in replicated or self.layout == "dp" else params / n
+            key = m.projection_format(name)
+            by_format[key] = by_format.get(key, 0.0) + share
+        if self.layout == "dp":
+            return sum(
+                self._gemm(2.0 * T * p / n, T / n, p * wb, dtype)
+                for (wb, dtype), p in by_format.items()
+            )
+        return sum(
+            self._gemm(2.0 * T * p, T, p * wb, dtype) for (wb, dtype), p in by_format.items()
+        )
 
     def _quantized_inputs(self, layer: int) -> float:
         """Elements per token entering this layer's NVFP4 GEMMs: the attention block's input and
-        its output projection's; each expert copy's input and its down projection's."""
+        its output projection's (where those projections run NVFP4); each expert copy's input
+        and its down projection's."""
         m = self.model
         inner = (
             m.linear_num_heads * m.linear_head_dim
             if m.is_linear(layer)
             else m.num_heads * (m.head_dim if m.attention == "gqa" else m.v_head_dim)
         )
-        elems = m.hidden_size + inner
+        groups = m.attention_param_groups(layer)
+        nvfp4 = {name for name in groups if m.projection_format(name)[1] == "nvfp4"}
+        elems = m.hidden_size if nvfp4 & {"q", "q_a", "kv_a", "qkv", "linear"} else 0
+        elems += inner if nvfp4 & {"o", "linear"} else 0
+        if m.gemm_dtype != "nvfp4":
+            return float(elems)
         if m.is_moe(layer):
             copies = m.num_experts_per_tok + m.num_shared_experts
             elems += copies * (m.hidden_size + m.moe_intermediate_size)
@@ -204,26 +256,34 @@ class StageCostModel:
 
     def _attention(self, layer: int, L: int, x: int) -> float:
         m, hw, n = self.model, self.hw, self.degree
-        eff = hw.attn_efficiency * x / (x + hw.attn_half_queries)
-        bf16 = hw.peak_flops("bf16") * eff
-        if m.is_linear(layer):
+        fill = x / (x + hw.attn_half_queries)
+        if m.is_linear(layer):  # the chunkwise recurrence runs in bf16
             dk = dv = m.linear_head_dim
             flops = 2.0 * x * m.linear_num_heads * (2 * dk * dv + LINEAR_CHUNK * (dk + dv))
-            return flops / n / bf16
+            return flops / n / (hw.peak_flops("bf16") * hw.attn_efficiency * fill)
+        rate = hw.peak_flops(m.attn_dtype) * hw.attn_efficiency_of(m.attn_dtype) * fill
         pairs = L * x + x * (x + 1) / 2
-        kv_read = (L + x) * m.kv_bytes_per_token(layer)
+        # the cached KV each device reads: dp, its own requests'; tp, its heads' (GQA) or the
+        # whole latent (MLA, replicated)
+        kv_read = (L + x) * m.kv_bytes_per_token(layer) / self._kv_split()
         if m.attention == "gqa":
             flops = pairs * 4.0 * m.num_heads * m.head_dim
-            return max(flops / n / bf16, kv_read / min(n, m.num_kv_heads) / hw.hbm_bytes_s)
+            return max(flops / n / rate, kv_read / hw.hbm_bytes_s)
         h, r, rope = m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
         if not m.sparse_attention:
             flops = pairs * 2.0 * h * (m.qk_nope_head_dim + rope + m.v_head_dim)
-            return max(flops / n / bf16, kv_read / hw.hbm_bytes_s)
+            return max(flops / n / rate, kv_read / hw.hbm_bytes_s)
         kept = sparse_pairs(L, x, m.index_topk)
         main = kept * 2.0 * h * (2 * r + rope)
-        index = pairs * 2.0 * m.index_n_heads * m.index_head_dim
-        fp8 = hw.peak_flops("fp8") * eff
-        return max(main / n / bf16 + index / n / fp8, kv_read / hw.hbm_bytes_s)
+        index = pairs * 2.0 * m.index_n_heads * m.index_head_dim  # the indexer runs in FP8
+        fp8 = hw.peak_flops("fp8") * hw.fp8_attn_efficiency * fill
+        return max(main / n / rate + index / n / fp8, kv_read / hw.hbm_bytes_s)
+
+    def _kv_split(self) -> int:
+        m, n = self.model, self.degree
+        if self.layout == "dp":
+            return n
+        return min(n, m.num_kv_heads) if m.attention == "gqa" else 1
 
     def _gemm(self, flops: float, rows: float, weight_bytes: float, dtype: str) -> float:
         if flops <= 0:
@@ -263,6 +323,28 @@ class StageCostModel:
             else local / hw.link_bytes_s
         )
         return seconds + all_to_all + gather / ring + 3 * lat
+
+    def _expert_exchange(self, layer: int, T: int) -> float:
+        """dp: the MoE layer's dispatch and combine, nothing else, as DeepEP's normal kernels run
+        them. A device's T/degree tokens go out in the experts' input format there
+        (`DISPATCH_BYTES`) and come back in bf16, once per destination, not once per expert:
+        to each other node holding one of a token's k experts once over the NIC (DeepEP forwards
+        it inside that node over NVLink), to each device holding one once over NVLink. Experts
+        spread evenly and routing uniform: a device (node) is hit with probability
+        1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap with
+        compute is assumed."""
+        m, hw, n = self.model, self.hw, self.degree
+        if not m.is_moe(layer):
+            return 0.0
+        k, nodes = m.num_experts_per_tok, self.num_nodes
+        per_copy = T / n * m.hidden_size * (DISPATCH_BYTES[m.gemm_dtype] + 2.0)
+        devices_hit = (n - 1) * (1.0 - (1.0 - 1.0 / n) ** k)  # other devices, this one's tokens
+        seconds = devices_hit * per_copy / hw.link_bytes_s + 2 * hw.link_latency_s
+        if nodes > 1:
+            nodes_hit = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+            nic = nodes_hit * per_copy / hw.internode_bytes_s + 2 * hw.internode_latency_s
+            seconds = max(seconds, nic)
+        return seconds
 
 
 def sparse_pairs(num_cached: int, num_new: int, topk: int) -> float:

@@ -2,10 +2,11 @@
 
 paper  GLM-5-class and MiniMax-M2-class on PP4 B300, every PP policy, concurrency
        8, 16, 32, 64, 128, four workloads (2 x 4 x 5 = 40 settings), in the paper's setup:
-       NVFP4 weights, `trtllm-pp` as TensorRT-LLM 1.3.0rc26 runs it (sim/trtllm.py
-       `TRTLLM_RC26`) and the paper's 16,384-token microbatch as wavepp's M;
-       `paper_grid("legacy")` is the earlier setup (the models' FP8 weights, `TRTLLM_LEGACY`,
-       M from the profiling pass):
+       NVFP4 weights with FP8 attention over an FP8 KV cache (`PAPER_PRECISION`), `trtllm-pp` as
+       TensorRT-LLM 1.3.0rc26 runs it (sim/trtllm.py `TRTLLM_RC26`) and the paper's
+       16,384-token microbatch as wavepp's M; `paper_grid("legacy")` is the earlier setup (the
+       models' FP8 weights, bf16 attention and cache, `TRTLLM_LEGACY`, M from the profiling
+       pass):
          cold          8k-token prompts, nothing shared
          mixed         75% warm (8 groups sharing 90% of an 8k prompt), 25% cold, interleaved
          reuse         8 groups sharing 90% of an 8k prompt
@@ -26,7 +27,7 @@ from typing import Iterable, Sequence
 
 from wavepp.sim.hardware import get_hardware
 from wavepp.sim.model_catalog import get_model
-from wavepp.sim.precision import weight_format, with_weights
+from wavepp.sim.precision import kv_format, weight_format, with_precision
 from wavepp.sim.scenario import SimSetup, run_setting
 from wavepp.sim.sglang import get_sglang
 from wavepp.sim.trtllm import get_trtllm
@@ -81,6 +82,9 @@ class GridSetting:
     max_wave_tokens: int = 0  # 0: from the profiling pass
     num_requests: int = field(default=0)  # 0: max(32, 4 x concurrency)
     weights: str = ""  # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
+    attention_dtype: str = ""  # bf16 | fp8; "": the model's own (bf16)
+    kv_dtype: str = ""  # bf16 | fp8; "": the model's own (bf16)
+    budget_tokens: int = 0  # the fixed budgets in place of the systems' defaults (0: those)
     trtllm: str = "legacy"  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
     snapshot_interval_blocks: int = 0  # hybrid models: real snapshots every this many blocks
     gpus_per_node: int = 0  # 0: one NVLink domain (sim/scenario.py SimSetup)
@@ -90,7 +94,12 @@ class GridSetting:
 
     def setup(self) -> SimSetup:
         return SimSetup(
-            with_weights(get_model(self.model), self.weights),
+            with_precision(
+                get_model(self.model),
+                weights=self.weights,
+                attention=self.attention_dtype,
+                kv=self.kv_dtype,
+            ),
             get_hardware(self.hardware),
             self.pp,
             token_scale=self.token_scale,
@@ -102,6 +111,7 @@ class GridSetting:
             host_kv_gib=self.host_kv_gib,
             sglang=get_sglang(self.sglang),
             vllm=get_vllm(self.vllm),
+            budget_tokens=self.budget_tokens,
         )
 
     @property
@@ -113,16 +123,27 @@ PAPER_CONCURRENCY = (8, 16, 32, 64, 128)
 KIMI_CONCURRENCY = (1, 2, 4, 8, 16, 32)
 
 
-# (weights, trtllm preset, the balanced planner's M) of each setup of the paper grid: the paper's
-# microbatch limit of 16,384 tokens holds for wavepp as for TensorRT-LLM (max_num_tokens); the
-# earlier setup takes M from the profiling pass (8,192 with FP8 weights; 4,096 with NVFP4)
-PAPER_SETUPS = {"paper": ("nvfp4", "rc26", 16384), "legacy": ("", "legacy", 0)}
+# The paper's precisions, as TensorRT-LLM serves an NVFP4 checkpoint: NVFP4 linear layers, the
+# KV cache in FP8 (ModelOpt's NVFP4 exports declare kv_cache_quant_algo FP8 in the checkpoint's
+# quantization config; TensorRT-LLM's KV cache dtype "auto" takes it) and FP8 context attention
+# over it (TensorRT-LLM runs its FP8 context FMHA with an FP8 KV cache, forced on since 1.2.0:
+# NVIDIA/TensorRT-LLM#12877). (weights, attention, kv)
+PAPER_PRECISION = ("nvfp4", "fp8", "fp8")
+EARLIER_PRECISION = ("", "bf16", "bf16")  # the setups before: the models' own weights, bf16
+
+# (precision, trtllm preset, the balanced planner's M) of each setup of the paper grid: the
+# paper's microbatch limit of 16,384 tokens holds for wavepp as for TensorRT-LLM
+# (max_num_tokens); the earlier setup takes M from the profiling pass
+PAPER_SETUPS = {
+    "paper": (PAPER_PRECISION, "rc26", 16384),
+    "legacy": (EARLIER_PRECISION, "legacy", 0),
+}
 
 
 def paper_grid(setup: str = "paper") -> list[GridSetting]:
     if setup not in PAPER_SETUPS:
         raise ValueError(f"unknown paper setup {setup!r}; choose one of {', '.join(PAPER_SETUPS)}")
-    weights, trtllm, max_wave_tokens = PAPER_SETUPS[setup]
+    (weights, attention, kv), trtllm, max_wave_tokens = PAPER_SETUPS[setup]
     shapes = (
         WorkloadShape("cold"),
         WorkloadShape("mixed"),
@@ -141,6 +162,8 @@ def paper_grid(setup: str = "paper") -> list[GridSetting]:
             policies,
             max_wave_tokens=max_wave_tokens,
             weights=weights,
+            attention_dtype=attention,
+            kv_dtype=kv,
             trtllm=trtllm,
         )
         for model in ("glm-5", "minimax-m2")
@@ -174,15 +197,20 @@ def kimi_grid() -> list[GridSetting]:
 # nodes of 4 GPUs (the boundary between stages 3 and 4, and tp-ep's collectives, over the
 # ConnectX-8 NICs) and a host KV cache of 128 GiB per rank (wavepp's systems: the paper does not
 # say the baselines ran with theirs). `kimi_k3_grid("nvlink")`: the earlier setup, one NVLink
-# domain and no host tier.
+# domain and no host tier. K3 is served in NVFP4 (sim/model_catalog.py); the paper's setup takes
+# the paper's precisions above (FP8 attention over an FP8 KV cache in its MLA layers; its linear
+# layers stay bf16), the earlier one bf16 attention and cache.
 K3_SNAPSHOT_BLOCKS = 4
-K3_SETUPS = {"paper": (4, 128.0), "nvlink": (0, 0.0)}  # (gpus_per_node, host_kv_gib)
+K3_SETUPS = {  # (gpus_per_node, host_kv_gib, (weights, attention, kv))
+    "paper": (4, 128.0, PAPER_PRECISION),
+    "nvlink": (0, 0.0, EARLIER_PRECISION),
+}
 
 
 def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
     if setup not in K3_SETUPS:
         raise ValueError(f"unknown kimi-k3 setup {setup!r}; choose one of {', '.join(K3_SETUPS)}")
-    gpus_per_node, host_kv_gib = K3_SETUPS[setup]
+    gpus_per_node, host_kv_gib, (weights, attention, kv) = K3_SETUPS[setup]
     policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
     return [
         GridSetting(
@@ -198,6 +226,9 @@ def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
             snapshot_interval_blocks=K3_SNAPSHOT_BLOCKS,
             gpus_per_node=gpus_per_node,
             host_kv_gib=host_kv_gib,
+            weights=weights,
+            attention_dtype=attention,
+            kv_dtype=kv,
         )
         for kind in ("cold", "reuse")
         for n in (65536, 131072, 262144)
@@ -262,7 +293,7 @@ def run_one(setting: GridSetting) -> list[dict]:
                 "grid": setting.grid,
                 "model": setting.model,
                 "hardware": setting.hardware,
-                "weights": weight_format(setup.model),
+                **precision_columns(setup),
                 "trtllm": setting.trtllm,
                 "sglang": setting.sglang,
                 "vllm": setting.vllm,
@@ -288,6 +319,12 @@ def run_one(setting: GridSetting) -> list[dict]:
             }
         )
     return rows
+
+
+def precision_columns(setup: SimSetup) -> dict:
+    """A row's precision columns: the weights', attention's and the KV cache's formats."""
+    m = setup.model
+    return {"weights": weight_format(m), "attention_dtype": m.attn_dtype, "kv_dtype": kv_format(m)}
 
 
 def with_overrides(settings: Iterable[GridSetting], **changes) -> list[GridSetting]:

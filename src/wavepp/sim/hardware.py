@@ -23,7 +23,8 @@ class HardwareSpec:
     internode_gb_s: float  # NIC per GPU, one direction
     internode_latency_s: float
     gemm_efficiency: float = 0.70  # large GEMMs, fraction of peak
-    attn_efficiency: float = 0.72  # long-sequence attention kernels, fraction of bf16 peak
+    attn_efficiency: float = 0.72  # long-sequence bf16 attention kernels, fraction of bf16 peak
+    fp8_attn_efficiency: float = 0.51  # long-sequence fp8 attention kernels, fraction of fp8 peak
     gemm_half_rows: int = 32  # rows per GEMM (tokens per expert) at half efficiency: tile fill
     attn_half_queries: int = 64  # query rows per chunk at half attention efficiency (128-row tiles)
     nvfp4_tflops: float = 0.0  # dense peak of block-scaled FP4 (0: no FP4 tensor cores)
@@ -44,7 +45,12 @@ class HardwareSpec:
         for name in ("nvfp4_tflops", "host_link_gb_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"HardwareSpec.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("gemm_efficiency", "attn_efficiency", "nvfp4_gemm_efficiency"):
+        for name in (
+            "gemm_efficiency",
+            "attn_efficiency",
+            "fp8_attn_efficiency",
+            "nvfp4_gemm_efficiency",
+        ):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(
                     f"HardwareSpec.{name} must be in (0, 1], got {getattr(self, name)}"
@@ -64,6 +70,14 @@ class HardwareSpec:
     def gemm_efficiency_of(self, dtype: str) -> float:
         """Large GEMMs' fraction of the peak of `dtype`."""
         return self.nvfp4_gemm_efficiency if dtype == "nvfp4" else self.gemm_efficiency
+
+    def attn_efficiency_of(self, dtype: str) -> float:
+        """Long-sequence attention kernels' fraction of the peak of `dtype` (bf16 | fp8)."""
+        if dtype == "bf16":
+            return self.attn_efficiency
+        if dtype == "fp8":
+            return self.fp8_attn_efficiency
+        raise ValueError(f"unknown attention dtype {dtype!r} (bf16 or fp8)")
 
     @property
     def hbm_bytes_s(self) -> float:
@@ -88,13 +102,24 @@ class HardwareSpec:
 # GEMM efficiency 0.70: DeepGEMM (deepseek-ai/DeepGEMM README) reaches up to ~1550 FP8 TFLOPS
 #   on H800 for large dense shapes (78% of 1979) and 1200-1500 for grouped MoE shapes; 0.70 is
 #   the middle of that range. Assumed the same on Blackwell.
-# Attention efficiency: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) reaches ~740
-#   TFLOPS FP16 forward on H100 SXM, 75% of 989. On B200/B300 FlashAttention-4 / cuDNN report
-#   ~1600 TFLOPS BF16 forward (about 71% of 2250).
+# Attention efficiency, forward (prefill) kernels on long causal sequences, each a kernel
+#   measurement against the datasheet peak of its dtype:
+#   H100/H200: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) reaches ~740 TFLOPS FP16
+#     (75% of 989) and close to 1.2 PFLOPS FP8 (61% of 1979).
+#   B200: FlashAttention-4 / cuDNN ~1600 TFLOPS BF16 (71% of 2250); FP8: GB200's fraction below
+#     (the same SM; B200's datasheet peak is lower), an assumption.
+#   GB200 and GB300: NVIDIA/cudnn-frontend benchmark/attention_training/results/dsv3/{gb200,gb300}
+#     (cuDNN 9.27, 2026-09-28): DeepSeek-V3's MLA prefill shape (128 heads, d_qk 192, d_v 128,
+#     batch 2 x 16,384 tokens, causal), "cudnn" backend forward: GB200 1,683 TFLOPS BF16 (67% of
+#     2,500) and 2,532 FP8 (51% of 5,000); GB300 2,061 BF16 (82%) and 3,393 FP8 (68%). Blackwell
+#     Ultra doubles the SFU's exponential rate (NVIDIA, "Making Softmax More Efficient with NVIDIA
+#     Blackwell Ultra": ~35% more FP8 attention forward throughput than GB200), which the two
+#     measurements show. B300: GB300's fractions (the same Blackwell Ultra SM), an assumption.
 # NVFP4 GEMM efficiency 0.43: vLLM's NVFP4 CUTLASS GEMM benchmark on B200
 #   (vllm-project/vllm#20646, benchmarks/kernels/bench_nvfp4_gemm.py, "nvfp4-noquant": the GEMM
 #   alone) reaches 3,904 TFLOPS at 16,384 rows (N = 6,144, K = 4,096), 43% of B200's 9 PF dense
-#   FP4. The activations' quantization is charged apart (sim/cost.py). Assumed the same on B300.
+#   FP4. The activations' quantization is charged apart (sim/cost.py). Assumed the same on B300,
+#   GB200 and GB300.
 # Link latency: NCCL point-to-point of small messages over NVLink takes ~5-10 us (nccl-tests
 #   sendrecv_perf at 8 B); inter-node RDMA ~10 us.
 # Host link (a host KV tier's loads and offloads): PCIe x16, bidirectional totals from the PCI-SIG
@@ -119,6 +144,7 @@ HARDWARE: dict[str, HardwareSpec] = {
             50.0,
             10e-6,
             attn_efficiency=0.75,
+            fp8_attn_efficiency=0.61,
             host_link_gb_s=128.0,
         ),
         # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
@@ -133,6 +159,7 @@ HARDWARE: dict[str, HardwareSpec] = {
             50.0,
             10e-6,
             attn_efficiency=0.75,
+            fp8_attn_efficiency=0.61,
             host_link_gb_s=128.0,
         ),
         # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 / 9 PF FP4 dense (72 PF
@@ -165,6 +192,8 @@ HARDWARE: dict[str, HardwareSpec] = {
             8e-6,
             100.0,
             10e-6,
+            attn_efficiency=0.82,
+            fp8_attn_efficiency=0.68,
             nvfp4_tflops=13500.0,
             host_link_gb_s=256.0,
         ),
@@ -183,7 +212,29 @@ HARDWARE: dict[str, HardwareSpec] = {
             8e-6,
             100.0,
             10e-6,
+            attn_efficiency=0.82,
+            fp8_attn_efficiency=0.68,
             nvfp4_tflops=15000.0,
+            host_link_gb_s=900.0,
+        ),
+        # NVIDIA GB200 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 10 PF FP4
+        # dense (360 / 720 / 1,440 PF for 72 GPUs, with sparsity), 13.4 TB HBM3e at 576 TB/s
+        # (186 GB at 8 TB/s each), NVLink 5 1.8 TB/s (130 TB/s for 72); ConnectX-7 400 Gb/s per GPU
+        # between racks (4 per 4-GPU compute tray). Host link: NVLink-C2C to the Grace CPU,
+        # 900 GB/s (as GB300).
+        HardwareSpec(
+            "GB200",
+            2500.0,
+            5000.0,
+            186.0,
+            8.0,
+            1800.0,
+            8e-6,
+            50.0,
+            10e-6,
+            attn_efficiency=0.67,
+            fp8_attn_efficiency=0.51,
+            nvfp4_tflops=10000.0,
             host_link_gb_s=900.0,
         ),
     )

@@ -52,12 +52,20 @@ class ModelShape:
     weight_bytes: float = 1.0  # bytes per parameter as served (FP8 checkpoints: 1)
     gemm_dtype: str = "fp8"  # dtype of the linear layers' tensor-core math
     kv_bytes: float = 2.0  # bytes per cached K/V (or latent) element (bf16)
+    attn_dtype: str = "bf16"  # tensor-core math of full attention: bf16 | fp8 (sim/precision.py)
+    # attention projections served in another format than the linear layers': (name, bytes per
+    # weight, GEMM dtype) per projection (`attention_param_groups` names; sim/precision.py)
+    projection_weights: tuple[tuple[str, float, str], ...] = ()
     source: str = ""
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "vocab_size", "num_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelShape.{name} must be positive, got {getattr(self, name)}")
+        if self.attn_dtype not in ("bf16", "fp8"):
+            raise ValueError(
+                f"ModelShape.attn_dtype must be 'bf16' or 'fp8', got {self.attn_dtype!r}"
+            )
         if self.attention not in ("gqa", "mla"):
             raise ValueError(f"ModelShape.attention must be 'gqa' or 'mla', got {self.attention!r}")
         if self.attention == "gqa" and (self.num_kv_heads <= 0 or self.head_dim <= 0):
@@ -90,35 +98,57 @@ class ModelShape:
 
     def attention_params(self, layer: int) -> int:
         """Projection weights of one layer's attention block (MLA: the kv up-projection too)."""
+        return sum(self.attention_param_groups(layer).values())
+
+    def attention_param_groups(self, layer: int) -> dict[str, int]:
+        """The attention block's projections by name, each its weight count: MLA "q_a", "q_b"
+        (or "q" without a q latent), "kv_a", "kv_b", "o" and a DSA "indexer"; GQA "qkv" and
+        "o"; linear attention "linear". `projection_weights` may serve some in another format."""
         h = self.hidden_size
         if self.is_linear(layer):
             inner = self.linear_num_heads * self.linear_head_dim
             # q, k, v, o; low-rank forget and output gates (hidden -> head_dim -> inner); beta
-            return (
-                4 * h * inner
+            return {
+                "linear": 4 * h * inner
                 + 2 * (h * self.linear_head_dim + self.linear_head_dim * inner)
                 + h * self.linear_num_heads
-            )
+            }
         if self.attention == "gqa":
-            return h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+            return {
+                "qkv": h * self.head_dim * (self.num_heads + 2 * self.num_kv_heads),
+                "o": self.num_heads * self.head_dim * h,
+            }
         qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-        q = (
-            (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk)
-            if self.q_lora_rank
-            else h * self.num_heads * qk
+        if self.q_lora_rank:
+            groups = {"q_a": h * self.q_lora_rank, "q_b": self.q_lora_rank * self.num_heads * qk}
+        else:
+            groups = {"q": h * self.num_heads * qk}
+        groups["kv_a"] = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        groups["kv_b"] = (
+            self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
         )
-        kv = h * (
-            self.kv_lora_rank + self.qk_rope_head_dim
-        ) + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
-        o = self.num_heads * self.v_head_dim * h
-        index = 0
+        groups["o"] = self.num_heads * self.v_head_dim * h
         if self.runs_indexer(layer):
-            index = (
+            groups["indexer"] = (
                 (self.q_lora_rank or h) * self.index_n_heads * self.index_head_dim
                 + h * self.index_head_dim
                 + h * self.index_n_heads
             )
-        return q + kv + o + index
+        return groups
+
+    def projection_format(self, name: str) -> tuple[float, str]:
+        """(bytes per weight, GEMM dtype) of attention projection `name`."""
+        for key, weight_bytes, dtype in self.projection_weights:
+            if key == name:
+                return weight_bytes, dtype
+        return self.weight_bytes, self.gemm_dtype
+
+    def attention_weight_bytes(self, layer: int) -> float:
+        """Bytes of one layer's attention projections, each in its own format."""
+        return sum(
+            params * self.projection_format(name)[0]
+            for name, params in self.attention_param_groups(layer).items()
+        )
 
     def norm_params(self, layer: int) -> int:
         """RMSNorm (and indexer LayerNorm) weights of one layer, and its router's score bias; a

@@ -14,7 +14,20 @@ Under nvfp4 the activations entering each linear layer are quantized to NVFP4 as
 as TensorRT-LLM's NVFP4 checkpoints run: the linear operators inside the transformer blocks,
 weights and activations); the quantization is fused into the kernel before (norm, SwiGLU, MoE
 permute), so its cost is writing the 4-bit copy and its scales (`StageCostModel`'s `quantize`
-term). Attention math, the router and the LM head stay in bf16, the KV cache as the model keeps it.
+term). The router and the LM head stay in bf16.
+
+Attention has its own precision, set apart from the weights (`with_precision`):
+
+    attention  the tensor-core math of full attention (the chunk's queries against the cached
+               keys and values): bf16, or fp8 (e4m3 Q, K and V; SGLang's and TensorRT-LLM's FP8
+               context attention over an FP8 KV cache). Each hardware entry's efficiency for
+               each is a kernel measurement (sim/hardware.py). Linear attention stays bf16.
+    kv         the KV cache's element: bf16 (2 bytes) or fp8 (1 byte, the scale per tensor
+               negligible). It sets the pool's capacity and the bytes attention reads.
+
+An NVIDIA NVFP4 checkpoint declares its KV-cache format beside its weights' (its quantization
+config's `kv_cache_quant_algo`); TensorRT-LLM serves it with that cache and FP8 context attention
+over it; SGLang runs FP8 attention with `--kv-cache-dtype fp8_e4m3`.
 """
 
 from __future__ import annotations
@@ -31,6 +44,9 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
 }
 
 NVFP4_ACTIVATION_BYTES = 0.5 + 1.0 / 16  # a quantized activation element with its share of scales
+
+ATTENTION_DTYPES = ("bf16", "fp8")
+KV_DTYPES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}  # bytes per cached element
 
 
 def with_weights(model: ModelShape, weights: str) -> ModelShape:
@@ -51,3 +67,60 @@ def weight_format(model: ModelShape) -> str:
         if dtype == model.gemm_dtype and weight_bytes == model.weight_bytes:
             return name
     return f"{model.gemm_dtype} at {model.weight_bytes:g} B"
+
+
+def with_precision(
+    model: ModelShape,
+    *,
+    weights: str = "",
+    attention: str = "",
+    kv: str = "",
+    projections: dict[str, str] | None = None,
+) -> ModelShape:
+    """`model` with its weights, attention math and KV cache in the given formats; "" keeps
+    each as it is. `projections` serves some attention projections (ModelShape
+    `attention_param_groups` names, or "*" for all of them) in another weight format than the
+    rest, as checkpoints do: NVIDIA's NVFP4 DeepSeek-R1 keeps its attention in BF16."""
+    model = with_weights(model, weights)
+    if projections:
+        model = _with_projections(model, projections)
+    if attention:
+        if attention not in ATTENTION_DTYPES:
+            raise ValueError(
+                f"unknown attention dtype {attention!r}; choose one of {', '.join(ATTENTION_DTYPES)}"
+            )
+        model = replace(model, attn_dtype=attention)
+    if kv:
+        if kv not in KV_DTYPES:
+            raise ValueError(f"unknown KV dtype {kv!r}; choose one of {', '.join(KV_DTYPES)}")
+        model = replace(model, kv_bytes=KV_DTYPES[kv])
+    return model
+
+
+def kv_format(model: ModelShape) -> str:
+    """The name of `model`'s KV-cache element."""
+    for name, size in KV_DTYPES.items():
+        if size == model.kv_bytes:
+            return name
+    return f"{model.kv_bytes:g} B"
+
+
+PROJECTION_NAMES = ("q", "q_a", "q_b", "kv_a", "kv_b", "o", "indexer", "qkv", "linear")
+
+
+def _with_projections(model: ModelShape, projections: dict[str, str]) -> ModelShape:
+    names = PROJECTION_NAMES if "*" in projections else ()
+    chosen = {name: projections["*"] for name in names}
+    for name, fmt in projections.items():
+        if name != "*" and name not in PROJECTION_NAMES:
+            raise ValueError(
+                f"unknown attention projection {name!r}; choose from {', '.join(PROJECTION_NAMES)}"
+            )
+        if name != "*":
+            chosen[name] = fmt
+    entries = []
+    for name, fmt in chosen.items():
+        if fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r} for projection {name!r}")
+        entries.append((name, *WEIGHT_FORMATS[fmt]))
+    return replace(model, projection_weights=tuple(entries))

@@ -28,8 +28,8 @@ from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.sglang import SglangScheduling, sglang_planner
 from wavepp.sim.sim_setup import SimResult, SimSetup
-from wavepp.sim.stages import partition_layers, stage_kv_tokens, stage_models
-from wavepp.sim.systems import get_system
+from wavepp.sim.stages import kv_split, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.systems import BUDGETED, SystemSpec, get_system
 from wavepp.sim.trtllm import MicroBatchPlanner, TrtllmScheduling
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
@@ -52,11 +52,20 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         degree=degree,
         overheads=setup.overheads,
         num_nodes=setup.num_nodes if spec.topology == "tp" else 1,
+        layout=spec.layout,
     )
     last = len(bounds) - 1
     kv_tokens = [
         stage_kv_tokens(
-            m, hw, a, b, first=i == 0, last=i == last, degree=degree, budget=setup.memory
+            m,
+            hw,
+            a,
+            b,
+            first=i == 0,
+            last=i == last,
+            degree=degree,
+            budget=setup.memory,
+            layout=spec.layout,
         )
         for i, (a, b) in enumerate(bounds)
     ]
@@ -67,11 +76,15 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     interval = model_interval_blocks(setup) if m.hybrid else None
     if m.hybrid:  # the snapshot slots share the stage's cache memory with the blocks
         blocks = [
-            hybrid_pool_blocks(n, *_block_and_snapshot_bytes(m, setup, a, b, degree), interval)
+            hybrid_pool_blocks(
+                n, *_block_and_snapshot_bytes(m, setup, a, b, degree, spec.layout), interval
+            )
             for n, (a, b) in zip(blocks, bounds)
         ]
     blocks = [min(n, setup.max_pool_blocks) for n in blocks]
     trt = setup.trtllm if spec.loop == "trtllm" else None
+    if trt is not None and setup.budget_tokens:
+        trt = replace(trt, max_num_tokens=setup.budget_tokens)
     if trt is not None and trt.min_rank_pools:  # max_tokens allreduced with MIN over the ranks
         blocks = [min(blocks)] * len(blocks)
     costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
@@ -86,15 +99,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     )
     if spec.policy.planner == "dynamic":  # SGLang's chunking fits its own warm-up, not ours
         prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
-    chunk_tokens = (
-        trt.max_num_tokens
-        if trt is not None
-        else sg.chunked_prefill_size
-        if sg is not None
-        else setup.vllm.max_num_batched_tokens
-        if spec.name == "vllm-pp"
-        else spec.chunk_tokens
-    )
+    chunk_tokens = fixed_budget(spec, setup)
     chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
     mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
     pcfg = PlannerConfig(
@@ -120,7 +125,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         and (spec.host_tier or setup.host_tier_for_baselines)
         and spec.topology != "central"
     ):
-        host_tiers = [host_tier(m, setup, a, b, degree) for a, b in bounds]
+        host_tiers = [host_tier(m, setup, a, b, degree, spec.layout) for a, b in bounds]
     if sg is not None:  # SGLang's PrefillAdder: dynamic chunking, or the same budget every batch
         planner = sglang_planner(sg, pcfg, CostModel(prior))
         hooks = SglangScheduling(
@@ -150,6 +155,25 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
     )
 
 
+def fixed_budget(spec: SystemSpec, setup: SimSetup) -> int | None:
+    """The real tokens of `spec`'s fixed (or base) budget on `setup`, None for a cost-sized one:
+    `setup.budget_tokens` where set (sim/systems.py BUDGETED), else the system's default; per
+    device under dp-ep."""
+    if setup.budget_tokens and spec.name in BUDGETED:
+        tokens = setup.budget_tokens
+    elif spec.loop == "trtllm":
+        tokens = setup.trtllm.max_num_tokens
+    elif spec.loop == "sglang":
+        tokens = setup.sglang.chunked_prefill_size
+    elif spec.name == "vllm-pp":
+        tokens = setup.vllm.max_num_batched_tokens
+    else:
+        tokens = spec.chunk_tokens
+    if tokens and spec.layout == "dp":
+        tokens *= setup.num_devices
+    return tokens
+
+
 def _min_free_memory_tokens(
     model: ModelShape, bounds: list[tuple[int, int]], kv_tokens: list[int]
 ) -> list[int]:
@@ -164,23 +188,24 @@ def _min_free_memory_tokens(
 
 
 def host_tier(
-    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1
+    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1, layout: str = "tp"
 ) -> HostTier:
     """The host KV tier of one rank holding layers [start, end): `setup.host_kv_gib` of host
     memory; a simulated block costs the KV bytes of `block_size * token_scale` real tokens of
     those layers (one device's share), a snapshot the states of its linear layers."""
-    block_bytes, snapshot_bytes = _block_and_snapshot_bytes(model, setup, start, end, degree)
+    block_bytes, snapshot_bytes = _block_and_snapshot_bytes(
+        model, setup, start, end, degree, layout
+    )
     return HostTier(int(setup.host_kv_gib * 2**30), max(1, int(block_bytes)), int(snapshot_bytes))
 
 
 def _block_and_snapshot_bytes(
-    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int
+    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int, layout: str = "tp"
 ) -> tuple[float, float]:
     """One device's bytes of a simulated block (the KV of `block_size * token_scale` real
     tokens of layers [start, end)) and of a snapshot (their linear layers' states; 0 for a
     model without)."""
-    split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
-    per_token = model.layers_kv_bytes_per_token(start, end) / split
+    per_token = model.layers_kv_bytes_per_token(start, end) / kv_split(model, degree, layout)
     snapshot_bytes = model.layers_snapshot_bytes(start, end) / degree if model.hybrid else 0.0
     return per_token * setup.block_size * setup.token_scale, snapshot_bytes
 

@@ -75,10 +75,15 @@ class SimSetup:
     # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
     # (`model_interval_blocks`)
     snapshot_interval_blocks: int = 0
+    # real tokens: the fixed budget of static, trtllm-pp, vllm-pp, tp-ep and dp-ep (per device)
+    # in place of each one's default (sim/systems.py BUDGETED); 0: the defaults
+    budget_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_wave_tokens < 0:
             raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
+        if self.budget_tokens < 0:
+            raise ValueError(f"SimSetup.budget_tokens must be >= 0, got {self.budget_tokens}")
         if self.snapshot_interval_blocks < 0:
             raise ValueError(
                 f"SimSetup.snapshot_interval_blocks must be >= 0, got {self.snapshot_interval_blocks}"

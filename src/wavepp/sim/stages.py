@@ -77,8 +77,10 @@ def stage_models(
     degree: int = 1,
     overheads: ExecOverheads = DEFAULT_OVERHEADS,
     num_nodes: int = 1,
+    layout: str = "tp",
 ) -> list[StageCostModel]:
-    """One cost model per stage; `degree` devices per stage, spanning `num_nodes` nodes."""
+    """One cost model per stage; `degree` devices per stage, spanning `num_nodes` nodes, sharing
+    its layers in `layout` (sim/cost.py)."""
     last = len(bounds) - 1
     return [
         StageCostModel(
@@ -91,19 +93,44 @@ def stage_models(
             degree=degree,
             overheads=overheads,
             num_nodes=num_nodes,
+            layout=layout,
         )
         for s, (a, b) in enumerate(bounds)
     ]
 
 
 def stage_weight_bytes(
-    model: ModelShape, start: int, end: int, *, first: bool, last: bool, degree: int = 1
+    model: ModelShape,
+    start: int,
+    end: int,
+    *,
+    first: bool,
+    last: bool,
+    degree: int = 1,
+    layout: str = "tp",
 ) -> float:
-    params = sum(model.attention_params(i) + model.mlp_params(i) for i in range(start, end))
-    weights = params * model.weight_bytes
+    """Weight bytes on one device of the stage: tp splits them all over `degree`; dp splits
+    only the routed experts and replicates the rest (attention, dense MLPs, shared experts,
+    routers, embedding and LM head)."""
     embed = model.vocab_size * model.hidden_size * 2.0  # bf16 embedding / lm head
-    weights += embed * (int(first) + int(last))
-    return weights / degree
+    embed *= int(first) + int(last)
+    attention = sum(model.attention_weight_bytes(i) for i in range(start, end))
+    if layout != "dp":
+        mlp = sum(model.mlp_params(i) for i in range(start, end))
+        return (attention + mlp * model.weight_bytes + embed) / degree
+    routed = model.num_experts * model.expert_params()
+    mlp = 0.0
+    for i in range(start, end):
+        mlp += model.mlp_params(i) - (routed * (1.0 - 1.0 / degree) if model.is_moe(i) else 0.0)
+    return attention + mlp * model.weight_bytes + embed
+
+
+def kv_split(model: ModelShape, degree: int, layout: str = "tp") -> int:
+    """Over how many devices a stage's KV cache spreads: dp, all (each holds its own
+    requests'); tp, GQA's KV heads (an MLA latent is replicated on each)."""
+    if layout == "dp":
+        return degree
+    return min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
 
 
 def stage_kv_tokens(
@@ -116,18 +143,19 @@ def stage_kv_tokens(
     last: bool,
     degree: int = 1,
     budget: MemoryBudget = MemoryBudget(),
+    layout: str = "tp",
 ) -> int:
-    """Tokens of KV cache one stage (one device of it) holds. Under tensor parallelism GQA
-    splits KV heads across devices; an MLA latent is replicated on each."""
-    weights = stage_weight_bytes(model, start, end, first=first, last=last, degree=degree)
+    """Tokens of KV cache one stage holds (`kv_split`: its devices' together under dp)."""
+    weights = stage_weight_bytes(
+        model, start, end, first=first, last=last, degree=degree, layout=layout
+    )
     free = hw.hbm_gb * 1e9 * budget.memory_fraction - weights - budget.activation_reserve_gb * 1e9
     if free <= 0:
         raise ValueError(
             f"{model.name} layers [{start}, {end}) need {weights / 1e9:.0f} GB of "
             f"weights per device; {hw.name} has {hw.hbm_gb:g} GB"
         )
-    split = min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
-    per_token = model.layers_kv_bytes_per_token(start, end) / split
+    per_token = model.layers_kv_bytes_per_token(start, end) / kv_split(model, degree, layout)
     if per_token == 0:  # only linear-attention layers: state, not per-token KV
         return 1 << 40
     return int(free / per_token)

@@ -17,6 +17,19 @@
     tp-ep       one scheduler, local           fixed budget (16384)          every device on every
                                                                              layer (TP attention,
                                                                              EP experts)
+    dp-ep       one scheduler, local           fixed budget (16384 per       every device on every
+                                               device)                       layer (DP attention,
+                                                                             EP experts)
+
+dp-ep is the layout of SGLang's and TensorRT-LLM's large-EP prefill recipes (SGLang's
+--enable-dp-attention with DeepEP; "DEP"): each device runs its own requests through attention
+and exchanges tokens only with the experts' devices (sim/cost.py `layout`). Its one scheduler
+and pool stand for the devices' own (requests spread evenly, the pool the devices' pools
+together); its budget is per device, SGLang's chunked_prefill_size divided among the
+data-parallel ranks (16,384 each in SGLang's large-scale EP prefill recipe).
+
+`SimSetup.budget_tokens` (`--budget-tokens`) replaces the fixed budget of static, trtllm-pp,
+vllm-pp, tp-ep and dp-ep (per device for dp-ep).
 
 The paper's ablation adds one mechanism at a time on MPU's 16,384-token microbatch:
 fixed-lockstep (inline rounds, fixed waves) -> fixed-wave (asynchronous rounds; the stages'
@@ -54,6 +67,7 @@ class SystemSpec:
     # wavepp's own runtime (its stage caches and escrow): offloads to a host KV tier where the
     # setup has one (`SimSetup.host_kv_gib`); the baselines only with `host_tier_for_baselines`
     host_tier: bool = False
+    layout: str = "tp"  # topology "tp": how the devices share the layers (sim/cost.py LAYOUTS)
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -137,6 +151,15 @@ SYSTEMS: dict[str, SystemSpec] = {
             16384,
             "all devices on every layer: TP attention, EP experts",
         ),
+        SystemSpec(
+            "dp-ep",
+            get_policy("dp-ep"),
+            "tp",
+            2,
+            16384,
+            "all devices on every layer: DP attention, EP experts",
+            layout="dp",
+        ),
         # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
         SystemSpec(
             "fixed-lockstep",
@@ -174,3 +197,7 @@ ABLATION = ("fixed-lockstep", "fixed-wave", "fixed-lease", "wavepp-mpu", "wavepp
 
 def get_system(name: str) -> SystemSpec:
     return SYSTEMS[get_policy(name).name]
+
+
+# the systems whose fixed budget `SimSetup.budget_tokens` replaces
+BUDGETED = ("static", "trtllm-pp", "vllm-pp", "tp-ep", "dp-ep")

@@ -1,0 +1,141 @@
+"""Data-parallel attention with expert parallelism (`dp-ep`), GB200, and the fixed budgets
+(`SimSetup.budget_tokens`, `--budget-tokens`)."""
+
+import json
+
+import pytest
+
+from wavepp.sim import HARDWARE, MODELS, ExecOverheads, StageCostModel
+from wavepp.sim.precision import with_precision
+from wavepp.sim.scenario import SimSetup, build_system, fixed_budget, run_setting
+from wavepp.sim.stages import stage_kv_tokens, stage_weight_bytes
+from wavepp.sim.systems import BUDGETED, get_system
+from wavepp.workloads import WorkloadOptions, workload_from_options
+
+NONE = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
+
+
+def _stage(model, hw, degree, layout, nodes=1):
+    return StageCostModel(
+        model, HARDWARE[hw], 5, 6, degree=degree, num_nodes=nodes, layout=layout, overheads=NONE
+    )
+
+
+def test_gb200_is_its_datasheet():
+    hw = HARDWARE["GB200"]
+    assert (hw.bf16_tflops, hw.fp8_tflops, hw.nvfp4_tflops) == (2500, 5000, 10000)
+    assert (hw.hbm_gb, hw.hbm_tb_s, hw.link_gb_s, hw.internode_gb_s) == (186, 8, 1800, 50)
+    assert hw.host_link_gb_s == 900
+
+
+def test_dp_attention_exchanges_only_the_experts_tokens():
+    """dp: no all-reduce and no all-gather; each token goes once to each other device holding
+    one of its k experts (probability 1 - (1 - 1/n)^k), FP8 out and bf16 back."""
+    m, hw = MODELS["deepseek-v3"], HARDWARE["B300"]
+    T, n, k = 16384, 8, m.num_experts_per_tok
+    dp = _stage(m, "B300", n, "dp").breakdown([(0, T)])
+    tp = _stage(m, "B300", n, "tp").breakdown([(0, T)])
+    copies = (n - 1) * (1 - (1 - 1 / n) ** k)
+    expected = copies * T / n * m.hidden_size * 3.0 / hw.link_bytes_s + 2 * hw.link_latency_s
+    assert dp["collectives"] == pytest.approx(expected, rel=1e-9)
+    assert dp["collectives"] < tp["collectives"] / 2
+    # a dense layer exchanges nothing under dp
+    dense = _stage(m, "B300", n, "dp").breakdown  # layer 5 is MoE; layer 0 is dense
+    first = StageCostModel(m, hw, 0, 1, degree=n, layout="dp", overheads=NONE)
+    assert "collectives" not in first.breakdown([(0, T)])
+    assert "collectives" in dense([(0, T)])
+
+
+def test_across_nodes_the_nic_carries_a_token_once_per_node():
+    """DeepEP's normal kernels: one copy per other node over the NIC, forwarded inside it."""
+    m, hw = MODELS["deepseek-v3"], HARDWARE["H100"]
+    T, n, nodes, k = 524288, 32, 4, m.num_experts_per_tok
+    got = _stage(m, "H100", n, "dp", nodes=nodes).breakdown([(0, T)])["collectives"]
+    per_copy = T / n * m.hidden_size * 3.0
+    nic = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) * per_copy / hw.internode_bytes_s
+    assert got == pytest.approx(nic + 2 * hw.internode_latency_s, rel=1e-9)
+
+
+def test_dp_splits_the_tokens_and_keeps_every_weight_but_the_experts():
+    m = with_precision(MODELS["deepseek-v3"], weights="nvfp4")
+    T, n = 16384, 4
+    dp = _stage(m, "GB300", n, "dp").breakdown([(0, T)])
+    one = _stage(m, "GB300", 1, "dp").breakdown([(0, T // n)])
+    # each device runs a quarter of the tokens through the whole attention block
+    assert dp["projections"] == pytest.approx(one["projections"], rel=1e-9)
+    assert dp["moe_shared"] == pytest.approx(one["moe_shared"], rel=1e-9)
+    full = stage_weight_bytes(m, 5, 6, first=False, last=False)
+    tp = stage_weight_bytes(m, 5, 6, first=False, last=False, degree=n)
+    dpw = stage_weight_bytes(m, 5, 6, first=False, last=False, degree=n, layout="dp")
+    routed = m.num_experts * m.expert_params() * m.weight_bytes
+    assert dpw == pytest.approx(full - routed * (1 - 1 / n))
+    assert tp == pytest.approx(full / n) and dpw > tp
+    # each device holds its own requests' KV: the group's pool grows with the devices
+    hw = HARDWARE["GB300"]
+    pool = stage_kv_tokens(m, hw, 0, 61, first=True, last=True, degree=n, layout="dp")
+    tp_pool = stage_kv_tokens(m, hw, 0, 61, first=True, last=True, degree=n)
+    assert pool > 2 * tp_pool
+
+
+def test_budget_tokens_replace_the_fixed_budgets_and_dp_ep_counts_per_device():
+    setup = SimSetup(MODELS["glm-5"], HARDWARE["B300"], 4)
+    assert fixed_budget(get_system("static"), setup) == 8192
+    assert fixed_budget(get_system("trtllm-pp"), setup) == 8192
+    assert fixed_budget(get_system("dp-ep"), setup) == 16384 * 4
+    big = SimSetup(MODELS["glm-5"], HARDWARE["B300"], 4, budget_tokens=131072)
+    for name in BUDGETED:
+        per = 4 if name == "dp-ep" else 1
+        assert fixed_budget(get_system(name), big) == 131072 * per
+    assert fixed_budget(get_system("wavepp"), big) is None  # the planner sizes its waves
+    assert fixed_budget(get_system("sglang-pp"), big) == 16384  # SGLang's own chunking
+    with pytest.raises(ValueError, match="budget_tokens"):
+        SimSetup(MODELS["glm-5"], HARDWARE["B300"], 4, budget_tokens=-1)
+
+
+@pytest.mark.parametrize("budget, waves_per_prompt", [(0, 16), (131072, 1)])
+def test_static_with_a_prompt_sized_budget_runs_each_prompt_unchunked(budget, waves_per_prompt):
+    setup = SimSetup(MODELS["glm-5"], HARDWARE["B300"], 4, budget_tokens=budget)
+    workload = workload_from_options(
+        "cold",
+        WorkloadOptions(
+            num_requests=4,
+            prompt_len=setup.sim_tokens(131072),
+            prefix_len=0,
+            suffix_len=0,
+            common={"block_size": setup.block_size, "seed": 0},
+        ),
+    )
+    result, _ = run_setting("static", setup, workload, 1)
+    assert result.num_failed == 0
+    assert result.num_waves == 4 * waves_per_prompt
+
+
+def test_dp_ep_runs_where_its_weights_fit_and_says_where_they_do_not():
+    fits = SimSetup(with_precision(MODELS["deepseek-v3"], weights="nvfp4"), HARDWARE["GB300"], 2)
+    assert build_system("dp-ep", fits) is not None
+    tight = SimSetup(with_precision(MODELS["deepseek-v3"], weights="nvfp4"), HARDWARE["GB200"], 2)
+    with pytest.raises(ValueError, match="GB200 has 186 GB"):
+        build_system("dp-ep", tight)
+
+
+def test_simulate_takes_the_precisions_gb300_and_a_budget(tmp_path, capsys):
+    from wavepp.cli import main
+
+    out = tmp_path / "rows.json"
+    argv = [
+        "simulate",
+        *("--model", "deepseek-v3", "--weights", "nvfp4", "--attention-dtype", "fp8"),
+        *("--kv-dtype", "fp8", "--hardware", "GB300", "--pp", "2", "--policy", "dp-ep,tp-ep"),
+        *("--workload", "cold", "--prompt-len", "2048", "--concurrency", "64"),
+        *("--num-requests", "128", "--budget-tokens", "8192", "--json", str(out)),
+    ]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"] if isinstance(data, dict) else data
+    assert [r["policy"] for r in rows] == ["dp-ep", "tp-ep"]
+    for r in rows:
+        assert r["input_tok_s"] > 0 and r["ttft_p50_s"] > 0
+        assert (r["weights"], r["attention_dtype"], r["kv_dtype"]) == ("nvfp4", "fp8", "fp8")
+        assert r["hardware"] == "GB300"
+    # DP attention exchanges less than TP attention at the same budget
+    assert rows[0]["input_tok_s"] > rows[1]["input_tok_s"]
