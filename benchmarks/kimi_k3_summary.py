@@ -4,8 +4,8 @@ kimi-k3 --json K3.json`:
     python benchmarks/kimi_k3_summary.py K3.json [--markdown out.md]
 
 Prints in how many settings at c >= 8 wavepp is the highest of all policies (and, where it is
-not, which policy is and by how much), the geometric means of wavepp over SGLang PP8, vLLM PP8
-and TP8/EP8 (all 36 settings and the 18 at c >= 8) beside the paper's +9.2% and +15.7% (over
+not, which policy is and by how much), the geometric means of wavepp over SGLang PP8, vLLM PP8,
+TP8/EP8 and DP8/EP8 (all 36 settings and the 18 at c >= 8) beside the paper's +9.2% and +15.7% (over
 its 28 settings), and the paper's absolute figures beside ours.
 """
 
@@ -35,7 +35,9 @@ def summarize(rows: list[dict]) -> list[str]:
         if best != "wavepp":
             lines.append(f"  {workload} c={c}: {best} {v[best]:,.0f} against wavepp {v['wavepp']:,.0f} "
                          f"({v[best] / v['wavepp'] - 1:+.1%})")
-    for other in ("sglang-pp", "vllm-pp", "tp-ep"):
+    for other in ("sglang-pp", "vllm-pp", "tp-ep", "dp-ep"):
+        if any(other not in v for v in by_setting.values()):
+            continue  # a run without that policy (dp-ep joined the grid later)
         def gain(keys):
             logs = [math.log(by_setting[k]["wavepp"] / by_setting[k][other]) for k in keys]
             return math.exp(sum(logs) / len(logs)) - 1

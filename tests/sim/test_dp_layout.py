@@ -33,37 +33,54 @@ def test_dp_attention_exchanges_only_the_experts_tokens():
     one of its k experts (probability 1 - (1 - 1/n)^k), FP8 out and bf16 back."""
     m, hw = MODELS["deepseek-v3"], HARDWARE["B300"]
     T, n, k = 16384, 8, m.num_experts_per_tok
-    dp = _stage(m, "B300", n, "dp").breakdown([(0, T)])
-    tp = _stage(m, "B300", n, "tp").breakdown([(0, T)])
+    even = [(0, T // n)] * n  # a chunk per device
+    dp = _stage(m, "B300", n, "dp").breakdown(even)
+    tp = _stage(m, "B300", n, "tp").breakdown(even)
     copies = (n - 1) * (1 - (1 - 1 / n) ** k)
     expected = copies * T / n * m.hidden_size * 3.0 / hw.link_bytes_s + 2 * hw.link_latency_s
     assert dp["collectives"] == pytest.approx(expected, rel=1e-9)
     assert dp["collectives"] < tp["collectives"] / 2
+    # every device's tokens through the experts, split over the devices, as under tp
+    assert dp["moe_routed"] == pytest.approx(tp["moe_routed"], rel=1e-9)
     # a dense layer exchanges nothing under dp
-    dense = _stage(m, "B300", n, "dp").breakdown  # layer 5 is MoE; layer 0 is dense
     first = StageCostModel(m, hw, 0, 1, degree=n, layout="dp", overheads=NONE)
-    assert "collectives" not in first.breakdown([(0, T)])
-    assert "collectives" in dense([(0, T)])
+    assert "collectives" not in first.breakdown(even)
 
 
 def test_across_nodes_the_nic_carries_a_token_once_per_node():
     """DeepEP's normal kernels: one copy per other node over the NIC, forwarded inside it."""
     m, hw = MODELS["deepseek-v3"], HARDWARE["H100"]
     T, n, nodes, k = 524288, 32, 4, m.num_experts_per_tok
-    got = _stage(m, "H100", n, "dp", nodes=nodes).breakdown([(0, T)])["collectives"]
+    even = [(0, T // n)] * n
+    got = _stage(m, "H100", n, "dp", nodes=nodes).breakdown(even)["collectives"]
     per_copy = T / n * m.hidden_size * 3.0
     nic = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) * per_copy / hw.internode_bytes_s
     assert got == pytest.approx(nic + 2 * hw.internode_latency_s, rel=1e-9)
 
 
-def test_dp_splits_the_tokens_and_keeps_every_weight_but_the_experts():
+def test_dp_runs_each_chunk_on_one_device_and_waits_for_the_busiest():
     m = with_precision(MODELS["deepseek-v3"], weights="nvfp4")
-    T, n = 16384, 4
-    dp = _stage(m, "GB300", n, "dp").breakdown([(0, T)])
-    one = _stage(m, "GB300", 1, "dp").breakdown([(0, T // n)])
-    # each device runs a quarter of the tokens through the whole attention block
-    assert dp["projections"] == pytest.approx(one["projections"], rel=1e-9)
-    assert dp["moe_shared"] == pytest.approx(one["moe_shared"], rel=1e-9)
+    n = 4
+    group = _stage(m, "GB300", n, "dp")
+    one = _stage(m, "GB300", 1, "tp")
+    # even chunks: each device runs its own through the whole attention block and shared
+    # expert, as one device alone does
+    even = group.breakdown([(0, 4096)] * n)
+    alone = one.breakdown([(0, 4096)])
+    for term in ("projections", "attention", "moe_shared", "router", "elementwise"):
+        assert even[term] == pytest.approx(alone[term], rel=1e-9), term
+    # a single long chunk is not split over the devices (no context parallelism)
+    long = group.breakdown([(0, 16384)])
+    assert long["attention"] == pytest.approx(one.breakdown([(0, 16384)])["attention"], rel=1e-9)
+    # uneven chunks: the longest goes alone, the rest share the other devices; the wave pays
+    # the busiest device
+    mixed = group.breakdown([(0, 16384), (0, 2048), (0, 2048), (0, 2048), (0, 2048)])
+    assert mixed["attention"] == pytest.approx(long["attention"], rel=1e-9)
+
+
+def test_dp_keeps_every_weight_but_the_experts_on_each_device():
+    m = with_precision(MODELS["deepseek-v3"], weights="nvfp4")
+    n = 4
     full = stage_weight_bytes(m, 5, 6, first=False, last=False)
     tp = stage_weight_bytes(m, 5, 6, first=False, last=False, degree=n)
     dpw = stage_weight_bytes(m, 5, 6, first=False, last=False, degree=n, layout="dp")
@@ -75,6 +92,26 @@ def test_dp_splits_the_tokens_and_keeps_every_weight_but_the_experts():
     pool = stage_kv_tokens(m, hw, 0, 61, first=True, last=True, degree=n, layout="dp")
     tp_pool = stage_kv_tokens(m, hw, 0, 61, first=True, last=True, degree=n)
     assert pool > 2 * tp_pool
+
+
+def test_dp_ep_gives_a_request_at_most_one_devices_budget_per_wave():
+    """The planner caps a request's chunk at the per-device budget, so a lone long prompt runs
+    on one device, chunk after chunk, while the others idle."""
+    setup = SimSetup(with_precision(MODELS["deepseek-v3"], weights="nvfp4"), HARDWARE["GB300"], 2)
+    workload = workload_from_options(
+        "cold",
+        WorkloadOptions(
+            num_requests=2,
+            prompt_len=setup.sim_tokens(65536),
+            prefix_len=0,
+            suffix_len=0,
+            common={"block_size": setup.block_size, "seed": 0},
+        ),
+    )
+    lone, _ = run_setting("dp-ep", setup, workload, 1)
+    pair, _ = run_setting("dp-ep", setup, workload, 2)
+    assert lone.num_waves == 2 * 65536 // 16384  # 16,384 tokens per wave, one device's
+    assert pair.input_tok_s > 1.8 * lone.input_tok_s  # two requests keep both devices busy
 
 
 def test_budget_tokens_replace_the_fixed_budgets_and_dp_ep_counts_per_device():

@@ -25,9 +25,9 @@ kernel efficiency, lower for chunks of few queries, and never faster than readin
          an all-reduce of the attention output, the MoE all-to-all and an all-gather (a dense
          MLP: a second all-reduce)
     dp   data-parallel attention (each device runs its own requests through the whole attention
-         block, weights replicated), experts split (EP): per MoE layer only the all-to-all, a
-         token sent once to each device holding one of its experts (DeepEP's dispatch and
-         combine); dense MLPs, the router and the shared expert replicated, no exchange
+         block and the dense layers, weights replicated), experts split (EP): per MoE layer
+         only DeepEP's dispatch and combine; a wave waits for its busiest device
+         (sim/dp_attention.py)
 
 The collectives run over the links (over the NICs where the devices span `num_nodes` > 1 nodes).
 """
@@ -37,15 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from wavepp.sim.dp_attention import dp_breakdown
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
 
 LAYOUTS = ("tp", "dp")  # how a stage's `degree` devices share its layers (module docstring)
-
-# bytes per element of an expert GEMM's input as dispatched to the experts' devices (DeepEP sends
-# FP8, or NVFP4 where the experts run it: SGLang's GB200 part II fuses that quantization in)
-DISPATCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": NVFP4_ACTIVATION_BYTES}
 
 ChunkShape = tuple[int, int]  # (num_cached, num_new), real tokens
 
@@ -101,6 +98,22 @@ class StageCostModel:
         self.num_nodes = num_nodes  # nodes the `degree` devices span (collectives cross NICs)
         self.layout = layout
         self.overheads = overheads
+        # dp: one device of the group, running its own chunks through every layer but the
+        # routed experts (sim/dp_attention.py)
+        self.device = (
+            StageCostModel(
+                model,
+                hw,
+                start,
+                end,
+                first=first,
+                last=last,
+                overheads=overheads,
+                snapshot_interval_tokens=snapshot_interval_tokens,
+            )
+            if layout == "dp" and degree > 1
+            else None
+        )
         # hybrid models: a chunk loads the state it resumes from and saves one at every
         # snapshot boundary it crosses and at its end (0: snapshots not charged)
         self.snapshot_interval_tokens = snapshot_interval_tokens
@@ -128,6 +141,8 @@ class StageCostModel:
         out: dict[str, float] = {}
         if not chunks:
             return out
+        if self.layout == "dp" and self.degree > 1:
+            return dp_breakdown(self, chunks)
         for key, count in self._kinds.items():
             for name, seconds in self._layer(self._rep[key], chunks).items():
                 out[name] = out.get(name, 0.0) + count * seconds
@@ -137,10 +152,10 @@ class StageCostModel:
             out["snapshots"] = self.snapshot_copy_seconds(chunks)
         if self.last:
             m, num_last = self.model, len(chunks)  # at most one final token per chunk
-            out["lm_head"] = self._split_gemm(
-                2.0 * num_last * m.hidden_size * m.vocab_size,
+            out["lm_head"] = self._gemm(
+                2.0 * num_last * m.hidden_size * m.vocab_size / self.degree,
                 num_last,
-                m.vocab_size * m.hidden_size * 2,
+                m.vocab_size * m.hidden_size * 2 / self.degree,
                 "bf16",
             )
         return out
@@ -168,24 +183,19 @@ class StageCostModel:
             )
         if m.is_moe(layer):
             e, k = m.num_experts, m.num_experts_per_tok
-            rows = T * k / e
-            touched = e * (1.0 - (1.0 - k / e) ** T)  # experts that receive a token
-            p = m.expert_params()
-            out["moe_routed"] = self._gemm(
-                2.0 * T * k * p / n, rows, touched * p * m.weight_bytes / n, m.gemm_dtype
-            )
+            out["moe_routed"] = self.routed_seconds(T)
             if m.num_shared_experts:
-                ps = m.num_shared_experts * p
-                out["moe_shared"] = self._split_gemm(
-                    2.0 * T * ps, T, ps * m.weight_bytes, m.gemm_dtype
+                ps = m.num_shared_experts * m.expert_params()
+                out["moe_shared"] = self._gemm(
+                    2.0 * T * ps / n, T, ps * m.weight_bytes / n, m.gemm_dtype
                 )
-            out["router"] = self._split_gemm(
-                2.0 * T * m.hidden_size * e, T, m.hidden_size * e * 2, "bf16"
+            out["router"] = self._gemm(
+                2.0 * T * m.hidden_size * e / n, T, m.hidden_size * e * 2 / n, "bf16"
             )
             permute = 4.0 * k * m.hidden_size * 2  # scatter to experts and gather back
         else:
             p = m.mlp_params(layer)
-            out["mlp"] = self._split_gemm(2.0 * T * p, T, p * m.weight_bytes, m.gemm_dtype)
+            out["mlp"] = self._gemm(2.0 * T * p / n, T, p * m.weight_bytes / n, m.gemm_dtype)
             permute = 0.0
         passes = self.overheads.elementwise_hidden_passes * m.hidden_size * 2
         out["elementwise"] = T * (passes + permute) / n / hw.hbm_bytes_s
@@ -193,40 +203,32 @@ class StageCostModel:
         if quantized:
             out["quantize"] = T * quantized * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
         if n > 1:
-            collectives = (
-                self._expert_exchange(layer, T)
-                if self.layout == "dp"
-                else self._collectives(layer, T)
-            )
-            if collectives:
-                out["collectives"] = collectives
+            out["collectives"] = self._collectives(layer, T)
         return out
 
-    def _split_gemm(self, flops: float, rows: float, weight_bytes: float, dtype: str) -> float:
-        """A GEMM over `rows` tokens shared by the stage's devices: under tp each runs every row
-        against 1/degree of the weights; under dp each runs its 1/degree of the rows against all
-        of them."""
-        n = self.degree
-        if self.layout == "dp":
-            return self._gemm(flops / n, rows / n, weight_bytes, dtype)
-        return self._gemm(flops / n, rows, weight_bytes / n, dtype)
+    def routed_seconds(self, T: float) -> float:
+        """One MoE layer's routed experts over T tokens, the experts split over the stage's
+        devices (EP): grouped GEMMs of T*k/E rows per expert, never faster than reading the
+        weights of the experts that receive a token."""
+        m, n = self.model, self.degree
+        e, k = m.num_experts, m.num_experts_per_tok
+        touched = e * (1.0 - (1.0 - k / e) ** T)  # experts that receive a token
+        p = m.expert_params()
+        return self._gemm(
+            2.0 * T * k * p / n, T * k / e, touched * p * m.weight_bytes / n, m.gemm_dtype
+        )
 
     def _projections(self, layer: int, T: int) -> float:
-        """The attention block's projections, a GEMM per weight format. dp: each device runs
-        its T/degree tokens against all of them. tp: heads split over the devices, but the MLA
-        down-projections to the q and kv latents ("q_a", "kv_a") are replicated on each."""
+        """The attention block's projections, a GEMM per weight format; heads split over the
+        devices, but the MLA down-projections to the q and kv latents ("q_a", "kv_a") are
+        replicated on each."""
         m, n = self.model, self.degree
-        replicated = ("q_a", "kv_a") if self.layout == "tp" and n > 1 else ()
+        replicated = ("q_a", "kv_a") if n > 1 else ()
         by_format: dict[tuple[float, str], float] = {}
         for name, params in m.attention_param_groups(layer).items():
-            share = params if name in replicated or self.layout == "dp" else params / n
+            share = params if name in replicated else params / n
             key = m.projection_format(name)
             by_format[key] = by_format.get(key, 0.0) + share
-        if self.layout == "dp":
-            return sum(
-                self._gemm(2.0 * T * p / n, T / n, p * wb, dtype)
-                for (wb, dtype), p in by_format.items()
-            )
         return sum(
             self._gemm(2.0 * T * p, T, p * wb, dtype) for (wb, dtype), p in by_format.items()
         )
@@ -263,9 +265,9 @@ class StageCostModel:
             return flops / n / (hw.peak_flops("bf16") * hw.attn_efficiency * fill)
         rate = hw.peak_flops(m.attn_dtype) * hw.attn_efficiency_of(m.attn_dtype) * fill
         pairs = L * x + x * (x + 1) / 2
-        # the cached KV each device reads: dp, its own requests'; tp, its heads' (GQA) or the
-        # whole latent (MLA, replicated)
-        kv_read = (L + x) * m.kv_bytes_per_token(layer) / self._kv_split()
+        # the cached KV each device reads: its heads' (GQA) or the whole latent (MLA, replicated)
+        split = min(n, m.num_kv_heads) if m.attention == "gqa" else 1
+        kv_read = (L + x) * m.kv_bytes_per_token(layer) / split
         if m.attention == "gqa":
             flops = pairs * 4.0 * m.num_heads * m.head_dim
             return max(flops / n / rate, kv_read / hw.hbm_bytes_s)
@@ -278,12 +280,6 @@ class StageCostModel:
         index = pairs * 2.0 * m.index_n_heads * m.index_head_dim  # the indexer runs in FP8
         fp8 = hw.peak_flops("fp8") * hw.fp8_attn_efficiency * fill
         return max(main / n / rate + index / n / fp8, kv_read / hw.hbm_bytes_s)
-
-    def _kv_split(self) -> int:
-        m, n = self.model, self.degree
-        if self.layout == "dp":
-            return n
-        return min(n, m.num_kv_heads) if m.attention == "gqa" else 1
 
     def _gemm(self, flops: float, rows: float, weight_bytes: float, dtype: str) -> float:
         if flops <= 0:
@@ -323,28 +319,6 @@ class StageCostModel:
             else local / hw.link_bytes_s
         )
         return seconds + all_to_all + gather / ring + 3 * lat
-
-    def _expert_exchange(self, layer: int, T: int) -> float:
-        """dp: the MoE layer's dispatch and combine, nothing else, as DeepEP's normal kernels run
-        them. A device's T/degree tokens go out in the experts' input format there
-        (`DISPATCH_BYTES`) and come back in bf16, once per destination, not once per expert:
-        to each other node holding one of a token's k experts once over the NIC (DeepEP forwards
-        it inside that node over NVLink), to each device holding one once over NVLink. Experts
-        spread evenly and routing uniform: a device (node) is hit with probability
-        1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap with
-        compute is assumed."""
-        m, hw, n = self.model, self.hw, self.degree
-        if not m.is_moe(layer):
-            return 0.0
-        k, nodes = m.num_experts_per_tok, self.num_nodes
-        per_copy = T / n * m.hidden_size * (DISPATCH_BYTES[m.gemm_dtype] + 2.0)
-        devices_hit = (n - 1) * (1.0 - (1.0 - 1.0 / n) ** k)  # other devices, this one's tokens
-        seconds = devices_hit * per_copy / hw.link_bytes_s + 2 * hw.link_latency_s
-        if nodes > 1:
-            nodes_hit = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
-            nic = nodes_hit * per_copy / hw.internode_bytes_s + 2 * hw.internode_latency_s
-            seconds = max(seconds, nic)
-        return seconds
 
 
 def sparse_pairs(num_cached: int, num_new: int, topk: int) -> float:

@@ -191,7 +191,8 @@ def kimi_grid() -> list[GridSetting]:
     ]
 
 
-# Kimi K3 on 8 GB300 (sim/model_catalog.py "kimi-k3"): the kimi grid's prompts and concurrencies,
+# Kimi K3 on 8 GB300 (sim/model_catalog.py "kimi-k3"), against every PP8 policy, TP8/EP8 and
+# DP8/EP8 (`dp-ep`): the kimi grid's prompts and concurrencies,
 # the paper's chunk budget and M of 16,384 tokens; stages keep state snapshots every 4 blocks
 # (16,384 tokens at the grid's token scale of 256), a chunk's worth. The paper's machine: two
 # nodes of 4 GPUs (the boundary between stages 3 and 4, and tp-ep's collectives, over the
@@ -211,7 +212,17 @@ def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
     if setup not in K3_SETUPS:
         raise ValueError(f"unknown kimi-k3 setup {setup!r}; choose one of {', '.join(K3_SETUPS)}")
     gpus_per_node, host_kv_gib, (weights, attention, kv) = K3_SETUPS[setup]
-    policies = ("wavepp", "wavepp-mpu", "lockstep", "static", "sglang-pp", "vllm-pp", "tp-ep")
+    # TP8/EP8 (the paper's TensorRT-LLM baseline) and DP8/EP8 (DP attention: the large-EP recipes')
+    policies = (
+        "wavepp",
+        "wavepp-mpu",
+        "lockstep",
+        "static",
+        "sglang-pp",
+        "vllm-pp",
+        "tp-ep",
+        "dp-ep",
+    )
     return [
         GridSetting(
             "kimi-k3",

@@ -101,7 +101,9 @@ class HardwareSpec:
 
 # GEMM efficiency 0.70: DeepGEMM (deepseek-ai/DeepGEMM README) reaches up to ~1550 FP8 TFLOPS
 #   on H800 for large dense shapes (78% of 1979) and 1200-1500 for grouped MoE shapes; 0.70 is
-#   the middle of that range. Assumed the same on Blackwell.
+#   the middle of that range. On Blackwell, vLLM's SM100 FP8 CUTLASS GEMM on B200
+#   (vllm-project/vllm#19566, bench_fp8_gemm.py, "fp8-channel-w-token-a-noquant") reaches 3,204
+#   TFLOPS at 2,048 rows, 71% of 4.5 PF: the same fraction.
 # Attention efficiency, forward (prefill) kernels on long causal sequences, each a kernel
 #   measurement against the datasheet peak of its dtype:
 #   H100/H200: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) reaches ~740 TFLOPS FP16

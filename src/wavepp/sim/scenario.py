@@ -109,6 +109,10 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
         static_wave_tokens=chunk,
         max_chunks_per_wave=256,
+        # dp-ep: a chunk runs on one device, a request gets at most one device's budget
+        max_chunk_tokens=_aligned(chunk_tokens // setup.num_devices, setup)
+        if spec.layout == "dp" and chunk_tokens
+        else 0,
         mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
         mpu_min_tokens=mpu and _aligned(mpu[1], setup),
         fill_waves=True,

@@ -36,6 +36,10 @@ class PlannerConfig:
     min_wave_tokens: int = 64  # b_min: the smallest (mpu, balanced)
     static_wave_tokens: int = 512  # the static planner's budget
     max_chunks_per_wave: int = 256
+    # the most tokens one request gets in a wave under a fixed budget (pack_tokens); 0: the
+    # whole budget. Data-parallel attention (the simulator's dp-ep) runs each chunk on one
+    # device, so a request gets at most one device's budget
+    max_chunk_tokens: int = 0
     # the mpu planner's M and b_min; None: max_wave_tokens and min_wave_tokens. The paper runs
     # microbatch 16,384 and b_min 8,192 (MPU_PAPER_TOKENS); scaled to this CPU's 512-token
     # waves that is 512 and 256
@@ -76,6 +80,10 @@ class PlannerConfig:
             raise ValueError(
                 f"PlannerConfig.min_wave_tokens={self.min_wave_tokens} exceeds "
                 f"max_wave_tokens={self.max_wave_tokens}"
+            )
+        if self.max_chunk_tokens < 0:
+            raise ValueError(
+                f"PlannerConfig.max_chunk_tokens must be >= 0, got {self.max_chunk_tokens}"
             )
         if self.deep_queue_waves < 0:
             raise ValueError(
@@ -205,14 +213,17 @@ def first_tokens(requests: Sequence[Request], num_tokens: int) -> list[tuple[int
 def pack_tokens(
     requests: Sequence[Request], budget: int, config: PlannerConfig, min_fragment: int
 ) -> list[Chunk]:
-    """FCFS packing of up to `budget` tokens. A request that does not fit whole is split only
-    if the remaining budget is at least `min_fragment` (no tiny tail fragments)."""
+    """FCFS packing of up to `budget` tokens, at most `config.max_chunk_tokens` of them (where
+    set) to one request. A request that does not fit whole is split only if the remaining
+    budget is at least `min_fragment` (no tiny tail fragments)."""
     chunks: list[Chunk] = []
     left = budget
     for req in requests:
         if left <= 0 or len(chunks) >= config.max_chunks_per_wave:
             break
         need = req.num_unscheduled_tokens
+        if config.max_chunk_tokens:
+            need = min(need, config.max_chunk_tokens)
         if need > left and left < min_fragment:
             continue
         chunk = chunk_of(req, min(need, left), config.block_size)

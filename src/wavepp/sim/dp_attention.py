@@ -1,0 +1,84 @@
+"""Data-parallel attention with expert parallelism (DP attention + EP; SGLang's
+`--enable-dp-attention` with DeepEP, TensorRT-LLM's "DEP"): how a group of devices runs one wave
+when each device runs its own requests through attention and the dense layers, and all of them
+share the routed experts.
+
+    devices    the wave's chunks go to the devices longest first, each to the device with the
+               least work so far (a chunk is never split over devices: that would be context
+               parallelism, which these deployments do not run; the scheduler gives a request
+               at most one device's budget per wave)
+    busiest    every layer waits at the experts' exchange for the device with the most work, so
+               the wave pays that device's attention, projections, dense MLPs, shared experts,
+               router, norms, quantization and LM head, as one device holding all of those
+               weights runs them (`StageCostModel.device`)
+    experts    every device's tokens through the routed experts, split over the devices
+               (`StageCostModel.routed_seconds` over the whole wave)
+    exchange   per MoE layer, DeepEP's normal dispatch and combine, nothing else: the busiest
+               device's tokens go out in the experts' input format (`DISPATCH_BYTES`) and come
+               back in bf16, once per destination, not once per expert: once over the NIC to
+               each other node holding one of a token's k experts (DeepEP forwards it inside that
+               node over NVLink), once over NVLink to each device holding one. Experts spread
+               evenly and routing uniform: a device (node) is hit with probability
+               1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap
+               with compute is assumed.
+
+The group's KV pool is its devices' pools together (sim/stages.py `kv_split`), and a request is
+not pinned to the device that holds its KV: each wave is placed afresh.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
+
+if TYPE_CHECKING:  # sim/cost.py runs these for its dp stages
+    from wavepp.sim.cost import ChunkShape, StageCostModel
+
+# bytes per element of an expert GEMM's input as dispatched to the experts' devices (DeepEP sends
+# FP8, or NVFP4 where the experts run it: SGLang's GB200 part II fuses that quantization in)
+DISPATCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": NVFP4_ACTIVATION_BYTES}
+
+
+def place(
+    device: StageCostModel, chunks: Sequence[ChunkShape], num_devices: int
+) -> list[list[ChunkShape]]:
+    """The wave's chunks on `num_devices` devices: longest first, each to the least loaded."""
+    loads = [0.0] * num_devices
+    bins: list[list[ChunkShape]] = [[] for _ in range(num_devices)]
+    timed = sorted(((device.wave_seconds([c]), c) for c in chunks), key=lambda t: -t[0])
+    for seconds, chunk in timed:
+        i = min(range(num_devices), key=loads.__getitem__)
+        bins[i].append(chunk)
+        loads[i] += seconds
+    return bins
+
+
+def dp_breakdown(stage: StageCostModel, chunks: Sequence[ChunkShape]) -> dict[str, float]:
+    """Seconds by cost term of a wave on a dp stage (module docstring)."""
+    device = stage.device
+    bins = [b for b in place(device, chunks, stage.degree) if b]
+    busiest = max(bins, key=device.wave_seconds)
+    out = device.breakdown(busiest)
+    moe_layers = sum(stage.model.is_moe(i) for i in range(stage.start, stage.end))
+    out.pop("moe_routed", None)
+    if moe_layers:
+        total = sum(x for _, x in chunks)
+        most = max(sum(x for _, x in b) for b in bins)
+        out["moe_routed"] = moe_layers * stage.routed_seconds(total)
+        out["collectives"] = moe_layers * exchange_seconds(stage, most)
+    return out
+
+
+def exchange_seconds(stage: StageCostModel, tokens: float) -> float:
+    """One MoE layer's dispatch and combine of a device's `tokens` (module docstring)."""
+    m, hw, n, nodes = stage.model, stage.hw, stage.degree, stage.num_nodes
+    k = m.num_experts_per_tok
+    per_copy = tokens * m.hidden_size * (DISPATCH_BYTES[m.gemm_dtype] + 2.0)
+    devices_hit = (n - 1) * (1.0 - (1.0 - 1.0 / n) ** k)
+    seconds = devices_hit * per_copy / hw.link_bytes_s + 2 * hw.link_latency_s
+    if nodes > 1:
+        nodes_hit = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)
+        nic = nodes_hit * per_copy / hw.internode_bytes_s + 2 * hw.internode_latency_s
+        seconds = max(seconds, nic)
+    return seconds
