@@ -91,8 +91,9 @@ FIGURES = (
         precision={"weights": "nvfp4", "kv": "fp8", "projections": NVIDIA_R1_NVFP4_ATTENTION},
         differs="16,384 tokens per DP rank (vLLM's max_num_batched_tokens default on GPUs of 160 "
         "GiB or more; the blog's 32,768 is for TP2); FP8 KV cache (the checkpoint's "
-        "kv_cache_quant_algo, which vLLM's 'auto' takes), bf16 prefill attention; the all-to-all "
-        "charged as DeepEP's, vLLM's default all-gather/reduce-scatter moves about as much at EP2",
+        "kv_cache_quant_algo, which 'auto' resolves to in vLLM 0.32.0; the blog's 0.14.1 not "
+        "checked), bf16 prefill attention; the exchange charged as DeepEP's: an all-gather and "
+        "reduce-scatter moves about as much at EP2",
         miss="the blog says it is not tuned for peak throughput; the model's forward is 1.45x "
         "faster than vLLM's, with the same unmodeled costs as the SGLang GB200 rows",
     ),
