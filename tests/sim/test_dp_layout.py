@@ -15,6 +15,20 @@ from wavepp.workloads import WorkloadOptions, workload_from_options
 NONE = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
 
 
+def cold_prompts(setup, num_requests, real_tokens):
+    """`num_requests` cold prompts of `real_tokens` at `setup`'s token scale."""
+    return workload_from_options(
+        "cold",
+        WorkloadOptions(
+            num_requests=num_requests,
+            prompt_len=setup.sim_tokens(real_tokens),
+            prefix_len=0,
+            suffix_len=0,
+            common={"block_size": setup.block_size, "seed": 0},
+        ),
+    )
+
+
 def _stage(model, hw, degree, layout, nodes=1):
     return StageCostModel(
         model, HARDWARE[hw], 5, 6, degree=degree, num_nodes=nodes, layout=layout, overheads=NONE
@@ -98,16 +112,7 @@ def test_dp_ep_gives_a_request_at_most_one_devices_budget_per_wave():
     """The planner caps a request's chunk at the per-device budget, so a lone long prompt runs
     on one device, chunk after chunk, while the others idle."""
     setup = SimSetup(with_precision(MODELS["deepseek-v3"], weights="nvfp4"), HARDWARE["GB300"], 2)
-    workload = workload_from_options(
-        "cold",
-        WorkloadOptions(
-            num_requests=2,
-            prompt_len=setup.sim_tokens(65536),
-            prefix_len=0,
-            suffix_len=0,
-            common={"block_size": setup.block_size, "seed": 0},
-        ),
-    )
+    workload = cold_prompts(setup, 2, 65536)
     lone, _ = run_setting("dp-ep", setup, workload, 1)
     pair, _ = run_setting("dp-ep", setup, workload, 2)
     assert lone.num_waves == 2 * 65536 // 16384  # 16,384 tokens per wave, one device's
@@ -132,16 +137,7 @@ def test_budget_tokens_replace_the_fixed_budgets_and_dp_ep_counts_per_device():
 @pytest.mark.parametrize("budget, waves_per_prompt", [(0, 16), (131072, 1)])
 def test_static_with_a_prompt_sized_budget_runs_each_prompt_unchunked(budget, waves_per_prompt):
     setup = SimSetup(MODELS["glm-5"], HARDWARE["B300"], 4, budget_tokens=budget)
-    workload = workload_from_options(
-        "cold",
-        WorkloadOptions(
-            num_requests=4,
-            prompt_len=setup.sim_tokens(131072),
-            prefix_len=0,
-            suffix_len=0,
-            common={"block_size": setup.block_size, "seed": 0},
-        ),
-    )
+    workload = cold_prompts(setup, 4, 131072)
     result, _ = run_setting("static", setup, workload, 1)
     assert result.num_failed == 0
     assert result.num_waves == 4 * waves_per_prompt

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.test_dp_layout import cold_prompts
 from wavepp.sim import HARDWARE, MODELS
 from wavepp.sim.precision import with_precision
 from wavepp.sim.scenario import SimSetup, run_setting
-from wavepp.workloads import WorkloadOptions, workload_from_options
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "public_figures.py"
 _SPEC = importlib.util.spec_from_file_location("public_figures", _PATH)
@@ -51,16 +51,7 @@ def test_the_simulator_agrees_with_the_cost_model_on_the_h100_setup():
         gpus_per_node=fig.devices // fig.nodes,
         budget_tokens=fig.tokens_per_device,
     )
-    workload = workload_from_options(
-        "cold",
-        WorkloadOptions(
-            num_requests=1024,
-            prompt_len=setup.sim_tokens(fig.prompt_len),
-            prefix_len=0,
-            suffix_len=0,
-            common={"block_size": setup.block_size, "seed": 0},
-        ),
-    )
+    workload = cold_prompts(setup, 1024, fig.prompt_len)
     result, _ = run_setting("dp-ep", setup, workload, 256)
     per_gpu = result.input_tok_s / fig.devices
     assert per_gpu == pytest.approx(public_figures.predict(fig), rel=0.05)

@@ -144,7 +144,7 @@ class CpuHardware:
         chunking keeps the runtime planner's default cost model, as the runtime does."""
         spec = get_system(policy)
         if spec.topology == "tp":
-            raise ValueError("tp-ep needs a device cost model, not a fitted CPU pipeline")
+            raise ValueError(f"{spec.name} needs a device cost model, not a fitted CPU pipeline")
         slowest = max(self.stage_costs, key=lambda c: CostModel(c).wave_time([(1024, 256)]))
         pcfg = planner_config or PlannerConfig(
             block_size=block_size, num_stages=self.num_stages, **loop_planner_args(spec.loop)
