@@ -172,3 +172,19 @@ def test_simulate_takes_the_precisions_gb300_and_a_budget(tmp_path, capsys):
         assert r["hardware"] == "GB300"
     # DP attention exchanges less than TP attention at the same budget
     assert rows[0]["input_tok_s"] > rows[1]["input_tok_s"]
+
+
+def test_the_paper_grids_run_the_papers_precisions_and_the_earlier_setups_keep_bf16():
+    from wavepp.sim.grid import kimi_k3_grid, paper_grid, precision_columns, with_overrides
+
+    def columns(setting):
+        return tuple(precision_columns(setting.setup()).values())
+
+    assert {columns(s) for s in paper_grid()} == {("nvfp4", "fp8", "fp8")}
+    assert {columns(s) for s in paper_grid("legacy")} == {("fp8", "bf16", "bf16")}
+    assert {columns(s) for s in kimi_k3_grid()} == {("nvfp4", "fp8", "fp8")}
+    assert {columns(s) for s in kimi_k3_grid("nvlink")} == {("nvfp4", "bf16", "bf16")}
+    assert all("dp-ep" in s.policies and "tp-ep" in s.policies for s in kimi_k3_grid())
+    bf16 = with_overrides(paper_grid(), attention_dtype="bf16", budget_tokens=4096)
+    assert {columns(s) for s in bf16} == {("nvfp4", "bf16", "fp8")}
+    assert {s.setup().budget_tokens for s in bf16} == {4096}
