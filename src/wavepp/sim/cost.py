@@ -124,6 +124,7 @@ class StageCostModel:
             key = (model.is_linear(i), model.is_moe(i))
             kinds[key] = kinds.get(key, 0) + 1
         self._kinds = kinds
+        self.num_moe_layers = sum(count for (_, moe), count in kinds.items() if moe)
         self._rep = {
             key: next(i for i in range(start, end) if (model.is_linear(i), model.is_moe(i)) == key)
             for key in kinds
@@ -172,8 +173,7 @@ class StageCostModel:
     def _layer(self, layer: int, chunks: Sequence[ChunkShape]) -> dict[str, float]:
         m, hw, n = self.model, self.hw, self.degree
         T = sum(x for _, x in chunks)
-        projections = self._projections(layer, T)
-        out = {"projections": projections}
+        out = {"projections": self._projections(layer, T)}
         out["attention"] = sum(self._attention(layer, L, x) for L, x in chunks)
         if m.attention == "mla" and not m.sparse_attention and not m.is_linear(layer):
             r, h = m.kv_lora_rank, m.num_heads
@@ -266,8 +266,7 @@ class StageCostModel:
         rate = hw.peak_flops(m.attn_dtype) * hw.attn_efficiency_of(m.attn_dtype) * fill
         pairs = L * x + x * (x + 1) / 2
         # the cached KV each device reads: its heads' (GQA) or the whole latent (MLA, replicated)
-        split = min(n, m.num_kv_heads) if m.attention == "gqa" else 1
-        kv_read = (L + x) * m.kv_bytes_per_token(layer) / split
+        kv_read = (L + x) * m.kv_bytes_per_token(layer) / kv_split(m, n)
         if m.attention == "gqa":
             flops = pairs * 4.0 * m.num_heads * m.head_dim
             return max(flops / n / rate, kv_read / hw.hbm_bytes_s)
@@ -319,6 +318,14 @@ class StageCostModel:
             else local / hw.link_bytes_s
         )
         return seconds + all_to_all + gather / ring + 3 * lat
+
+
+def kv_split(model: ModelShape, degree: int, layout: str = "tp") -> int:
+    """Over how many devices a stage's KV cache spreads: dp, all (each holds its own
+    requests'); tp, GQA's KV heads (an MLA latent is replicated on each)."""
+    if layout == "dp":
+        return degree
+    return min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
 
 
 def sparse_pairs(num_cached: int, num_new: int, topk: int) -> float:

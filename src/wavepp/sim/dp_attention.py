@@ -22,7 +22,7 @@ share the routed experts.
                1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap
                with compute is assumed.
 
-The group's KV pool is its devices' pools together (sim/stages.py `kv_split`), and a request is
+The group's KV pool is its devices' pools together (sim/cost.py `kv_split`), and a request is
 not pinned to the device that holds its KV: each wave is placed afresh.
 """
 
@@ -60,7 +60,7 @@ def dp_breakdown(stage: StageCostModel, chunks: Sequence[ChunkShape]) -> dict[st
     bins = [b for b in place(device, chunks, stage.degree) if b]
     busiest = max(bins, key=device.wave_seconds)
     out = device.breakdown(busiest)
-    moe_layers = sum(stage.model.is_moe(i) for i in range(stage.start, stage.end))
+    moe_layers = stage.num_moe_layers
     out.pop("moe_routed", None)
     if moe_layers:
         total = sum(x for _, x in chunks)

@@ -86,9 +86,8 @@ def with_precision(
         model = _with_projections(model, projections)
     if attention:
         if attention not in ATTENTION_DTYPES:
-            raise ValueError(
-                f"unknown attention dtype {attention!r}; choose one of {', '.join(ATTENTION_DTYPES)}"
-            )
+            choices = ", ".join(ATTENTION_DTYPES)
+            raise ValueError(f"unknown attention dtype {attention!r}; choose one of {choices}")
         model = replace(model, attn_dtype=attention)
     if kv:
         if kv not in KV_DTYPES:
@@ -109,15 +108,15 @@ PROJECTION_NAMES = ("q", "q_a", "q_b", "kv_a", "kv_b", "o", "indexer", "qkv", "l
 
 
 def _with_projections(model: ModelShape, projections: dict[str, str]) -> ModelShape:
-    names = PROJECTION_NAMES if "*" in projections else ()
-    chosen = {name: projections["*"] for name in names}
+    chosen = dict.fromkeys(PROJECTION_NAMES, projections["*"]) if "*" in projections else {}
     for name, fmt in projections.items():
-        if name != "*" and name not in PROJECTION_NAMES:
+        if name == "*":
+            continue
+        if name not in PROJECTION_NAMES:
             raise ValueError(
                 f"unknown attention projection {name!r}; choose from {', '.join(PROJECTION_NAMES)}"
             )
-        if name != "*":
-            chosen[name] = fmt
+        chosen[name] = fmt
     entries = []
     for name, fmt in chosen.items():
         if fmt not in WEIGHT_FORMATS:

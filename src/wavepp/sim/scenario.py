@@ -22,13 +22,13 @@ from wavepp.sched.cost_model import (
 )
 from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
-from wavepp.sim.cost import StageCostModel, transfer_seconds
+from wavepp.sim.cost import StageCostModel, kv_split, transfer_seconds
 from wavepp.sim.harness import SimReport, build_sim, hybrid_pool_blocks, report, run_closed_loop
 from wavepp.sim.model_shapes import ModelShape
 from wavepp.sim.pipeline import PipelineSim, SimCosts
 from wavepp.sim.sglang import SglangScheduling, sglang_planner
 from wavepp.sim.sim_setup import SimResult, SimSetup
-from wavepp.sim.stages import kv_split, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.stages import partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.systems import BUDGETED, SystemSpec, get_system
 from wavepp.sim.trtllm import MicroBatchPlanner, TrtllmScheduling
 from wavepp.workloads import Workload

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from wavepp.sim.cost import ExecOverheads, StageCostModel
+from wavepp.sim.cost import ExecOverheads, StageCostModel, kv_split
 from wavepp.sim.hardware import HardwareSpec
 from wavepp.sim.model_shapes import ModelShape
 
@@ -123,14 +123,6 @@ def stage_weight_bytes(
     for i in range(start, end):
         mlp += model.mlp_params(i) - (routed * (1.0 - 1.0 / degree) if model.is_moe(i) else 0.0)
     return attention + mlp * model.weight_bytes + embed
-
-
-def kv_split(model: ModelShape, degree: int, layout: str = "tp") -> int:
-    """Over how many devices a stage's KV cache spreads: dp, all (each holds its own
-    requests'); tp, GQA's KV heads (an MLA latent is replicated on each)."""
-    if layout == "dp":
-        return degree
-    return min(degree, model.num_kv_heads) if model.attention == "gqa" else 1
 
 
 def stage_kv_tokens(
