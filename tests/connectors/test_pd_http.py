@@ -2,8 +2,8 @@
 vLLM's OpenAI server (its CPU build, in `.venv-vllm`) with the WavePPConnector, and `wavepp route`
 in front. 16 prompts sharing prefixes through the router decode the same 16 greedy tokens as vLLM
 computing them itself; vLLM reports every prompt token but the last as loaded from outside (the
-last of its blocks partly filled), in each answer and in its metrics; a poisoned transfer changes vLLM's output; a transfer never
-written makes vLLM compute."""
+last of its blocks partly filled), in each answer and in its metrics; a poisoned transfer changes
+vLLM's output; a transfer never written makes vLLM compute."""
 
 from __future__ import annotations
 

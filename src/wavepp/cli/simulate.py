@@ -178,7 +178,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--routing",
         default="cache,approx,least-load,round-robin",
-        help="with --replicas: the routing policies to compare, comma-separated (wavepp/routing.py)",
+        help="with --replicas: the routing policies to compare, comma-separated "
+        "(wavepp/routing.py)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

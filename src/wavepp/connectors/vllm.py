@@ -23,21 +23,23 @@ freed by its TTL or for room) marks the request's blocks as failed loads: vLLM c
 With the directory store the scheduler side finds the transfer in the store
 (`wavepp.kv_transfer.directory_store`: every stage's part there, every checksum good, the same
 prompt, the same layer shapes) and reads and verifies a transfer once per request, however
-often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens' K and V into
-each attention layer through the layer's own `do_kv_cache_update`, so the cache takes the layout
-of the backend that runs (on the CPU: K and V rows per block, repacked for AMX or the vector
-ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer
-instead, rows [c | k_rope] (kv_lora_rank + qk_rope_head_dim: the latent after kv_a_layernorm,
-the RoPE key after rotation), written through the MLA backend's own
+often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens'
+K and V into each attention layer through the layer's own `do_kv_cache_update`, so the cache
+takes the layout of the backend that runs (on the CPU: K and V rows per block, repacked for AMX
+or the vector ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer instead, rows
+[c | k_rope] (kv_lora_rank + qk_rope_head_dim: the latent after kv_a_layernorm, the RoPE key
+after rotation), written through the MLA backend's own
 `do_kv_cache_update(kv_c_normed, k_pe, ...)` (CPU_MLA and AMX_MLA keep one [c | k_pe] row per
 slot: [num_blocks, block_size, kv_lora_rank + rope]). A transfer that is missing, expired,
 incomplete past `wait_s`, failed (kv_transfer_params with "error": a stage could not write
 its part), corrupt, or of another model (other pools or widths) makes vLLM compute the prompt
-itself (logged, counted in `num_misses`): slower, never a wrong token. The transfer is dropped once its request finishes.
+itself (logged, counted in `num_misses`): slower, never a wrong token. The transfer is dropped
+once its request finishes.
 
 This module imports vLLM, torch, safetensors, mooncake and wavepp's kv_transfer modules only
-(no wavepp module that pulls in the server's packages): it runs inside vLLM's own environment with wavepp's `src/` on the
-path. Attention layers of the Llama family (GQA K/V pools) and MLA layers (latent pool).
+(no wavepp module that pulls in the server's packages): it runs inside vLLM's own environment
+with wavepp's `src/` on the path. Attention layers of the Llama family (GQA K/V pools) and MLA
+layers (latent pool).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ which transfer, and the table a decode engine reads (and writes one word of) ove
 The table (`ledger.table`, numpy uint64 [max_entries + 2, 4], registered with the transfer
 engine beside the data): row 0 is the header [MAGIC, live entries, live bytes, capacity], row 1
 the parts freed so far by why [released, expired, evicted, refused] (rank 0 reads both for
-/metrics); row e >= 2 is entry e [seq, released, nbytes, offset]. A live entry's `seq` is unique to it (a
-random base per arena plus a counter: a restarted stage never repeats one), 0 when free.
+/metrics); row e >= 2 is entry e [seq, released, nbytes, offset]. A live entry's `seq` is
+unique to it (a random base per arena plus a counter: a restarted stage never repeats one), 0
+when free.
 
 What the decode side relies on:
   - a pull is good only if the entry's `seq` read *after* the data equals the one it was

@@ -4,7 +4,8 @@ part's sequence number read again (arena.py: a part freed or replaced while it w
 the pull, never loads).
 
     puller = ArenaPuller(host=None, protocol="tcp")
-    rows = puller.pull(stages, start, end)    # {model layer: {pool: [end - start, width]}}; PullFailed
+    rows = puller.pull(stages, start, end)    # {model layer: {pool: [end - start, width]}}
+                                              # or PullFailed
     puller.release(stages)                    # tell each stage it may free its part (best effort)
 
 The rows are views of the buffer: valid until the next `pull`. Only torch, numpy and mooncake are

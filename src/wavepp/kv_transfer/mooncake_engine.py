@@ -9,8 +9,9 @@ peer is named by its "host:port" session), over TCP or RDMA.
     engine.write(session, local, remote, n)
 
 Only the standard library and mooncake are imported (torch tensors are what it registers): the
-decode side runs this inside vLLM's environment, and the engine's options check a host with it. The package is `mooncake-transfer-engine-non-cuda` (pinned by the
-Makefile); it needs Debian's `libibverbs1` and `libnuma1` even for TCP.
+decode side runs this inside vLLM's environment, and the engine's options check a host with it.
+The package is `mooncake-transfer-engine-non-cuda` (pinned by the Makefile); it needs Debian's
+`libibverbs1` and `libnuma1` even for TCP.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ At each arrival every replica is advanced to that time; the `cache` policy then 
 replica what `/v1/cache_query` answers on a real one (each stage's `StageServer.query`, the
 probe's hint, agreed over the stages by `agree_prefix`), `approx` consults the router's own
 record, `least-load` the requests in flight (counted when each replica finishes one), and
-`cache` also what each replica has in flight (the router's record of its requests not ended). Replicas
-share nothing else: each runs on its own clock between arrivals.
+`cache` also what each replica has in flight (the router's record of its requests not ended).
+Replicas share nothing else: each runs on its own clock between arrivals.
 """
 
 from __future__ import annotations
