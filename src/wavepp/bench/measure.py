@@ -82,7 +82,7 @@ def run_closed_loop(
     def finished(i, fut):
         try:
             results[i] = fut.result()
-        except Exception as exc:  # noqa: BLE001 - recorded as a failure below
+        except Exception as exc:  # recorded as a failure below
             results[i] = exc
         with lock:
             state["finished"] += 1

@@ -107,7 +107,7 @@ class StageExporter:
                 self.num_written += 1
             except (OSError, TransferError, TransferFailed, ValueError, ArenaFull) as err:
                 error = str(err)
-            except Exception as err:  # noqa: BLE001 - whatever it is, the writer goes on and says so
+            except Exception as err:  # whatever it is, the writer goes on and says so
                 error = f"{type(err).__name__}: {err}"
             if error is not None:
                 self.num_failed += 1
@@ -118,7 +118,7 @@ class StageExporter:
                 self.on_outcome(
                     ExportOutcome(request_id, transfer_id, self.stage_id, error, location)
                 )
-            except Exception:  # noqa: BLE001 - a report that cannot be made must not stop the writer
+            except Exception:  # a report that cannot be made must not stop the writer
                 log.exception(
                     "stage %d: the outcome of %s's KV export could not be reported",
                     self.stage_id,
@@ -128,5 +128,5 @@ class StageExporter:
     def _tick(self) -> None:
         try:
             self.transport.tick(self.clock())
-        except Exception:  # noqa: BLE001 - housekeeping that fails is tried again next tick
+        except Exception:  # housekeeping that fails is tried again next tick
             log.exception("stage %d: the KV transport's housekeeping failed", self.stage_id)

@@ -346,7 +346,7 @@ class EngineCore(CoreLoops):
             except PeerLostError as exc:
                 # a lost peer is most often a dead stage: name it (waiting briefly for its exit)
                 self.fail(self._check_alive(1.0) or str(exc))
-            except Exception as exc:  # noqa: BLE001 - a bug or a rejected plan: stop loudly
+            except Exception as exc:  # a bug or a rejected plan: stop loudly
                 self.fail(
                     f"rank 0 ({threading.current_thread().name}): {type(exc).__name__}: {exc}"
                 )

@@ -214,7 +214,7 @@ class LocalCluster:
         def run():
             try:
                 box["channels"] = connect()
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller
+            except BaseException as exc:  # re-raised below, in the caller
                 box["error"] = exc
 
         joiner = threading.Thread(target=run, name="wavepp-rendezvous", daemon=True)
@@ -324,7 +324,7 @@ def _worker_main(
         )
         run_worker(channels)
         channels.close()
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         Path(run_dir, f"stage{rank}.error").write_text(f"{type(exc).__name__}: {exc}")
         os._exit(1)
 

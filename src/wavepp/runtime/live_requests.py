@@ -65,7 +65,7 @@ class LiveRequests:
         request_id, fut = entry
         try:
             fut.set_result(value(request_id))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             fut.set_exception(exc)
 
     def fail_all(self, exc: BaseException) -> None:

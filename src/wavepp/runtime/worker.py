@@ -154,7 +154,7 @@ def _guard(fn, run_dir: str, rank: int):
     def run():
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 - report everything, then die
+        except BaseException as exc:  # report everything, then die
             text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
             if run_dir:
                 Path(run_dir, f"stage{rank}.error").write_text(text)

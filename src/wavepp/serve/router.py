@@ -156,7 +156,7 @@ def build_router(config: RouteConfig, transport: httpx.AsyncBaseTransport | None
             await asyncio.sleep(config.health_interval_s)
             try:
                 await check_health()
-            except Exception:  # noqa: BLE001 - the next round tries again
+            except Exception:  # the next round tries again
                 log.exception("route: health check failed")
 
     @contextlib.asynccontextmanager

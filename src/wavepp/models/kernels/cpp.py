@@ -105,7 +105,7 @@ def _build(source_name: str, label: str, fallback: str):
         name = f"wavepp_{source_name.removesuffix('.cpp')}_{_fingerprint(source)}"
         built = _is_built(name)
         module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)
-    except Exception as err:  # noqa: BLE001 - no compiler, a failed build: keep torch's path
+    except Exception as err:  # no compiler, a failed build: keep torch's path
         lines = str(err).strip().splitlines() or [""]
         log.warning(
             "%s unavailable (%s: %s); %s run", label, type(err).__name__, lines[-1][:200], fallback
@@ -127,7 +127,7 @@ def _is_built(name: str) -> bool:
         from torch.utils.cpp_extension import _get_build_directory
 
         return os.path.exists(os.path.join(_get_build_directory(name, False), f"{name}.so"))
-    except Exception:  # noqa: BLE001 - a private helper of torch's; say "built" then
+    except Exception:  # a private helper of torch's; say "built" then
         return False
 
 
