@@ -1,4 +1,5 @@
-"""What the HybridPool state machines share: the prompts they draw and their record of a request."""
+"""What the SnapshotPool state machines share: the prompts they draw and their record of a
+request."""
 
 from dataclasses import dataclass
 

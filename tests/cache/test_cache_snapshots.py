@@ -1,15 +1,15 @@
-"""HybridPool with tiny numbers (block size 2): snapshot slots, hints, eviction order, and the
+"""SnapshotPool with tiny numbers (block size 2): snapshot slots, hints, eviction order, and the
 known failures of other systems' snapshot placement."""
 
 import pytest
 
-from wavepp.cache import HybridPool, default_interval_blocks, hash_blocks, snapshot_boundaries
+from wavepp.cache import SnapshotPool, default_interval_blocks, hash_blocks, snapshot_boundaries
 
 B = 2
 
 
 def serve(
-    pool: HybridPool, request_id: int, prompt: list[int], chunk_tokens: int | None = None
+    pool: SnapshotPool, request_id: int, prompt: list[int], chunk_tokens: int | None = None
 ) -> int:
     """Admit as the leader does on one stage, run it in chunks, free it; returns blocks reused."""
     hashes = hash_blocks(prompt, B)
@@ -39,14 +39,14 @@ def test_boundaries_grid_and_last_reusable():
 
 
 def test_a_prompt_shorter_than_the_interval_hits_on_repeat():
-    pool = HybridPool(16, B, num_slots=4, interval_blocks=8)
+    pool = SnapshotPool(16, B, num_slots=4, interval_blocks=8)
     prompt = list(range(7))  # 3 full blocks < 8
     assert serve(pool, 1, prompt) == 0
     assert serve(pool, 2, prompt) == 3  # resumes at its last reusable boundary
 
 
 def test_shared_prefix_then_long_unique_suffix_hits_on_the_grid():
-    pool = HybridPool(64, B, num_slots=16, interval_blocks=4)
+    pool = SnapshotPool(64, B, num_slots=16, interval_blocks=4)
     prefix = list(range(100, 116))  # 8 blocks
     assert serve(pool, 1, prefix + list(range(40))) == 0  # 28 blocks, unique suffix of 20
     # only the last boundary kept would give 0 here; the grid point at 8 is shared
@@ -54,7 +54,7 @@ def test_shared_prefix_then_long_unique_suffix_hits_on_the_grid():
 
 
 def test_chunks_smaller_than_the_interval_still_save_every_grid_point():
-    pool = HybridPool(32, B, num_slots=8, interval_blocks=4)
+    pool = SnapshotPool(32, B, num_slots=8, interval_blocks=4)
     prompt = list(range(33))  # 16 full blocks
     serve(pool, 1, prompt, chunk_tokens=3)  # chunks of 1.5 blocks < 4 blocks
     hashes = hash_blocks(prompt, B)
@@ -68,7 +68,7 @@ def test_chunks_smaller_than_the_interval_still_save_every_grid_point():
 
 
 def test_hint_is_logarithmic():
-    pool = HybridPool(600, B, num_slots=260, interval_blocks=2)
+    pool = SnapshotPool(600, B, num_slots=260, interval_blocks=2)
     prompt = list(range(1001))  # 500 blocks, 250 grid points
     serve(pool, 1, prompt)
     found = pool.match_snapshots(hash_blocks(prompt, B), 500)
@@ -76,7 +76,7 @@ def test_hint_is_logarithmic():
 
 
 def test_lease_pins_the_snapshot_and_refuses_where_there_is_none():
-    pool = HybridPool(16, B, num_slots=3, interval_blocks=2)
+    pool = SnapshotPool(16, B, num_slots=3, interval_blocks=2)
     prompt = list(range(9))  # boundaries 2, 4
     serve(pool, 1, prompt)
     hashes = hash_blocks(prompt, B)
@@ -93,7 +93,7 @@ def test_lease_pins_the_snapshot_and_refuses_where_there_is_none():
 
 
 def test_a_snapshot_leaves_with_its_block():
-    pool = HybridPool(5, B, num_slots=4, interval_blocks=2)
+    pool = SnapshotPool(5, B, num_slots=4, interval_blocks=2)
     a = list(range(9))
     serve(pool, 1, a)
     assert pool.num_snapshots == 2

@@ -3,12 +3,12 @@ they are written, computed at their owner's publish, dead when the owner leaves 
 
 import pytest
 
-from wavepp.cache import HybridPool, PendingBlockError, hash_blocks, snapshot_boundaries
+from wavepp.cache import PendingBlockError, SnapshotPool, hash_blocks, snapshot_boundaries
 
 B = 2
 
 
-def admit(pool: HybridPool, request_id: int, prompt: list[int]) -> int:
+def admit(pool: SnapshotPool, request_id: int, prompt: list[int]) -> int:
     """Probe (pending counted), lease, escrow blocks and slots, commit; returns blocks leased."""
     hashes = hash_blocks(prompt, B)
     k = min(pool.match(hashes).num_blocks, (len(prompt) - 1) // B)
@@ -28,7 +28,7 @@ FOLLOWER = A[:8] + [50, 51, 52]  # shares A's 4 blocks, saves at its last reusab
 
 
 def test_a_follower_leases_the_snapshot_its_owner_has_not_written():
-    pool = HybridPool(16, B, num_slots=6, interval_blocks=2)
+    pool = SnapshotPool(16, B, num_slots=6, interval_blocks=2)
     assert admit(pool, 1, A) == 0
     plan = pool.snapshot_plan(1)
     # working slot 0; boundaries 2 and 4 in slots 1 and 2, pending from the commit
@@ -65,7 +65,7 @@ def test_a_follower_leases_the_snapshot_its_owner_has_not_written():
 
 
 def test_an_owner_that_leaves_unwritten_kills_its_snapshot_and_its_readers_keep_the_slot():
-    pool = HybridPool(16, B, num_slots=6, interval_blocks=2)
+    pool = SnapshotPool(16, B, num_slots=6, interval_blocks=2)
     admit(pool, 1, A)
     admit(pool, 2, FOLLOWER)
     pool.materialize(1)
@@ -86,7 +86,7 @@ def test_an_owner_that_leaves_unwritten_kills_its_snapshot_and_its_readers_keep_
 
 
 def test_a_readers_grid_snapshot_under_a_pending_parent_dies_with_it():
-    pool = HybridPool(16, B, num_slots=8, interval_blocks=2)
+    pool = SnapshotPool(16, B, num_slots=8, interval_blocks=2)
     admit(pool, 1, A)
     reader = A[:8] + [60, 61, 62, 63, 64, 65]  # 7 blocks: saves at grid 6
     assert admit(pool, 2, reader) == 4
@@ -105,7 +105,7 @@ def test_a_readers_grid_snapshot_under_a_pending_parent_dies_with_it():
 
 
 def test_pending_snapshots_are_never_evicted_and_cancel_gives_every_slot_back():
-    pool = HybridPool(16, B, num_slots=3, interval_blocks=2)
+    pool = SnapshotPool(16, B, num_slots=3, interval_blocks=2)
     admit(pool, 1, A)  # all 3 slots: working, 2, 4
     assert pool.reserve(3, 1).ok
     assert not pool.reserve_snapshots(3, ()).ok  # unreferenced, but pending

@@ -1,4 +1,4 @@
-"""Random admit / materialize / publish / abort / evict sequences against a HybridPool whose
+"""Random admit / materialize / publish / abort / evict sequences against a SnapshotPool whose
 requests lease pending blocks and pending snapshots, checked after every step: no leaked or
 doubly held slot, a pending snapshot only on its owner's pending block, a dead one held only by
 its readers, and every request that resumes reads the state of exactly the block it resumes
@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from wavepp.cache import PendingBlockError, hash_blocks
 from wavepp.cache.snapshot_plan import snapshot_boundaries
-from wavepp.cache.snapshots import HybridPool
+from wavepp.cache.snapshots import SnapshotPool
 
 from .snapshot_machines import Model, prompts_from
 
@@ -32,7 +32,7 @@ class PendingSnapshotMachine(RuleBasedStateMachine):
         num_blocks=st.integers(6, 48), num_slots=st.integers(3, 14), interval=st.integers(1, 3)
     )
     def setup(self, num_blocks, num_slots, interval):
-        self.pool = HybridPool(
+        self.pool = SnapshotPool(
             num_blocks, B, num_slots=num_slots, interval_blocks=interval, bytes_per_snapshot=8
         )
 

@@ -1,6 +1,6 @@
-"""Random admit / publish / abort / evict sequences against a HybridPool, checked after every step:
-no leaked snapshot slot, no snapshot without its block, slot memory accounted exactly, and a
-leased snapshot's slot never handed to another request."""
+"""Random admit / publish / abort / evict sequences against a SnapshotPool, checked after every
+step: no leaked snapshot slot, no snapshot without its block, slot memory accounted exactly, and
+a leased snapshot's slot never handed to another request."""
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from wavepp.cache import PendingBlockError, hash_blocks
 from wavepp.cache.snapshot_plan import snapshot_boundaries
-from wavepp.cache.snapshots import HybridPool
+from wavepp.cache.snapshots import SnapshotPool
 
 from .snapshot_machines import Model, prompts_from
 
@@ -29,7 +29,7 @@ class SnapshotMachine(RuleBasedStateMachine):
         num_blocks=st.integers(4, 40), num_slots=st.integers(2, 12), interval=st.integers(1, 3)
     )
     def setup(self, num_blocks, num_slots, interval):
-        self.pool = HybridPool(
+        self.pool = SnapshotPool(
             num_blocks, B, num_slots=num_slots, interval_blocks=interval, bytes_per_snapshot=10
         )
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from wavepp.cache import HybridPool, hash_blocks
+from wavepp.cache import SnapshotPool, hash_blocks
 from wavepp.sched.admission import agree_prefix
 from wavepp.sched.messages import Hint, ProbeItem, ProbeMsg
 from wavepp.sched.request import Request
@@ -34,7 +34,7 @@ def test_agreement_is_the_largest_common_snapshot_boundary():
 
 
 def test_probe_reports_the_snapshot_grid():
-    pool = HybridPool(32, BS, num_slots=8, interval_blocks=2)
+    pool = SnapshotPool(32, BS, num_slots=8, interval_blocks=2)
     server = StageServer(0, pool)
     tokens = list(range(40))
     hashes = tuple(hash_blocks(tokens, BS))
@@ -71,5 +71,5 @@ def test_randomized_run_with_snapshot_evictions_never_mismatches(seed):
     assert 0.2 < result.hit_rate
     for server in sim.servers:
         server.pool.check_integrity()
-        assert isinstance(server.pool, HybridPool)
+        assert isinstance(server.pool, SnapshotPool)
         assert server.pool.num_free_slots + server.pool.num_snapshots == server.pool.num_slots

@@ -212,7 +212,7 @@ def test_a_load_whose_blocks_the_tier_drops_while_room_is_made_is_refused():
     # and its working slot), so reserve evicts c's alone and offloads it into a tier that holds
     # exactly a's 4 blocks and 2 states, dropping a's first block: the lease is refused, holds
     # nothing, and nothing is loaded (only c's state went out)
-    from wavepp.cache import HybridPool
+    from wavepp.cache import SnapshotPool
     from wavepp.sched.messages import LeaseItem, LeaseMsg, ProbeItem, ProbeMsg
     from wavepp.sched.stage_server import StageServer
 
@@ -222,7 +222,7 @@ def test_a_load_whose_blocks_the_tier_drops_while_room_is_made_is_refused():
     for i, h in enumerate(hash_blocks(a, BS)):
         tier.offload(h, has_snapshot=(i + 1) % 2 == 0)
     tier.take_transferred_bytes()
-    pool = HybridPool(8, BS, num_slots=3, interval_blocks=2, host_tier=tier)
+    pool = SnapshotPool(8, BS, num_slots=3, interval_blocks=2, host_tier=tier)
     assert pool.reserve("c", 3).ok and pool.reserve_snapshots("c", (2,)).ok
     assert pool.commit("c", hash_blocks(c, BS)).ok
     pool.materialize("c")

@@ -1,7 +1,7 @@
 """One pipeline stage's KV block cache: pure Python, deterministic, no tensors, no threads.
 
 `BlockPool` keeps the stage's blocks (ref counts, leaf-only LRU eviction on a logical clock,
-a prefix index of chained hashes, leases and capacity escrow); `HybridPool` adds the
+a prefix index of chained hashes, leases and capacity escrow); `SnapshotPool` adds the
 recurrent-state snapshots of hybrid models as attachments of blocks; `HostTier` keeps the
 blocks eviction takes, in host memory, for a later request to load back; `hash_blocks` names full
 blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
@@ -29,7 +29,7 @@ from wavepp.cache.results import (
 )
 from wavepp.cache.snapshot_plan import default_interval_blocks, snapshot_boundaries
 from wavepp.cache.snapshot_records import SnapshotMatch
-from wavepp.cache.snapshots import HybridPool
+from wavepp.cache.snapshots import SnapshotPool
 
 __all__ = [
     "AlreadyReleasedError",
@@ -49,7 +49,7 @@ __all__ = [
     "hash_blocks",
     "HostLoad",
     "HostTier",
-    "HybridPool",
+    "SnapshotPool",
     "SnapshotMatch",
     "default_interval_blocks",
     "snapshot_boundaries",

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 from wavepp.cache.block import BlockEntry
 from wavepp.cache.pool_request import PoolRequest
-from wavepp.cache.prefix_index import BlockStore
+from wavepp.cache.prefix_index import PrefixIndex
 
 
-class RequestChains(BlockStore):
+class RequestChains(PrefixIndex):
     """The index side of a request's life; subclasses hold `_requests` and `max_leased_blocks`."""
 
     def _register(self, request: PoolRequest, new_block_hashes: Sequence[int]) -> int:

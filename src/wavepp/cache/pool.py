@@ -49,11 +49,11 @@ class BlockPool(RequestChains):
 
     num_blocks blocks of block_size tokens; max_leased_blocks caps the blocks held by leases
     alone (None: no cap); host_tier keeps the computed blocks eviction takes (None: dropped).
-    match, match_linear and capacity come from `BlockStore`, the linking of a request's
+    match, match_linear and capacity come from `PrefixIndex`, the linking of a request's
     entries into the index from `RequestChains`.
 
     `keeps_snapshots`: the pool's declared capability (as a layer declares its cache spec):
-    a hybrid model's pool (HybridPool) also keeps recurrent-state snapshots, and a request
+    a hybrid model's pool (SnapshotPool) also keeps recurrent-state snapshots, and a request
     resumes only where one is held; its users read this, never probe for methods.
     """
 

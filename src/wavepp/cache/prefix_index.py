@@ -1,6 +1,6 @@
 """The pool's blocks and entries, and the moves that keep them consistent.
 
-`BlockStore` owns the prefix index (hash -> linked entry), the block map (block id -> entry
+`PrefixIndex` owns the prefix index (hash -> linked entry), the block map (block id -> entry
 that owns the block), the free list, the evictable-leaf queue and the per-state counters.
 Its moves take an entry or a block from one state to another and keep all of them in step:
 
@@ -23,7 +23,7 @@ from wavepp.cache.host_tier import HostTier
 from wavepp.cache.results import CapacityView, MatchResult
 
 
-class BlockStore:
+class PrefixIndex:
     """Blocks, entries and counters of one stage's pool; see the module docstring."""
 
     def __init__(self, num_blocks: int, block_size: int, host_tier: HostTier | None = None) -> None:
@@ -222,12 +222,12 @@ class BlockStore:
 
     def _has_snapshot(self, entry: BlockEntry) -> bool:
         """Whether the entry carries an attachment the host tier keeps with it (a computed
-        recurrent-state snapshot, `HybridPool`)."""
+        recurrent-state snapshot, `SnapshotPool`)."""
         return False
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         """An entry left the index (evicted, or dropped uncomputed). Attachments of blocks
-        (recurrent-state snapshots, `HybridPool`) leave with it."""
+        (recurrent-state snapshots, `SnapshotPool`) leave with it."""
 
     def _maybe_compact(self) -> None:
         if len(self._leaves) > 2 * self._num_evictable + 1024:

@@ -1,4 +1,4 @@
-"""Full invariant check of a `HybridPool`'s snapshots, O(pool size); after `check_pool`.
+"""Full invariant check of a `SnapshotPool`'s snapshots, O(pool size); after `check_pool`.
 
 1. slots partition exactly: free | held by a snapshot in the map (pending or computed) |
    held by a request's plan | held by a dead snapshot some request still leases
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from wavepp.cache.errors import IntegrityError
 
 if TYPE_CHECKING:
-    from wavepp.cache.snapshots import HybridPool
+    from wavepp.cache.snapshots import SnapshotPool
 
 
-def check_snapshots(pool: HybridPool) -> None:
+def check_snapshots(pool: SnapshotPool) -> None:
     refs: dict[int, int] = {}
     dead = {}
     for request_id, plan in pool._plans.items():

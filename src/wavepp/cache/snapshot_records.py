@@ -1,4 +1,4 @@
-"""The records of a `HybridPool`: a snapshot, one request's snapshot plan, and a hint.
+"""The records of a `SnapshotPool`: a snapshot, one request's snapshot plan, and a hint.
 
 A snapshot is *pending* from the commit of the request that will write it (its owner) until
 the owner publishes the block it follows; it sits on one of the owner's own PENDING entries,

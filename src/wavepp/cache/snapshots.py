@@ -28,7 +28,7 @@ Two kinds of snapshot. *Grid* snapshots sit at every `interval_blocks`-th bounda
 chain the grid snapshots present (pending or computed) form a prefix of the grid (one is
 attached or registered only if the grid point before it has one, and one is evicted alone only
 if no grid snapshot hangs below it), so the hint finds the last of them by exponential probe
-plus binary search, as `BlockStore.match` finds blocks. *End* snapshots (the prompt's last
+plus binary search, as `PrefixIndex.match` finds blocks. *End* snapshots (the prompt's last
 reusable boundary, off the grid) let a repeated prompt hit whatever its length; the hint
 checks the one at k itself.
 
@@ -53,7 +53,7 @@ from wavepp.cache.snapshot_integrity import check_snapshots
 from wavepp.cache.snapshot_records import Snapshot, SnapshotMatch, SnapshotPlan
 
 
-class HybridPool(BlockPool):
+class SnapshotPool(BlockPool):
     """A `BlockPool` whose blocks may carry recurrent-state snapshots; see the module docstring."""
 
     keeps_snapshots = True
@@ -71,7 +71,7 @@ class HybridPool(BlockPool):
     ) -> None:
         if num_slots < 1 or interval_blocks < 1:
             raise InvalidArgumentError(
-                f"HybridPool needs num_slots >= 1 and interval_blocks >= 1, "
+                f"SnapshotPool needs num_slots >= 1 and interval_blocks >= 1, "
                 f"got {num_slots}, {interval_blocks}"
             )
         self.num_slots = num_slots

@@ -1,5 +1,5 @@
 """The block pool of one stage, sized from the model's page layout: a `BlockPool`, or for a
-hybrid model a `HybridPool` whose snapshot slots share the stage's memory budget.
+hybrid model a `SnapshotPool` whose snapshot slots share the stage's memory budget.
 
 Every stage of a hybrid model keeps the same snapshot grid (the leader resumes a request only
 at a boundary every stage holds), chosen once for the whole model by `default_interval_blocks`
@@ -10,7 +10,7 @@ a stage with no linear-attention layers keeps zero-byte snapshots (only their bo
 
 from __future__ import annotations
 
-from wavepp.cache import BlockPool, HybridPool, default_interval_blocks
+from wavepp.cache import BlockPool, SnapshotPool, default_interval_blocks
 from wavepp.models.spec import PageLayout, StageSpec
 
 MIN_SNAPSHOT_SLOTS = 64  # working slots of the requests in flight, and end snapshots
@@ -39,11 +39,11 @@ def stage_pool(
     dtype_bytes: int,
     interval_blocks: int | None = None,
 ) -> BlockPool:
-    """A fresh pool for `stage`: a BlockPool, or a HybridPool if the layout keeps snapshots."""
+    """A fresh pool for `stage`: a BlockPool, or a SnapshotPool if the layout keeps snapshots."""
     if not layout.is_hybrid:
         return BlockPool(num_blocks, block_size)
     interval = interval_blocks or model_interval_blocks(layout, num_layers, block_size, dtype_bytes)
-    return HybridPool(
+    return SnapshotPool(
         num_blocks,
         block_size,
         num_slots=num_snapshot_slots(num_blocks, interval),

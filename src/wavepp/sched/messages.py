@@ -52,7 +52,7 @@ class Hint:
     snapshot_blocks: tuple[
         int, ...
     ] = ()  # hybrid models: boundaries (in blocks) with a recurrent snapshot
-    # hybrid models on a HybridPool: snapshots at every grid point up to num_grid_snapshot_blocks
+    # hybrid models on a SnapshotPool: snapshots at every grid point up to num_grid_snapshot_blocks
     # (multiples of snapshot_interval_blocks), and at num_end_snapshot_blocks if > 0
     snapshot_interval_blocks: int = 0
     num_grid_snapshot_blocks: int = 0

@@ -65,7 +65,7 @@ class PreparedChunk:
 
 class StageServer:
     def __init__(self, stage_id: int, pool: "BlockPool"):
-        """A hybrid (recurrent-state) model's stage has a `HybridPool`: it resumes a request
+        """A hybrid (recurrent-state) model's stage has a `SnapshotPool`: it resumes a request
         only at a block boundary where it holds a snapshot, pending or computed."""
         self.stage_id = stage_id
         self.pool = pool

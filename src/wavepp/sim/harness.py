@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from wavepp.cache import BlockPool, HostTier, HybridPool
+from wavepp.cache import BlockPool, HostTier, SnapshotPool
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.planners import PlannerConfig, make_planner
@@ -127,7 +127,7 @@ def build_sim(
                 "build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)"
             )
         pools = [
-            HybridPool(
+            SnapshotPool(
                 n,
                 block_size,
                 num_slots=hybrid_num_slots(n, snapshot_interval_blocks),

@@ -72,7 +72,7 @@ class SimSetup:
     sglang: SglangMechanisms = SGLANG_LEGACY  # SGLang's mechanisms in sglang-pp (sim/sglang.py)
     vllm: VllmMechanisms = VLLM_LEGACY  # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py)
     # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
-    # in-flight sharing: the runtime's HybridPool); 0: the grid the runtime picks for the model
+    # in-flight sharing: the runtime's SnapshotPool); 0: the grid the runtime picks for the model
     # (`model_interval_blocks`)
     snapshot_interval_blocks: int = 0
     # real tokens: the fixed budget of static, trtllm-pp, vllm-pp, tp-ep and dp-ep (per device)
