@@ -1,7 +1,7 @@
 """The leader (rank 0): admits requests through rounds with every stage and plans waves.
 
 Drivers (the runtime's two loops, the simulator, the tests) call it like this (the round's
-steps are in leader_rounds.py):
+state and steps are its `rounds`, a LeaderRounds: leader_rounds.py):
 
     admission (WAVE, or LOOP between waves under lockstep)    execution (LOOP)
       one round: sched.rounds.round_messages(leader, now)      wave = leader.plan_wave(now)
@@ -20,21 +20,13 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 
 from wavepp.cache import CapacityView
-from wavepp.sched.admission import (
-    AdmissionRound,
-)
+from wavepp.sched.admission import AdmissionRound, RoundStep
 from wavepp.sched.inflight import InflightBlocks
 from wavepp.sched.leader_config import LeaderConfig
 from wavepp.sched.leader_rounds import LeaderRounds
-from wavepp.sched.messages import (
-    PromptLogprobs,
-    TokenResult,
-    Wave,
-    WaveResult,
-)
+from wavepp.sched.messages import PromptLogprobs, TokenResult, Wave, WaveResult
 from wavepp.sched.planners import Admitting, Planner
 from wavepp.sched.request import Request, RequestState
 
@@ -42,25 +34,21 @@ from wavepp.sched.request import Request, RequestState
 _ADMITTING_SCAN = 256
 
 
-class Leader(LeaderRounds):
+class Leader:
     def __init__(self, config: LeaderConfig, planner: Planner):
         self.config = config
         self.planner = planner
         self.requests: dict[int, Request] = {}  # every request that has not ended
         self.waiting: collections.deque[Request] = collections.deque()
         self.plannable: list[Request] = []  # admitted or running, in admission order
-        self.round: AdmissionRound | None = None
-        self._round_latency_s: float | None = None
+        self.rounds = LeaderRounds(config.num_stages, config.block_size, config.hybrid)
         self.waves_in_flight: dict[int, Wave] = {}
         self.inflight = InflightBlocks(config.block_size)
         self._finished: list[Request] = []  # ended, not yet taken by the driver
         self._pending_releases: list[int] = []  # withdrawn requests: released with the next wave
         self._retry_after_wave: dict[int, int] = {}  # request id -> waves that must finish first
         self._num_waves_done = 0
-        self._next_round_id = 0
         self._next_wave_id = 0
-        # each stage's blocks by state, as its last CommitReply reported them (for metrics)
-        self.stage_capacity: list[CapacityView | None] = [None] * config.num_stages
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -133,8 +121,40 @@ class Leader(LeaderRounds):
     # ---- admission ---------------------------------------------------------------------------
 
     @property
+    def round(self) -> AdmissionRound | None:
+        """The admission round open now, if any (its state: `rounds`)."""
+        return self.rounds.round
+
+    @property
+    def stage_capacity(self) -> list[CapacityView | None]:
+        """Each stage's blocks by state, as its last CommitReply reported them (for metrics)."""
+        return self.rounds.stage_capacity
+
+    @property
     def has_waiting(self) -> bool:
         return any(self._retry_ready(r) for r in self.waiting)
+
+    def start_round(self, now: float) -> RoundStep | None:
+        """Open a round over the waiting requests ready for one (at most `max_round_requests`;
+        at most one round at a time): the step that sends its ProbeMsg, or None."""
+        if self.round is not None:
+            return None
+        batch, rest = [], collections.deque()
+        while self.waiting and len(batch) < self.config.max_round_requests:
+            req = self.waiting.popleft()
+            (batch if self._retry_ready(req) else rest).append(req)
+        self.waiting.extendleft(reversed(rest))
+        if not batch:
+            return None
+        return self.rounds.open(batch, now)
+
+    def advance_round(self, replies, now: float) -> RoundStep:
+        """The replies of every stage to the round's last message: the next step."""
+        if self.rounds.phase == "probe":
+            step, deferred = self.rounds.agree(replies, self._leased_dead)
+            self.waiting.extendleft(reversed(deferred))
+            return step
+        return self._on_lease_replies(replies, now)
 
     def plan_wave(self, now: float) -> Wave | None:
         """The next wave, or None if the ring is full or there is nothing to send."""
@@ -181,10 +201,7 @@ class Leader(LeaderRounds):
             else (0, r.num_tokens)
             for r in pending
         ]
-        left = math.inf
-        if rnd is not None and self._round_latency_s is not None:
-            left = max(0.0, self._round_latency_s - (now - rnd.start_time))
-        return Admitting(items, in_round, left)
+        return Admitting(items, in_round, self.rounds.seconds_left(now))
 
     def on_wave_result(self, result: WaveResult, now: float) -> list[Request]:
         """A wave came back from the last stage; returns the requests it finished (they are
@@ -247,10 +264,47 @@ class Leader(LeaderRounds):
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _round_phase(self) -> str:
-        if self.round is None:
-            raise RuntimeError("no admission round is open")
-        return self.round.phase
+    def _on_lease_replies(self, replies, now: float) -> RoundStep:
+        """Admit the requests every stage leased, escrowed and committed; release the others
+        everywhere (the ReleaseMsg goes out before the round ends)."""
+        rnd = self.round
+        failed = self.rounds.commits(replies)
+        admitted, release = [], []
+        for req in rnd.leased:
+            if req.request_id in rnd.aborted:
+                release.append(req.request_id)
+                self._finish(req, RequestState.ABORTED, "aborted", now)
+                continue
+            if req.request_id in failed:
+                release.append(req.request_id)
+                self._not_admitted(req, failed[req.request_id], now)
+                continue
+            dead = self.inflight.dead_until(req, req.num_cached_tokens // self.config.block_size)
+            if dead > self._num_waves_done or req.request_id in rnd.tainted:
+                # it leased blocks a withdrawn request will not compute: retry once the release ran
+                release.append(req.request_id)
+                self._requeue(req, max(dead, self._num_waves_done), front=True)
+                continue
+            self._admit(req, now)
+            admitted.append(req)
+        for req in rnd.requests:
+            if req.state == RequestState.PROPOSED and req.request_id in rnd.aborted:
+                self._finish(req, RequestState.ABORTED, "aborted", now)
+        return self.rounds.close(now, admitted, release)
+
+    def _admit(self, req: Request, now: float) -> None:
+        """A leased request every stage committed: it waits for its chunks to be planned."""
+        k = req.num_cached_tokens // self.config.block_size
+        req.state = RequestState.ADMITTED
+        req.admitted_time = now
+        req.dependencies = self.inflight.dependencies(req, k)
+        self.inflight.register(req, k)
+        self.plannable.append(req)
+
+    def _leased_dead(self, req: Request, k: int) -> bool:
+        """Blocks of req's first k, which a withdrawn request was to compute, may be released
+        after a lease of them now (not every wave before that release has finished)."""
+        return self.inflight.dead_until(req, k) > self._num_waves_done
 
     def _retry_ready(self, req: Request) -> bool:
         return self._retry_after_wave.get(req.request_id, 0) <= self._num_waves_done
@@ -306,12 +360,7 @@ class Leader(LeaderRounds):
         if req.num_scheduled_tokens < req.num_tokens:
             self._pending_releases.append(req.request_id)
         release_done = self._next_wave_id + 1  # the release rides on the next wave
-        dead = self.inflight.withdraw(req, release_done)
-        if self.round is not None and dead:  # this round's leases may hold them
-            bs = self.config.block_size
-            for r in self.round.leased:
-                if not dead.isdisjoint(r.block_hashes[: r.num_cached_tokens // bs]):
-                    self.round.tainted.add(r.request_id)
+        self.rounds.taint(self.inflight.withdraw(req, release_done))  # its leases may hold them
         for dep in list(self.plannable):
             if dep in self.plannable and any(
                 d.owner_id == req.request_id and req.num_scheduled_tokens < d.num_tokens

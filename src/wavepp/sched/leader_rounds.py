@@ -1,17 +1,27 @@
-"""The leader's side of an admission round (mixed into Leader, leader.py, whose state it uses):
+"""The leader's admission rounds: the open round, the round ids, what the rounds learned.
 
-    start_round(now)            probe: every stage's longest local prefix of the waiting requests
-    advance_round(replies, now)   probe replies -> lease (the prefix every stage holds, agreed)
-                                  lease replies -> admitted, or refused and requeued; the releases
+`Leader` (leader.py) holds one `LeaderRounds` and calls it at each step of a round:
 
-The round's rules (what is agreed, who waits for a round, which failures count) are in
-admission.py; this is the leader's bookkeeping around them.
+    open(batch, now)               the waiting requests picked -> ProbeMsg (every stage's
+                                     longest local prefix of each)
+    agree(replies, is_dead)        probe replies -> LeaseMsg (the prefix every stage holds),
+                                     and the requests deferred to the next round
+    commits(replies)               lease replies -> which requests some stage refused; every
+                                     stage's capacity noted
+    close(now, admitted, release)  the round is over -> its RoundOutcome, and its releases
+
+Between `commits` and `close` the leader decides each leased request's fate (admitted, retried,
+failed), since that moves its own queues. The round's rules (what is agreed, who waits for a
+round, which failures count) are in admission.py. Pure Python: `now` is passed in.
 """
 
 from __future__ import annotations
 
 import collections
+import math
+from typing import Callable
 
+from wavepp.cache import CapacityView
 from wavepp.sched.admission import (
     AdmissionRound,
     RoundOutcome,
@@ -21,21 +31,31 @@ from wavepp.sched.admission import (
     waits_for_round,
 )
 from wavepp.sched.messages import LeaseItem, LeaseMsg, ProbeMsg, ReleaseMsg
-from wavepp.sched.request import RequestState
+from wavepp.sched.request import Request, RequestState
 
 
 class LeaderRounds:
-    def start_round(self, now: float) -> RoundStep | None:
-        """Open a round over the waiting requests (at most one round at a time): a ProbeMsg."""
-        if self.round is not None:
-            return None
-        batch, rest = [], collections.deque()
-        while self.waiting and len(batch) < self.config.max_round_requests:
-            req = self.waiting.popleft()
-            (batch if self._retry_ready(req) else rest).append(req)
-        self.waiting.extendleft(reversed(rest))
-        if not batch:
-            return None
+    def __init__(self, num_stages: int, block_size: int, hybrid: bool):
+        self.num_stages = num_stages
+        self.block_size = block_size
+        self.hybrid = hybrid
+        self.round: AdmissionRound | None = None  # at most one round is open
+        # each stage's blocks by state, as its last CommitReply reported them (for metrics)
+        self.stage_capacity: list[CapacityView | None] = [None] * num_stages
+        self._latency_s: float | None = None  # moving average of the last rounds' latency
+        self._next_round_id = 0
+
+    @property
+    def phase(self) -> str:
+        """The open round's phase ("probe" or "lease"); RuntimeError if none is open."""
+        if self.round is None:
+            raise RuntimeError("no admission round is open")
+        return self.round.phase
+
+    def open(self, batch: list[Request], now: float) -> RoundStep:
+        """Open a round over `batch` (none may be open): each request becomes PROPOSED and
+        counts one more round. Returns the step that sends the ProbeMsg."""
+        assert self.round is None, "an admission round is already open"
         for req in batch:
             req.state = RequestState.PROPOSED
             req.num_rounds += 1
@@ -44,114 +64,105 @@ class LeaderRounds:
         items = tuple(r.probe_item() for r in batch)
         return RoundStep(send=ProbeMsg(self.round.round_id, items))
 
-    def advance_round(self, replies, now: float) -> RoundStep:
-        """The replies of every stage to the round's last message: the next step."""
-        phase = self._round_phase()
-        if phase == "probe":
-            return self._on_probe_replies(replies)
-        return self._on_lease_replies(replies, now)
-
-    def _on_probe_replies(self, replies) -> RoundStep:
+    def agree(
+        self, replies, is_dead: Callable[[Request, int], bool]
+    ) -> tuple[RoundStep, list[Request]]:
         """Agree each request's prefix (min over stages); ask every stage to lease it and escrow
         room for the rest. A request sharing blocks beyond its agreed prefix with an earlier
         request of this round waits for the next round, where it reuses them as pending blocks
         (and pending snapshots) instead of computing them twice; on a hybrid model only if
-        they reach a snapshot boundary (`waits_for_round`)."""
+        they reach a snapshot boundary (`waits_for_round`).
+
+        Mutates the leased requests (LEASED, their progress set to the agreed prefix) and the
+        round (its leased and tainted requests; the deferred ones leave it, WAITING). `is_dead(
+        req, k)`: whether blocks of req's first k a withdrawn request was to compute may be
+        released before this lease. Returns the LeaseMsg step and the deferred requests, in
+        order, for the leader to queue in front."""
         rnd = self.round
-        hints: dict[int, list] = collections.defaultdict(list)
-        for reply in replies:
-            for hint in reply.hints:
-                hints[hint.request_id].append(hint)
-        bs = self.config.block_size
+        hints = _hints_by_request(replies)
+        bs = self.block_size
         new_in_round: set[int] = set()
-        ends_in_round: set[int] = (
-            set()
-        )  # hybrid: blocks ending at a request's last reusable boundary
+        ends_in_round: set[int] = set()  # hybrid: blocks ending at a last reusable boundary
         items, deferred = [], []
         for req in rnd.requests:
             if req.request_id in rnd.aborted:
                 continue
-            req_hints = hints[req.request_id]
-            if len(req_hints) != self.config.num_stages:
-                raise ValueError(
-                    f"round {rnd.round_id}: request {req.request_id} has "
-                    f"{len(req_hints)} hints for {self.config.num_stages} stages"
-                )
-            k = agree_prefix(req, req_hints, bs, hybrid=self.config.hybrid)
-            interval = (
-                max(h.snapshot_interval_blocks for h in req_hints) if self.config.hybrid else 0
-            )
+            k, interval = self._agreed_blocks(req, hints[req.request_id])
             if waits_for_round(req, k, new_in_round, ends_in_round, bs, interval):
                 deferred.append(req)
                 continue
-            num_full = req.num_tokens // bs
-            new_in_round.update(req.block_hashes[k:num_full])
+            new_in_round.update(req.block_hashes[k : req.num_tokens // bs])
             last_reusable = (req.num_tokens - 1) // bs
-            if self.config.hybrid and last_reusable > k:
+            if self.hybrid and last_reusable > k:
                 ends_in_round.add(req.block_hashes[last_reusable - 1])
             req.num_cached_tokens = req.num_scheduled_tokens = req.num_computed_tokens = k * bs
             req.state = RequestState.LEASED
             rnd.leased.append(req)
-            if (
-                self.inflight.dead_until(req, k) > self._num_waves_done
-            ):  # released, maybe before this lease
+            if is_dead(req, k):  # released, maybe before this lease
                 rnd.tainted.add(req.request_id)
             items.append(LeaseItem(req.request_id, k, req.num_blocks(bs) - k))
-        for req in reversed(deferred):
+        for req in deferred:
             req.state = RequestState.WAITING
-            self.waiting.appendleft(req)
         rnd.requests = [r for r in rnd.requests if r not in deferred]
         rnd.phase = "lease"
-        return RoundStep(send=LeaseMsg(rnd.round_id, tuple(items)))
+        return RoundStep(send=LeaseMsg(rnd.round_id, tuple(items))), deferred
 
-    def _on_lease_replies(self, replies, now: float) -> RoundStep:
-        """Admit the requests every stage leased, escrowed and committed; release the others
-        everywhere (the ReleaseMsg goes out before the round ends)."""
-        rnd = self.round
+    def commits(self, replies) -> dict[int, str]:
+        """The lease replies: every stage's capacity noted; returns request id -> the first
+        stage's reason, for every request some stage did not lease, escrow and commit."""
         for reply in replies:
             if reply.capacity is not None:
                 self.stage_capacity[reply.stage_id] = reply.capacity
-        failed = failures_by_request(replies, self.config.num_stages)
-        bs = self.config.block_size
-        admitted, release = [], []
-        for req in rnd.leased:
-            if req.request_id in rnd.aborted:
-                release.append(req.request_id)
-                self._finish(req, RequestState.ABORTED, "aborted", now)
-                continue
-            if req.request_id in failed:
-                release.append(req.request_id)
-                self._not_admitted(req, failed[req.request_id], now)
-                continue
-            k = req.num_cached_tokens // bs
-            dead = self.inflight.dead_until(req, k)
-            if dead > self._num_waves_done or req.request_id in rnd.tainted:
-                # it leased blocks a withdrawn request will not compute: retry once the release ran
-                release.append(req.request_id)
-                self._requeue(req, max(dead, self._num_waves_done), front=True)
-                continue
-            req.state = RequestState.ADMITTED
-            req.admitted_time = now
-            req.dependencies = self.inflight.dependencies(req, k)
-            self.inflight.register(req, k)
-            self.plannable.append(req)
-            admitted.append(req)
-        for req in rnd.requests:
-            if req.state == RequestState.PROPOSED and req.request_id in rnd.aborted:
-                self._finish(req, RequestState.ABORTED, "aborted", now)
+        return failures_by_request(replies, self.num_stages)
+
+    def close(self, now: float, admitted: list[Request], release: list[int]) -> RoundStep:
+        """The open round is over (the leader decided each leased request): no round is open
+        from here, and the latency joins the moving average. Returns the step with the
+        ReleaseMsg of `release` (if any) and the RoundOutcome."""
+        rnd, self.round = self.round, None
         retried = tuple(r for r in rnd.leased if r.state == RequestState.WAITING)
-        failed_reqs = tuple(r for r in rnd.leased if r.state == RequestState.FAILED)
-        self.round = None
+        failed = tuple(r for r in rnd.leased if r.state == RequestState.FAILED)
         latency = now - rnd.start_time
         # the planner's prediction of a running round's end: a moving average of the last rounds
-        self._round_latency_s = (
-            latency if self._round_latency_s is None else 0.5 * (self._round_latency_s + latency)
-        )
-        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed_reqs, retried, latency)
-        return RoundStep(release=_release(release), outcome=outcome)
+        self._latency_s = latency if self._latency_s is None else 0.5 * (self._latency_s + latency)
+        outcome = RoundOutcome(rnd.round_id, tuple(admitted), failed, retried, latency)
+        release_msg = ReleaseMsg(tuple(release)) if release else None
+        return RoundStep(release=release_msg, outcome=outcome)
 
-    # ---- execution ---------------------------------------------------------------------------
+    def taint(self, dead: set[int]) -> None:
+        """Blocks `dead` (hashes) will not be computed: the open round's leased requests whose
+        agreed prefix holds one are not admitted (the stages may drop them first)."""
+        if self.round is None or not dead:
+            return
+        bs = self.block_size
+        for r in self.round.leased:
+            if not dead.isdisjoint(r.block_hashes[: r.num_cached_tokens // bs]):
+                self.round.tainted.add(r.request_id)
+
+    def seconds_left(self, now: float) -> float:
+        """The open round's predicted time to its end, from the last rounds' latency (no round
+        open, or none finished yet: never soon)."""
+        if self.round is None or self._latency_s is None:
+            return math.inf
+        return max(0.0, self._latency_s - (now - self.round.start_time))
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _agreed_blocks(self, req: Request, req_hints: list) -> tuple[int, int]:
+        """(blocks every stage holds of req, the snapshot interval in blocks: 0 unless hybrid)."""
+        if len(req_hints) != self.num_stages:
+            raise ValueError(
+                f"round {self.round.round_id}: request {req.request_id} has "
+                f"{len(req_hints)} hints for {self.num_stages} stages"
+            )
+        k = agree_prefix(req, req_hints, self.block_size, hybrid=self.hybrid)
+        interval = max(h.snapshot_interval_blocks for h in req_hints) if self.hybrid else 0
+        return k, interval
 
 
-def _release(request_ids: list[int]) -> ReleaseMsg | None:
-    return ReleaseMsg(tuple(request_ids)) if request_ids else None
+def _hints_by_request(replies) -> dict[int, list]:
+    hints: dict[int, list] = collections.defaultdict(list)
+    for reply in replies:
+        for hint in reply.hints:
+            hints[hint.request_id].append(hint)
+    return hints
