@@ -48,16 +48,15 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import replace
-from typing import Callable
 
 from wavepp.sched.messages import ReleaseMsg, TokenResult, Wave, WaveResult
 from wavepp.sched.request import RequestState
 from wavepp.sched.rounds import run_round
 from wavepp.sim.loop_costs import LoopCosts
-from wavepp.sim.loop_plumbing import LoopPlumbing
 from wavepp.sim.pipeline import PipelineSim
 from wavepp.sim.sglang import SglangScheduling
 from wavepp.sim.trtllm import TrtllmScheduling
+from wavepp.sim.virtual_channels import VirtualChannels
 
 LOOPS = ("trtllm", "sglang")
 
@@ -76,8 +75,9 @@ class _Batch:
         self.match_s = 0.0  # every rank's radix walks (SGLang, "considered")
 
 
-class LoopSim(LoopPlumbing, PipelineSim):
-    """A PipelineSim whose ranks run an outside executor loop (`loop`: trtllm | sglang)."""
+class LoopSim(PipelineSim):
+    """A PipelineSim whose ranks run an outside executor loop (`loop`: trtllm | sglang), each
+    rank a coroutine over `channels` (its sends, receives, sleeps and waits for work)."""
 
     def __init__(
         self,
@@ -101,16 +101,21 @@ class LoopSim(LoopPlumbing, PipelineSim):
         self.trtllm = trtllm if loop == "trtllm" else None
         self.sglang = sglang if loop == "sglang" else None  # SGLang's mechanisms (sim/sglang.py)
         n = self.num_stages
-        self._chan: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-        self._chan_waiter: dict[tuple, Callable] = {}
         self._gpu_queue = [collections.deque() for _ in range(n)]
         self._gpu_busy = [False] * n
-        self._idle_waiter: Callable | None = None
         self.iterations = [0] * n
         self.waves_sent: list[Wave] = []  # every microbatch rank 0 scheduled, in order
+        self.channels = VirtualChannels(self.loop, loop_costs.hop_s, self._has_work)
         body = self._trtllm if loop == "trtllm" else self._sglang
         for rank in range(n):
-            self._start(body(rank))
+            self.channels.start(body(rank))
+
+    def _kick(self) -> None:
+        """PipelineSim's kick (a request arrived, a round ended): wake rank 0's loop if idle."""
+        self.channels.kick()
+
+    def _has_work(self) -> bool:
+        return bool(self.leader.has_waiting or self.leader.plannable or self.leader.waves_in_flight)
 
     # ---- the GPU of each rank ----------------------------------------------------------------
 
@@ -274,20 +279,20 @@ class LoopSim(LoopPlumbing, PipelineSim):
             # fetch: rank 0 reads the queue, the list goes down the chain
             if rank == 0:
                 if all(s is None for s in slots):
-                    yield self._wait_for_work()
+                    yield self.channels.wait_for_work()
             else:
-                yield self._recv(rank - 1, rank, "fetch")
-            yield self._sleep(lc.fetch_s)
+                yield self.channels.recv(rank - 1, rank, "fetch")
+            yield self.channels.sleep(lc.fetch_s)
             if not last:
-                self._send(rank, rank + 1, "fetch", None)
+                self.channels.send(rank, rank + 1, "fetch", None)
             # schedule on rank 0, propagated; every rank runs its scheduler and prepare_resources
             if rank == 0:
                 batch = self._schedule()
             else:
-                batch = yield self._recv(rank - 1, rank, "schedule")
+                batch = yield self.channels.recv(rank - 1, rank, "schedule")
             if not last:
-                self._send(rank, rank + 1, "schedule", batch)
-            yield self._sleep(self._prepare_s(batch, rank))
+                self.channels.send(rank, rank + 1, "schedule", batch)
+            yield self.channels.sleep(self._prepare_s(batch, rank))
             self.iterations[rank] += 1
             slots[mb] = batch
             if batch is not None:
@@ -303,14 +308,14 @@ class LoopSim(LoopPlumbing, PipelineSim):
             previous = slots[(mb + (-1 if last else 1)) % P]
             if previous is not None:
                 if not last:
-                    yield self._recv(prev_rank, rank, "sample")
+                    yield self.channels.recv(prev_rank, rank, "sample")
                 if rank != P - 2:
-                    self._send(rank, next_rank, "sample", previous)
-                yield self._sleep(lc.relay_s)
+                    self.channels.send(rank, next_rank, "sample", previous)
+                yield self.channels.sleep(lc.relay_s)
             # finalize the batch of P-1 iterations ago
             previous = slots[(mb + 1) % P]
             if previous is not None:
-                yield self._sleep(lc.finalize_s)
+                yield self.channels.sleep(lc.finalize_s)
                 if rank == 0:
                     self._retire(previous)
                 slots[(mb + 1) % P] = None
@@ -326,26 +331,26 @@ class LoopSim(LoopPlumbing, PipelineSim):
         while True:
             if rank == 0:
                 if all(s is None for s in slots):
-                    yield self._wait_for_work()
-                yield self._sleep(lc.fetch_s)
+                    yield self.channels.wait_for_work()
+                yield self.channels.sleep(lc.fetch_s)
                 batch = self._schedule()
             else:
-                batch = yield self._recv(rank - 1, rank, "reqs")
-                yield self._sleep(lc.fetch_s)
-            yield self._sleep(self._prepare_s(batch, rank))
+                batch = yield self.channels.recv(rank - 1, rank, "reqs")
+                yield self.channels.sleep(lc.fetch_s)
+            yield self.channels.sleep(self._prepare_s(batch, rank))
             self.iterations[rank] += 1
             slots[mb] = batch
             if batch is not None:
                 if rank > 0:  # run_batch: the hidden states' metadata (blocking)
-                    yield self._recv(rank - 1, rank, "proxy")
+                    yield self.channels.recv(rank - 1, rank, "proxy")
                 self._launch(rank, batch)
                 if last:  # sampled ids to rank 0 (the data: when computed)
-                    self._send(rank, 0, "out", batch)
+                    self.channels.send(rank, 0, "out", batch)
             following = slots[(mb + 1) % P]
             received = None
             if following is not None:
                 src = P - 1 if rank == 0 else rank - 1
-                received = yield self._recv(src, rank, "out")
+                received = yield self.channels.recv(src, rank, "out")
                 if received is not following:
                     raise AssertionError(
                         f"rank {rank}: outputs of wave {received.wave.wave_id} "
@@ -353,17 +358,19 @@ class LoopSim(LoopPlumbing, PipelineSim):
                     )
                 yield self._gpu_sync(P - 1, following)  # process_batch_result syncs on them
                 if rank == 0:  # ... which left the last rank's GPU a hop ago
-                    yield self._sleep(max(0.0, following.done_at[P - 1] + lc.hop_s - self.loop.now))
-                yield self._sleep(lc.relay_s + lc.finalize_s)
+                    yield self.channels.sleep(
+                        max(0.0, following.done_at[P - 1] + lc.hop_s - self.loop.now)
+                    )
+                yield self.channels.sleep(lc.relay_s + lc.finalize_s)
                 if rank == 0:
                     self._retire(following)
                 slots[(mb + 1) % P] = None
             if not last:
                 if carry is not None:
-                    self._send(rank, rank + 1, "out", carry)
-                self._send(rank, rank + 1, "reqs", batch)
+                    self.channels.send(rank, rank + 1, "out", carry)
+                self.channels.send(rank, rank + 1, "reqs", batch)
                 if batch is not None:
-                    self._send(rank, rank + 1, "proxy", batch)
-                yield self._sleep(lc.relay_s)
+                    self.channels.send(rank, rank + 1, "proxy", batch)
+                yield self.channels.sleep(lc.relay_s)
             carry = received
             mb = (mb + 1) % P
