@@ -24,11 +24,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from wavepp.engine import Engine, EngineError
+from wavepp.openai_http import APIError, read_body
 from wavepp.serve.chat import parse_cache_query, parse_chat, parse_detokenize, parse_tokenize
 from wavepp.serve.completion_request import parse_completion, parse_json, parse_score
 from wavepp.serve.encoding import gc_paused, json_bytes
-from wavepp.serve.errors import APIError
-from wavepp.serve.limits import StreamSlots, max_prompt_chars, read_body
+from wavepp.serve.limits import StreamSlots, max_prompt_chars
 from wavepp.serve.metrics import ServeMetrics
 from wavepp.serve.responses import Responses
 from wavepp.serve.runner import Runner

@@ -22,17 +22,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from wavepp.engine import Engine, EngineError
+from wavepp.openai_http import DEFAULT_MAX_BODY_BYTES, APIError, answer_api_errors
 from wavepp.serve.api import API
-from wavepp.serve.errors import APIError
-from wavepp.serve.limits import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_PROMPTS_PER_REQUEST,
-    DEFAULT_MAX_STREAMS,
-)
+from wavepp.serve.limits import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_STREAMS
 
 
 @dataclass(frozen=True)
@@ -72,9 +68,7 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     app = FastAPI(title="wavepp", lifespan=lifespan)
     app.state.api = api
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    answer_api_errors(app)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

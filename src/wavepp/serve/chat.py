@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wavepp.openai_http import APIError, short
 from wavepp.serve.completion_request import (
     check_model,
     optional_bool,
@@ -17,7 +18,6 @@ from wavepp.serve.completion_request import (
     parse_max_tokens,
     parse_stream,
 )
-from wavepp.serve.errors import APIError, short
 from wavepp.serve.sampling import check_sampling
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

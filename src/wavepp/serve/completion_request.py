@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from wavepp.serve.errors import APIError, short
+from wavepp.openai_http import APIError, short
 from wavepp.serve.sampling import check_sampling
 
 Prompt = str | list[int]

@@ -1,5 +1,6 @@
 """The server's bounds on one request, and the two mechanisms that enforce them before any work
-is done: a body read that stops at the byte limit, and the slots of open streams.
+is done: a body read that stops at the byte limit (`read_body`, in wavepp/openai_http.py: the
+router reads its bodies the same way), and the slots of open streams.
 
     what                      option                       default          beyond it
     body bytes                --max-body-bytes             32 MiB           413
@@ -23,35 +24,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING
 
-from wavepp.serve.errors import APIError
+from wavepp.openai_http import APIError
 
-if TYPE_CHECKING:
-    from starlette.requests import Request
-
-MiB = 2**20
-DEFAULT_MAX_BODY_BYTES = 32 * MiB
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 256
 DEFAULT_MAX_STREAMS = 256
 # a normalizer may join characters (NFC: a letter and its combining accent become one), so a
 # text may shrink before it is tokenized; none shrinks it 4 times over
 NORMALIZATION_SLACK = 4
-
-
-async def read_body(request: "Request", max_bytes: int) -> bytes:
-    """The request's body, refused with 413 as soon as it passes `max_bytes` (by its
-    Content-Length, or while it arrives): a larger body is never held in memory whole."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > max_bytes:
-        raise _too_large(int(length), max_bytes)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(size, max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def max_prompt_chars(max_prompt_tokens: int, max_token_chars: int) -> int:
@@ -106,12 +86,3 @@ class StreamSlot:
     def bind(self, stream) -> None:
         """Release the slot when `stream` (an async generator) is collected, if not before."""
         weakref.finalize(stream, self.release)
-
-
-def _too_large(size: int, max_bytes: int) -> APIError:
-    return APIError(
-        413,
-        f"the request body has {size} bytes or more; this server takes at most "
-        f"{max_bytes} (--max-body-bytes)",
-        type_="invalid_request_error",
-    )

@@ -49,10 +49,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from wavepp.openai_http import DEFAULT_MAX_BODY_BYTES, TOKEN_CHOICE_FIELDS, APIError, read_body
 from wavepp.routing import POLICIES, NoReplica, ReplicaTable, prompt_key
-from wavepp.serve.errors import APIError
-from wavepp.serve.limits import DEFAULT_MAX_BODY_BYTES, read_body
-from wavepp.serve.sampling import TOKEN_CHOICE_FIELDS
 from wavepp.serve.upstream import (
     REQUEST_OWN,
     NoCookies,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from wavepp.engine import Engine, EngineError
-from wavepp.serve.errors import APIError
+from wavepp.openai_http import APIError
 from wavepp.serve.metrics import ServeMetrics
 
 ENGINE_THREADS = 8

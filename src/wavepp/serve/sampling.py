@@ -28,27 +28,7 @@ from __future__ import annotations
 
 import math
 
-from wavepp.serve.errors import APIError, short
-
-# the fields above that only choose among tokens: a prefill whose KV a decode engine takes on
-# leaves them to the decode side (the router sends the prefill none of them)
-TOKEN_CHOICE_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "n",
-    "best_of",
-    "min_tokens",
-    "bad_words",
-    "allowed_token_ids",
-    "response_format",
-)
+from wavepp.openai_http import APIError, short
 
 
 def check_sampling(body: dict) -> None:

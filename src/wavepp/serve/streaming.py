@@ -23,10 +23,10 @@ from typing import AsyncIterator
 
 from starlette.requests import Request
 
+from wavepp.openai_http import APIError
 from wavepp.serve.chat import ChatRequest
 from wavepp.serve.completion_request import CompletionRequest
 from wavepp.serve.encoding import gc_paused, json_bytes
-from wavepp.serve.errors import APIError
 from wavepp.serve.responses import Responses, new_id, usage
 from wavepp.serve.runner import Runner, Submission, disconnected, raise_if_failed
 

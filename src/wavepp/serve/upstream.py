@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from wavepp.openai_http import APIError
 from wavepp.routing import ReplicaTable
-from wavepp.serve.errors import APIError
 
 log = logging.getLogger("wavepp.serve.router")
 
