@@ -57,9 +57,9 @@ def is_evictable_leaf(entry: BlockEntry) -> bool:
     return entry.num_children == num_victims and is_evictable(entry)
 
 
-def leaf_order(entry: BlockEntry) -> tuple[int, int, int]:
+def leaf_order(entry: BlockEntry) -> tuple[int, int, int | None]:
     """Eviction order: least recently used first, then deeper first, then lower block id."""
-    return (entry.last_access, -entry.depth, entry.block_id)  # type: ignore[return-value]
+    return (entry.last_access, -entry.depth, entry.block_id)
 
 
 class LeafQueue:
@@ -72,7 +72,7 @@ class LeafQueue:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, BlockEntry]] = []
+        self._heap: list[tuple[int, int, int | None, BlockEntry]] = []
 
     def __len__(self) -> int:
         """Heap items, stale ones included."""
@@ -88,7 +88,7 @@ class LeafQueue:
         if entry.leaf_key != entry.last_access:
             entry.leaf_key = entry.last_access
             item = (entry.last_access, -entry.depth, entry.block_id, entry)
-            heapq.heappush(self._heap, item)  # type: ignore[arg-type]
+            heapq.heappush(self._heap, item)
 
     def peek(self) -> BlockEntry | None:
         heap = self._heap

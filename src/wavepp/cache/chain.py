@@ -9,7 +9,7 @@ by its owner, so eviction never cuts a chain under a PENDING entry).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from wavepp.cache.block import BlockEntry
 from wavepp.cache.pool_request import PoolRequest
@@ -18,6 +18,9 @@ from wavepp.cache.prefix_index import PrefixIndex
 
 class RequestChains(PrefixIndex):
     """The index side of a request's life; subclasses hold `_requests` and `max_leased_blocks`."""
+
+    _requests: dict[Hashable, PoolRequest]
+    max_leased_blocks: int | None
 
     def _register(self, request: PoolRequest, new_block_hashes: Sequence[int]) -> int:
         """Create the request's own entries at commit; link the new hashes while the chain holds."""

@@ -50,7 +50,7 @@ def hash_blocks(
     digest = xxhash.xxh3_64_intdigest
     prev = _ROOT_SEED if parent is None else parent
     step = block_size * _TOKEN_DTYPE.itemsize
-    hashes = []
+    hashes: list[int] = []
     append = hashes.append
     # bytes [0, step) block 0 | [step, 2*step) block 1 | ... ; one seeded hash per full block.
     # Two loops so the common case (no extra keys, no salt) skips a big-int xor per block.

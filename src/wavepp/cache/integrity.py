@@ -68,13 +68,13 @@ def check_pool(pool: BlockPool) -> None:
         )
     for request in pool._requests.values():
         hashes = request.chain_hashes()
-        found, expected = pool.match(hashes), pool.match_linear(hashes)
+        found, linear = pool.match(hashes), pool.match_linear(hashes)
         _check(
-            found.num_blocks == expected,
-            f"match {found.num_blocks} != linear {expected} for {request.request_id!r}",
+            found.num_blocks == linear,
+            f"match {found.num_blocks} != linear {linear} for {request.request_id!r}",
         )
         computed = 0
-        while computed < expected and pool._index[hashes[computed]].computed:
+        while computed < linear and pool._index[hashes[computed]].computed:
             computed += 1
         _check(
             found.num_computed_blocks == computed,
@@ -167,7 +167,7 @@ def _check_refs(pool: BlockPool) -> set[BlockEntry]:
             )
         if entry.linked:
             _check(
-                pool._index.get(entry.block_hash) is entry,
+                entry.block_hash is not None and pool._index.get(entry.block_hash) is entry,
                 f"linked block {entry.block_id} not in the index",
             )
         elif num_holders == 0 and entry.block_id is not None and entry.victim_of is None:

@@ -22,6 +22,7 @@ one caller at a time (the stage's admission loop or the simulator).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 from wavepp.cache import integrity
 from wavepp.cache.block import BlockEntry
@@ -96,7 +97,7 @@ class BlockPool(RequestChains):
             raise InvalidArgumentError(
                 f"lease: num_blocks={num_blocks} not in [0, {len(block_hashes)}]"
             )
-        entries = []
+        entries: list[BlockEntry] = []
         for block_hash in block_hashes[:num_blocks]:
             entry = self._index.get(block_hash)
             if entry is None:
@@ -119,7 +120,7 @@ class BlockPool(RequestChains):
             self._hold(picks)
         for entry in entries:
             if entry.victim_of is not None:
-                del self._requests[entry.victim_of].escrow.victims[entry.block_id]  # type: ignore[union-attr]
+                del self._requests[entry.victim_of].escrow.victims[entry.block_id]  # type: ignore[union-attr, arg-type]
                 unmark_victim(entry)
                 self._pin(was_victim=True)
             elif entry.ref_count == 0:
@@ -231,20 +232,21 @@ class BlockPool(RequestChains):
                 )
         escrow = request.escrow
         assert escrow is not None
-        for entry in escrow.victims.values():
-            if entry is None:
+        for victim in escrow.victims.values():
+            if victim is None:
                 continue
-            if entry.linked:  # (else another escrow's materialize evicted its parent already)
-                self._evict(entry)
-            entry.victim_of = None
-            entry.block_id = None  # the block now belongs to one of the request's entries
+            if victim.linked:  # (else another escrow's materialize evicted its parent already)
+                self._evict(victim)
+            victim.victim_of = None
+            victim.block_id = None  # the block now belongs to one of the request's entries
         block_ids = list(escrow.victims)
         for entry, block_id in zip(request.own, block_ids):
             entry.block_id = block_id
             self._block_entries[block_id] = entry
         self._escrow_to_in_use(len(block_ids))
         request.escrow = None
-        request.block_table = [e.block_id for e in request.leased] + block_ids  # type: ignore[misc]
+        leased_ids = cast("list[int]", [e.block_id for e in request.leased])  # checked above
+        request.block_table = leased_ids + block_ids
         return list(request.block_table)
 
     def publish(self, request_id: Hashable, num_computed_tokens: int) -> None:

@@ -53,4 +53,4 @@ class PoolRequest:
 
     def chain_hashes(self) -> list[int]:
         """The request's known chain: leased hashes then the hashes given at commit."""
-        return [e.block_hash for e in self.leased] + list(self.new_block_hashes)  # type: ignore[misc]
+        return [e.block_hash for e in self.leased] + list(self.new_block_hashes)  # type: ignore[return-value]

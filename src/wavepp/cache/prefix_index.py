@@ -190,7 +190,7 @@ class PrefixIndex:
 
     def _free_block(self, entry: BlockEntry) -> None:
         self._block_entries[entry.block_id] = None  # type: ignore[index]
-        heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[arg-type]
+        heapq.heappush(self._free_ids, entry.block_id)  # type: ignore[misc]
         entry.block_id = None
 
     def _evict(self, entry: BlockEntry) -> None:

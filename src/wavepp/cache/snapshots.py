@@ -276,7 +276,7 @@ class SnapshotPool(BlockPool):
             return []
         chosen: list[Snapshot] = []
         taken: set[int] = set()
-        children_left = {}
+        children_left: dict[int, int] = {}
         while len(chosen) < count:
             candidates = [
                 s
