@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 def _puller_child(conn) -> None:
     """Another process's transfer engine: pulls what it is sent, answers the seconds it took."""
-    from wavepp.kv_transfer.arena_pull import ArenaPuller
+    from wavepp.kv_transfer.mooncake.puller import ArenaPuller
 
     puller = ArenaPuller("127.0.0.1")
     while (job := conn.recv()) is not None:
@@ -54,8 +54,9 @@ def micro() -> None:
 
     import torch
 
-    from wavepp.kv_transfer import DirectoryStore
-    from wavepp.kv_transfer.transport import DirectoryTransport, MooncakeTransport
+    from wavepp.kv_transfer.directory import DirectoryStore
+    from wavepp.kv_transfer.directory.writer import DirectoryWriter
+    from wavepp.kv_transfer.mooncake.writer import ArenaWriter
     from wavepp.models import load_model_config, page_layout, stage_specs
     from wavepp.models.paged_pools import PagedPools
     from wavepp.model_store import resolve_model
@@ -67,12 +68,12 @@ def micro() -> None:
         t.normal_()
     rng = random.Random(0)
     manifest = {"stage_id": 0, "layers": [spec.start_layer, spec.end_layer], "dtype": "bfloat16"}
-    arena = MooncakeTransport(0, host="127.0.0.1", arena_bytes=2**30)
+    arena = ArenaWriter(0, host="127.0.0.1", arena_bytes=2**30)
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_puller_child, args=(child,), daemon=True)
     proc.start()
     with tempfile.TemporaryDirectory() as root:
-        directory = DirectoryTransport(DirectoryStore(root))
+        directory = DirectoryWriter(DirectoryStore(root))
         print(f"one stage of SmolLM2 ({spec.end_layer - spec.start_layer} layers, bf16), medians of 5")
         print("| prompt tokens | MB per stage | directory: copy out of the pools (compute loop) | "
               "pack + write (writer) | write MB/s | mooncake: blocks into the arena (compute loop) | "

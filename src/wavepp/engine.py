@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import Sequence
 
 from wavepp.engine_config import EngineConfig
-from wavepp.kv_transfer.handoff import KVHandoff
+from wavepp.kv_transfer import HandoffUsage, KVHandoff
 from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.prefill_result import PrefillResult, with_transfer_error
@@ -273,8 +273,8 @@ class Engine:
         requests that ended before their parts did included."""
         return (0, 0) if self._handoff is None else self._handoff.counts()
 
-    def kv_store_usage(self) -> dict | None:
-        """The KV store's bytes (at its last sweep), cap and swept transfers; None without one."""
+    def kv_transfer_usage(self) -> HandoffUsage | None:
+        """What the KV hand-off holds (kv_transfer/usage.py), read at its last sweep; or None."""
         return None if self._handoff is None else self._handoff.usage()
 
     def stats(self, rounds_since: int | None = None) -> CoreStats:

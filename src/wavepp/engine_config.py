@@ -16,7 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from wavepp.kv_transfer.mooncake_engine import check_host
+from wavepp.kv_transfer.mooncake.engine import check_host
+from wavepp.kv_transfer.transports import TRANSPORTS
 from wavepp.model_store import DEFAULT_MODEL
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import DEVICES
@@ -46,7 +47,7 @@ class EngineConfig:
     over Mooncake's transfer engine instead (no directory): each stage keeps its parts in an
     arena of `kv_arena_gib` registered with an engine of its own on `kv_host`, over
     `kv_transport_protocol` ("tcp" or "rdma"), until the decode side pulled them, `kv_ttl_s`
-    passed or newer parts needed the room (kv_transfer/transport.py).
+    passed or newer parts needed the room (kv_transfer/mooncake/).
 
     `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also runs
     the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of
@@ -91,13 +92,14 @@ class EngineConfig:
             raise ValueError(f"kv_ttl_s must be positive, got {self.kv_ttl_s}")
         if self.kv_store is not None and not str(self.kv_store):
             raise ValueError("kv_store must name a directory")
-        if self.kv_transport == "directory" and self.kv_store is None:
-            raise ValueError("kv_transport='directory' needs kv_store (a directory)")
-        if self.kv_transport == "mooncake" and self.kv_store is not None:
+        transport = TRANSPORTS.get(self.kv_transport)  # an unknown name: RuntimeConfig says so
+        if transport is not None and transport.needs_store and self.kv_store is None:
+            raise ValueError(f"kv_transport={transport.name!r} needs kv_store (a directory)")
+        if transport is not None and not transport.needs_store and self.kv_store is not None:
             raise ValueError(
-                "kv_store is the directory transport's; kv_transport='mooncake' takes none"
+                f"kv_store is the directory transport's; kv_transport={transport.name!r} takes none"
             )
-        if self.kv_transport == "mooncake" and self.kv_host:
+        if transport is not None and transport.takes_host and self.kv_host:
             check_host(self.kv_host)  # an address this machine resolves, or ValueError
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")

@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file, save
 
 from wavepp.bench.http import wait_until_healthy
-from wavepp.kv_transfer import DirectoryStore, Transfer, TransferError
-from wavepp.kv_transfer.arena_part import DTYPES
-from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
+from wavepp.kv_transfer.directory import DirectoryStore, Transfer, TransferError
+from wavepp.kv_transfer.mooncake.engine import TransferEngineHandle
+from wavepp.kv_transfer.mooncake.part import DTYPES
 from wavepp.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from tests.connectors.helpers import (
     wait_for_transfer,
 )
 from tests.serve.conftest import ServerProcess
-from wavepp.kv_transfer import DirectoryStore
+from wavepp.kv_transfer.directory import DirectoryStore
 from wavepp.model_store import resolve_model
 
 VLLM_BLOCK = 32

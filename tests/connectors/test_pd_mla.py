@@ -30,7 +30,7 @@ from tests.connectors.helpers import (
 )
 from tests.eventually import eventually
 from tests.serve.conftest import ServerProcess, save_byte_tokenizer
-from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
+from wavepp.kv_transfer.mooncake.engine import TransferEngineHandle
 from wavepp.random_checkpoint import make_model
 
 pytestmark = [pytest.mark.slow, needs_vllm]

@@ -35,8 +35,8 @@ from tests.connectors.helpers import (
 )
 from tests.eventually import eventually
 from tests.serve.conftest import ServerProcess, stage_pids
-from wavepp.kv_transfer.arena_pull import ArenaPuller
-from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle
+from wavepp.kv_transfer.mooncake.engine import TransferEngineHandle
+from wavepp.kv_transfer.mooncake.puller import ArenaPuller
 from wavepp.model_store import resolve_model
 
 pytestmark = [pytest.mark.slow, needs_vllm]

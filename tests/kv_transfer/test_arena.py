@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wavepp.kv_transfer.arena import MAGIC, ArenaFull, ArenaLedger
-from wavepp.kv_transfer.arena_part import check_location, pack_layout, prompt_digest, read_plan
 from wavepp.kv_transfer.decode_plan import plan_arena
+from wavepp.kv_transfer.mooncake.ledger import MAGIC, ArenaFull, ArenaLedger
+from wavepp.kv_transfer.mooncake.part import check_location, pack_layout, prompt_digest, read_plan
 
 
 def test_room_goes_to_the_oldest_first_and_a_part_is_seen_only_once_written():

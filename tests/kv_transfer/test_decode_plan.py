@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from wavepp.kv_transfer import DirectoryStore
 from wavepp.kv_transfer.decode_plan import LATENT_POOLS, DecodePlanner, plan_load
+from wavepp.kv_transfer.directory import DirectoryStore
 
 PROMPT = list(range(100, 170))  # 70 tokens
 
@@ -140,7 +140,7 @@ class Counting:
     def __init__(self, store, monkeypatch):
         import hashlib
 
-        from wavepp.kv_transfer import directory_store as store_module
+        from wavepp.kv_transfer.directory import store as store_module
 
         self.reads = self.hashes = 0
         read, sha256 = store.read, hashlib.sha256

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from tests.eventually import eventually
-from wavepp.kv_transfer import DirectoryStore, TransferError
-from wavepp.kv_transfer.handoff import DEFAULT_FREE_FRACTION, KVHandoff
+from wavepp.kv_transfer.directory import DirectoryStore, TransferError
+from wavepp.kv_transfer.directory.backend import DEFAULT_FREE_FRACTION
+from wavepp.kv_transfer.handoff import KVHandoff
 
 META = {"num_stages": 1, "block_size": 4}
 

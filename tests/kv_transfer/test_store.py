@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from wavepp.kv_transfer import DirectoryStore, TransferError
+from wavepp.kv_transfer.directory import DirectoryStore, TransferError
 
 
 def request(num_stages=2, owner="a"):
@@ -198,7 +198,7 @@ def test_a_transfer_folder_keeps_files_the_store_did_not_write(tmp_path):
 def test_a_request_the_disk_cannot_take_leaves_no_folder(tmp_path, monkeypatch):
     import errno
 
-    from wavepp.kv_transfer import directory_store as store_module
+    from wavepp.kv_transfer.directory import store as store_module
 
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")

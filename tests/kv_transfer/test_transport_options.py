@@ -1,5 +1,5 @@
 """The hand-off's options (EngineConfig, checked before anything starts) and rank 0's side of
-the transfer engine's transport (handoff_backends.ArenaBackend), engine-free: what it keeps per
+the transfer engine's transport (mooncake/backend.py ArenaBackend), engine-free: what it keeps per
 transfer is bounded, what it answers, what it releases."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from wavepp.engine_config import EngineConfig
-from wavepp.kv_transfer.arena_part import prompt_digest
-from wavepp.kv_transfer.handoff_backends import ArenaBackend
+from wavepp.kv_transfer.mooncake.backend import ArenaBackend
+from wavepp.kv_transfer.mooncake.part import prompt_digest
+from wavepp.kv_transfer.usage import ArenaUsage
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,7 @@ class FakeClient:
         self.released.append(location["seq"])
 
     def arena_header(self, location):
-        return {"entries": 1, "bytes": 10, "capacity": 100, "freed": {}}
+        return ArenaUsage(num_entries=1, num_bytes=10, capacity_bytes=100)
 
 
 def outcome(transfer_id, stage, seq):
@@ -64,7 +65,7 @@ def outcome(transfer_id, stage, seq):
 def test_rank_0_keeps_no_more_transfers_than_an_arena_holds_and_releases_what_it_gives_up():
     now = [0.0]
     backend = ArenaBackend(num_stages=2, ttl_s=10, max_transfers=3, clock=lambda: now[0])
-    backend.client = FakeClient()
+    backend.attach(FakeClient())
     for i in range(5):
         backend.open(f"t{i}", [1, 2, i], {}, "me")
         backend.note(outcome(f"t{i}", 0, 100 + i))
@@ -80,9 +81,9 @@ def test_rank_0_keeps_no_more_transfers_than_an_arena_holds_and_releases_what_it
     now[0] = 10.0
     assert backend.sweep() == 2  # t2 and t4 past the TTL: the stages free them themselves
     assert backend.client.released == [103, 203]
-    assert backend.usage()["arenas"] == {
-        0: {"entries": 1, "bytes": 10, "capacity": 100, "freed": {}},
-        1: {"entries": 1, "bytes": 10, "capacity": 100, "freed": {}},
+    assert backend.usage().arenas == {
+        0: ArenaUsage(num_entries=1, num_bytes=10, capacity_bytes=100),
+        1: ArenaUsage(num_entries=1, num_bytes=10, capacity_bytes=100),
     }
     backend.detach()
     backend.open("t9", [1], {}, "me")

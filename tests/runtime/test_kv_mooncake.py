@@ -14,9 +14,10 @@ import transformers
 
 from tests.eventually import eventually
 from wavepp.engine import Engine
-from wavepp.kv_transfer.arena_part import prompt_digest
-from wavepp.kv_transfer.arena_pull import ArenaPuller, PullFailed
 from wavepp.kv_transfer.decode_plan import plan_arena
+from wavepp.kv_transfer.mooncake.part import prompt_digest
+from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
+from wavepp.kv_transfer.usage import ArenaUsage
 
 from .helpers import VOCAB, assert_clean
 
@@ -36,8 +37,8 @@ def mooncake_engine(model, **options) -> Engine:
     )
 
 
-def arenas(engine) -> dict[int, dict]:
-    return engine.kv_store_usage()["arenas"]
+def arenas(engine) -> dict[int, ArenaUsage]:
+    return engine.kv_transfer_usage().arenas
 
 
 def test_each_stage_part_is_pulled_from_its_own_arena_and_is_the_prompts_cache(tiny):
@@ -73,17 +74,17 @@ def test_each_stage_part_is_pulled_from_its_own_arena_and_is_the_prompts_cache(t
                 ):
                     expect = cached[0].transpose(0, 1).flatten(1)[start:end]
                     torch.testing.assert_close(pools[pool], expect, atol=1e-4, rtol=1e-4)
-        eventually(lambda: [a["entries"] for a in arenas(engine).values()] == [2, 2])
+        eventually(lambda: [a.num_entries for a in arenas(engine).values()] == [2, 2])
 
         # released by the decode side: freed on both stages, and no longer pulled
         puller.release(results[0].kv_transfer["stages"])
-        eventually(lambda: [a["entries"] for a in arenas(engine).values()] == [1, 1])
+        eventually(lambda: [a.num_entries for a in arenas(engine).values()] == [1, 1])
         with pytest.raises(PullFailed, match="freed"):
             puller.pull(results[0].kv_transfer["stages"], 0, 8)
         # given up by rank 0 (the router's DELETE after a failed decode)
         assert engine.drop_transfer(results[1].kv_transfer["transfer_id"])
         assert not engine.drop_transfer("wpp-never-opened")
-        eventually(lambda: [a["bytes"] for a in arenas(engine).values()] == [0, 0])
+        eventually(lambda: [a.num_bytes for a in arenas(engine).values()] == [0, 0])
         with pytest.raises(PullFailed):
             puller.pull(results[1].kv_transfer["stages"], 0, 8)
         assert_clean(engine)
@@ -103,7 +104,7 @@ def test_an_arena_frees_parts_past_their_ttl_and_refuses_one_larger_than_itself(
         short = prompt[:20]
         kept = engine.submit(short, kv_transfer=True).result(timeout=60)
         assert "error" not in kept.kv_transfer
-        eventually(lambda: [a["entries"] for a in arenas(engine).values()] == [0, 0], timeout_s=10)
+        eventually(lambda: [a.num_entries for a in arenas(engine).values()] == [0, 0], timeout_s=10)
         with pytest.raises(PullFailed, match="freed"):
             puller.pull(kept.kv_transfer["stages"], 0, 19)
     puller.close()

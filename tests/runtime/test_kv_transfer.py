@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from tests.eventually import eventually
 from wavepp.engine import Engine
-from wavepp.kv_transfer import DirectoryStore, TransferError
+from wavepp.kv_transfer.directory import DirectoryStore, TransferError
 from wavepp.model_store import resolve_model
 from wavepp.models import stage_specs
 

@@ -262,7 +262,7 @@ def test_the_prefill_side_of_the_hand_off(kv_server, tiny_model):
     true}) is answered with the transfer's whereabouts, and every stage's part of the prompt's KV
     lands in the store before the answer comes, for completions and for chat (the template's
     prompt)."""
-    from wavepp.kv_transfer import DirectoryStore
+    from wavepp.kv_transfer.directory import DirectoryStore
 
     hand_off = {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
     chat_ids = _chat_ids(tiny_model)

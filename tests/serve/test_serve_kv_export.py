@@ -16,7 +16,7 @@ import pytest
 from tests.eventually import eventually
 from tests.serve.conftest import app_in_thread
 from wavepp.engine import Engine
-from wavepp.kv_transfer import DirectoryStore, TransferError
+from wavepp.kv_transfer.directory import DirectoryStore, TransferError
 from wavepp.serve import ServeConfig, build_app
 
 HAND_OFF = {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
@@ -122,7 +122,7 @@ def test_a_full_disk_still_answers_and_leaves_no_folder(served, monkeypatch):
     ok = httpx.post(
         f"{url}/v1/completions", json={"prompt": [5, 6, 7] * 5, "max_tokens": 1}, timeout=60
     ).json()
-    from wavepp.kv_transfer import directory_store as store_module
+    from wavepp.kv_transfer.directory import store as store_module
 
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -198,7 +198,7 @@ def test_the_store_shows_in_the_metrics(served):
     def scraped(name):
         return _metric(httpx.get(f"{url}/metrics", timeout=10).text, name)
 
-    usage = engine.kv_store_usage()
-    assert scraped("wavepp_kv_store_max_bytes") == usage["max_bytes"] > 2**20
+    usage = engine.kv_transfer_usage()
+    assert scraped("wavepp_kv_store_max_bytes") == usage.store_max_bytes > 2**20
     assert eventually(lambda: scraped("wavepp_kv_store_bytes") > 0)
-    assert scraped("wavepp_kv_transfers_swept_total") == engine.kv_store_usage()["num_swept"]
+    assert scraped("wavepp_kv_transfers_swept_total") == engine.kv_transfer_usage().num_swept

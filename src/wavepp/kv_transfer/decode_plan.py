@@ -16,7 +16,7 @@ filled, as vLLM's NIXL path loads it).
 Over the transfer engine (`plan_arena`) the decision is made from the params alone, with no
 network on the scheduler's thread: the prompt's digest, every stage's location well formed,
 the layers, pools and widths this engine's. Whether the parts are still there is learned by the
-pull (arena_pull.py); a pull that fails is the worker's to report (vLLM recomputes those blocks).
+pull (mooncake/puller.py); a pull that fails is the worker's to report (vLLM recomputes those blocks).
 
 The engine names the pools its layers take and their row width: an attention layer's `key` and
 `value` (kv heads x head dim each), or MLA's one `latent` pool (kv_lora_rank + qk_rope_head_dim);
@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from wavepp.kv_transfer.arena_part import check_location, prompt_digest
-from wavepp.kv_transfer.directory_store import DirectoryStore, Transfer, TransferError
+from wavepp.kv_transfer.directory.store import DirectoryStore, Transfer, TransferError
+from wavepp.kv_transfer.mooncake.part import check_location, prompt_digest
 
 log = logging.getLogger("wavepp.connectors.vllm")
 

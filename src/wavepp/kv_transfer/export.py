@@ -1,6 +1,6 @@
 """A stage's side of the hand-off: copy a finished request's KV out of the paged pools, then
-hand it to the transport (transport.py: the directory store, or this stage's arena for
-Mooncake's transfer engine) on a thread of its own, beside execution.
+hand it to the transport's writer (a `StageWriter`, interfaces.py: the directory store's, or
+this stage's arena for Mooncake's transfer engine) on a thread of its own, beside execution.
 
     stage LOOP:   forward(wave) -> for each chunk that ends a request asking for export:
                       rows = pools.export_rows(block_table, num_tokens)   (a copy, on the host)
@@ -29,10 +29,10 @@ from typing import Callable
 
 import torch
 
-from wavepp.kv_transfer.arena import ArenaFull
-from wavepp.kv_transfer.directory_store import TransferError
-from wavepp.kv_transfer.mooncake_engine import TransferFailed
-from wavepp.kv_transfer.transport import StageTransport
+from wavepp.kv_transfer.directory.store import TransferError
+from wavepp.kv_transfer.interfaces import StageWriter
+from wavepp.kv_transfer.mooncake.engine import TransferFailed
+from wavepp.kv_transfer.mooncake.ledger import ArenaFull
 
 log = logging.getLogger(__name__)
 _STOP = object()
@@ -53,7 +53,7 @@ class ExportOutcome:
 class StageExporter:
     def __init__(
         self,
-        transport: StageTransport,
+        transport: StageWriter,
         stage_id: int,
         manifest: dict,
         *,

@@ -3,7 +3,8 @@ for one, tracks which stages have reported their parts (reports.py) and answers 
 stages stay silent past the deadline, says in the answer which transfer the stages wrote (and,
 over Mooncake's transfer engine, where each stage holds its part), drops what is given up, and
 keeps the transport's bounds, from a thread of its own. What differs per transport (the
-directory store, or the stages' arenas) is in handoff_backends.py.
+directory store, or the stages' arenas) is its `HandoffBackend` (interfaces.py), which the
+registry (transports.py) builds: directory/backend.py, mooncake/backend.py.
 
     handoff = KVHandoff(root, num_stages=2, export_wait_s=60, max_bytes=None, ttl_s=600)
     transfer_id = handoff.open(token_ids, True, meta)   # request.json written (the caller's thread)
@@ -19,41 +20,28 @@ the core's lock, and its thread calls `on_overdue` (which takes the core's lock)
 own held. Nothing slow runs in the caller's thread but `open`'s one small file: removals,
 failure marks and sweeps are queued to the thread, which wakes at each new transfer, at the
 next deadline, and at least every `sweep_interval_s` (a quarter of the TTL, at most 5 s), so a
-transfer outlives its TTL by at most that with no traffic at all.
-
-The size cap: `max_bytes` when given, else DEFAULT_FREE_FRACTION of the space free on the store's
-file system when the engine starts (a store that fills its disk fails every hand-off, and
-everything else on that disk). Transfers still being written may take the store past it until
-the next sweep; the sweeper drops the oldest first.
+transfer outlives its TTL by at most that with no traffic at all. The directory store's size
+cap (`max_bytes`, by default a fraction of its file system's free space) is its backend's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import shutil
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Callable
 
-from wavepp.kv_transfer.directory_store import check_transfer_id
-from wavepp.kv_transfer.handoff_backends import ArenaBackend, DirectoryBackend
-from wavepp.kv_transfer.mooncake_engine import check_installed
+from wavepp.kv_transfer.directory.store import check_transfer_id
 from wavepp.kv_transfer.reports import ExportReports
+from wavepp.kv_transfer.transports import get_transport
+from wavepp.kv_transfer.usage import HandoffUsage
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FREE_FRACTION = 0.5
 MAX_SWEEP_INTERVAL_S = 5.0
-
-
-def default_max_bytes(root: str | Path) -> int:
-    """DEFAULT_FREE_FRACTION of the free space of the file system `root` is on (at least 1 MiB)."""
-    path = Path(root)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return max(2**20, int(shutil.disk_usage(path).free * DEFAULT_FREE_FRACTION))
 
 
 class KVHandoff:
@@ -73,15 +61,9 @@ class KVHandoff:
             raise ValueError(
                 f"the wait for the stages' KV parts must be positive, got {export_wait_s} s"
             )
-        if transport == "directory":
-            if root is None:
-                raise ValueError("the directory KV transport needs a directory (kv_store)")
-            cap = default_max_bytes(root) if max_bytes is None else max_bytes
-            self.backend = DirectoryBackend(root, max_bytes=cap, ttl_s=ttl_s)
-        elif transport == "mooncake":
-            self.backend = ArenaBackend(num_stages=num_stages, ttl_s=ttl_s, clock=clock)
-        else:
-            raise ValueError(f"kv transport must be 'directory' or 'mooncake', got {transport!r}")
+        self.backend = get_transport(transport).backend(
+            root, num_stages=num_stages, max_bytes=max_bytes, ttl_s=ttl_s, clock=clock
+        )
         self.transport = transport
         self.clock = clock
         self._reports = ExportReports(num_stages, export_wait_s)
@@ -111,8 +93,7 @@ class KVHandoff:
                 f"the KV hand-off does not carry recurrent-state snapshots yet: {hybrid} cannot "
                 "take kv_store or kv_transport"
             )
-        if opts.handoff_transport == "mooncake":
-            check_installed()  # before a stage process is spawned
+        get_transport(opts.handoff_transport).check_installed()  # before a stage is spawned
         gib = opts.kv_store_max_gib
         return cls(
             opts.kv_store,
@@ -136,13 +117,13 @@ class KVHandoff:
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, on_overdue: Callable | None = None, arena_client=None) -> None:
         """Start the thread; `on_overdue(req, errors)` answers a held request whose deadline
-        passed (called with no lock of this component's held). `arena_client`: with the
-        Mooncake transport, stage 0's MooncakeTransport, through which parts are released and
-        the stages' arenas read."""
+        passed (called with no lock of this component's held). `arena_client`: stage 0's writer
+        (in this process); the Mooncake transport releases parts and reads the stages' arenas
+        through it."""
         if on_overdue is not None:
             self._on_overdue = on_overdue
-        if arena_client is not None and self.transport == "mooncake":
-            self.backend.client = arena_client
+        if arena_client is not None:
+            self.backend.attach(arena_client)
         self._thread = threading.Thread(target=self._run, name="wavepp-kv-handoff", daemon=True)
         self._thread.start()
 
@@ -253,10 +234,11 @@ class KVHandoff:
         with no look at the store here (the thread's removal checks the owner itself)."""
         self._queue("drop", transfer_id, None)
 
-    def usage(self) -> dict:
-        """What /metrics shows, read without scanning the store: its bytes at the last sweep
-        (at most a sweep interval old), its cap, and the transfers the TTL or the cap dropped."""
-        return {**self.backend.usage(), "num_swept": self.num_swept}
+    def usage(self) -> HandoffUsage:
+        """What /metrics shows, read without scanning: the store's bytes at the last sweep (at
+        most a sweep interval old) and its cap, or every stage's arena as read at the last
+        sweep; and the transfers the TTL or the cap dropped."""
+        return dataclasses.replace(self.backend.usage(), num_swept=self.num_swept)
 
     # ---- the sweeper -------------------------------------------------------------------------
     def _queue(self, what: str, transfer_id: str, errors: dict | None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wavepp.kv_transfer.transports import TRANSPORTS, transport_names
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -24,7 +26,7 @@ class RuntimeConfig:
     snapshot_align_frac: float = 0.125  # hybrid models: PlannerConfig.snapshot_align_frac
     profile_waves: bool = True  # time waves of varied shape at start-up (runtime/profile.py)
     kv_store: str = ""  # KV hand-off over the directory store: where every stage writes
-    kv_transport: str = ""  # "" (no hand-off), "directory" (kv_store) or "mooncake"
+    kv_transport: str = ""  # "" (no hand-off), or a name in kv_transfer/transports.py
     kv_transport_protocol: str = "tcp"  # mooncake: "tcp" | "rdma"
     kv_host: str = ""  # mooncake: the address the stages' transfer engines listen on
     kv_arena_gib: float = 2.0  # mooncake: each stage's staging arena
@@ -65,12 +67,10 @@ class RuntimeConfig:
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
-        if self.kv_transport not in ("", "directory", "mooncake"):
-            raise ValueError(
-                f"kv_transport must be 'directory' or 'mooncake', got {self.kv_transport!r}"
-            )
-        if self.kv_transport == "directory" and not self.kv_store:
-            raise ValueError("the directory KV transport needs kv_store (a directory)")
+        if self.kv_transport and self.kv_transport not in TRANSPORTS:
+            raise ValueError(f"kv_transport must be {transport_names()}, got {self.kv_transport!r}")
+        if self.kv_transport and TRANSPORTS[self.kv_transport].needs_store and not self.kv_store:
+            raise ValueError(f"the {self.kv_transport} KV transport needs kv_store (a directory)")
         if self.kv_transport_protocol not in ("tcp", "rdma"):
             raise ValueError(
                 f"kv_transport_protocol must be 'tcp' or 'rdma', got {self.kv_transport_protocol!r}"

@@ -17,7 +17,7 @@ import time
 import torch
 
 from wavepp.kv_transfer.export import StageExporter
-from wavepp.kv_transfer.transport import stage_transport
+from wavepp.kv_transfer.transports import get_transport
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.kernels import StageKernels, choose_kernels
@@ -136,7 +136,8 @@ class StageRuntime:
                 "num_stages": config.num_stages,
                 "layers": [self.spec.start_layer, self.spec.end_layer],
             }
-            self.exporter = StageExporter(stage_transport(config, stage_id), stage_id, manifest)
+            writer = get_transport(config.kv_transport).stage_writer(config, stage_id)
+            self.exporter = StageExporter(writer, stage_id, manifest)
 
     def close(self) -> None:
         """Finish the exports queued (the stage is stopping)."""

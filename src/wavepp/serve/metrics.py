@@ -233,18 +233,18 @@ class _EngineCollector:
         exports.add_metric(["written"], written)
         exports.add_metric(["failed"], failed)
         yield exports
-        store = engine.kv_store_usage()
-        if store is not None and "arenas" in store:  # the Mooncake transport: per stage
+        store = engine.kv_transfer_usage()
+        if store is not None and store.arenas is not None:  # a transport of arenas: per stage
             for name, key, doc in (
-                ("wavepp_kv_arena_bytes", "bytes", "bytes a stage's KV arena holds"),
-                ("wavepp_kv_arena_transfers", "entries", "KV parts a stage's arena holds"),
-                ("wavepp_kv_arena_capacity_bytes", "capacity", "a stage's KV arena's size"),
+                ("wavepp_kv_arena_bytes", "num_bytes", "bytes a stage's KV arena holds"),
+                ("wavepp_kv_arena_transfers", "num_entries", "KV parts a stage's arena holds"),
+                ("wavepp_kv_arena_capacity_bytes", "capacity_bytes", "a stage's KV arena's size"),
             ):
                 g = GaugeMetricFamily(
                     name, f"{doc} (read at the hand-off's last sweep)", labels=["stage"]
                 )
-                for stage, usage in store["arenas"].items():
-                    g.add_metric([str(stage)], usage[key])
+                for stage, arena in store.arenas.items():
+                    g.add_metric([str(stage)], getattr(arena, key))
                 yield g
             freed = CounterMetricFamily(
                 "wavepp_kv_arena_parts_freed",
@@ -252,24 +252,24 @@ class _EngineCollector:
                 "expired (TTL), evicted (room for newer ones), refused (larger than the arena)",
                 labels=["stage", "reason"],
             )
-            for stage, usage in store["arenas"].items():
-                for reason, n in usage["freed"].items():
+            for stage, arena in store.arenas.items():
+                for reason, n in arena.freed.items():
                     freed.add_metric([str(stage), reason], n)
             yield freed
         if store is not None:
-            if "bytes" in store:
+            if store.store_bytes is not None:  # a transport of a directory store
                 yield _gauge(
                     "wavepp_kv_store_bytes",
                     "bytes in the KV store at its last sweep",
-                    store["bytes"],
+                    store.store_bytes,
                 )
                 yield _gauge(
-                    "wavepp_kv_store_max_bytes", "the KV store's size cap", store["max_bytes"]
+                    "wavepp_kv_store_max_bytes", "the KV store's size cap", store.store_max_bytes
                 )
             swept = CounterMetricFamily(
                 "wavepp_kv_transfers_swept", "KV transfers the TTL or the size cap dropped"
             )
-            swept.add_metric([], store["num_swept"])
+            swept.add_metric([], store.num_swept)
             yield swept
 
 

@@ -21,11 +21,11 @@ Every file is written to a temporary name in the same folder and renamed into pl
 reader never sees half a file; a stage killed mid-export leaves no manifest, and the transfer
 reads as incomplete. A transfer is complete when request.json and every stage's manifest are
 there, no failed.json, and every checksum holds (`read`). This module imports no torch: the
-tensor files are safetensors, packed and read by `export.py` and by the decode side's connector.
+tensor files are safetensors, packed by `writer.py` and read by the decode side's connector.
 
 Bounds: `sweep` drops transfers older than the TTL, then the oldest until the store holds at
 most `max_bytes`; `remove_owned` drops what one engine wrote (at its shutdown). Who calls them,
-and when, is rank 0's hand-off (`handoff.py`), from a thread of its own.
+and when, is rank 0's hand-off (`handoff.py`, through `backend.py`), from a thread of its own.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""What rank 0's hand-off (handoff.py) does per transport: open a transfer, say in the answer
-where it lies, give it up, keep the bounds, report what is held.
-
-`DirectoryBackend`: rank 0 writes the transfer's request.json, marks failures, removes what is
-given up and sweeps the store by TTL and size cap (directory_store.py).
-
-`ArenaBackend` (the Mooncake transport): the stages hold their parts in arenas of their own and
-free them themselves (released by the decode side, TTL, room; arena.py). Rank 0 keeps, per
+"""Rank 0's side of the Mooncake transport, a `HandoffBackend` (kv_transfer/interfaces.py) driven
+by rank 0's hand-off (handoff.py): the stages hold their parts in arenas of their own and
+free them themselves (released by the decode side, TTL, room; ledger.py). Rank 0 keeps, per
 transfer it opened, the prompt's digest and each stage's location as the stages report them
 (until the TTL passes, or more transfers than an arena has entries were opened since: the
 stages hold none older), so the answer carries them and a transfer given up (the
 decode side failed, the request did) is released on every stage: rank 0 writes the release word
-through stage 0's transfer engine (`client`, a MooncakeTransport). It also reads each stage's
+through stage 0's transfer engine (`client`, an ArenaWriter, set by `attach`). It also reads each stage's
 arena header (entries, bytes held) on every sweep, for /metrics.
 
 Every method but `open`, `note`, `answer_fields` and `owns` runs on the hand-off's thread.
@@ -24,63 +19,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from wavepp.kv_transfer.arena_part import prompt_digest
-from wavepp.kv_transfer.directory_store import DirectoryStore
-from wavepp.kv_transfer.mooncake_engine import TransferFailed
-from wavepp.kv_transfer.transport import DEFAULT_MAX_ENTRIES
+from wavepp.kv_transfer.mooncake.engine import TransferFailed
+from wavepp.kv_transfer.mooncake.ledger import DEFAULT_MAX_ENTRIES
+from wavepp.kv_transfer.mooncake.part import prompt_digest
+from wavepp.kv_transfer.usage import ArenaUsage, HandoffUsage
 
 log = logging.getLogger(__name__)
-
-
-class DirectoryBackend:
-    kind = "directory"
-
-    def __init__(self, root, *, max_bytes: int, ttl_s: float):
-        self.store = DirectoryStore(root, max_bytes=max_bytes, ttl_s=ttl_s)
-
-    @property
-    def root(self):
-        return self.store.root
-
-    def open(self, transfer_id: str, token_ids: list[int], meta: dict, owner: str) -> None:
-        try:
-            self.store.write_request(transfer_id, {"token_ids": token_ids, **meta, "owner": owner})
-        except FileExistsError:
-            raise ValueError(f"transfer id {transfer_id!r} is in use in the KV store") from None
-
-    def note(self, outcome) -> None:
-        return
-
-    def answer_fields(self, transfer_id: str) -> dict:
-        return {}
-
-    def owns(self, transfer_id: str, owner: str) -> bool:
-        return self.store.owner_of(transfer_id) == owner
-
-    def drop(self, transfer_id: str, owner: str) -> None:
-        self.store.remove(transfer_id, owner=owner)
-
-    def fail(self, transfer_id: str, errors: dict) -> None:
-        try:
-            self.store.mark_failed(transfer_id, errors)
-        except OSError as err:
-            log.warning(
-                "KV transfer %s: its failure could not be recorded in the store: %s",
-                transfer_id,
-                err,
-            )
-
-    def sweep(self) -> int:
-        return len(self.store.sweep(time.time()))
-
-    def usage(self) -> dict:
-        return {"bytes": self.store.bytes_after_sweep, "max_bytes": self.store.max_bytes}
-
-    def detach(self) -> None:
-        return
-
-    def close(self, owner: str) -> None:
-        self.store.remove_owned(owner)
 
 
 @dataclass
@@ -91,8 +35,6 @@ class _Opened:
 
 
 class ArenaBackend:
-    kind = "mooncake"
-
     def __init__(
         self,
         *,
@@ -107,15 +49,18 @@ class ArenaBackend:
         # last `max_transfers` opened is gone from every stage, and forgotten here too
         self.max_transfers = max_transfers
         self.clock = clock
-        self.client = None  # stage 0's MooncakeTransport (Engine wires it at start)
+        self.client = None  # stage 0's ArenaWriter (`attach`, at the engine's start)
         self._client_lock = threading.Lock()  # held while the client is used; `detach` waits
         self._lock = threading.Lock()
         self._opened: OrderedDict[str, _Opened] = OrderedDict()  # oldest first
         self._tables: dict[int, dict] = {}  # stage -> its latest location (session, table)
-        self._usage: dict[int, dict] = {}  # stage -> {"entries", "bytes", "capacity"}
+        self._usage: dict[int, ArenaUsage] = {}  # stage -> its arena, at the last sweep
         self._unreachable: set[str] = set()  # sessions whose arena could not be read, logged once
 
     root = None
+
+    def attach(self, client) -> None:
+        self.client = client
 
     def open(self, transfer_id: str, token_ids: list[int], meta: dict, owner: str) -> None:
         digest = prompt_digest(token_ids)
@@ -141,7 +86,7 @@ class ArenaBackend:
             if opened is None:
                 return {}
             return {
-                "transport": self.kind,
+                "transport": "mooncake",
                 "prompt_digest": opened.digest,
                 "stages": [opened.stages.get(s) for s in range(self.num_stages)],
             }
@@ -187,9 +132,9 @@ class ArenaBackend:
                         self._usage[stage] = usage
         return len(old)
 
-    def usage(self) -> dict:
+    def usage(self) -> HandoffUsage:
         with self._lock:
-            return {"arenas": {s: dict(u) for s, u in sorted(self._usage.items())}}
+            return HandoffUsage(arenas=dict(sorted(self._usage.items())))
 
     def detach(self) -> None:
         """Stop using stage 0's transfer engine (the engine is shutting its stages down); waits

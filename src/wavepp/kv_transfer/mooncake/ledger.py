@@ -41,6 +41,7 @@ MAGIC = 0x5741564550504B56  # "WAVEPPKV"
 ALIGN = 64  # every transfer starts on a cache line
 SEQ, RELEASED, NBYTES, OFFSET = range(4)  # an entry's words
 HEADER_ROWS = 2  # the table's rows before its first entry
+DEFAULT_MAX_ENTRIES = 4096  # parts an arena holds at most
 
 
 def size_text(nbytes: int) -> str:
@@ -63,7 +64,7 @@ class Slot:
 
 
 class ArenaLedger:
-    def __init__(self, capacity: int, max_entries: int = 4096, ttl_s: float = 600.0):
+    def __init__(self, capacity: int, max_entries: int = DEFAULT_MAX_ENTRIES, ttl_s: float = 600.0):
         if capacity < ALIGN:
             raise ValueError(f"an arena needs at least {ALIGN} bytes, got {capacity}")
         if max_entries < 1:

@@ -12,7 +12,7 @@ first `num_tokens` rows are the prompt's):
                 "num_tokens": 1600, "rows": 1600, "dtype": "bfloat16",
                 "pools": {"key": {"layers": [15, ..., 29], "width": 192, "offset": 0}, ...}}
 
-`entry_addr` is the address of the part's entry in the stage's table (arena.py: seq at +0,
+`entry_addr` is the address of the part's entry in the stage's table (ledger.py: seq at +0,
 released at +8); `addr` the address of its first byte.
 """
 
@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from wavepp.kv_transfer.arena import ALIGN
+from wavepp.kv_transfer.mooncake.ledger import ALIGN
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 RELEASED_OFFSET = 8  # bytes from an entry's start to its `released` word

@@ -1,6 +1,6 @@
 """The decode side's pull over Mooncake's transfer engine: tokens [start, end) of every stage's
 part, straight from each stage's arena into one registered buffer of this process, then each
-part's sequence number read again (arena.py: a part freed or replaced while it was read fails
+part's sequence number read again (ledger.py: a part freed or replaced while it was read fails
 the pull, never loads).
 
     puller = ArenaPuller(host=None, protocol="tcp")
@@ -18,13 +18,13 @@ import logging
 
 import torch
 
-from wavepp.kv_transfer.arena_part import RELEASED_OFFSET, part_bytes, read_plan
-from wavepp.kv_transfer.mooncake_engine import (
+from wavepp.kv_transfer.mooncake.engine import (
     TransferEngineHandle,
     TransferFailed,
     local_host_for,
     split_session,
 )
+from wavepp.kv_transfer.mooncake.part import RELEASED_OFFSET, part_bytes, read_plan
 
 log = logging.getLogger(__name__)
 

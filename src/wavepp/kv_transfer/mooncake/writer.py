@@ -1,106 +1,42 @@
-"""What a stage hands its part of a transfer to: one interface, two transports.
+"""A stage's side of the Mooncake transport: an arena of the stage's own, registered with a
+Mooncake transfer engine of its own; each part is copied into it and kept until the decode side
+pulled and released it, the TTL passed, or newer parts needed the room (oldest first;
+ledger.py). The location a part's `put` returns says where to read (session, addresses, layout:
+part.py); the decode side's engine reads it straight from this process's memory, over TCP or
+RDMA. Nothing goes through rank 0 and nothing touches a file.
 
-    staged = transport.stage(pools, block_table, num_tokens)
-        on the stage's compute loop, before the wave completes: the one copy out of the paged
-        pools (directory: host rows; mooncake: straight into the arena); never raises for a
-        part it cannot take (the error is staged and raised by `put`)
-    transport.put(transfer_id, staged, num_tokens, manifest) -> location | None
-        on the writer thread: the location goes into the answer's params (None: the decode side
-        finds the part by the transfer id alone); OSError / TransferError / ValueError /
-        ArenaFull: not handed on
-    transport.tick(now)        housekeeping when the writer is idle (the arena's releases, TTL)
-    transport.release(location)   rank 0 gives a transfer up (the decode side failed)
-    transport.usage()          what it holds now
-    transport.close()
+    writer = ArenaWriter(stage_id, host="10.0.0.5", protocol="tcp", arena_bytes=2 * 2**30)
+    staged = writer.stage(pools, block_table, num_tokens)   # the compute loop: into the arena
+    location = writer.put(transfer_id, staged, num_tokens, manifest)   # the writer thread
+    writer.release(location) / writer.arena_header(location)           # rank 0's hand-off
 
-`DirectoryTransport` (`--kv-store DIR`): each part packed as safetensors into the directory
-store, which a decode engine on the same file system reads (directory_store.py). No set-up;
-one host (or a shared file system).
-
-`MooncakeTransport` (`--kv-transport mooncake`): each stage process registers an arena of its
-own with a Mooncake transfer engine of its own, copies the part into it, and keeps it until the
-decode side pulled it and released it, the TTL passed, or newer parts needed the room (oldest
-first; arena.py). The location says where to read (session, addresses, layout: arena_part.py);
-the decode side's engine reads it straight from this process's memory, over TCP or RDMA. Nothing
-goes through rank 0 and nothing touches a file.
-
-Both are called from the stage's one export writer thread (export.py), never from its compute
-loop; `release` and `usage` also from rank 0's hand-off thread (a lock guards the arena's table).
+It is a `StageWriter` (kv_transfer/interfaces.py), called from the stage's one export writer
+thread (export.py), never from its compute loop but for `stage`; `release` and `arena_header`
+also from rank 0's hand-off thread, through stage 0's writer (a lock guards the arena's table).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
 
 import torch
-from safetensors.torch import save
 
-from wavepp.kv_transfer.arena import HEADER_ROWS, ArenaFull, ArenaLedger
-from wavepp.kv_transfer.arena_part import RELEASED_OFFSET, pack_layout
-from wavepp.kv_transfer.directory_store import DirectoryStore
-from wavepp.kv_transfer.mooncake_engine import TransferEngineHandle, default_host
+from wavepp.kv_transfer.mooncake.engine import TransferEngineHandle
+from wavepp.kv_transfer.mooncake.ledger import (
+    DEFAULT_MAX_ENTRIES,
+    HEADER_ROWS,
+    ArenaFull,
+    ArenaLedger,
+)
+from wavepp.kv_transfer.mooncake.part import RELEASED_OFFSET, pack_layout
+from wavepp.kv_transfer.usage import ArenaUsage
 
-log = logging.getLogger(__name__)
-
-TRANSPORTS = ("directory", "mooncake")
 DEFAULT_ARENA_GIB = 2.0
-DEFAULT_MAX_ENTRIES = 4096
 
 
-class StageTransport:
-    kind = ""
-
-    def stage(self, pools, block_table: list[int], num_tokens: int):
-        """The request's rows, copied out of `pools` (PagedPools): {pool: (model layers,
-        [layers, num_tokens, width])} on the host."""
-        return pools.export_rows(block_table, num_tokens)
-
-    def put(
-        self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict
-    ) -> dict | None:  # pragma: no cover - the interface
-        raise NotImplementedError
-
-    def tick(self, now: float) -> None:
-        return
-
-    def release(self, location: dict) -> None:
-        return
-
-    def usage(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        return
-
-
-class DirectoryTransport(StageTransport):
-    kind = "directory"
-
-    def __init__(self, store: DirectoryStore):
-        self.store = store
-
-    def put(self, transfer_id: str, rows: dict, num_tokens: int, manifest: dict) -> None:
-        tensors = {name: t for name, (_, t) in rows.items()}
-        pools = {
-            name: {"layers": layers, "width": int(t.shape[-1])}
-            for name, (layers, t) in rows.items()
-        }
-        data = save(tensors, metadata={"transfer_id": transfer_id})
-        self.store.write_part(
-            transfer_id,
-            manifest["stage_id"],
-            data,
-            {**manifest, "pools": pools, "num_tokens": num_tokens},
-        )
-        return None
-
-
-class MooncakeTransport(StageTransport):
-    kind = "mooncake"
-
+class ArenaWriter:
     def __init__(
         self,
         stage_id: int,
@@ -203,10 +139,9 @@ class MooncakeTransport(StageTransport):
                 8,
             )
 
-    def arena_header(self, location: dict) -> dict:
+    def arena_header(self, location: dict) -> ArenaUsage:
         """What the arena `location` is in holds now and has freed (this one, or another
-        stage's, read over the engine): {"entries", "bytes", "capacity", "freed": {why: n}};
-        TransferFailed when that stage is gone."""
+        stage's, read over the engine); TransferFailed when that stage is gone."""
         if location["session"] == self.session:
             header = self.ledger.table[:HEADER_ROWS].astype("int64").reshape(-1)
         else:
@@ -215,12 +150,12 @@ class MooncakeTransport(StageTransport):
                 self.engine.read(location["session"], [(self._header_addr, table, 64)])
                 header = self._header.numpy().copy()
         freed = dict(zip(("released", "expired", "evicted", "refused"), map(int, header[4:8])))
-        return {
-            "entries": int(header[1]),
-            "bytes": int(header[2]),
-            "capacity": int(header[3]),
-            "freed": freed,
-        }
+        return ArenaUsage(
+            num_entries=int(header[1]),
+            num_bytes=int(header[2]),
+            capacity_bytes=int(header[3]),
+            freed=freed,
+        )
 
     def usage(self) -> dict:
         with self._lock:
@@ -238,16 +173,3 @@ class MooncakeTransport(StageTransport):
         with self._lock:
             self.ledger.clear()
         self.engine.close()
-
-
-def stage_transport(config, stage_id: int) -> StageTransport:
-    """The transport a stage's RuntimeConfig names (runtime/config.py)."""
-    if config.kv_transport == "mooncake":
-        return MooncakeTransport(
-            stage_id,
-            host=config.kv_host or default_host(),
-            protocol=config.kv_transport_protocol,
-            arena_bytes=int(config.kv_arena_gib * 2**30),
-            ttl_s=config.kv_ttl_s,
-        )
-    return DirectoryTransport(DirectoryStore(config.kv_store))
