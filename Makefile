@@ -8,7 +8,7 @@ STAMP := $(VENV)/.wavepp-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-# Mooncake's transfer engine (the KV hand-off across hosts, kv_transfer/mooncake_engine.py),
+# Mooncake's transfer engine (the KV hand-off across hosts, kv_transfer/mooncake/engine.py),
 # its CPU build, in both venvs; it loads Debian's libibverbs1 and libnuma1 even over TCP. A GPU
 # deployment installs its CUDA build (mooncake-transfer-engine) instead.
 MOONCAKE := mooncake-transfer-engine-non-cuda==0.3.13.post1

@@ -1,6 +1,6 @@
-"""A stage's arena ledger (kv_transfer/arena.py): room oldest first, the table a decode engine
-reads (a part's seq is zero before its bytes can change and set only once they are in place),
-releases from outside, the TTL; and the decode side's plan over the params alone
+"""A stage's arena ledger (kv_transfer/mooncake/ledger.py): room oldest first, the table a decode
+engine reads (a part's seq is zero before its bytes can change and set only once they are in
+place), releases from outside, the TTL; and the decode side's plan over the params alone
 (decode_plan.plan_arena): every refusal."""
 
 from __future__ import annotations

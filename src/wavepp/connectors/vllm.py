@@ -21,7 +21,7 @@ own transfer engine, straight from that stage's memory, checks the part was not 
 was read, loads it, and releases it on the stage. A pull that fails (a stage gone, a part
 freed by its TTL or for room) marks the request's blocks as failed loads: vLLM computes them.
 With the directory store the scheduler side finds the transfer in the store
-(`wavepp.kv_transfer.directory_store`: every stage's part there, every checksum good, the same
+(`wavepp.kv_transfer.directory.store`: every stage's part there, every checksum good, the same
 prompt, the same layer shapes) and reads and verifies a transfer once per request, however
 often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens'
 K and V into each attention layer through the layer's own `do_kv_cache_update`, so the cache
@@ -59,9 +59,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from wavepp.kv_transfer.arena_pull import ArenaPuller, PullFailed
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
-from wavepp.kv_transfer.directory_store import DirectoryStore
+from wavepp.kv_transfer.directory.store import DirectoryStore
+from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ filled, as vLLM's NIXL path loads it).
 Over the transfer engine (`plan_arena`) the decision is made from the params alone, with no
 network on the scheduler's thread: the prompt's digest, every stage's location well formed,
 the layers, pools and widths this engine's. Whether the parts are still there is learned by the
-pull (mooncake/puller.py); a pull that fails is the worker's to report (vLLM recomputes those blocks).
+pull (mooncake/puller.py); a pull that fails is the worker's to report (vLLM recomputes those
+blocks).
 
 The engine names the pools its layers take and their row width: an attention layer's `key` and
 `value` (kv heads x head dim each), or MLA's one `latent` pool (kv_lora_rank + qk_rope_head_dim);

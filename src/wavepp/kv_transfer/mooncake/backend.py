@@ -3,10 +3,10 @@ by rank 0's hand-off (handoff.py): the stages hold their parts in arenas of thei
 free them themselves (released by the decode side, TTL, room; ledger.py). Rank 0 keeps, per
 transfer it opened, the prompt's digest and each stage's location as the stages report them
 (until the TTL passes, or more transfers than an arena has entries were opened since: the
-stages hold none older), so the answer carries them and a transfer given up (the
-decode side failed, the request did) is released on every stage: rank 0 writes the release word
-through stage 0's transfer engine (`client`, an ArenaWriter, set by `attach`). It also reads each stage's
-arena header (entries, bytes held) on every sweep, for /metrics.
+stages hold none older), so the answer carries them and a transfer given up (the decode side
+failed, the request did) is released on every stage: rank 0 writes the release word through
+stage 0's transfer engine (`client`, an ArenaWriter, set by `attach`). It also reads each
+stage's arena header (entries, bytes held) on every sweep, for /metrics.
 
 Every method but `open`, `note`, `answer_fields` and `owns` runs on the hand-off's thread.
 """
