@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from tests.serve.conftest import ServerProcess, app_in_thread, hf_logprobs
-from wavepp.serve.router import RouteConfig, build_router
+from wavepp.route.config import RouteConfig
+from wavepp.route.router import Router
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def test_cache_routing_follows_what_every_stage_of_a_replica_holds(tiny_model):
         config = RouteConfig(
             tuple(r.url for r in replicas), (), routing="cache", health_interval_s=0.5
         )
-        with app_in_thread(build_router(config)) as url, httpx.Client(timeout=120) as client:
+        with app_in_thread(Router(config).app) as url, httpx.Client(timeout=120) as client:
 
             def complete(base, ids):
                 r = client.post(

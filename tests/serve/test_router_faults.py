@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wavepp.serve.router import RouteConfig, build_router
+from wavepp.route.config import RouteConfig
+from wavepp.route.router import Router
 
 PREFILL, DECODE = "http://prefill.internal:8000", "http://decode.internal:8001"
 PARAMS = {"transfer_id": "wpp-1", "num_tokens": 5, "num_stages": 2, "block_size": 16}
@@ -44,9 +45,9 @@ class Upstreams:
 
 
 def route(upstreams: Upstreams, **config) -> TestClient:
-    app = build_router(
+    app = Router(
         RouteConfig(PREFILL, DECODE, **config), transport=httpx.MockTransport(upstreams)
-    )
+    ).app
     return TestClient(app)
 
 

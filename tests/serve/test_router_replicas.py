@@ -11,7 +11,8 @@ import json
 import httpx
 from fastapi.testclient import TestClient
 
-from wavepp.serve.router import RouteConfig, build_router
+from wavepp.route.config import RouteConfig
+from wavepp.route.router import Router
 
 A, B, DECODE = "http://replica-a", "http://replica-b", "http://decode"
 
@@ -62,7 +63,7 @@ class Upstreams:
 def routed(routing: str, decode=(DECODE,), **upstream_options):
     upstreams = Upstreams(**upstream_options)
     config = RouteConfig((A, B), decode, routing=routing, health_interval_s=3600)
-    return TestClient(build_router(config, transport=httpx.MockTransport(upstreams))), upstreams
+    return TestClient(Router(config, transport=httpx.MockTransport(upstreams)).app), upstreams
 
 
 def group(i: int, n: int = 3) -> list[int]:

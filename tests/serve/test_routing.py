@@ -1,4 +1,4 @@
-"""The routing policies (wavepp/routing.py), free of HTTP: round-robin in turn, least-load by
+"""The routing policies (wavepp/route/replica_table.py, prefix_record.py), free of HTTP: round-robin in turn, least-load by
 requests in flight, approx by the router's own record of the prefixes it sent where, bounded
 by the balance slack; replicas that are down are skipped; the record is bounded."""
 
@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from wavepp.routing import (
+from wavepp.route.prefix_record import (
     TEXT_CHUNK,
     TOKEN_CHUNK,
-    NoReplica,
     PrefixRecord,
-    ReplicaTable,
     chunk_hashes,
     prompt_key,
 )
+from wavepp.route.replica_table import NoReplica, ReplicaTable
 
 URLS = ["http://a", "http://b", "http://c"]
 

@@ -167,7 +167,8 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
     request is a 502 naming no address, and the transfer its prefill wrote is dropped at once
     (it stayed until its TTL: 20 requests left 79.6 MiB)."""
     from tests.serve.conftest import free_port
-    from wavepp.serve.router import RouteConfig, build_router
+    from wavepp.route.config import RouteConfig
+    from wavepp.route.router import Router
 
     url, store, _, _ = served
 
@@ -176,7 +177,7 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
 
     before = transfers()
     dead = f"http://127.0.0.1:{free_port()}"
-    with app_in_thread(build_router(RouteConfig(url, dead, timeout_s=30))) as router:
+    with app_in_thread(Router(RouteConfig(url, dead, timeout_s=30)).app) as router:
         for i in range(4):
             r = httpx.post(
                 f"{router}/v1/completions",

@@ -1,4 +1,6 @@
-"""`wavepp route`: one OpenAI endpoint in front of a prefill and a decode server (serve/router.py)."""
+"""`wavepp route`: one OpenAI endpoint in front of prefill replicas and decode servers
+(wavepp/route/, `Router`). Torch-free, as the router is: nothing here or in what `run` imports
+loads the engine."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def add_parser(sub) -> None:
         choices=("cache", "approx", "least-load", "round-robin"),
         help="how a prefill replica is picked: cache (what each holds on all its stages, asked "
         "before each request), approx (the router's own record), least-load, round-robin "
-        "(wavepp/routing.py; default cache)",
+        "(wavepp/route/replica_table.py; default cache)",
     )
     p.add_argument(
         "--health-interval-s",
@@ -60,7 +62,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from wavepp.serve.router import RouteConfig, build_router
+    from wavepp.route.config import RouteConfig
+    from wavepp.route.router import Router
 
     config = RouteConfig(
         args.prefill,
@@ -70,7 +73,7 @@ def run(args) -> int:
         routing=args.routing,
         health_interval_s=args.health_interval_s,
     )
-    app = build_router(config)
+    app = Router(config).app
     print(
         f"wavepp route ({config.routing}): prefill {', '.join(config.prefill)}, decode "
         f"{', '.join(config.decode) or '(none)'} on http://{args.host}:{args.port}",

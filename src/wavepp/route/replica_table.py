@@ -1,5 +1,5 @@
 """Which prefill replica a request goes to: the routing policies of `wavepp route`, free of HTTP
-(pure: no clock, no I/O), so that one implementation serves the router (serve/router.py) and
+(pure: no clock, no I/O), so that one implementation serves the router (route/router.py) and
 the simulator's replicas (sim/replicas.py).
 
     table = ReplicaTable(urls, policy="approx")
@@ -28,23 +28,19 @@ Policies:
                replica idles while another has more than `balance_slack` queued above it, and a
                replica that holds nothing a request shares gets requests by load.
 
-`prompt_key(body)`: what a prefix is taken of: a completion's prompt (token ids, or its text), a
-chat's messages (their JSON). Text is chunked by characters, token ids by tokens.
+What a prefix is taken of and its chunk hashes (`prompt_key`, `chunk_hashes`) are in
+prefix_record.py, with the approx policy's record.
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import xxhash
+from wavepp.route.prefix_record import DEFAULT_MAX_PREFIXES, PrefixRecord, chunk_hashes
 
 POLICIES = ("cache", "approx", "least-load", "round-robin")
-TEXT_CHUNK = 64  # characters a chunk of a text prompt
-TOKEN_CHUNK = 16  # token ids a chunk of a prompt of ids
-DEFAULT_MAX_PREFIXES = 65536  # chunk hashes a replica's record keeps
 DEFAULT_BALANCE_SLACK = 4
 
 
@@ -59,67 +55,6 @@ class Choice:
     matched_chunks: int = 0
 
 
-def prompt_key(body: dict) -> str | tuple[int, ...]:
-    """What the prefix of a request is: a completion's prompt, or a chat's messages."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return tuple(prompt)
-    if isinstance(prompt, str):
-        return prompt
-    if "messages" in body:
-        return json.dumps(body["messages"], sort_keys=True, ensure_ascii=False)
-    return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
-
-
-def chunk_hashes(key: str | tuple[int, ...]) -> list[int]:
-    """Chained hashes of the key's whole chunks: hash i names chunks 0..i."""
-    if isinstance(key, str):
-        data, size = key.encode(), TEXT_CHUNK
-        pieces = [data[i : i + size] for i in range(0, len(data) - size + 1, size)]
-    else:
-        size = TOKEN_CHUNK
-        pieces = [
-            b"".join(t.to_bytes(8, "little", signed=True) for t in key[i : i + size])
-            for i in range(0, len(key) - size + 1, size)
-        ]
-    out, h = [], 0
-    for piece in pieces:
-        h = xxhash.xxh3_64_intdigest(piece, seed=h)
-        out.append(h)
-    return out
-
-
-class PrefixRecord:
-    """The chunk hashes sent to one replica, least recently sent first out."""
-
-    def __init__(self, max_prefixes: int = DEFAULT_MAX_PREFIXES):
-        self.max_prefixes = max_prefixes
-        self._hashes: OrderedDict[int, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._hashes)
-
-    def match(self, hashes: Sequence[int]) -> int:
-        """How many leading chunks were sent here (hash i names chunks 0..i: the first miss
-        ends the match)."""
-        n = 0
-        for h in hashes:
-            if h not in self._hashes:
-                break
-            n += 1
-        return n
-
-    def add(self, hashes: Sequence[int]) -> None:
-        for h in hashes:
-            self._hashes[h] = None
-            self._hashes.move_to_end(h)
-        while len(self._hashes) > self.max_prefixes:
-            self._hashes.popitem(last=False)
-
-    def clear(self) -> None:
-        self._hashes.clear()
-
-
 @dataclass
 class ReplicaState:
     url: str
@@ -132,6 +67,11 @@ class ReplicaState:
 
 
 class ReplicaTable:
+    """One side's replicas (the router's prefill or decode servers, the simulator's replicas)
+    and the policy that picks among them. It owns each replica's state (health, requests in
+    flight, its prefix record), the turn of round-robin and the count of decisions by reason;
+    its owner reports what happens (`started`, `finished`, `set_healthy`)."""
+
     def __init__(
         self,
         urls: Sequence[str],
@@ -167,15 +107,7 @@ class ReplicaTable:
         if not up:
             raise NoReplica("no prefill replica is healthy")
         if self.policy == "cache":
-            hashes = chunk_hashes(key)
-            held = {}
-            for i in up:
-                queued = self.replicas[i].queued
-                n = 0
-                while n < len(hashes) and queued[hashes[n]] > 0:
-                    n += 1
-                held[i] = max((cached or {}).get(i, 0.0), n / len(hashes) if hashes else 0.0)
-            choice = self._best_held(held, up)
+            choice = self._cache(key, up, cached or {})
         elif self.policy == "round-robin":
             choice = Choice(self._in_turn(up), "round-robin")
         elif self.policy == "least-load":
@@ -229,6 +161,19 @@ class ReplicaTable:
     def _least_loaded(self, up: list[int]) -> int:
         low = min(self.replicas[i].in_flight for i in up)
         return self._in_turn([i for i in up if self.replicas[i].in_flight == low])
+
+    def _cache(self, key, up: list[int], cached: dict) -> Choice:
+        """By the larger share of the prompt each replica holds (`cached`, its answer) or will
+        hold (the leading chunks of its requests in flight)."""
+        hashes = chunk_hashes(key)
+        held = {}
+        for i in up:
+            queued = self.replicas[i].queued
+            n = 0
+            while n < len(hashes) and queued[hashes[n]] > 0:
+                n += 1
+            held[i] = max(cached.get(i, 0.0), n / len(hashes) if hashes else 0.0)
+        return self._best_held(held, up)
 
     def _approx(self, key, up: list[int]) -> Choice:
         hashes = chunk_hashes(key)

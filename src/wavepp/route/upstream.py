@@ -1,6 +1,7 @@
-"""What `wavepp route` does with an upstream's messages (serve/router.py): the headers a proxy
-passes on, its own errors, an answer passed through or streamed, the cached tokens it reports;
-and the router's /metrics."""
+"""What `wavepp route` does with an upstream's messages (route/router.py): the headers a proxy
+passes on, its own errors, an answer passed through or streamed, the cached tokens it reports,
+the strict JSON it takes from a client, and the body each side gets (`prefill_body`,
+`decode_body`)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,10 @@ import math
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from wavepp.openai_http import APIError
-from wavepp.routing import ReplicaTable
+from wavepp.openai_http import TOKEN_CHOICE_FIELDS, APIError, json_error
 
-log = logging.getLogger("wavepp.serve.router")
+log = logging.getLogger("wavepp.route.router")
 
 HOP_BY_HOP = frozenset(
     {
@@ -60,7 +58,29 @@ class NoCookies(http.cookiejar.DefaultCookiePolicy):
         return False
 
 
+def prefill_body(body: dict) -> dict:
+    """What the prefill server gets: the request, one token, no stream, the hand-off asked, and
+    none of the sampling fields (the decode side samples; the prefill's token is not used)."""
+    dropped = ("stream", "stream_options", "max_completion_tokens", *TOKEN_CHOICE_FIELDS)
+    out = {k: v for k, v in body.items() if k not in dropped}
+    out.update(max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+    return out
+
+
+def decode_body(body: dict, params: dict | None) -> dict:
+    """What the decode server gets: the client's request with the prefill's kv_transfer_params
+    (none where the prefill returned none), never the client's own."""
+    out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    if params:
+        out["kv_transfer_params"] = params
+    return out
+
+
 class UpstreamError(Exception):
+    """An upstream that could not be reached (`unreachable`: marked down, another tried) or did
+    not answer in time; `status` (502 or 504) and `message` (naming the side, never its
+    address) are what the client gets."""
+
     def __init__(self, side: str, err: httpx.HTTPError, timeout_s: float):
         timed_out = isinstance(err, httpx.TimeoutException)
         self.unreachable = isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout))
@@ -133,54 +153,4 @@ def passthrough(resp: httpx.Response) -> Response:
 
 def error_response(status: int, message: str, kind: str = "BadGateway") -> JSONResponse:
     """The router's own refusal, in the OpenAI error format the server writes (APIError)."""
-    return JSONResponse(APIError(status, message, type_=kind).body(), status_code=status)
-
-
-def route_metrics(prefills: ReplicaTable, decodes: ReplicaTable | None) -> bytes:
-    """The router's /metrics: per replica its requests, the tokens its answers said were
-    cached, what it has in flight and whether it is up; the routing decisions by reason."""
-    families = []
-    for side, table in (("prefill", prefills), ("decode", decodes)):
-        if table is None:
-            continue
-        for name, doc, kind, value in (
-            ("wavepp_route_requests", "requests sent to the server", "counter", "num_requests"),
-            (
-                "wavepp_route_cached_tokens",
-                "prompt tokens its answers said were cached",
-                "counter",
-                "cached_tokens",
-            ),
-            ("wavepp_route_in_flight", "requests in flight there", "gauge", "in_flight"),
-            ("wavepp_route_up", "1 while its health checks pass", "gauge", "healthy"),
-        ):
-            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                name, doc, labels=["side", "server"]
-            )
-            for replica in table.replicas:
-                family.add_metric([side, replica.url], float(getattr(replica, value)))
-            families.append(family)
-    decisions = CounterMetricFamily(
-        "wavepp_route_decisions", "prefill replicas chosen, by why", labels=["policy", "reason"]
-    )
-    for reason, n in sorted(prefills.decisions.items()):
-        decisions.add_metric([prefills.policy, reason], n)
-    families.append(decisions)
-    queries = CounterMetricFamily(
-        "wavepp_route_cache_queries", "the cache policy's questions to the replicas (all at once)"
-    )
-    queries.add_metric([], prefills.num_queries)
-    families.append(queries)
-    seconds = CounterMetricFamily(
-        "wavepp_route_cache_query_seconds", "time the cache policy waited for the replicas' answers"
-    )
-    seconds.add_metric([], prefills.query_seconds)
-    families.append(seconds)
-
-    class _Collector:
-        def collect(self):
-            yield from families
-
-    registry = CollectorRegistry()
-    registry.register(_Collector())
-    return generate_latest(registry)
+    return json_error(APIError(status, message, type_=kind))
