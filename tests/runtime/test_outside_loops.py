@@ -74,7 +74,7 @@ def test_trtllm_keeps_one_chunk_per_request_in_flight_and_retires_late(tiny):
     with Engine(str(tiny), pp=3, policy="trtllm-pp", dtype="float32", block_size=BS) as engine:
         results = engine.prefill(prompts)
         assert all(r.ok for r in results)
-        loop = engine._core._outside
+        loop = engine._core._loops.outside
         records = list(loop.records)
         stats = engine.stats()
     assert len(records) == stats.num_waves
@@ -125,7 +125,7 @@ def test_sglang_chunks_follow_dynamic_chunking(tiny_long):
         planner.cost = CostModel(coef)
         results = engine.prefill(prompts)
         assert all(r.ok for r in results)
-        records = list(engine._core._outside.records)
+        records = list(engine._core._loops.outside.records)
         assert_clean(engine)
     shrunk = 0
     for r in records:

@@ -1,4 +1,4 @@
-"""Rank 0: the leader and stage 0, in three threads (core_loops.py: how they run).
+"""Rank 0: the leader and stage 0, in three threads (its CoreLoops, core_loops.py).
 
     WAVE     admission rounds with every stage, beside execution (asynchronous policies)
     LOOP     plans the next wave and runs stage 0 on it; under lockstep it first runs a
@@ -13,7 +13,7 @@ Leader state is shared under one lock (`cond`); the stage's pool has its own loc
 (StageRuntime). Every change a waiting thread may care about notifies `cond`.
 
 Callers (the Engine, the server through it) use the public methods below; an outside loop
-uses the LoopHost part (loop_host.py). The caller's request ids: live_requests.py.
+uses the loops' LoopHost part (loop_host.py). The caller's request ids: live_requests.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.core_loops import CoreLoops
 from wavepp.runtime.core_stats import CoreStats, EngineLoad
 from wavepp.runtime.live_requests import LiveRequests
-from wavepp.runtime.outside_loop import OutsideLoop
 from wavepp.runtime.profile import WaveProfile, profile_pipeline
 from wavepp.runtime.protocol import (
     CheckIntegrity,
@@ -42,11 +41,10 @@ from wavepp.runtime.protocol import (
 )
 from wavepp.runtime.rounds_plane import RoundsPlane, start_stages
 from wavepp.runtime.runtime_leader import build_runtime_leader
-from wavepp.runtime.stage_runner import StageRunner
 from wavepp.sched import get_policy
 
 
-class EngineCore(CoreLoops):
+class EngineCore:
     def __init__(
         self,
         config: RuntimeConfig,
@@ -69,7 +67,6 @@ class EngineCore(CoreLoops):
             config.block_size,
             hybrid=self.stage.layout.is_hybrid,
         )
-        self._runner = StageRunner(self.stage, channels, self.num_stages)
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.vocab_size = self.stage.model_config.vocab_size
         self.profile: WaveProfile | None = None
@@ -79,7 +76,6 @@ class EngineCore(CoreLoops):
             )
         self.cond = threading.Condition(threading.RLock())
         self.error: str | None = None
-        self._stopping = False
         self._t0 = time.perf_counter()
         self._requests = LiveRequests()
         self._handoff = handoff
@@ -90,21 +86,24 @@ class EngineCore(CoreLoops):
             )
         self.snapshot_align_frac = config.snapshot_align_frac
         self._build_leader(config.policy)
-        self._wave_thread, self._loop_thread, self._results_thread = (
-            threading.Thread(target=self._guard(fn), name=name, daemon=True)
-            for name, fn in (
-                ("wavepp-wave", self._wave_loop),
-                ("wavepp-loop", self._exec_loop),
-                ("wavepp-results", self._result_loop),
-            )
+        self._loops = CoreLoops(
+            self.stage,
+            channels,
+            self._plane,
+            self.cond,
+            self.leader,
+            self.policy,
+            now=self.now,
+            deliver=self._deliver,
+            on_export_report=self.on_export_report,
+            on_crash=self._crashed,
         )
 
     def start(self, on_done: Callable) -> None:
         """Start the threads; `on_done(request_id, request, export_errors)` gives each future
         its value (export_errors: {stage: why} of the request's KV parts that failed)."""
         self._on_done = on_done
-        for t in (self._wave_thread, self._loop_thread, self._results_thread):
-            t.start()
+        self._loops.start()
 
     # ---- API (any thread) --------------------------------------------------------------------
 
@@ -197,6 +196,7 @@ class EngineCore(CoreLoops):
             if snapshot_align_frac is not None:
                 self.snapshot_align_frac = snapshot_align_frac
             self._build_leader(policy)
+            self._loops.reset(self.leader, self.policy)
             self._plane.ask_workers(Reset(policy, snapshot_interval_blocks))
 
     def check_integrity(self) -> list[IntegrityReport]:
@@ -214,7 +214,7 @@ class EngineCore(CoreLoops):
     def stats(self, rounds_since: int | None = None) -> CoreStats:
         """A consistent snapshot of the measurements since the last reset (CoreStats.snapshot)."""
         with self.cond:
-            return self._stats.snapshot(rounds_since)
+            return self._loops.stats.snapshot(rounds_since)
 
     def cached_prefix(self, token_lists) -> list[CachedView]:
         """How much of each prompt every stage holds now (runtime/cache_queries.py); off the
@@ -242,16 +242,12 @@ class EngineCore(CoreLoops):
         The order: WAVE and LOOP (nothing new reaches the stages), then the stages are told
         (rounds plane, then the headers plane, whose shutdown comes back on the results plane),
         then RESULTS, then stage 0's own writer and pool."""
-        threads = (self._wave_thread, self._loop_thread, self._results_thread)
         with self.cond:
-            if self._stopping and not any(t.is_alive() for t in threads):
+            if self._loops.stopping and not self._loops.alive:
                 self._fail_all("the engine was shut down before the request finished")
                 return
-            self._stopping = True
-            self.cond.notify_all()
-        for t in (self._wave_thread, self._loop_thread):
-            if t.ident is not None:
-                t.join(timeout=10)
+            self._loops.stop()
+        self._loops.join_drivers(timeout=10)
         if self.num_stages > 1 and not self.error:
             self._queries.close()
             try:
@@ -259,8 +255,7 @@ class EngineCore(CoreLoops):
                 self.channels.send_obj(Shutdown(), 1, "headers")
             except PeerLostError:
                 pass
-        if self._results_thread.ident is not None:
-            self._results_thread.join(timeout=10)
+        self._loops.join_results(timeout=10)
         self.stage.close()
         with self.cond:
             self._fail_all(self.error or "the engine was shut down before the request finished")
@@ -310,20 +305,18 @@ class EngineCore(CoreLoops):
             snapshot_align_frac=self.snapshot_align_frac,
             profile=self.profile,
         )
-        self._outside = OutsideLoop(self) if self.policy.loop is not None else None
-        self._stats = CoreStats.empty(self.num_stages)
 
     def _wait_idle(self) -> None:
         """Under cond: until nothing is waiting, planned or in flight (or the engine stopped)."""
         self._raise_if_closed()
-        while not self.leader.idle and not self._stopping:
+        while not self.leader.idle and not self._loops.stopping:
             self.cond.wait()
         self._raise_if_closed()
 
     def _raise_if_closed(self) -> None:
         if self.error:
             raise EngineError(self.error)
-        if self._stopping:
+        if self._loops.stopping:
             raise EngineError("the engine is shut down")
 
     def _fail_all(self, reason: str) -> None:
@@ -335,20 +328,13 @@ class EngineCore(CoreLoops):
         with self.cond:
             if self.error is None:
                 self.error = reason
-            self._stopping = True
+            self._loops.stop()
             self._fail_all(self.error)
-            self.cond.notify_all()
 
-    def _guard(self, fn):
-        def run():
-            try:
-                fn()
-            except PeerLostError as exc:
-                # a lost peer is most often a dead stage: name it (waiting briefly for its exit)
-                self.fail(self._check_alive(1.0) or str(exc))
-            except Exception as exc:  # a bug or a rejected plan: stop loudly
-                self.fail(
-                    f"rank 0 ({threading.current_thread().name}): {type(exc).__name__}: {exc}"
-                )
-
-        return run
+    def _crashed(self, exc: Exception) -> None:
+        """A thread of the loops raised (called on it, as it ends): the engine fails, named."""
+        if isinstance(exc, PeerLostError):
+            # a lost peer is most often a dead stage: name it (waiting briefly for its exit)
+            self.fail(self._check_alive(1.0) or str(exc))
+        else:  # a bug or a rejected plan: stop loudly
+            self.fail(f"rank 0 ({threading.current_thread().name}): {type(exc).__name__}: {exc}")

@@ -1,6 +1,7 @@
-"""What an outside loop (outside_loop.py) needs of rank 0's engine core, and nothing more.
+"""What an outside loop (outside_loop.py) needs of rank 0's loops, and nothing more.
 
-EngineCore implements it. An outside loop runs TensorRT-LLM's or SGLang's iteration on LOOP:
+Rank 0's CoreLoops (core_loops.py) implements it: it owns stage 0's runner, the outside loop
+and the stats. An outside loop runs TensorRT-LLM's or SGLang's iteration on LOOP:
 
     iterate    under cond: wait while serves(loop) and idle() and no slot holds a batch
       exchange   has_waiting(): run_round()
