@@ -158,6 +158,9 @@ def test_no_class_name_is_defined_twice():
         "wavepp.sim",
         "wavepp.workloads",
         "wavepp.env",
+        "wavepp.route",  # the router, a program of its own
+        "wavepp.route.replica_table",
+        "wavepp.openai_http",  # what the router shares with the server
         "wavepp.kv_transfer",  # the hand-off, its reports, the registry, the directory store
         "wavepp.kv_transfer.mooncake.ledger",
     ],
@@ -166,6 +169,25 @@ def test_pure_python_layers_import_no_torch(package):
     code = f"import sys, {package}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_route_command_imports_no_torch():
+    """`wavepp route` loads no torch: not its command module, not what its `run` imports (the
+    router and its config), not what `wavepp route --help` runs through (every command's
+    parser)."""
+    code = (
+        "import sys\n"
+        "import wavepp.cli.route, wavepp.route.config, wavepp.route.router\n"
+        "from wavepp.cli import main\n"
+        "try:\n"
+        "    main(['route', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--routing" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_the_simulator_reads_the_model_spec_not_hf_configs():
