@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -54,8 +55,6 @@ class ServeConfig:
 def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     """The FastAPI app. `on_shutdown` runs (in a thread) when the server stops, after the
     connections drained: it is where the engine shuts down."""
-    from contextlib import asynccontextmanager
-
     api = API(engine, config)
 
     @asynccontextmanager
@@ -67,32 +66,29 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
 
     app = FastAPI(title="wavepp", lifespan=lifespan)
     app.state.api = api
-
     answer_api_errors(app)
+    _add_request_routes(app, api)
+    _add_engine_routes(app, api, engine, config)
+    if config.debug:
+        _add_debug_routes(app, api, engine)
+    return app
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await api.completions(request)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await api.chat(request)
+def _add_request_routes(app: FastAPI, api: API) -> None:
+    """The routes that take a request body: their work is in api.py."""
+    for path, handle in (
+        ("/v1/completions", api.completions),
+        ("/v1/chat/completions", api.chat),
+        ("/v1/score", api.score),
+        ("/tokenize", api.tokenize),
+        ("/v1/cache_query", api.cache_query),
+        ("/detokenize", api.detokenize),
+    ):
+        app.add_api_route(path, _taking_request(handle), methods=["POST"])
 
-    @app.post("/v1/score")
-    async def score(request: Request):
-        return await api.score(request)
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        return await api.tokenize(request)
-
-    @app.post("/v1/cache_query")
-    async def cache_query(request: Request):
-        return await api.cache_query(request)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return await api.detokenize(request)
+def _add_engine_routes(app: FastAPI, api: API, engine: Engine, config: ServeConfig) -> None:
+    """The routes that ask the engine itself: a transfer dropped, the model, health, metrics."""
 
     @app.delete("/v1/kv_transfers/{transfer_id}")
     async def drop_transfer(transfer_id: str):
@@ -134,30 +130,39 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
     async def metrics():
         return Response(await api.runner.call(api.metrics.render), media_type=CONTENT_TYPE_LATEST)
 
-    if config.debug:
 
-        @app.get("/debug/integrity")
-        async def integrity():
-            try:
-                reports = await asyncio.to_thread(engine.check_integrity)
-            except EngineError as exc:
-                raise APIError(503, str(exc), type_="service_unavailable") from None
-            return {
-                "stages": [
-                    {"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports
-                ],
-                "leader_state_size": engine.leader_state_size(),
-            }
+def _add_debug_routes(app: FastAPI, api: API, engine: Engine) -> None:
+    """/debug/integrity and /debug/reset: both wait for the pipeline to be idle."""
 
-        @app.post("/debug/reset")
-        async def reset():
-            """Engine.reset: wait for idle, empty every stage's cache, restart the engine's own
-            measurements (what a benchmark does between runs). The policy stays."""
-            try:
-                await asyncio.to_thread(engine.reset)
-            except EngineError as exc:
-                raise APIError(503, str(exc), type_="service_unavailable") from None
-            api.metrics.restart_engine_figures()
-            return {"status": "reset", "stage_num_blocks": list(engine.stage_num_blocks)}
+    @app.get("/debug/integrity")
+    async def integrity():
+        try:
+            reports = await asyncio.to_thread(engine.check_integrity)
+        except EngineError as exc:
+            raise APIError(503, str(exc), type_="service_unavailable") from None
+        return {
+            "stages": [
+                {"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports
+            ],
+            "leader_state_size": engine.leader_state_size(),
+        }
 
-    return app
+    @app.post("/debug/reset")
+    async def reset():
+        """Engine.reset: wait for idle, empty every stage's cache, restart the engine's own
+        measurements (what a benchmark does between runs). The policy stays."""
+        try:
+            await asyncio.to_thread(engine.reset)
+        except EngineError as exc:
+            raise APIError(503, str(exc), type_="service_unavailable") from None
+        api.metrics.restart_engine_figures()
+        return {"status": "reset", "stage_num_blocks": list(engine.stage_num_blocks)}
+
+
+def _taking_request(handle):
+    """A route of one parameter, the request, that `handle` answers."""
+
+    async def route(request: Request):
+        return await handle(request)
+
+    return route
