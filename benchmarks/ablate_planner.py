@@ -78,7 +78,7 @@ def register(variant: str) -> None:
 # ---- simulator ---------------------------------------------------------------------------------
 
 def run_sim(args) -> int:
-    from wavepp.sim.grid import get_grid, run_grid
+    from wavepp.sim.studies.grid import get_grid, run_grid
 
     names = args.rules.split(",") if args.rules else None
     todo = variants(names, runtime=False)
@@ -164,7 +164,7 @@ def markdown(table: list[dict], args, wall_s: float) -> str:
 
 
 def _run_variant(job) -> dict:
-    from wavepp.sim.grid import run_one
+    from wavepp.sim.studies.grid import run_one
 
     variant, setting = job
     register(variant)

@@ -1,6 +1,6 @@
 """The paper's headline taken apart: wavepp / trtllm-pp at c = 128 with 4K suffixes (GLM-5 and
 MiniMax-M2, PP4 B300), TensorRT-LLM's mechanisms added to trtllm-pp one at a time
-(`wavepp.sim.attribution`), then single switches of the paper's setup changed.
+(`wavepp.sim.studies.attribution`), then single switches of the paper's setup changed.
 
     python benchmarks/paper_attribution.py --markdown attribution.md --json attribution.json
     python benchmarks/paper_attribution.py --ablation --markdown ablation.md   # the paper's ablation settings
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from wavepp.jsonfile import write_json
-from wavepp.sim.attribution import ablation_markdown, ablation_rows, attribution_markdown, attribution_rows
+from wavepp.sim.studies.attribution import ablation_markdown, ablation_rows, attribution_markdown, attribution_rows
 
 
 def main() -> None:

@@ -25,11 +25,11 @@ import argparse
 import json
 import random
 
-from wavepp.sim.grid import K3_SNAPSHOT_BLOCKS
-from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_catalog import get_model
-from wavepp.sim.precision import with_weights
-from wavepp.sim.scenario import SimSetup, build_system
+from wavepp.sim.cost.hardware import get_hardware
+from wavepp.sim.cost.model_catalog import get_model
+from wavepp.sim.cost.precision import with_weights
+from wavepp.sim.studies.grid import K3_SNAPSHOT_BLOCKS
+from wavepp.sim.studies.scenario import SimSetup, build_system
 from wavepp.workloads import Workload
 
 TOKEN_SCALE = 256

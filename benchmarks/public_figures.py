@@ -5,7 +5,7 @@
 Each row is a published prefill throughput, the setup it was measured on expressed for the cost
 model (`StageCostModel` over one forward of the published per-device batch, every device's share
 at once), the model's throughput, the ratio and what differs. No constant is fitted to a row:
-every efficiency the model uses is a kernel measurement cited in sim/hardware.py, every format a
+every efficiency the model uses is a kernel measurement cited in sim/cost/hardware.py, every format a
 checkpoint's or the framework's as the row's source states it. A row predicted within
 `TOLERANCE` passes; the rows the model cannot predict that closely stay in the table, first,
 with why (`miss`). tests/sim/test_public_figures.py runs this table.
@@ -33,7 +33,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from wavepp.sim import HARDWARE, MODELS, StageCostModel
-from wavepp.sim.precision import with_precision
+from wavepp.sim.cost.precision import with_precision
 
 TOLERANCE = 0.25  # |simulated / published - 1| of a passing row
 

@@ -1,5 +1,5 @@
 """wavepp over sglang-pp on a grid, SGLang v0.5.18's mechanisms added to the earlier sglang-pp
-one at a time (sim/sglang.py): admission on schedule, the radix walks of every pass, fixed
+one at a time (sim/loops/sglang.py): admission on schedule, the radix walks of every pass, fixed
 chunks (which make the v0.5.18 preset). Geometric means over the grid's settings and over those
 at concurrency 8 or more.
 
@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from wavepp.jsonfile import write_json
 from wavepp.sim import SGLANG_LEGACY, SGLANG_V0518
-from wavepp.sim.grid import get_grid, run_one
-from wavepp.sim.sglang import SGLANG_PRESETS
+from wavepp.sim.studies.grid import get_grid, run_one
+from wavepp.sim.loops.sglang import SGLANG_PRESETS
 
 STEPS = {
     "legacy": SGLANG_LEGACY,

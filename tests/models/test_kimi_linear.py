@@ -175,9 +175,9 @@ def test_simulator_charges_snapshots_from_the_runtime_layout(kimi, dtype):
     snapshot copies at those bytes."""
     import json
 
-    from wavepp.sim.cost import StageCostModel
-    from wavepp.sim.hardware import HARDWARE
-    from wavepp.sim.model_shapes import ModelShape
+    from wavepp.sim.cost.hardware import HARDWARE
+    from wavepp.sim.cost.model_shapes import ModelShape
+    from wavepp.sim.cost.stage_cost import StageCostModel
 
     shape = ModelShape.from_hf(
         json.loads((kimi / "config.json").read_text()), kv_bytes=dtype.itemsize

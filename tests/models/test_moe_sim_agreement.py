@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from wavepp.models import load_model_config, load_stage_model, page_layout
-from wavepp.sim.model_shapes import ModelShape
+from wavepp.sim.cost.model_shapes import ModelShape
 
 
 @pytest.mark.parametrize("arch", ["minimax_m2", "deepseek_v3", "glm_moe_dsa", "qwen3_moe"])

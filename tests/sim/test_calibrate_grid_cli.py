@@ -16,8 +16,8 @@ from wavepp.sim import (
     paper_grid,
     run_grid,
 )
-from wavepp.sim.grid import with_overrides
-from wavepp.sim.output import rank_of
+from wavepp.sim.studies.grid import with_overrides
+from wavepp.sim.studies.output import rank_of
 
 TRUE = (
     CostCoefficients(c_wave=2e-3, c0=3e-4, g=2e-7, b=4e-4, a=2e-9),
@@ -137,7 +137,7 @@ def test_grid_summary_counts_wins_and_names_the_losers():
 
 
 def test_the_paper_table_sets_ours_beside_the_papers_figures():
-    from wavepp.sim.output import paper_comparison
+    from wavepp.sim.studies.output import paper_comparison
 
     settings = {
         ("paper", "glm-5", "short_suffix-28k+4k", 128): {"wavepp": 606.5e3, "trtllm-pp": 208e3},
@@ -170,7 +170,7 @@ def test_rank_counts_only_policies_more_than_two_percent_faster():
 
 def test_grid_takes_policy(capsys, monkeypatch):
     """--grid with --policy runs the grid's settings under the given policies only."""
-    import wavepp.sim.grid as grid_mod
+    import wavepp.sim.studies.grid as grid_mod
 
     seen = []
 
@@ -261,7 +261,7 @@ def test_simulate_rejects_unknown_policy_and_trace_with_grid():
 
 
 def test_markdown_tables_bold_the_best_and_rank_wavepp():
-    from wavepp.sim.output import markdown_tables
+    from wavepp.sim.studies.output import markdown_tables
 
     rows = [
         {

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from wavepp.sim import HARDWARE, MODELS, ExecOverheads, StageCostModel
-from wavepp.sim.precision import with_precision
-from wavepp.sim.scenario import SimSetup, build_system, fixed_budget, run_setting
-from wavepp.sim.stages import stage_kv_tokens, stage_weight_bytes
-from wavepp.sim.systems import BUDGETED, get_system
+from wavepp.sim.cost.precision import with_precision
+from wavepp.sim.cost.stages import stage_kv_tokens, stage_weight_bytes
+from wavepp.sim.studies.scenario import SimSetup, build_system, fixed_budget, run_setting
+from wavepp.sim.studies.systems import BUDGETED, get_system
 from wavepp.workloads import WorkloadOptions, workload_from_options
 
 NONE = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
@@ -175,7 +175,7 @@ def test_simulate_takes_the_precisions_gb300_and_a_budget(tmp_path, capsys):
 
 
 def test_the_paper_grids_run_the_papers_precisions_and_the_earlier_setups_keep_bf16():
-    from wavepp.sim.grid import kimi_k3_grid, paper_grid, precision_columns, with_overrides
+    from wavepp.sim.studies.grid import kimi_k3_grid, paper_grid, precision_columns, with_overrides
 
     def columns(setting):
         return tuple(precision_columns(setting.setup()).values())

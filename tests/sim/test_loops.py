@@ -1,4 +1,4 @@
-"""The outside loops (sim/loops.py) against their analytic periods.
+"""The outside loops (sim/loops/loop_sim.py) against their analytic periods.
 
 A flow of identical microbatches: one request of W tokens per microbatch, compute T on every
 rank, no transfer time, a closed loop deep enough that rank 0 always has the next one. The
@@ -26,7 +26,7 @@ import pytest
 
 from wavepp.sched import PlannerConfig
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
-from wavepp.sim.loops import LoopCosts
+from wavepp.sim.loops.loop_sim import LoopCosts
 
 BS, W, T = 16, 64, 1e-3
 

@@ -3,7 +3,7 @@ earlier one, both reachable."""
 
 import pytest
 
-from wavepp.sim.grid import get_grid, paper_grid, run_grid, with_overrides
+from wavepp.sim.studies.grid import get_grid, paper_grid, run_grid, with_overrides
 
 
 def test_the_paper_setup_is_the_default_and_the_earlier_one_stays_reachable():
@@ -28,8 +28,13 @@ def test_rows_name_the_weights_and_the_trtllm_mechanisms():
 
 
 def test_the_attribution_steps_end_at_the_papers_trtllm():
-    from wavepp.sim.attribution import STEPS, VARIANTS, attribution_markdown, attribution_rows
-    from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_RC26
+    from wavepp.sim.loops.trtllm import TRTLLM_LEGACY, TRTLLM_RC26
+    from wavepp.sim.studies.attribution import (
+        STEPS,
+        VARIANTS,
+        attribution_markdown,
+        attribution_rows,
+    )
 
     assert STEPS[0][1:] == ("", TRTLLM_LEGACY) and STEPS[-1][1:] == ("nvfp4", TRTLLM_RC26)
     assert all(mech != TRTLLM_RC26 for _, _, mech in VARIANTS)
@@ -49,7 +54,7 @@ def test_kimi_k3_is_a_hybrid_of_kimi_linears_pattern_at_2_8t():
 
 
 def test_the_kimi_k3_grid_runs_the_hybrid_with_real_snapshots():
-    from wavepp.sim.grid import kimi_k3_grid
+    from wavepp.sim.studies.grid import kimi_k3_grid
 
     grid = kimi_k3_grid()
     assert len(grid) == 36 and {s.model for s in grid} == {"kimi-k3"}
@@ -65,7 +70,7 @@ def test_the_kimi_k3_grid_runs_the_hybrid_with_real_snapshots():
 
 
 def test_the_ablation_settings_are_the_papers_three_on_both_kimi_shapes():
-    from wavepp.sim.attribution import PAPER_ABLATION, ablation_settings
+    from wavepp.sim.studies.attribution import PAPER_ABLATION, ablation_settings
 
     settings = ablation_settings()
     assert {(s.model, s.workload.label, s.concurrency) for s in settings} == {

@@ -10,7 +10,7 @@ import pytest
 
 from wavepp.sched import CostCoefficients, PlannerConfig
 from wavepp.sim import CpuHardware, SimCosts, build_sim, run_closed_loop
-from wavepp.sim.sim_setup import AdmissionCosts
+from wavepp.sim.studies.sim_setup import AdmissionCosts
 
 BS = 16
 FREE = AdmissionCosts(

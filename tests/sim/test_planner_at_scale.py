@@ -14,7 +14,7 @@ from wavepp.sched.cost_model import (
 )
 from wavepp.sched.planners import MPU_PAPER_TOKENS, MpuPlanner
 from wavepp.sim import SimSetup, get_hardware, get_model, run_setting
-from wavepp.sim.scenario import build_system
+from wavepp.sim.studies.scenario import build_system
 from wavepp.workloads import make_workload
 
 
@@ -136,8 +136,8 @@ def test_kimi_largest_wave_is_its_measured_peak_at_every_scale():
 
 
 def test_ablation_steps_differ_in_one_mechanism():
-    from wavepp.sim.grid import ablation_grid
-    from wavepp.sim.systems import ABLATION, get_system
+    from wavepp.sim.studies.grid import ablation_grid
+    from wavepp.sim.studies.systems import ABLATION, get_system
 
     base, wave, lease = (get_system(n) for n in ABLATION[:3])
     assert base.policy.inline_admission and not wave.policy.inline_admission
@@ -213,7 +213,7 @@ def test_kimi_reuse_not_below_static(label, c):
     """Kimi-K2 PP8: the settings that a 16,384-token M (the linear efficiency test alone) and
     unbounded doubled waves lost to fixed 8,192-token waves by 3.8-11%: through 8 stages every
     wave longer than the rest costs 7 times its excess."""
-    from wavepp.sim.grid import kimi_grid
+    from wavepp.sim.studies.grid import kimi_grid
 
     (setting,) = [s for s in kimi_grid() if s.workload.label == label and s.concurrency == c]
     setup = setting.setup()
@@ -235,7 +235,7 @@ def test_wavepp_not_below_trtllm_where_cold_prompts_fill_the_pipeline(c):
     # TensorRT-LLM's loop, which sends one chunk per prompt; first chunks first puts it ahead
     from dataclasses import replace
 
-    from wavepp.sim.grid import paper_grid, run_one
+    from wavepp.sim.studies.grid import paper_grid, run_one
 
     (setting,) = [
         s

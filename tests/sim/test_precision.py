@@ -1,10 +1,10 @@
-"""NVFP4 weights in the cost model (sim/precision.py, sim/hardware.py, sim/cost.py)."""
+"""NVFP4 weights in the cost model (sim/cost/precision.py, sim/cost/hardware.py, sim/cost/stage_cost.py)."""
 
 import pytest
 
 from wavepp.sim import HARDWARE, MODELS, StageCostModel
-from wavepp.sim.cost import ExecOverheads
-from wavepp.sim.precision import WEIGHT_FORMATS, weight_format, with_weights
+from wavepp.sim.cost.precision import WEIGHT_FORMATS, weight_format, with_weights
+from wavepp.sim.cost.stage_cost import ExecOverheads
 
 
 def test_nvfp4_weights_hold_a_scale_per_sixteen_values():
@@ -52,7 +52,7 @@ def test_nvfp4_makes_the_paper_models_faster_but_not_their_attention():
 
 
 def test_attention_and_kv_precision_are_part_of_a_setup():
-    from wavepp.sim.precision import kv_format, with_precision
+    from wavepp.sim.cost.precision import kv_format, with_precision
 
     base = MODELS["glm-5"]
     m = with_precision(base, weights="nvfp4", attention="fp8", kv="fp8")
@@ -67,11 +67,11 @@ def test_attention_and_kv_precision_are_part_of_a_setup():
 
 def test_fp8_attention_runs_at_the_fp8_peak_times_its_own_efficiency():
     """A long chunk's attention on GB300: bf16 at 2.5 PF x 0.82, fp8 at 5 PF x 0.68 (the cuDNN
-    measurements sim/hardware.py cites); an FP8 KV cache halves the bytes a decode-like short
+    measurements sim/cost/hardware.py cites); an FP8 KV cache halves the bytes a decode-like short
     chunk over a long cache reads."""
     hw = HARDWARE["GB300"]
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
-    from wavepp.sim.precision import with_precision
+    from wavepp.sim.cost.precision import with_precision
 
     bf16 = StageCostModel(MODELS["minimax-m2"], hw, 5, 6, overheads=none)
     fp8 = StageCostModel(
@@ -95,7 +95,7 @@ def test_fp8_attention_runs_at_the_fp8_peak_times_its_own_efficiency():
 
 def test_an_fp8_kv_cache_holds_twice_the_tokens():
     from wavepp.sim import stage_kv_tokens
-    from wavepp.sim.precision import with_precision
+    from wavepp.sim.cost.precision import with_precision
 
     hw, base = HARDWARE["B300"], MODELS["minimax-m2"]
     fp8 = with_precision(base, kv="fp8")
@@ -107,8 +107,8 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens():
 def test_attention_projections_can_keep_another_format_than_the_experts():
     """NVIDIA's NVFP4 DeepSeek-R1 keeps its attention in BF16: the projections then cost BF16
     GEMM time and BF16 bytes, the experts NVFP4, and only the NVFP4 GEMMs' inputs are quantized."""
-    from wavepp.sim.precision import with_precision
-    from wavepp.sim.stages import stage_weight_bytes
+    from wavepp.sim.cost.precision import with_precision
+    from wavepp.sim.cost.stages import stage_weight_bytes
 
     hw = HARDWARE["GB300"]
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)

@@ -9,8 +9,8 @@ import pytest
 
 from tests.sim.test_dp_layout import cold_prompts
 from wavepp.sim import HARDWARE, MODELS
-from wavepp.sim.precision import with_precision
-from wavepp.sim.scenario import SimSetup, run_setting
+from wavepp.sim.cost.precision import with_precision
+from wavepp.sim.studies.scenario import SimSetup, run_setting
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "public_figures.py"
 _SPEC = importlib.util.spec_from_file_location("public_figures", _PATH)

@@ -1,4 +1,4 @@
-"""The simulator's replicas (sim/replicas.py): N pipelines behind the router's own routing code,
+"""The simulator's replicas (sim/studies/replicas.py): N pipelines behind the router's own routing code,
 open loop on the Mooncake trace. Deterministic; routing by what replicas hold keeps more of the
 trace's reuse than spreading requests by load or in turn, and no replica is starved."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_catalog import get_model
-from wavepp.sim.replicas import run_replicas
-from wavepp.sim.scenario import SimSetup
+from wavepp.sim.cost.hardware import get_hardware
+from wavepp.sim.cost.model_catalog import get_model
+from wavepp.sim.studies.replicas import run_replicas
+from wavepp.sim.studies.scenario import SimSetup
 from wavepp.workloads import WorkloadOptions, workload_from_options
 
 

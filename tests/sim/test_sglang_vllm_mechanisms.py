@@ -1,4 +1,4 @@
-"""SGLang's and vLLM's mechanisms in `sglang-pp` and `vllm-pp` (sim/sglang.py, sim/vllm_pp.py),
+"""SGLang's and vLLM's mechanisms in `sglang-pp` and `vllm-pp` (sim/loops/sglang.py, sim/loops/vllm_pp.py),
 each on a small analytic case.
 
 Compute is a constant T per microbatch on every rank, host costs are zero unless a case sets
@@ -13,11 +13,10 @@ from wavepp.sched import PlannerConfig
 from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.request import Request
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
-from wavepp.sim.hardware import get_hardware
-from wavepp.sim.loops import LoopCosts
-from wavepp.sim.model_catalog import get_model
-from wavepp.sim.scenario import SimSetup, build_system
-from wavepp.sim.sglang import (
+from wavepp.sim.cost.hardware import get_hardware
+from wavepp.sim.cost.model_catalog import get_model
+from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.sglang import (
     SGLANG_LEGACY,
     SGLANG_V0518,
     SglangMechanisms,
@@ -25,7 +24,8 @@ from wavepp.sim.sglang import (
     get_sglang,
     sglang_planner,
 )
-from wavepp.sim.vllm_pp import VLLM_LEGACY, VLLM_V0280, VllmMechanisms, get_vllm
+from wavepp.sim.loops.vllm_pp import VLLM_LEGACY, VLLM_V0280, VllmMechanisms, get_vllm
+from wavepp.sim.studies.scenario import SimSetup, build_system
 
 BS, T = 16, 1e-3
 
@@ -228,7 +228,7 @@ def test_presets_and_validation():
 def test_pools_hold_the_smallest_free_memory_of_the_ranks(model):
     """v0.5.18 sizes every rank's pool from the free memory after the weights, MIN over the
     ranks, over the rank's own layers' bytes per token; the legacy preset keeps each rank's own."""
-    from wavepp.sim.stages import partition_layers, stage_kv_tokens
+    from wavepp.sim.cost.stages import partition_layers, stage_kv_tokens
 
     m, hw = get_model(model), get_hardware("B300")
     own = SimSetup(m, hw, 4, token_scale=64, sglang=SGLANG_LEGACY)

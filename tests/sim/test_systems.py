@@ -158,7 +158,7 @@ def test_open_loop_replays_the_arrival_times(tmp_path):
 
 def test_policies_come_from_one_registry():
     from wavepp.sched.policy import POLICIES, bench_policies, get_policy, runtime_policies
-    from wavepp.sim.systems import SYSTEMS
+    from wavepp.sim.studies.systems import SYSTEMS
 
     assert list(SYSTEMS) == list(POLICIES)
     assert all(SYSTEMS[name].policy is POLICIES[name] for name in POLICIES)

@@ -1,4 +1,4 @@
-"""TensorRT-LLM's mechanisms in `trtllm-pp` (sim/trtllm.py), each on a small analytic case.
+"""TensorRT-LLM's mechanisms in `trtllm-pp` (sim/loops/trtllm.py), each on a small analytic case.
 
 Compute is a constant T per microbatch on every rank, host costs are zero unless a case sets
 them, blocks are 16 tokens.
@@ -8,8 +8,8 @@ import pytest
 
 from wavepp.sched import PlannerConfig
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
-from wavepp.sim.loops import LoopCosts
-from wavepp.sim.trtllm import (
+from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.trtllm import (
     TRTLLM_LEGACY,
     TRTLLM_RC26,
     MicroBatchPlanner,
@@ -198,8 +198,8 @@ def test_chunks_of_one_request_follow_each_other_only_when_overlapped(overlap, s
 
 def test_pools_sized_to_the_smallest_rank():
     from wavepp.sim import get_hardware, get_model
-    from wavepp.sim.grid import WorkloadShape  # noqa: F401 - the grid's setup path
-    from wavepp.sim.scenario import SimSetup, build_system
+    from wavepp.sim.studies.grid import WorkloadShape  # noqa: F401 - the grid's setup path
+    from wavepp.sim.studies.scenario import SimSetup, build_system
 
     setup = SimSetup(get_model("glm-5"), get_hardware("B300"), 4, trtllm=TRTLLM_LEGACY)
     sizes = [s.pool.num_blocks for s in build_system("trtllm-pp", setup).servers]

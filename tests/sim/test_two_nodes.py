@@ -7,7 +7,7 @@ import pytest
 
 from wavepp.sched import PlannerConfig
 from wavepp.sim import SimSetup, build_sim, get_hardware, get_model, run_closed_loop, scaled_costs
-from wavepp.sim.cost import StageCostModel
+from wavepp.sim.cost.stage_cost import StageCostModel
 
 HW = get_hardware("GB300")
 K3 = get_model("kimi-k3")

@@ -51,7 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--attention-dtype",
         choices=["bf16", "fp8"],
         default=None,
-        help="full attention's math (sim/precision.py; default: the model's own, bf16; --grid: "
+        help="full attention's math (sim/cost/precision.py; default: the model's own, bf16; --grid: "
         "the grid's)",
     )
     p.add_argument(
@@ -77,13 +77,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--sglang",
         choices=["legacy", "v0.5.18", "v0.5.18-dynamic"],
         default=None,
-        help="SGLang's mechanisms in sglang-pp (sim/sglang.py; default legacy; --grid: the grid's)",
+        help="SGLang's mechanisms in sglang-pp (sim/loops/sglang.py; default legacy; --grid: the grid's)",
     )
     p.add_argument(
         "--vllm",
         choices=["legacy", "v0.28.0"],
         default=None,
-        help="vLLM's mechanisms in vllm-pp (sim/vllm_pp.py; default legacy; --grid: the grid's)",
+        help="vLLM's mechanisms in vllm-pp (sim/loops/vllm_pp.py; default legacy; --grid: the grid's)",
     )
     p.add_argument(
         "--model", default="glm-5", help="glm-5, minimax-m2, kimi-k2, kimi-linear, deepseek-v3"
@@ -173,13 +173,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--replicas",
         type=int,
         default=1,
-        help="prefill replicas behind one router (sim/replicas.py; open loop: --workload trace)",
+        help="prefill replicas behind one router (sim/studies/replicas.py; open loop: --workload trace)",
     )
     p.add_argument(
         "--routing",
         default="cache,approx,least-load,round-robin",
         help="with --replicas: the routing policies to compare, comma-separated "
-        "(wavepp/routing.py)",
+        "(wavepp/route/replica_table.py)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -196,7 +196,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from wavepp.sim.output import (
+    from wavepp.sim.studies.output import (
         grid_summary,
         markdown_tables,
         print_table,
@@ -210,7 +210,7 @@ def run(args) -> int:
     if args.grid:
         if args.trace:
             raise ValueError("--trace records single settings; drop --grid or --trace")
-        from wavepp.sim.grid import get_grid, run_grid, with_overrides
+        from wavepp.sim.studies.grid import get_grid, run_grid, with_overrides
 
         settings = get_grid(args.grid, paper_setup=args.setup)
         names = ("weights", "attention_dtype", "kv_dtype", "budget_tokens")
@@ -262,8 +262,8 @@ def run(args) -> int:
 
 def _run_replicas(args) -> list[dict]:
     """--replicas N: every policy x routing on each (open-loop) workload, one row each."""
-    from wavepp.routing import POLICIES
-    from wavepp.sim.replicas import run_replicas
+    from wavepp.route.replica_table import POLICIES
+    from wavepp.sim.studies.replicas import run_replicas
 
     routings = comma_list(args.routing)
     for routing in routings:
@@ -290,13 +290,13 @@ def _run_replicas(args) -> list[dict]:
 
 
 def _setup(args):
-    from wavepp.sim.hardware import get_hardware
-    from wavepp.sim.model_catalog import get_model
-    from wavepp.sim.precision import with_precision
-    from wavepp.sim.scenario import SimSetup
-    from wavepp.sim.sglang import get_sglang
-    from wavepp.sim.trtllm import get_trtllm
-    from wavepp.sim.vllm_pp import get_vllm
+    from wavepp.sim.cost.hardware import get_hardware
+    from wavepp.sim.cost.model_catalog import get_model
+    from wavepp.sim.cost.precision import with_precision
+    from wavepp.sim.loops.sglang import get_sglang
+    from wavepp.sim.loops.trtllm import get_trtllm
+    from wavepp.sim.loops.vllm_pp import get_vllm
+    from wavepp.sim.studies.scenario import SimSetup
 
     return SimSetup(
         with_precision(
@@ -323,8 +323,8 @@ def _setup(args):
 
 
 def _run_settings(args) -> tuple[list[dict], list]:
-    from wavepp.sim.grid import precision_columns
-    from wavepp.sim.scenario import run_setting
+    from wavepp.sim.studies.grid import precision_columns
+    from wavepp.sim.studies.scenario import run_setting
 
     setup = _setup(args)
     policies = _policies(args.policy or "wavepp,lockstep")

@@ -1,16 +1,39 @@
 """Discrete-event simulation of the pipeline, driving the real sched and cache code, with cost
 models of real hardware and model shapes (and of this machine, fitted from measurements)."""
 
-from wavepp.sim.calibrate import (
+from wavepp.sim.core.events import EventLoop
+from wavepp.sim.core.pipeline import PipelineSim, SimCosts, StageStats
+from wavepp.sim.cost.hardware import HARDWARE, HardwareSpec, get_hardware
+from wavepp.sim.cost.model_catalog import MODELS, get_model
+from wavepp.sim.cost.model_shapes import ModelShape
+from wavepp.sim.cost.precision import WEIGHT_FORMATS, with_weights
+from wavepp.sim.cost.stage_cost import ExecOverheads, StageCostModel, sparse_pairs, transfer_seconds
+from wavepp.sim.cost.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
+from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
+from wavepp.sim.loops.loop_sim import LoopCosts, LoopSim
+from wavepp.sim.loops.sglang import (
+    SGLANG_LEGACY,
+    SGLANG_PRESETS,
+    SGLANG_V0518,
+    SglangMechanisms,
+    get_sglang,
+)
+from wavepp.sim.loops.trtllm import (
+    TRTLLM_LEGACY,
+    TRTLLM_PRESETS,
+    TRTLLM_RC26,
+    TrtllmMechanisms,
+    get_trtllm,
+)
+from wavepp.sim.loops.vllm_pp import VLLM_LEGACY, VLLM_PRESETS, VLLM_V0280, VllmMechanisms, get_vllm
+from wavepp.sim.studies.calibrate import (
     CPU_ADMISSION,
     CpuHardware,
     StageSample,
     fit_stage_costs,
     loop_costs_from_rounds,
 )
-from wavepp.sim.cost import ExecOverheads, StageCostModel, sparse_pairs, transfer_seconds
-from wavepp.sim.events import EventLoop
-from wavepp.sim.grid import (
+from wavepp.sim.studies.grid import (
     GRIDS,
     GridSetting,
     WorkloadShape,
@@ -19,12 +42,7 @@ from wavepp.sim.grid import (
     paper_grid,
     run_grid,
 )
-from wavepp.sim.hardware import HARDWARE, HardwareSpec, get_hardware
-from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
-from wavepp.sim.loops import LoopCosts, LoopSim
-from wavepp.sim.model_catalog import MODELS, get_model
-from wavepp.sim.model_shapes import ModelShape
-from wavepp.sim.output import (
+from wavepp.sim.studies.output import (
     chrome_trace,
     grid_summary,
     print_table,
@@ -32,32 +50,14 @@ from wavepp.sim.output import (
     write_plot,
     write_trace,
 )
-from wavepp.sim.pipeline import PipelineSim, SimCosts, StageStats
-from wavepp.sim.precision import WEIGHT_FORMATS, with_weights
-from wavepp.sim.scenario import (
+from wavepp.sim.studies.scenario import (
     build_system,
     fit_prior,
     run_setting,
     scaled_costs,
 )
-from wavepp.sim.sglang import (
-    SGLANG_LEGACY,
-    SGLANG_PRESETS,
-    SGLANG_V0518,
-    SglangMechanisms,
-    get_sglang,
-)
-from wavepp.sim.sim_setup import AdmissionCosts, SimResult, SimSetup
-from wavepp.sim.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
-from wavepp.sim.systems import SYSTEMS, SystemSpec, get_system
-from wavepp.sim.trtllm import (
-    TRTLLM_LEGACY,
-    TRTLLM_PRESETS,
-    TRTLLM_RC26,
-    TrtllmMechanisms,
-    get_trtllm,
-)
-from wavepp.sim.vllm_pp import VLLM_LEGACY, VLLM_PRESETS, VLLM_V0280, VllmMechanisms, get_vllm
+from wavepp.sim.studies.sim_setup import AdmissionCosts, SimResult, SimSetup
+from wavepp.sim.studies.systems import SYSTEMS, SystemSpec, get_system
 
 __all__ = [
     "CPU_ADMISSION",

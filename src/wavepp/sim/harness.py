@@ -16,7 +16,7 @@ from wavepp.sched.planners import PlannerConfig, make_planner
 from wavepp.sched.policy import Policy, get_policy
 from wavepp.sched.stage_server import StageServer
 from wavepp.sched.stats import quantile
-from wavepp.sim.pipeline import PipelineSim, SimCosts
+from wavepp.sim.core.pipeline import PipelineSim, SimCosts
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,11 @@ def build_sim(
 ) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
-    `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops.py) with
+    `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops/loop_sim.py) with
     `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
     `serial_chunks`: a request's next chunk waits for its chunk in flight (default: under the
-    trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/trtllm.py
-    `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop (sim/sglang.py
+    trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/loops/trtllm.py
+    `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop (sim/loops/sglang.py
     `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which keeps what the
     pool evicts (cache/host_tier.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
@@ -157,7 +157,7 @@ def build_sim(
         planner,
     )
     if loop is not None:
-        from wavepp.sim.loops import LoopCosts, LoopSim
+        from wavepp.sim.loops.loop_sim import LoopCosts, LoopSim
 
         return LoopSim(
             leader,

@@ -1,7 +1,7 @@
 """N prefill replicas behind one router, simulated: each replica is the same pipeline as one
 setting (`build_system`: its leader, its stages' pools), and every request is routed by the same
-code as `wavepp route` (wavepp/routing.py `ReplicaTable`), open loop at the workload's arrival
-times.
+code as `wavepp route` (wavepp/route/replica_table.py `ReplicaTable`), open loop at the
+workload's arrival times.
 
     row = run_replicas("wavepp", setup, workload, replicas=8, routing="cache")
 
@@ -15,13 +15,13 @@ Replicas share nothing else: each runs on its own clock between arrivals.
 
 from __future__ import annotations
 
-from wavepp.routing import ReplicaTable
+from wavepp.route.replica_table import ReplicaTable
 from wavepp.sched.admission import agree_prefix
 from wavepp.sched.request import Request
 from wavepp.sched.stats import quantile
-from wavepp.sim.pipeline import PipelineSim
-from wavepp.sim.scenario import build_system
-from wavepp.sim.sim_setup import SimSetup
+from wavepp.sim.core.pipeline import PipelineSim
+from wavepp.sim.studies.scenario import build_system
+from wavepp.sim.studies.sim_setup import SimSetup
 
 
 def all_stage_tokens(sim: PipelineSim, token_ids, block_size: int, hybrid: bool) -> int:

@@ -1,4 +1,4 @@
-"""The channels between the ranks of an outside executor loop (loops.py), in virtual time.
+"""The channels between the ranks of an outside executor loop (loop_sim.py), in virtual time.
 
 Each rank's loop is a generator that yields operations: sleep, receive, wait for work. An
 operation is a function of the coroutine's `resume`; it calls `resume` (with the payload, for a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from typing import Callable, Generator
 
-from wavepp.sim.events import EventLoop
+from wavepp.sim.core.events import EventLoop
 
 Op = Callable[[Callable], None]  # an operation a rank's coroutine yields: op(resume)
 

@@ -12,7 +12,7 @@ For a wave of chunks (L cached tokens, x new tokens each), T = sum of x, every l
     MLP           dense: 2*T*3*H*I; MoE: routed experts 2*T*k*3*H*I_e as grouped GEMMs of
                   T*k/E rows each, the shared expert as a GEMM of T rows, the router
     elementwise   norms, residuals, activations, MoE permutes: bytes through HBM
-    quantize      NVFP4 weights (sim/precision.py): every linear layer's input written again as
+    quantize      NVFP4 weights (sim/cost/precision.py): every linear layer's input written again as
                   4-bit values with their scales (the quantization fused into the kernel before)
 
 A GEMM runs at peak * efficiency * rows / (rows + half_rows) (tiles fill poorly with few rows:
@@ -27,7 +27,7 @@ kernel efficiency, lower for chunks of few queries, and never faster than readin
     dp   data-parallel attention (each device runs its own requests through the whole attention
          block and the dense layers, weights replicated), experts split (EP): per MoE layer
          only DeepEP's dispatch and combine; a wave waits for its busiest device
-         (sim/dp_attention.py)
+         (sim/cost/dp_attention.py)
 
 The collectives run over the links (over the NICs where the devices span `num_nodes` > 1 nodes).
 """
@@ -37,10 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from wavepp.sim.dp_attention import dp_breakdown
-from wavepp.sim.hardware import HardwareSpec
-from wavepp.sim.model_shapes import ModelShape
-from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
+from wavepp.sim.cost.dp_attention import dp_breakdown
+from wavepp.sim.cost.hardware import HardwareSpec
+from wavepp.sim.cost.model_shapes import ModelShape
+from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
 
 LAYOUTS = ("tp", "dp")  # how a stage's `degree` devices share its layers (module docstring)
 
@@ -99,7 +99,7 @@ class StageCostModel:
         self.layout = layout
         self.overheads = overheads
         # dp: one device of the group, running its own chunks through every layer but the
-        # routed experts (sim/dp_attention.py)
+        # routed experts (sim/cost/dp_attention.py)
         self.device = (
             StageCostModel(
                 model,

@@ -52,9 +52,11 @@ class ModelShape:
     weight_bytes: float = 1.0  # bytes per parameter as served (FP8 checkpoints: 1)
     gemm_dtype: str = "fp8"  # dtype of the linear layers' tensor-core math
     kv_bytes: float = 2.0  # bytes per cached K/V (or latent) element (bf16)
-    attn_dtype: str = "bf16"  # tensor-core math of full attention: bf16 | fp8 (sim/precision.py)
+    attn_dtype: str = (
+        "bf16"  # tensor-core math of full attention: bf16 | fp8 (sim/cost/precision.py)
+    )
     # attention projections served in another format than the linear layers': (name, bytes per
-    # weight, GEMM dtype) per projection (`attention_param_groups` names; sim/precision.py)
+    # weight, GEMM dtype) per projection (`attention_param_groups` names; sim/cost/precision.py)
     projection_weights: tuple[tuple[str, float, str], ...] = ()
     source: str = ""
 

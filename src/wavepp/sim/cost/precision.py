@@ -21,7 +21,7 @@ Attention has its own precision, set apart from the weights (`with_precision`):
     attention  the tensor-core math of full attention (the chunk's queries against the cached
                keys and values): bf16, or fp8 (e4m3 Q, K and V; SGLang's and TensorRT-LLM's FP8
                context attention over an FP8 KV cache). Each hardware entry's efficiency for
-               each is a kernel measurement (sim/hardware.py). Linear attention stays bf16.
+               each is a kernel measurement (sim/cost/hardware.py). Linear attention stays bf16.
     kv         the KV cache's element: bf16 (2 bytes) or fp8 (1 byte, the scale per tensor
                negligible). It sets the pool's capacity and the bytes attention reads.
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from wavepp.sim.model_shapes import ModelShape
+from wavepp.sim.cost.model_shapes import ModelShape
 
 # format -> (bytes per weight, GEMM dtype)
 WEIGHT_FORMATS: dict[str, tuple[float, str]] = {

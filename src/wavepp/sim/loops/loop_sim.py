@@ -52,11 +52,11 @@ from dataclasses import replace
 from wavepp.sched.messages import ReleaseMsg, TokenResult, Wave, WaveResult
 from wavepp.sched.request import RequestState
 from wavepp.sched.rounds import run_round
-from wavepp.sim.loop_costs import LoopCosts
-from wavepp.sim.pipeline import PipelineSim
-from wavepp.sim.sglang import SglangScheduling
-from wavepp.sim.trtllm import TrtllmScheduling
-from wavepp.sim.virtual_channels import VirtualChannels
+from wavepp.sim.core.pipeline import PipelineSim
+from wavepp.sim.loops.loop_costs import LoopCosts
+from wavepp.sim.loops.sglang import SglangScheduling
+from wavepp.sim.loops.trtllm import TrtllmScheduling
+from wavepp.sim.loops.virtual_channels import VirtualChannels
 
 LOOPS = ("trtllm", "sglang")
 
@@ -97,9 +97,11 @@ class LoopSim(PipelineSim):
             leader, servers, costs, inline_admission=True, check_integrity=check_integrity
         )
         self.kind, self.lc = loop, loop_costs
-        # TensorRT-LLM's mechanisms (sim/trtllm.py)
+        # TensorRT-LLM's mechanisms (sim/loops/trtllm.py)
         self.trtllm = trtllm if loop == "trtllm" else None
-        self.sglang = sglang if loop == "sglang" else None  # SGLang's mechanisms (sim/sglang.py)
+        self.sglang = (
+            sglang if loop == "sglang" else None
+        )  # SGLang's mechanisms (sim/loops/sglang.py)
         n = self.num_stages
         self._gpu_queue = [collections.deque() for _ in range(n)]
         self._gpu_busy = [False] * n

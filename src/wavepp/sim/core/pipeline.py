@@ -28,7 +28,7 @@ from wavepp.sched.messages import LeaseMsg, ReleaseMsg, TokenResult, Wave, WaveR
 from wavepp.sched.rounds import round_messages
 from wavepp.sched.stage_server import StageServer
 from wavepp.sched.stats import StageStats
-from wavepp.sim.events import EventLoop
+from wavepp.sim.core.events import EventLoop
 
 ChunkShape = tuple[int, int]  # (num_cached, num_new)
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from wavepp.sim.model_shapes import ModelShape
+from wavepp.sim.cost.model_shapes import ModelShape
 
 MODELS: dict[str, ModelShape] = {
     m.name: m

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from wavepp.jsonfile import write_json  # noqa: F401 - part of this module's API
-from wavepp.sim.pipeline import PipelineSim
+from wavepp.sim.core.pipeline import PipelineSim
 
 
 def print_table(rows: Sequence[dict], title: str = "wavepp simulate") -> None:

@@ -22,7 +22,7 @@ share the routed experts.
                1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap
                with compute is assumed.
 
-The group's KV pool is its devices' pools together (sim/cost.py `kv_split`), and a request is
+The group's KV pool is its devices' pools together (sim/cost/stage_cost.py `kv_split`), and a request is
 not pinned to the device that holds its KV: each wave is placed afresh.
 """
 
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from wavepp.sim.precision import NVFP4_ACTIVATION_BYTES
+from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
 
-if TYPE_CHECKING:  # sim/cost.py runs these for its dp stages
-    from wavepp.sim.cost import ChunkShape, StageCostModel
+if TYPE_CHECKING:  # sim/cost/stage_cost.py runs these for its dp stages
+    from wavepp.sim.cost.stage_cost import ChunkShape, StageCostModel
 
 # bytes per element of an expert GEMM's input as dispatched to the experts' devices (DeepEP sends
 # FP8, or NVFP4 where the experts run it: SGLang's GB200 part II fuses that quantization in)

@@ -22,15 +22,15 @@ from wavepp.sched.cost_model import (
 )
 from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
-from wavepp.sim.cost import StageCostModel, kv_split, transfer_seconds
+from wavepp.sim.core.pipeline import PipelineSim, SimCosts
+from wavepp.sim.cost.model_shapes import ModelShape
+from wavepp.sim.cost.stage_cost import StageCostModel, kv_split, transfer_seconds
+from wavepp.sim.cost.stages import partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.harness import SimReport, build_sim, hybrid_pool_blocks, report, run_closed_loop
-from wavepp.sim.model_shapes import ModelShape
-from wavepp.sim.pipeline import PipelineSim, SimCosts
-from wavepp.sim.sglang import SglangScheduling, sglang_planner
-from wavepp.sim.sim_setup import SimResult, SimSetup
-from wavepp.sim.stages import partition_layers, stage_kv_tokens, stage_models
-from wavepp.sim.systems import BUDGETED, SystemSpec, get_system
-from wavepp.sim.trtllm import MicroBatchPlanner, TrtllmScheduling
+from wavepp.sim.loops.sglang import SglangScheduling, sglang_planner
+from wavepp.sim.loops.trtllm import MicroBatchPlanner, TrtllmScheduling
+from wavepp.sim.studies.sim_setup import SimResult, SimSetup
+from wavepp.sim.studies.systems import BUDGETED, SystemSpec, get_system
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
 
@@ -161,7 +161,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
 
 def fixed_budget(spec: SystemSpec, setup: SimSetup) -> int | None:
     """The real tokens of `spec`'s fixed (or base) budget on `setup`, None for a cost-sized one:
-    `setup.budget_tokens` where set (sim/systems.py BUDGETED), else the system's default; per
+    `setup.budget_tokens` where set (sim/studies/systems.py BUDGETED), else the system's default; per
     device under dp-ep."""
     if setup.budget_tokens and spec.name in BUDGETED:
         tokens = setup.budget_tokens

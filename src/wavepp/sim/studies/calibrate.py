@@ -23,11 +23,11 @@ from typing import Iterable, Sequence
 from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.planners import PlannerConfig
 from wavepp.sched.policy import loop_planner_args
+from wavepp.sim.core.pipeline import PipelineSim, SimCosts
 from wavepp.sim.harness import build_sim
-from wavepp.sim.loops import LoopCosts
-from wavepp.sim.pipeline import PipelineSim, SimCosts
-from wavepp.sim.sim_setup import AdmissionCosts
-from wavepp.sim.systems import get_system
+from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.studies.sim_setup import AdmissionCosts
+from wavepp.sim.studies.systems import get_system
 
 # Admission on this project's development machine (2-core VM): BlockPool lease 0.66 us per
 # pinned block and reserve + commit 4.9 us per new block (16-token blocks), timed directly.
@@ -139,7 +139,7 @@ class CpuHardware:
         """The runtime's pipeline on this machine under `policy` (wavepp, lockstep, static, ...).
         The balanced planner starts from the slowest stage's fitted costs, as the runtime's
         would after its first waves. The outside loops (trtllm-pp, sglang-pp) run their
-        framework's loop (sim/loops.py) with the runtime's budgets and `loop_costs` (this
+        framework's loop (sim/loops/loop_sim.py) with the runtime's budgets and `loop_costs` (this
         machine's host costs per iteration, `loop_costs_from_rounds`); sglang-pp's dynamic
         chunking keeps the runtime planner's default cost model, as the runtime does."""
         spec = get_system(policy)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from wavepp.sim.cost import ExecOverheads, StageCostModel, kv_split
-from wavepp.sim.hardware import HardwareSpec
-from wavepp.sim.model_shapes import ModelShape
+from wavepp.sim.cost.hardware import HardwareSpec
+from wavepp.sim.cost.model_shapes import ModelShape
+from wavepp.sim.cost.stage_cost import ExecOverheads, StageCostModel, kv_split
 
 REFERENCE_WAVE = ((8192, 8192),)  # the wave whose per-layer cost balances the stages
 
@@ -80,7 +80,7 @@ def stage_models(
     layout: str = "tp",
 ) -> list[StageCostModel]:
     """One cost model per stage; `degree` devices per stage, spanning `num_nodes` nodes, sharing
-    its layers in `layout` (sim/cost.py)."""
+    its layers in `layout` (sim/cost/stage_cost.py)."""
     last = len(bounds) - 1
     return [
         StageCostModel(

@@ -1,4 +1,4 @@
-"""Host seconds per iteration of the outside loops (sim/loops.py), on each rank."""
+"""Host seconds per iteration of the outside loops (sim/loops/loop_sim.py), on each rank."""
 
 from __future__ import annotations
 

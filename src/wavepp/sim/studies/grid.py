@@ -3,7 +3,7 @@
 paper  GLM-5-class and MiniMax-M2-class on PP4 B300, every PP policy, concurrency
        8, 16, 32, 64, 128, four workloads (2 x 4 x 5 = 40 settings), in the paper's setup:
        NVFP4 weights with FP8 attention over an FP8 KV cache (`PAPER_PRECISION`), `trtllm-pp` as
-       TensorRT-LLM 1.3.0rc26 runs it (sim/trtllm.py `TRTLLM_RC26`) and the paper's
+       TensorRT-LLM 1.3.0rc26 runs it (sim/loops/trtllm.py `TRTLLM_RC26`) and the paper's
        16,384-token microbatch as wavepp's M; `paper_grid("legacy")` is the earlier setup (the
        models' FP8 weights, bf16 attention and cache, `TRTLLM_LEGACY`, M from the profiling
        pass):
@@ -25,13 +25,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
-from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_catalog import get_model
-from wavepp.sim.precision import kv_format, weight_format, with_precision
-from wavepp.sim.scenario import SimSetup, run_setting
-from wavepp.sim.sglang import get_sglang
-from wavepp.sim.trtllm import get_trtllm
-from wavepp.sim.vllm_pp import get_vllm
+from wavepp.sim.cost.hardware import get_hardware
+from wavepp.sim.cost.model_catalog import get_model
+from wavepp.sim.cost.precision import kv_format, weight_format, with_precision
+from wavepp.sim.loops.sglang import get_sglang
+from wavepp.sim.loops.trtllm import get_trtllm
+from wavepp.sim.loops.vllm_pp import get_vllm
+from wavepp.sim.studies.scenario import SimSetup, run_setting
 from wavepp.workloads import Workload, WorkloadOptions, workload_from_options
 
 
@@ -81,16 +81,16 @@ class GridSetting:
     block_size: int = 16
     max_wave_tokens: int = 0  # 0: from the profiling pass
     num_requests: int = field(default=0)  # 0: max(32, 4 x concurrency)
-    weights: str = ""  # bf16 | fp8 | nvfp4 (sim/precision.py); "": the model's own
+    weights: str = ""  # bf16 | fp8 | nvfp4 (sim/cost/precision.py); "": the model's own
     attention_dtype: str = ""  # bf16 | fp8; "": the model's own (bf16)
     kv_dtype: str = ""  # bf16 | fp8; "": the model's own (bf16)
     budget_tokens: int = 0  # the fixed budgets in place of the systems' defaults (0: those)
-    trtllm: str = "legacy"  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py presets)
+    trtllm: str = "legacy"  # TensorRT-LLM's mechanisms in trtllm-pp (sim/loops/trtllm.py presets)
     snapshot_interval_blocks: int = 0  # hybrid models: real snapshots every this many blocks
-    gpus_per_node: int = 0  # 0: one NVLink domain (sim/scenario.py SimSetup)
+    gpus_per_node: int = 0  # 0: one NVLink domain (sim/studies/scenario.py SimSetup)
     host_kv_gib: float = 0.0  # a host KV tier per rank (0: none)
-    sglang: str = "legacy"  # SGLang's mechanisms in sglang-pp (sim/sglang.py presets)
-    vllm: str = "legacy"  # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py presets)
+    sglang: str = "legacy"  # SGLang's mechanisms in sglang-pp (sim/loops/sglang.py presets)
+    vllm: str = "legacy"  # vLLM's mechanisms in vllm-pp (sim/loops/vllm_pp.py presets)
 
     def setup(self) -> SimSetup:
         return SimSetup(
@@ -191,14 +191,14 @@ def kimi_grid() -> list[GridSetting]:
     ]
 
 
-# Kimi K3 on 8 GB300 (sim/model_catalog.py "kimi-k3"), against every PP8 policy, TP8/EP8 and
+# Kimi K3 on 8 GB300 (sim/cost/model_catalog.py "kimi-k3"), against every PP8 policy, TP8/EP8 and
 # DP8/EP8 (`dp-ep`): the kimi grid's prompts and concurrencies,
 # the paper's chunk budget and M of 16,384 tokens; stages keep state snapshots every 4 blocks
 # (16,384 tokens at the grid's token scale of 256), a chunk's worth. The paper's machine: two
 # nodes of 4 GPUs (the boundary between stages 3 and 4, and tp-ep's collectives, over the
 # ConnectX-8 NICs) and a host KV cache of 128 GiB per rank (wavepp's systems: the paper does not
 # say the baselines ran with theirs). `kimi_k3_grid("nvlink")`: the earlier setup, one NVLink
-# domain and no host tier. K3 is served in NVFP4 (sim/model_catalog.py); the paper's setup takes
+# domain and no host tier. K3 is served in NVFP4 (sim/cost/model_catalog.py); the paper's setup takes
 # the paper's precisions above (FP8 attention over an FP8 KV cache in its MLA layers; its linear
 # layers stay bf16), the earlier one bf16 attention and cache.
 K3_SNAPSHOT_BLOCKS = 4
@@ -250,7 +250,7 @@ def kimi_k3_grid(setup: str = "paper") -> list[GridSetting]:
 def ablation_grid() -> list[GridSetting]:
     """The paper's ablation on the kimi grid's settings at concurrency 8, 16, 32: wave admission,
     + lease and escrow, + MPU (and the balanced planner), each over the step before."""
-    from wavepp.sim.systems import ABLATION
+    from wavepp.sim.studies.systems import ABLATION
 
     return [
         GridSetting(

@@ -1,6 +1,6 @@
 """SGLang's pipeline-parallel prefill as its scheduler runs it, one switchable mechanism at a time.
 
-`sglang-pp` (sim/loops.py) runs `SchedulerPPMixin.event_loop_pp` step by step on every rank;
+`sglang-pp` (sim/loops/loop_sim.py) runs `SchedulerPPMixin.event_loop_pp` step by step on every rank;
 `SglangMechanisms` says which of the scheduler's behaviours ride on that loop. Paths are in
 sgl-project/sglang, python/sglang/srt/ (v0.5.18 is the paper's version).
 
@@ -47,7 +47,7 @@ from wavepp.sched.cost_model import CostModel
 from wavepp.sched.planners.base import PlannerConfig
 from wavepp.sched.planners.dynamic import DynamicChunkPlanner
 from wavepp.sched.request import Request
-from wavepp.sim.trtllm import blocks_walked
+from wavepp.sim.loops.trtllm import blocks_walked
 
 MATCH_SCOPES = ("admitted", "considered")
 

@@ -1,5 +1,5 @@
 """Where the paper's headline comes from: wavepp / trtllm-pp at c = 128 with 4K suffixes, with
-TensorRT-LLM's mechanisms (sim/trtllm.py) added to `trtllm-pp` one at a time.
+TensorRT-LLM's mechanisms (sim/loops/trtllm.py) added to `trtllm-pp` one at a time.
 
 Every step is a cited cost or behaviour; none is fitted to the paper's figures. The steps are
 cumulative, from this simulator's earlier setup to the paper's (`TRTLLM_RC26` on NVFP4);
@@ -13,13 +13,19 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Sequence
 
-from wavepp.sim.grid import K3_SNAPSHOT_BLOCKS, GridSetting, WorkloadShape, ablation_grid, run_grid
-from wavepp.sim.hardware import get_hardware
-from wavepp.sim.model_catalog import get_model
-from wavepp.sim.output import PAPER_FIGURES
-from wavepp.sim.precision import with_weights
-from wavepp.sim.scenario import SimSetup, run_setting
-from wavepp.sim.trtllm import TRTLLM_LEGACY, TRTLLM_RC26, TrtllmMechanisms
+from wavepp.sim.cost.hardware import get_hardware
+from wavepp.sim.cost.model_catalog import get_model
+from wavepp.sim.cost.precision import with_weights
+from wavepp.sim.loops.trtllm import TRTLLM_LEGACY, TRTLLM_RC26, TrtllmMechanisms
+from wavepp.sim.studies.grid import (
+    K3_SNAPSHOT_BLOCKS,
+    GridSetting,
+    WorkloadShape,
+    ablation_grid,
+    run_grid,
+)
+from wavepp.sim.studies.output import PAPER_FIGURES
+from wavepp.sim.studies.scenario import SimSetup, run_setting
 
 _PAPER_BATCH = TRTLLM_LEGACY.with_changes(max_num_tokens=16384, max_batch_size=128)
 _CHARGE = _PAPER_BATCH.with_changes(budget_charge="prompt")

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from wavepp.sim.cost import ExecOverheads
-from wavepp.sim.hardware import HardwareSpec
-from wavepp.sim.loops import LoopCosts
-from wavepp.sim.model_shapes import ModelShape
-from wavepp.sim.sglang import SGLANG_LEGACY, SglangMechanisms
-from wavepp.sim.stages import MemoryBudget
-from wavepp.sim.trtllm import TRTLLM_LEGACY, TrtllmMechanisms
-from wavepp.sim.vllm_pp import VLLM_LEGACY, VllmMechanisms
+from wavepp.sim.cost.hardware import HardwareSpec
+from wavepp.sim.cost.model_shapes import ModelShape
+from wavepp.sim.cost.stage_cost import ExecOverheads
+from wavepp.sim.cost.stages import MemoryBudget
+from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.sglang import SGLANG_LEGACY, SglangMechanisms
+from wavepp.sim.loops.trtllm import TRTLLM_LEGACY, TrtllmMechanisms
+from wavepp.sim.loops.vllm_pp import VLLM_LEGACY, VllmMechanisms
 
 
 @dataclass(frozen=True)
@@ -67,16 +67,18 @@ class SimSetup:
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     loop_costs: LoopCosts = field(default_factory=LoopCosts)  # trtllm-pp, sglang-pp
     trtllm: TrtllmMechanisms = (
-        TRTLLM_LEGACY  # TensorRT-LLM's mechanisms in trtllm-pp (sim/trtllm.py)
+        TRTLLM_LEGACY  # TensorRT-LLM's mechanisms in trtllm-pp (sim/loops/trtllm.py)
     )
-    sglang: SglangMechanisms = SGLANG_LEGACY  # SGLang's mechanisms in sglang-pp (sim/sglang.py)
-    vllm: VllmMechanisms = VLLM_LEGACY  # vLLM's mechanisms in vllm-pp (sim/vllm_pp.py)
+    sglang: SglangMechanisms = (
+        SGLANG_LEGACY  # SGLang's mechanisms in sglang-pp (sim/loops/sglang.py)
+    )
+    vllm: VllmMechanisms = VLLM_LEGACY  # vLLM's mechanisms in vllm-pp (sim/loops/vllm_pp.py)
     # hybrid models: stages keep state snapshots every this many blocks (slots, leases, escrow,
     # in-flight sharing: the runtime's SnapshotPool); 0: the grid the runtime picks for the model
     # (`model_interval_blocks`)
     snapshot_interval_blocks: int = 0
     # real tokens: the fixed budget of static, trtllm-pp, vllm-pp, tp-ep and dp-ep (per device)
-    # in place of each one's default (sim/systems.py BUDGETED); 0: the defaults
+    # in place of each one's default (sim/studies/systems.py BUDGETED); 0: the defaults
     budget_tokens: int = 0
 
     def __post_init__(self) -> None:
