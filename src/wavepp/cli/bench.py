@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 
 from wavepp.cli.args import add_stage_args, comma_list, layer_split
 from wavepp.cli.bench_http import check_http_args, run_over_http
@@ -25,81 +26,9 @@ def add_parser(sub) -> None:
         "pp and policy); vLLM's `vllm bench serve` measures the same server "
         "from outside (benchmarks/vllm_bench_serve.py).",
     )
-    p.add_argument(
-        "--url",
-        default=None,
-        help="measure a running `wavepp serve` at this URL (e.g. http://127.0.0.1:8000) over HTTP; "
-        "the policy, pp and dtype are the server's, and caches are emptied between runs "
-        "only if it was started with --debug",
-    )
-    p.add_argument(
-        "--timeout-s", type=float, default=300.0, help="with --url: seconds one request may take"
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="built-in name or HF-format directory (default: smollm2; "
-        "with --url: the served model's name)",
-    )
-    p.add_argument(
-        "--pp", type=int, default=None, help="pipeline stages (default 2; with --url: the server's)"
-    )
-    add_stage_args(p)
-    p.add_argument(
-        "--workload",
-        default="short-suffix,reuse",
-        help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)",
-    )
-    p.add_argument(
-        "--policy",
-        default=None,
-        help=f"comma list of: {', '.join(bench_policies())} (default: {DEFAULT_POLICIES}; "
-        f"with --url: the server's, which HTTP cannot switch)",
-    )
-    p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
-    p.add_argument(
-        "--num-requests",
-        type=int,
-        default=None,
-        help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
-        "so that high concurrencies reach a steady state of finishing and arriving requests)",
-    )
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=512, help="cold, reuse, mixed: prompt length")
-    p.add_argument(
-        "--prefix-len",
-        type=int,
-        default=1536,
-        help="short-suffix: shared prefix; gsp: system prompt",
-    )
-    p.add_argument("--suffix-len", type=int, default=64, help="short-suffix: suffix; gsp: question")
-    p.add_argument("--num-groups", type=int, default=8)
-    p.add_argument("--trace-file", default=None, help="Mooncake JSONL for the trace workload")
-    p.add_argument(
-        "--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block"
-    )
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["bfloat16", "float32"],
-        help="default bfloat16; with --url: the server's",
-    )
-    p.add_argument(
-        "--device",
-        default=None,
-        choices=["cpu", "cuda", "auto"],
-        help="where stages compute (default cpu; not with --url: the server's)",
-    )
-    p.add_argument(
-        "--snapshot-interval",
-        default=None,
-        metavar="BLOCKS",
-        help="hybrid models (kimi_linear): comma list of snapshot intervals in blocks, each "
-        "run side by side (default: the interval chosen from memory)",
-    )
-    p.add_argument("--json", default=None, metavar="FILE")
-    p.add_argument("--plot", default=None, metavar="FILE.png")
-    p.add_argument("--trace", default=None, metavar="FILE.json", help="Chrome trace (Perfetto)")
+    _add_target_args(p)
+    _add_workload_args(p)
+    _add_output_args(p)
     p.set_defaults(func=run)
 
 
@@ -135,34 +64,50 @@ def build_workloads(args, vocab_size: int, num_requests: int, block_size: int | 
 
 
 def run(args) -> int:
+    """Plan the runs, measure them (in this process, or over HTTP with --url), report."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from wavepp.bench.measure import median_rows
-    from wavepp.bench.report import machine, print_table, write_json, write_plot, write_trace
-    from wavepp.model_store import DEFAULT_MODEL, resolve_model
-    from wavepp.models import load_model_config
-    from wavepp.workloads.workload import ideal_snapshot_hit_rate
+    from wavepp.bench.report import print_table
 
     console = Console(width=max(Console().width, 160))
-    concurrencies = [int(c) for c in comma_list(args.concurrency)]
+    plan = _plan(args, console)
+    t_start = time.perf_counter()
+    rows, caches_reset, kernels, trace_events = _measure(args, plan, console)
+    med = median_rows(rows)
+    title = f"medians of {args.repeat} interleaved run(s); fastest first, in bold"
+    http_meta = {}
     if args.url:
-        from wavepp.bench.http import server_info
+        http_meta, title = _http_meta(args, plan, med, caches_reset)
+    print_table(med, console, title)
+    console.print(f"total {time.perf_counter() - t_start:.0f} s")
+    run_meta = {**http_meta, **({"kernels": kernels} if kernels else {})}
+    _write_outputs(args, plan, console, rows, med, run_meta, trace_events)
+    return 0
 
-        args.url = args.url.rstrip("/").removesuffix("/v1")  # the server, or OpenAI's base URL
-        info = server_info(args.url)
-        policies = check_http_args(args, info)
-        model, vocab_size, block_size = info.model, info.vocab_size, info.block_size
-    else:
-        args.policy, args.pp, args.dtype = (
-            args.policy or DEFAULT_POLICIES,
-            args.pp or 2,
-            args.dtype or "bfloat16",
-        )
-        policies = check_policies(comma_list(args.policy), bench_policies())
-        model = args.model or DEFAULT_MODEL
-        vocab_size, block_size = load_model_config(resolve_model(model)).vocab_size, None
-    # workloads[c]: the workloads at concurrency c (the same shapes, sized for c)
+
+@dataclass
+class _Plan:
+    """What one bench measures: the model, the policies, and the workloads at each
+    concurrency (the same shapes, sized for it), each at each snapshot interval."""
+
+    model: str
+    policies: list[str]
+    concurrencies: list[int]
+    sized: dict[int, list]  # num_requests -> the workloads of that many prompts
+    workloads: dict[int, list]  # concurrency -> its workloads (one of sized's lists)
+    intervals: list  # snapshot intervals in blocks; [None]: the grid chosen from memory
+    ideal_on_grid: dict  # (workload, num_requests, interval) -> ideal hit rate on that grid
+    info: object = None  # with --url: the server's answer to server_info
+
+
+def _plan(args, console) -> _Plan:
+    """Resolve the model and the policies (the server's with --url), build the workloads and
+    print what will run."""
+    from wavepp.bench.report import machine
+
+    concurrencies = [int(c) for c in comma_list(args.concurrency)]
+    model, policies, vocab_size, block_size, info = _resolve_target(args)
     sized: dict[int, list] = {}
     workloads = {}
     for c in concurrencies:
@@ -177,6 +122,38 @@ def run(args) -> int:
     intervals = (
         [int(i) for i in comma_list(args.snapshot_interval)] if args.snapshot_interval else [None]
     )
+    ideal_on_grid = _describe_workloads(console, sized, intervals)
+    return _Plan(model, policies, concurrencies, sized, workloads, intervals, ideal_on_grid, info)
+
+
+def _resolve_target(args):
+    """(model, policies, vocab_size, block_size, server info): from the server with --url,
+    else from the arguments and their defaults (which it writes back into args)."""
+    if args.url:
+        from wavepp.bench.http import server_info
+
+        args.url = args.url.rstrip("/").removesuffix("/v1")  # the server, or OpenAI's base URL
+        info = server_info(args.url)
+        policies = check_http_args(args, info)
+        return info.model, policies, info.vocab_size, info.block_size, info
+    from wavepp.model_store import DEFAULT_MODEL, resolve_model
+    from wavepp.models import load_model_config
+
+    args.policy, args.pp, args.dtype = (
+        args.policy or DEFAULT_POLICIES,
+        args.pp or 2,
+        args.dtype or "bfloat16",
+    )
+    policies = check_policies(comma_list(args.policy), bench_policies())
+    model = args.model or DEFAULT_MODEL
+    return model, policies, load_model_config(resolve_model(model)).vocab_size, None, None
+
+
+def _describe_workloads(console, sized: dict[int, list], intervals: list) -> dict:
+    """Print each workload and its ideal hit rates; return the ideal rate on each snapshot grid,
+    by (workload, num_requests, interval)."""
+    from wavepp.workloads.workload import ideal_snapshot_hit_rate
+
     ideal_on_grid = {}
     for wls in sized.values():
         for wl in wls:
@@ -190,71 +167,63 @@ def run(args) -> int:
                 f"  workload {wl.name}: {wl.num_requests} prompts, {wl.num_tokens:,} tokens, "
                 f"ideal hit rate {wl.ideal_hit_rate:.1%}{grid}"
             )
-    t_start = time.perf_counter()
-    pipeline_policies = [p for p in policies if p != SINGLE_STAGE]
-    rows, trace_events, kernels = [], [], {}
+    return ideal_on_grid
+
+
+def _measure(args, plan: _Plan, console) -> tuple[list, bool | None, dict, list]:
+    """Every run under one progress bar: (rows, whether the server's caches were reset (with
+    --url; else None), each local engine's kernel paths, the trace events)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     total = (
-        sum(wl.num_requests for c in concurrencies for wl in workloads[c])
-        * len(policies)
+        sum(wl.num_requests for c in plan.concurrencies for wl in plan.workloads[c])
+        * len(plan.policies)
         * args.repeat
-        * len(intervals)
+        * len(plan.intervals)
     )
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("warm-up", total=total)
         if args.url:
-            http_rows, caches_reset = run_over_http(
-                args, info, concurrencies, workloads, progress, task
+            rows, caches_reset = run_over_http(
+                args, plan.info, plan.concurrencies, plan.workloads, progress, task
             )
-            rows += http_rows
-        else:
-            # snapshot intervals interleave like policies: Engine.reset switches every stage's grid
-            rows += _run_policies(
-                args,
-                model,
-                policies,
-                pipeline_policies,
-                concurrencies,
-                workloads,
-                intervals,
-                ideal_on_grid,
-                progress,
-                task,
-                trace_events,
-                kernels,
-            )
-    med = median_rows(rows)
-    title = f"medians of {args.repeat} interleaved run(s); fastest first, in bold"
-    http_meta = {}
-    if args.url:
-        http_meta = {
-            "url": args.url,
-            "caches_reset": caches_reset,
-            "stage_figures_from": "/metrics" if med and med[0]["stage_utilization"] else None,
-        }
-        title = (
-            f"medians of {args.repeat} run(s) over HTTP at {args.url}, policy {policies[0]} (the server's); "
-            f"caches {'emptied before each run (POST /debug/reset)' if caches_reset else 'NOT reset between runs (start the server with --debug)'}; "
-            f"TTFT at the client; stage util, idle and admission "
-            f"{'from /metrics (admission: histogram buckets, interpolated)' if http_meta['stage_figures_from'] else 'n/a: not in the server /metrics'}"
-        )
-    print_table(med, console, title)
-    console.print(f"total {time.perf_counter() - t_start:.0f} s")
+            return rows, caches_reset, {}, []
+        # snapshot intervals interleave like policies: Engine.reset switches every stage's grid
+        runs = _LocalRuns(args, plan, progress, task)
+        rows = runs.run_all()
+    return rows, None, runs.kernels, runs.trace_events
+
+
+def _http_meta(args, plan: _Plan, med: list, caches_reset: bool) -> tuple[dict, str]:
+    """What a run over HTTP adds to the report, and the table's title."""
+    http_meta = {
+        "url": args.url,
+        "caches_reset": caches_reset,
+        "stage_figures_from": "/metrics" if med and med[0]["stage_utilization"] else None,
+    }
+    title = (
+        f"medians of {args.repeat} run(s) over HTTP at {args.url}, policy {plan.policies[0]} (the server's); "
+        f"caches {'emptied before each run (POST /debug/reset)' if caches_reset else 'NOT reset between runs (start the server with --debug)'}; "
+        f"TTFT at the client; stage util, idle and admission "
+        f"{'from /metrics (admission: histogram buckets, interpolated)' if http_meta['stage_figures_from'] else 'n/a: not in the server /metrics'}"
+    )
+    return http_meta, title
+
+
+def _write_outputs(args, plan: _Plan, console, rows, med, run_meta: dict, trace_events) -> None:
+    """The JSON record (every row, the medians and how they were made), the plot, the trace."""
+    from wavepp.bench.report import machine, write_json, write_plot, write_trace
+
     meta = {
-        "model": model,
+        "model": plan.model,
         "pp": args.pp,
         "dtype": args.dtype,
         "machine": machine(),
-        **http_meta,
-        **({"kernels": kernels} if kernels else {}),
+        **run_meta,
         "ideal_on_snapshot_grid": [
             {"workload": w, "num_requests": n, "interval_blocks": i, "ideal_hit_rate": r}
-            for (w, n, i), r in ideal_on_grid.items()
+            for (w, n, i), r in plan.ideal_on_grid.items()
         ],
         "repeat": args.repeat,
         "command": "wavepp bench " + " ".join(_argv(args)),
@@ -268,123 +237,225 @@ def run(args) -> int:
     if args.trace:
         write_trace(args.trace, trace_events)
         console.print(f"wrote {args.trace} (open in ui.perfetto.dev)")
-    return 0
 
 
-def _argv(args) -> list[str]:
-    import sys
+class _LocalRuns:
+    """The runs in this process: one pipeline engine (and one single-stage engine if that
+    policy runs), every (workload, concurrency, snapshot interval, policy) interleaved run by
+    run on the same engines (intervals [None]: the default grid). It keeps each engine's
+    kernel paths (engine name ("pp", "single") -> each stage's) and, with --trace, the trace."""
 
-    return sys.argv[2:]
+    def __init__(self, args, plan: _Plan, progress, task) -> None:
+        self.args = args
+        self.plan = plan
+        self.progress = progress
+        self.task = task
+        self.kernels: dict[str, list] = {}
+        self.trace_events: list = []
 
+    def run_all(self) -> list:
+        """Every run, repeated, policies in reverse order on odd repeats; the rows in run order.
+        The engines are shut down on the way out, whatever happened."""
+        engines: dict = {}
+        rows: list = []
+        try:
+            self._start(engines)
+            self._warm_up(engines)
+            first = self.plan.workloads[self.plan.concurrencies[0]]
+            for rep in range(self.args.repeat):
+                order = self.plan.policies if rep % 2 == 0 else self.plan.policies[::-1]
+                for index in range(len(first)):
+                    for c, interval in itertools.product(
+                        self.plan.concurrencies, self.plan.intervals
+                    ):
+                        wl = self.plan.workloads[c][index]
+                        for pol in order:
+                            engine = engines["single" if pol == SINGLE_STAGE else "pp"]
+                            rows.append(self._run_one(engine, wl, c, interval, pol, rep))
+        finally:
+            for engine in engines.values():
+                engine.shutdown()
+        return rows
 
-def _run_policies(
-    args,
-    model,
-    policies,
-    pipeline_policies,
-    concurrencies,
-    workloads,
-    intervals,
-    ideal_on_grid,
-    progress,
-    task,
-    trace_events,
-    kernels: dict,
-) -> list:
-    """Every (workload, concurrency, snapshot interval, policy), interleaved run by run on the
-    same engines (intervals [None]: the default grid). Fills `kernels`: engine name ("pp",
-    "single") -> each stage's kernel paths."""
-    from wavepp.bench.measure import run_closed_loop
-    from wavepp.bench.report import chrome_trace
-    from wavepp.engine import Engine, EngineConfig
+    def _start(self, engines: dict) -> None:
+        """The engines the policies need, added to `engines` as each starts (so that a failed
+        start still shuts down the ones before it)."""
+        from wavepp.engine import Engine, EngineConfig
 
-    engines, rows = {}, []
-    try:
+        args, plan = self.args, self.plan
+        pipeline_policies = [p for p in plan.policies if p != SINGLE_STAGE]
         if pipeline_policies:
             engines["pp"] = Engine(
                 EngineConfig(
-                    model,
+                    plan.model,
                     pp=args.pp,
                     policy=pipeline_policies[0],
                     dtype=args.dtype,
-                    snapshot_interval_blocks=intervals[0],
+                    snapshot_interval_blocks=plan.intervals[0],
                     device=args.device or "cpu",
                     layer_split=layer_split(args.layer_split),
                     pin_cpus=args.pin_cpus,
                 )
             )
-        if SINGLE_STAGE in policies:
+        if SINGLE_STAGE in plan.policies:
             engines["single"] = Engine(
                 EngineConfig(
-                    model,
+                    plan.model,
                     pp=1,
                     policy="wavepp",
                     dtype=args.dtype,
-                    snapshot_interval_blocks=intervals[0],
+                    snapshot_interval_blocks=plan.intervals[0],
                     device=args.device or "cpu",
                 )
             )
-        first = workloads[concurrencies[0]]
-        for name, engine in engines.items():  # warm up: first forwards are slow
+
+    def _warm_up(self, engines: dict) -> None:
+        """First forwards are slow: one short prefill per engine, then each engine's start-up
+        profile and kernel paths, printed after every start-up (rank 0's choice is per process)."""
+        console = self.progress.console
+        first = self.plan.workloads[self.plan.concurrencies[0]]
+        for name, engine in engines.items():
             engine.prefill([wl.prompts[0][:256] for wl in first])
             if engine.profile is not None:
-                progress.console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
-        for name, engine in engines.items():  # after every start-up: rank 0's choice is per process
-            kernels[name] = list(engine.stage_kernels)
+                console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
+        for name, engine in engines.items():
+            self.kernels[name] = list(engine.stage_kernels)
             split = (
                 f" (layers per stage {','.join(map(str, engine.config.layer_split))})"
                 if engine.config.layer_split
                 else ""
             )
             cpus = engine.stage_cpus
-            progress.console.print(
+            console.print(
                 f"  kernels ({name}){split}: "
                 + "; ".join(
                     f"stage {i} {k}" + (f" cpus {','.join(map(str, cpus[i]))}" if cpus else "")
-                    for i, k in enumerate(kernels[name])
+                    for i, k in enumerate(self.kernels[name])
                 )
             )
-        for rep in range(args.repeat):
-            for index in range(len(first)):
-                for c, interval in itertools.product(concurrencies, intervals):
-                    wl = workloads[c][index]
-                    order = policies if rep % 2 == 0 else list(reversed(policies))
-                    for pol in order:
-                        engine = engines["single" if pol == SINGLE_STAGE else "pp"]
-                        engine.reset(
-                            "wavepp" if pol == SINGLE_STAGE else pol,
-                            snapshot_interval_blocks=interval,
-                        )
-                        label = pol if interval is None else f"{pol} snap={interval}"
-                        progress.update(
-                            task, description=f"{wl.name} c={c} {label} (run {rep + 1})"
-                        )
-                        m = run_closed_loop(
-                            engine,
-                            wl,
-                            c,
-                            policy_label=label,
-                            repeat=rep,
-                            on_progress=lambda n: progress.advance(task, n),
-                        )
-                        rows.append(m)
-                        grid = (
-                            ""
-                            if interval is None
-                            else f" (ideal on the grid {ideal_on_grid[(wl.name, wl.num_requests, interval)]:.1%})"
-                        )
-                        progress.console.print(
-                            f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-                            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
-                            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}"
-                        )
-                        if args.trace:
-                            trace_events += chrome_trace(
-                                engine.stats(),
-                                f"{wl.name} c={c} {label} r{rep}",
-                                pid=len(trace_events) + 1,
-                            )
-    finally:
-        for engine in engines.values():
-            engine.shutdown()
-    return rows
+
+    def _run_one(self, engine, wl, c: int, interval, pol: str, rep: int):
+        """One closed-loop run of `pol` from empty caches: prints its line, keeps its trace
+        (with --trace), returns its row."""
+        from wavepp.bench.measure import run_closed_loop
+        from wavepp.bench.report import chrome_trace
+
+        progress, task = self.progress, self.task
+        engine.reset("wavepp" if pol == SINGLE_STAGE else pol, snapshot_interval_blocks=interval)
+        label = pol if interval is None else f"{pol} snap={interval}"
+        progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
+        m = run_closed_loop(
+            engine,
+            wl,
+            c,
+            policy_label=label,
+            repeat=rep,
+            on_progress=lambda n: progress.advance(task, n),
+        )
+        grid = ""
+        if interval is not None:
+            ideal = self.plan.ideal_on_grid[(wl.name, wl.num_requests, interval)]
+            grid = f" (ideal on the grid {ideal:.1%})"
+        progress.console.print(
+            f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
+            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
+            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}"
+        )
+        if self.args.trace:
+            self.trace_events += chrome_trace(
+                engine.stats(), f"{wl.name} c={c} {label} r{rep}", pid=len(self.trace_events) + 1
+            )
+        return m
+
+
+def _add_target_args(p) -> None:
+    """What is measured: a running server (--url) or the model and its stages here."""
+    p.add_argument(
+        "--url",
+        default=None,
+        help="measure a running `wavepp serve` at this URL (e.g. http://127.0.0.1:8000) over HTTP; "
+        "the policy, pp and dtype are the server's, and caches are emptied between runs "
+        "only if it was started with --debug",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=300.0, help="with --url: seconds one request may take"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="built-in name or HF-format directory (default: smollm2; "
+        "with --url: the served model's name)",
+    )
+    p.add_argument(
+        "--pp", type=int, default=None, help="pipeline stages (default 2; with --url: the server's)"
+    )
+    add_stage_args(p)
+
+
+def _add_workload_args(p) -> None:
+    """The workloads, the policies, the concurrencies and how many runs."""
+    p.add_argument(
+        "--workload",
+        default="short-suffix,reuse",
+        help=f"comma list of: {', '.join(WORKLOAD_NAMES)} (trace: Mooncake)",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        help=f"comma list of: {', '.join(bench_policies())} (default: {DEFAULT_POLICIES}; "
+        f"with --url: the server's, which HTTP cannot switch)",
+    )
+    p.add_argument("--concurrency", default="8,64", help="comma list, e.g. 1,2,4,8,16,32,64,128")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per (workload, concurrency) run (default: max(64, 4 x concurrency), "
+        "so that high concurrencies reach a steady state of finishing and arriving requests)",
+    )
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=512, help="cold, reuse, mixed: prompt length")
+    p.add_argument(
+        "--prefix-len",
+        type=int,
+        default=1536,
+        help="short-suffix: shared prefix; gsp: system prompt",
+    )
+    p.add_argument("--suffix-len", type=int, default=64, help="short-suffix: suffix; gsp: question")
+    p.add_argument("--num-groups", type=int, default=8)
+    p.add_argument("--trace-file", default=None, help="Mooncake JSONL for the trace workload")
+    p.add_argument(
+        "--tokens-per-block", type=int, default=32, help="trace: tokens per 512-token block"
+    )
+
+
+def _add_output_args(p) -> None:
+    """How the stages compute, the snapshot grids, and the files the bench writes."""
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="default bfloat16; with --url: the server's",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        choices=["cpu", "cuda", "auto"],
+        help="where stages compute (default cpu; not with --url: the server's)",
+    )
+    p.add_argument(
+        "--snapshot-interval",
+        default=None,
+        metavar="BLOCKS",
+        help="hybrid models (kimi_linear): comma list of snapshot intervals in blocks, each "
+        "run side by side (default: the interval chosen from memory)",
+    )
+    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--plot", default=None, metavar="FILE.png")
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="Chrome trace (Perfetto)")
+
+
+def _argv(args) -> list[str]:
+    import sys
+
+    return sys.argv[2:]
