@@ -16,6 +16,59 @@ def add_parser(sub) -> None:
         "torchrun (one rank per stage, any number of nodes) rank 0 serves HTTP "
         "and the other ranks serve their stage.",
     )
+    _add_pipeline_args(p)
+    _add_http_args(p)
+    add_engine_args(p)
+    p.add_argument(
+        "--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)"
+    )
+    _add_kv_args(p)
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
+        "`wavepp bench --url` uses between runs)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from wavepp.cli.prefill import serve_stage
+    from wavepp.model_store import DEFAULT_MODEL
+    from wavepp.runtime import torchrun_rank
+    from wavepp.serve import ServeConfig, run_server
+
+    ranks = torchrun_rank()
+    if ranks is not None and ranks[0] != 0:
+        return serve_stage(ranks, args.device)
+
+    model = args.model or DEFAULT_MODEL
+    options = engine_config(
+        args,
+        model,
+        kv_store=args.kv_store,
+        kv_transport=args.kv_transport,
+        kv_transport_protocol=args.kv_transport_protocol,
+        kv_host=args.kv_host,
+        kv_arena_gib=args.kv_arena_gib,
+        kv_store_max_gib=args.kv_store_max_gib,
+        kv_ttl_s=args.kv_ttl_s,
+        kv_export_wait_s=args.kv_export_wait_s,
+    )
+    limits = {
+        name: getattr(args, name)
+        for name in ("max_body_bytes", "max_prompts_per_request", "max_streams")
+        if getattr(args, name) is not None
+    }  # else ServeConfig's defaults
+    config = ServeConfig(
+        args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug, **limits
+    )
+    run_server(options, config, host=args.host, port=args.port, drain_s=args.drain_s)
+    return 0
+
+
+def _add_pipeline_args(p) -> None:
+    """The model, its name in the API, the stages and the policy."""
     p.add_argument(
         "--model", default=None, help="built-in name or HF-format directory (default: smollm2)"
     )
@@ -32,6 +85,10 @@ def add_parser(sub) -> None:
         choices=runtime_policies(),
         help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}",
     )
+
+
+def _add_http_args(p) -> None:
+    """Where the server listens, its limits on requests (limits.py's table) and its drain."""
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -65,10 +122,10 @@ def add_parser(sub) -> None:
         default=10.0,
         help="on SIGTERM, seconds to let requests in flight finish before aborting them",
     )
-    add_engine_args(p)
-    p.add_argument(
-        "--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)"
-    )
+
+
+def _add_kv_args(p) -> None:
+    """The KV hand-off to a decode engine: the transport and its bounds."""
     p.add_argument(
         "--kv-store",
         default=None,
@@ -121,45 +178,3 @@ def add_parser(sub) -> None:
         help="with --kv-store: seconds an answer waits for the stages' KV parts after the "
         "prefill; parts not written by then are named failed (default 60)",
     )
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        help="enable GET /debug/integrity and POST /debug/reset (empties every cache: what "
-        "`wavepp bench --url` uses between runs)",
-    )
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    from wavepp.cli.prefill import serve_stage
-    from wavepp.model_store import DEFAULT_MODEL
-    from wavepp.runtime import torchrun_rank
-    from wavepp.serve import ServeConfig, run_server
-
-    ranks = torchrun_rank()
-    if ranks is not None and ranks[0] != 0:
-        return serve_stage(ranks, args.device)
-
-    model = args.model or DEFAULT_MODEL
-    options = engine_config(
-        args,
-        model,
-        kv_store=args.kv_store,
-        kv_transport=args.kv_transport,
-        kv_transport_protocol=args.kv_transport_protocol,
-        kv_host=args.kv_host,
-        kv_arena_gib=args.kv_arena_gib,
-        kv_store_max_gib=args.kv_store_max_gib,
-        kv_ttl_s=args.kv_ttl_s,
-        kv_export_wait_s=args.kv_export_wait_s,
-    )
-    limits = {
-        name: getattr(args, name)
-        for name in ("max_body_bytes", "max_prompts_per_request", "max_streams")
-        if getattr(args, name) is not None
-    }  # else ServeConfig's defaults
-    config = ServeConfig(
-        args.served_model_name or model, max_waiting=args.max_waiting, debug=args.debug, **limits
-    )
-    run_server(options, config, host=args.host, port=args.port, drain_s=args.drain_s)
-    return 0
