@@ -9,9 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from wavepp.engine_config import EngineConfig
+from wavepp.kv_transfer import TRANSPORTS, get_transport
+from wavepp.kv_transfer.directory import DirectoryStore
+from wavepp.kv_transfer.directory.writer import DirectoryWriter
+from wavepp.kv_transfer.interfaces import HandoffBackend, StageWriter
 from wavepp.kv_transfer.mooncake.backend import ArenaBackend
 from wavepp.kv_transfer.mooncake.part import prompt_digest
+from wavepp.kv_transfer.mooncake.writer import ArenaWriter
 from wavepp.kv_transfer.usage import ArenaUsage
+from wavepp.runtime.config import RuntimeConfig
 
 
 @pytest.mark.parametrize(
@@ -35,8 +41,8 @@ def test_which_transport_an_engine_config_names():
     assert EngineConfig("smollm2", kv_store="/tmp/x").handoff_transport == "directory"
     config = EngineConfig("smollm2", kv_transport="mooncake", kv_host="127.0.0.1")
     assert config.handoff_transport == "mooncake"
-    runtime = config.runtime_config("m", "cpu", "gloo")
-    assert (runtime.kv_transport, runtime.kv_host, runtime.kv_store) == (
+    runtime = RuntimeConfig(config, "m", "cpu", "gloo")
+    assert (runtime.engine.handoff_transport, runtime.engine.kv_host, runtime.kv_store) == (
         "mooncake",
         "127.0.0.1",
         "",
@@ -90,3 +96,27 @@ def test_rank_0_keeps_no_more_transfers_than_an_arena_holds_and_releases_what_it
     backend.note(outcome("t9", 0, 900))
     backend.drop("t9", "me")  # detached (the engine stopping): nothing is written
     assert backend.client is None
+
+
+def test_the_registry_names_each_transport_and_what_it_needs():
+    assert list(TRANSPORTS) == ["directory", "mooncake"]
+    directory, mooncake = get_transport("directory"), get_transport("mooncake")
+    assert (directory.needs_store, directory.takes_host) == (True, False)
+    assert (mooncake.needs_store, mooncake.takes_host) == (False, True)
+    with pytest.raises(ValueError, match="must be 'directory' or 'mooncake', got 'nixl'"):
+        get_transport("nixl")
+    with pytest.raises(ValueError, match="needs a directory"):
+        directory.backend(None, num_stages=1, max_bytes=None, ttl_s=1.0)
+
+
+def test_every_transport_implements_the_declared_interfaces(tmp_path):
+    for transport in TRANSPORTS.values():
+        backend = transport.backend(tmp_path, num_stages=2, max_bytes=2**20, ttl_s=1.0)
+        assert isinstance(backend, HandoffBackend), transport.name
+    assert isinstance(DirectoryWriter(DirectoryStore(tmp_path)), StageWriter)
+    # an ArenaWriter starts a transfer engine when built: its class is checked instead
+    assert all(
+        callable(getattr(ArenaWriter, name, None))
+        for name in StageWriter.__dict__
+        if not name.startswith("_")
+    )

@@ -13,11 +13,12 @@ Pure: no torch at import (the annotations only name what the sides exchange).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from wavepp.kv_transfer.usage import HandoffUsage
 
 
+@runtime_checkable
 class StageWriter(Protocol):
     """A stage's transport. Called from the stage's one export writer thread, but for `stage`,
     which runs on its compute loop before the wave completes (so a block reused afterwards cannot
@@ -42,6 +43,7 @@ class StageWriter(Protocol):
         """The stage stops: what the writer holds is let go."""
 
 
+@runtime_checkable
 class HandoffBackend(Protocol):
     """What rank 0's hand-off does per transport. Every method but `open`, `note`,
     `answer_fields` and `owns` runs on the hand-off's thread."""
