@@ -67,15 +67,35 @@ class MLAttention(nn.Module):
         """x: [n, hidden] -> [n, hidden]. Writes the batch's latent rows (and indexer keys) into
         the cache. Sets ctx.topk to this layer's selection ([n, index_topk]; None without DSA);
         a layer that shares the previous layer's selection reads it from there."""
-        n, heads = x.shape[0], self.num_heads
-        batch, pools, kernels, cos, sin, linear = (
-            ctx.batch,
-            ctx.cache,
-            ctx.kernels,
-            ctx.cos,
-            ctx.sin,
-            ctx.kernels.project,
-        )
+        n, heads, batch, linear = x.shape[0], self.num_heads, ctx.batch, ctx.kernels.project
+        q, q_resid, latent_rows = self._project(x, ctx)
+        latent_cache = ctx.cache.view("latent", self.layer)
+        latent_cache.index_copy_(0, batch.slot_mapping, latent_rows)
+        topk = self._select(x, q_resid, ctx)
+        if topk is None and ctx.kernels.attention == "amx" and amx_applies(q):
+            return linear(
+                self._latent_attention(q, latent_cache, batch).reshape(n, heads * self.v_dim),
+                self.o_proj,
+            )
+        out = x.new_empty(n, heads, self.v_dim)
+        for index, chunk in enumerate(batch.chunks):
+            t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
+            context = batch.context_slots[
+                batch.context_starts[index] : batch.context_starts[index + 1]
+            ]
+            chunk_topk = topk[t0:t1] if topk is not None else None
+            out[t0:t1] = self._chunk_attention(
+                q[t0:t1], latent_cache.index_select(0, context), chunk, chunk_topk, linear
+            ).to(out.dtype)
+        return linear(out.view(n, heads * self.v_dim), self.o_proj)
+
+    def _project(
+        self, x: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """x: [n, hidden] -> (q [n, heads, nope + rope], the query's low-rank residual (None
+        without q_lora), the latent rows [n, kv_lora + rope] to cache), rotated if it rotates."""
+        n, heads, kernels, linear = x.shape[0], self.num_heads, ctx.kernels, ctx.kernels.project
+        cos, sin = ctx.cos, ctx.sin
         q_resid = None
         if self.q_lora:
             q_resid = self.q_a_norm(linear(x, self.q_a_proj), kernels)
@@ -94,56 +114,54 @@ class MLAttention(nn.Module):
                 -1,
             )
             k_rope = apply_rope(k_rope[:, None], cos, sin, self.interleave, kernels)[:, 0]
-        latent_cache = pools.view("latent", self.layer)
-        latent_cache.index_copy_(
-            0, batch.slot_mapping, torch.cat((self.kv_a_norm(c, kernels), k_rope), -1)
-        )
+        return q, q_resid, torch.cat((self.kv_a_norm(c, kernels), k_rope), -1)
+
+    def _select(
+        self, x: torch.Tensor, q_resid: torch.Tensor | None, ctx: ForwardContext
+    ) -> torch.Tensor | None:
+        """This layer's top-k selection, set on ctx: its indexer's (which writes the batch's
+        index keys), the previous layer's if it shares it, or None without DSA."""
         if self.indexer is not None:
-            ctx.topk = self.indexer(x, q_resid, ctx, pools.view("index_key", self.layer))
+            ctx.topk = self.indexer(x, q_resid, ctx, ctx.cache.view("index_key", self.layer))
         elif not self.reuses_topk:
             ctx.topk = None
         elif ctx.topk is None:
             raise ValueError(
                 f"layer {self.layer} shares the previous layer's top-k, but none was given"
             )
-        topk = ctx.topk
-        if topk is None and kernels.attention == "amx" and amx_applies(q):
-            return linear(
-                self._latent_attention(q, latent_cache, batch).reshape(n, heads * self.v_dim),
-                self.o_proj,
-            )
-        out = x.new_empty(n, heads, self.v_dim)
-        for index, chunk in enumerate(batch.chunks):
-            t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
-            context = batch.context_slots[
-                batch.context_starts[index] : batch.context_starts[index + 1]
-            ]
-            # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope], values [heads, end, v]
-            rows = latent_cache.index_select(0, context)
-            kv = linear(rows[:, : self.kv_lora_rank], self.kv_b_proj).view(
-                -1, heads, self.nope + self.v_dim
-            )
-            keys = torch.cat(
-                (kv[..., : self.nope], rows[:, None, self.kv_lora_rank :].expand(-1, heads, -1)), -1
-            )
-            # allowed: [chunk_tokens, end], key j visible to query i iff j <= num_cached + i (and selected)
-            allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
-            if topk is not None:
-                allowed &= selection_mask(topk[t0:t1], chunk.end)
-            # scores: [heads, chunk_tokens, end], -inf where not visible. In fp32, as the
-            # reference computes them: bf16 scores of 24-dim heads drift by ~0.1 in logprob
-            bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
-            scores = torch.baddbmm(
-                bias,
-                q[t0:t1].transpose(0, 1).float(),
-                keys.permute(1, 2, 0).float(),
-                alpha=self.scale,
-            )
-            o = torch.bmm(
-                torch.softmax(scores, dim=-1), kv[..., self.nope :].transpose(0, 1).float()
-            )
-            out[t0:t1] = o.transpose(0, 1).to(out.dtype)
-        return linear(out.view(n, heads * self.v_dim), self.o_proj)
+        return ctx.topk
+
+    def _chunk_attention(
+        self,
+        q: torch.Tensor,
+        rows: torch.Tensor,
+        chunk,
+        topk: torch.Tensor | None,
+        linear,
+    ) -> torch.Tensor:
+        """One chunk's attention in MHA form over its context's latent rows, in fp32.
+        q: [chunk_tokens, heads, nope + rope], rows: [end, kv_lora + rope] -> [chunk_tokens,
+        heads, v] (fp32)."""
+        heads = self.num_heads
+        # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope], values [heads, end, v]
+        kv = linear(rows[:, : self.kv_lora_rank], self.kv_b_proj).view(
+            -1, heads, self.nope + self.v_dim
+        )
+        keys = torch.cat(
+            (kv[..., : self.nope], rows[:, None, self.kv_lora_rank :].expand(-1, heads, -1)), -1
+        )
+        # allowed: [chunk_tokens, end], key j visible to query i iff j <= num_cached + i (and selected)
+        allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
+        if topk is not None:
+            allowed &= selection_mask(topk, chunk.end)
+        # scores: [heads, chunk_tokens, end], -inf where not visible. In fp32, as the
+        # reference computes them: bf16 scores of 24-dim heads drift by ~0.1 in logprob
+        bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+        scores = torch.baddbmm(
+            bias, q.transpose(0, 1).float(), keys.permute(1, 2, 0).float(), alpha=self.scale
+        )
+        o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope :].transpose(0, 1).float())
+        return o.transpose(0, 1)
 
     def _latent_attention(self, q: torch.Tensor, latent_cache: torch.Tensor, batch) -> torch.Tensor:
         """Attention in latent form, on the AMX kernel: each head's q_nope taken into the
