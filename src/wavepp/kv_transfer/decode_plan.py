@@ -230,30 +230,40 @@ class DecodePlanner:
                 pools=self.pools,
             )
             reason, end = plan.reason, plan.num_tokens
-        elif self.store is None:
-            reason = (
-                f"KV transfer {transfer_id!r} is in a directory store and this connector has "
-                'none (kv_connector_extra_config {"store": DIR})'
-            )
-            end = 0
-        else:
-            plan = plan_load(
-                self.store,
-                transfer_id,
-                list(prompt),
-                block_size=self.block_size,
-                num_computed=0,
-                num_layers=self.num_layers,
-                kv_width=self.kv_width,
-                pools=self.pools,
-            )
-            if plan.num_tokens is None:  # the stages are still writing: ask again, up to wait_s
-                first = self._waiting_since.setdefault(request_id, self.clock())
-                if self.clock() - first < self.wait_s:
-                    return None
+        else:  # the directory transport: the store
+            plan = self._plan_from_store(request_id, transfer_id, prompt)
+            if plan is None:
+                return None
             reason, end = plan.reason, plan.num_tokens or 0
         self._waiting_since.pop(request_id, None)
         if not end and reason:
             self.num_misses += 1
             log.warning("request %s computes its prompt: %s", request_id, reason)
         return end
+
+    def _plan_from_store(
+        self, request_id: str, transfer_id: str, prompt: Sequence[int]
+    ) -> LoadPlan | None:
+        """The store's plan for the request; None while its stages are still writing and the
+        request has waited less than `wait_s` (the first time it asked starts the wait)."""
+        if self.store is None:
+            return LoadPlan(
+                0,
+                f"KV transfer {transfer_id!r} is in a directory store and this connector has "
+                'none (kv_connector_extra_config {"store": DIR})',
+            )
+        plan = plan_load(
+            self.store,
+            transfer_id,
+            list(prompt),
+            block_size=self.block_size,
+            num_computed=0,
+            num_layers=self.num_layers,
+            kv_width=self.kv_width,
+            pools=self.pools,
+        )
+        if plan.num_tokens is None:  # the stages are still writing: ask again, up to wait_s
+            first = self._waiting_since.setdefault(request_id, self.clock())
+            if self.clock() - first < self.wait_s:
+                return None
+        return plan
