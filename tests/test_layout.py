@@ -1,6 +1,6 @@
-"""The code's shape, as docs/design.md states it: small files, no import cycles, the pure-Python
-layers free of torch, every WAVEPP_ switch read in env.py, and a layer map that names real
-modules. Static reads of the source, plus fresh interpreters for the import checks."""
+"""The code's shape, as docs/design.md states it: short functions, no import cycles, the
+pure-Python layers free of torch, every WAVEPP_ switch read in env.py, and a layer map that names
+real modules. Static reads of the source, plus fresh interpreters for the import checks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import wavepp
 
 SRC = Path(wavepp.__file__).parent
 ROOT = SRC.parent.parent
-MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -131,12 +131,18 @@ def test_no_import_cycle_between_modules():
     assert cycles(import_graph()) == []
 
 
-def test_no_source_file_over_the_limit():
-    long = {
-        str(p.relative_to(SRC)): n
-        for p in SRC.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
+def test_no_function_over_the_limit():
+    """No function or method in src is over 80 lines, from its `def` to its last line; one that
+    is, is split by the steps it takes. Files are not bounded: a file holds one noun and
+    grows until a second noun with its own state comes out of it. A line limit on files gets
+    them split by method instead, into mixins that work on state their owner creates."""
+    long = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                num_lines = node.end_lineno - node.lineno + 1
+                if num_lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(SRC)}:{node.lineno} {node.name}"] = num_lines
     assert long == {}
 
 
