@@ -14,7 +14,7 @@ import pytest
 
 from tests.serve.conftest import ServerProcess, app_in_thread, hf_logprobs
 from wavepp.route.config import RouteConfig
-from wavepp.route.router import Router
+from wavepp.route.router import RequestRouter
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_cache_routing_follows_what_every_stage_of_a_replica_holds(tiny_model):
         config = RouteConfig(
             tuple(r.url for r in replicas), (), routing="cache", health_interval_s=0.5
         )
-        with app_in_thread(Router(config).app) as url, httpx.Client(timeout=120) as client:
+        with app_in_thread(RequestRouter(config).app) as url, httpx.Client(timeout=120) as client:
 
             def complete(base, ids):
                 r = client.post(

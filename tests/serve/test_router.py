@@ -9,7 +9,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from wavepp.route.config import RouteConfig
-from wavepp.route.router import Router
+from wavepp.route.router import RequestRouter
 from wavepp.route.upstream import prefill_body
 from wavepp.serve.chat import parse_chat
 from wavepp.serve.completion_request import parse_completion
@@ -47,7 +47,7 @@ def router(prefill_status=200, decode_status=200, prefill_params=PARAMS, stream_
             },
         )
 
-    app = Router(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(handle)).app
+    app = RequestRouter(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(handle)).app
     return TestClient(app), seen
 
 
@@ -120,7 +120,7 @@ def test_an_upstream_that_is_down_is_a_502():
         raise httpx.ConnectError("refused", request=request)
 
     client = TestClient(
-        Router(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(down)).app
+        RequestRouter(RouteConfig(PREFILL, DECODE), transport=httpx.MockTransport(down)).app
     )
     resp = client.post("/v1/completions", json={"prompt": "x"})
     assert resp.status_code == 502 and "prefill server" in resp.json()["error"]["message"]

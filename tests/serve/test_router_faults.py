@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wavepp.route.config import RouteConfig
-from wavepp.route.router import Router
+from wavepp.route.router import RequestRouter
 
 PREFILL, DECODE = "http://prefill.internal:8000", "http://decode.internal:8001"
 PARAMS = {"transfer_id": "wpp-1", "num_tokens": 5, "num_stages": 2, "block_size": 16}
@@ -45,7 +45,7 @@ class Upstreams:
 
 
 def route(upstreams: Upstreams, **config) -> TestClient:
-    app = Router(
+    app = RequestRouter(
         RouteConfig(PREFILL, DECODE, **config), transport=httpx.MockTransport(upstreams)
     ).app
     return TestClient(app)

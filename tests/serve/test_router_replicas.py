@@ -12,7 +12,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from wavepp.route.config import RouteConfig
-from wavepp.route.router import Router
+from wavepp.route.router import RequestRouter
 
 A, B, DECODE = "http://replica-a", "http://replica-b", "http://decode"
 
@@ -63,7 +63,9 @@ class Upstreams:
 def routed(routing: str, decode=(DECODE,), **upstream_options):
     upstreams = Upstreams(**upstream_options)
     config = RouteConfig((A, B), decode, routing=routing, health_interval_s=3600)
-    return TestClient(Router(config, transport=httpx.MockTransport(upstreams)).app), upstreams
+    return TestClient(
+        RequestRouter(config, transport=httpx.MockTransport(upstreams)).app
+    ), upstreams
 
 
 def group(i: int, n: int = 3) -> list[int]:

@@ -168,7 +168,7 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
     (it stayed until its TTL: 20 requests left 79.6 MiB)."""
     from tests.serve.conftest import free_port
     from wavepp.route.config import RouteConfig
-    from wavepp.route.router import Router
+    from wavepp.route.router import RequestRouter
 
     url, store, _, _ = served
 
@@ -177,7 +177,7 @@ def test_a_decode_side_that_is_down_leaves_no_transfer_behind(served):
 
     before = transfers()
     dead = f"http://127.0.0.1:{free_port()}"
-    with app_in_thread(Router(RouteConfig(url, dead, timeout_s=30)).app) as router:
+    with app_in_thread(RequestRouter(RouteConfig(url, dead, timeout_s=30)).app) as router:
         for i in range(4):
             r = httpx.post(
                 f"{router}/v1/completions",

@@ -1,6 +1,6 @@
 """`wavepp route`: one OpenAI endpoint in front of prefill replicas and decode servers
-(wavepp/route/, `Router`). Torch-free, as the router is: nothing here or in what `run` imports
-loads the engine."""
+(wavepp/route/, `RequestRouter`). Torch-free, as the router is: nothing here or in what `run`
+imports loads the engine."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def run(args) -> int:
     import uvicorn
 
     from wavepp.route.config import RouteConfig
-    from wavepp.route.router import Router
+    from wavepp.route.router import RequestRouter
 
     config = RouteConfig(
         args.prefill,
@@ -73,7 +73,7 @@ def run(args) -> int:
         routing=args.routing,
         health_interval_s=args.health_interval_s,
     )
-    app = Router(config).app
+    app = RequestRouter(config).app
     print(
         f"wavepp route ({config.routing}): prefill {', '.join(config.prefill)}, decode "
         f"{', '.join(config.decode) or '(none)'} on http://{args.host}:{args.port}",

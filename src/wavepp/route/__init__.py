@@ -1,9 +1,9 @@
 """`wavepp route`: a program of its own, one OpenAI endpoint in front of prefill replicas and
-decode servers (router.py, `Router`). Torch-free: it imports FastAPI, httpx and the HTTP pieces
-it shares with `wavepp serve` (wavepp/openai_http.py), never the engine.
+decode servers (router.py, `RequestRouter`). Torch-free: it imports FastAPI, httpx and the HTTP
+pieces it shares with `wavepp serve` (wavepp/openai_http.py), never the engine.
 
     config.py         RouteConfig: the router's options, checked where they are born
-    router.py         Router: the app, its replica tables, upstream client and health task
+    router.py         RequestRouter: the app, its replica tables, upstream client and health task
     upstream.py       what the router does with an upstream's messages (headers, errors, bodies)
     metrics.py        the router's /metrics, read from its tables
     replica_table.py  ReplicaTable: the routing policies (cache, the default; approx;

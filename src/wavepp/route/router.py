@@ -5,10 +5,11 @@ Each request goes to one prefill replica, picked by the routing policy (replica_
 the default, by what each replica holds on all its stages, asked of them before the request
 (POST /v1/cache_query); approx, the router's own record of what it sent where; least-load;
 round-robin), among the replicas that pass their health checks (GET /health every
-`health_interval_s`; one that fails leaves the rotation, and comes back when it passes again). A replica that cannot be reached is marked down and the request goes to another, once.
-Without decode servers the router serves the replicas' own answers (the first token), streams
-included: a prefill-only tier routed. With several decode servers, the one with the fewest
-requests in flight decodes.
+`health_interval_s`; one that fails leaves the rotation, and comes back when it passes again).
+A replica that cannot be reached is marked down and the request goes to another, once. Without
+decode servers the router serves the replicas' own answers (the first token), streams included:
+a prefill-only tier routed. With several decode servers, the one with the fewest requests in
+flight decodes.
 
     client -> router: POST /v1/completions or /v1/chat/completions (streaming or not)
       1. router -> prefill: the same body, max_tokens 1, no streaming, and
@@ -78,7 +79,7 @@ QUERY_TIMEOUT_S = 1.0
 QUERY_FIELDS = ("prompt", "messages", "add_generation_prompt", "continue_final_message")
 
 
-class Router:
+class RequestRouter:
     """The router and what it owns: its replica tables (prefill; decode when there are decode
     servers), the one upstream client, the health task (started and stopped with the app) and
     the metrics read from the tables. `app` is the FastAPI app that serves it; `transport`
