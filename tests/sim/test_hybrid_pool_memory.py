@@ -6,7 +6,8 @@ import pytest
 from wavepp.sim import SimSetup, get_hardware, get_model
 from wavepp.sim.cost.stages import partition_layers, stage_kv_tokens
 from wavepp.sim.harness import hybrid_num_slots, hybrid_pool_blocks
-from wavepp.sim.studies.scenario import build_system, model_interval_blocks
+from wavepp.sim.studies.scenario import build_system
+from wavepp.sim.studies.stage_memory import model_interval_blocks
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from wavepp.cache import HostTier, default_interval_blocks
 from wavepp.sched.cost_model import (
     CostCoefficients,
     CostModel,
@@ -23,13 +22,13 @@ from wavepp.sched.cost_model import (
 from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
 from wavepp.sim.core.pipeline import PipelineSim, SimCosts
-from wavepp.sim.cost.model_shapes import ModelShape
-from wavepp.sim.cost.stage_cost import StageCostModel, kv_split, transfer_seconds
-from wavepp.sim.cost.stages import partition_layers, stage_kv_tokens, stage_models
-from wavepp.sim.harness import SimReport, build_sim, hybrid_pool_blocks, report, run_closed_loop
+from wavepp.sim.cost.stage_cost import StageCostModel, transfer_seconds
+from wavepp.sim.cost.stages import partition_layers, stage_models
+from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.loops.sglang import SglangScheduling, sglang_planner
 from wavepp.sim.loops.trtllm import MicroBatchPlanner, TrtllmScheduling
 from wavepp.sim.studies.sim_setup import SimResult, SimSetup
+from wavepp.sim.studies.stage_memory import host_tiers, model_interval_blocks, pool_blocks
 from wavepp.sim.studies.systems import BUDGETED, SystemSpec, get_system
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
@@ -38,110 +37,31 @@ PROFILE_MAX_TOKENS = 65536  # real tokens: the largest wave of the profiling pas
 
 
 def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False) -> PipelineSim:
-    """The pipeline of `system` on `setup`'s model and hardware, ready to take requests."""
+    """The pipeline of `system` on `setup`'s model and hardware, ready to take requests: its
+    stages' layers and cost models, their pools, the planner's budget, the outside loop's
+    mechanisms where it runs one."""
     spec = get_system(system)
-    m, hw, s, bs = setup.model, setup.hardware, setup.token_scale, setup.block_size
-    if spec.topology == "tp":
-        bounds, degree = [(0, m.num_layers)], setup.num_devices
-    else:
-        bounds, degree = partition_layers(m, hw, setup.num_devices), 1
-    stages = stage_models(
-        m,
-        hw,
-        bounds,
-        degree=degree,
-        overheads=setup.overheads,
-        num_nodes=setup.num_nodes if spec.topology == "tp" else 1,
-        layout=spec.layout,
-    )
-    last = len(bounds) - 1
-    kv_tokens = [
-        stage_kv_tokens(
-            m,
-            hw,
-            a,
-            b,
-            first=i == 0,
-            last=i == last,
-            degree=degree,
-            budget=setup.memory,
-            layout=spec.layout,
-        )
-        for i, (a, b) in enumerate(bounds)
-    ]
-    sg = setup.sglang if spec.loop == "sglang" else None
-    if sg is not None and sg.min_free_memory:
-        kv_tokens = _min_free_memory_tokens(m, bounds, kv_tokens)
-    blocks = [max(1, t // (bs * s)) for t in kv_tokens]
-    interval = model_interval_blocks(setup) if m.hybrid else None
-    if m.hybrid:  # the snapshot slots share the stage's cache memory with the blocks
-        blocks = [
-            hybrid_pool_blocks(
-                n, *_block_and_snapshot_bytes(m, setup, a, b, degree, spec.layout), interval
-            )
-            for n, (a, b) in zip(blocks, bounds)
-        ]
-    blocks = [min(n, setup.max_pool_blocks) for n in blocks]
+    m, bs = setup.model, setup.block_size
+    bounds, degree, stages = _stage_layout(spec, setup)
     trt = setup.trtllm if spec.loop == "trtllm" else None
     if trt is not None and setup.budget_tokens:
         trt = replace(trt, max_num_tokens=setup.budget_tokens)
+    sg = setup.sglang if spec.loop == "sglang" else None
+    interval = model_interval_blocks(setup) if m.hybrid else None
+    blocks = pool_blocks(spec, setup, bounds, degree, interval)
     if trt is not None and trt.min_rank_pools:  # max_tokens allreduced with MIN over the ranks
         blocks = [min(blocks)] * len(blocks)
     costs = scaled_costs(stages, setup, local=spec.topology != "pp", lease_escrow=spec.lease_escrow)
-    samples = profile_samples(stages, setup)
-    prior = fit_coefficients(samples)
-    largest = (
-        _aligned(setup.max_wave_tokens, setup)
-        if setup.max_wave_tokens
-        else min(
-            efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs), peak_wave_tokens(samples)
-        )
-    )
-    if spec.policy.planner == "dynamic":  # SGLang's chunking fits its own warm-up, not ours
-        prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
-    chunk_tokens = fixed_budget(spec, setup)
-    chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
-    mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
-    pcfg = PlannerConfig(
-        block_size=bs,
-        num_stages=len(stages),
-        max_wave_tokens=max(largest, chunk),
-        min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
-        static_wave_tokens=chunk,
-        max_chunks_per_wave=256,
-        # dp-ep: a chunk runs on one device, a request gets at most one device's budget
-        max_chunk_tokens=_aligned(chunk_tokens // setup.num_devices, setup)
-        if spec.layout == "dp" and chunk_tokens
-        else 0,
-        mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
-        mpu_min_tokens=mpu and _aligned(mpu[1], setup),
-        fill_waves=True,
-    )
-    loop_costs = setup.loop_costs.scaled(s)
-    planner = hooks = None
-    if trt is not None:
-        hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens, token_scale=s)
-        if trt.budget_charge != "static":
-            planner = MicroBatchPlanner(pcfg, trt, chunk)
-    host_tiers = None
-    if (
-        setup.host_kv_gib
-        and (spec.host_tier or setup.host_tier_for_baselines)
-        and spec.topology != "central"
-    ):
-        host_tiers = [host_tier(m, setup, a, b, degree, spec.layout) for a, b in bounds]
-    if sg is not None:  # SGLang's PrefillAdder: dynamic chunking, or the same budget every batch
-        planner = sglang_planner(sg, pcfg, CostModel(prior))
-        hooks = SglangScheduling(
-            sg, planner, bs, setup.loop_costs.block_tokens, loop_costs.match_block_s, token_scale=s
-        )
+    prior, chunk, pcfg = _planning(spec, setup, stages)
+    loop_costs = setup.loop_costs.scaled(setup.token_scale)
+    planner, hooks = _loop_scheduling(setup, trt, sg, pcfg, chunk, prior, loop_costs)
     return build_sim(
         spec.policy,
         len(stages),
         costs,
         stage_num_blocks=blocks,
         block_size=bs,
-        host_tiers=host_tiers,
+        host_tiers=host_tiers(spec, setup, bounds, degree),
         planner_config=pcfg,
         cost_model=CostModel(prior),
         max_waves_in_flight=spec.ring_per_stage * len(stages),
@@ -176,57 +96,6 @@ def fixed_budget(spec: SystemSpec, setup: SimSetup) -> int | None:
     if tokens and spec.layout == "dp":
         tokens *= setup.num_devices
     return tokens
-
-
-def _min_free_memory_tokens(
-    model: ModelShape, bounds: list[tuple[int, int]], kv_tokens: list[int]
-) -> list[int]:
-    """SGLang's PP pool sizing: the free memory left after the weights, all-reduced with MIN over
-    the ranks, holds each rank's own layers' KV (a stage of linear-attention layers only keeps
-    what it had: no per-token KV)."""
-    per_token = [model.layers_kv_bytes_per_token(a, b) for a, b in bounds]
-    free = [t * p for t, p in zip(kv_tokens, per_token) if p > 0]
-    if not free:
-        return kv_tokens
-    return [int(min(free) / p) if p > 0 else t for t, p in zip(kv_tokens, per_token)]
-
-
-def host_tier(
-    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int = 1, layout: str = "tp"
-) -> HostTier:
-    """The host KV tier of one rank holding layers [start, end): `setup.host_kv_gib` of host
-    memory; a simulated block costs the KV bytes of `block_size * token_scale` real tokens of
-    those layers (one device's share), a snapshot the states of its linear layers."""
-    block_bytes, snapshot_bytes = _block_and_snapshot_bytes(
-        model, setup, start, end, degree, layout
-    )
-    return HostTier(int(setup.host_kv_gib * 2**30), max(1, int(block_bytes)), int(snapshot_bytes))
-
-
-def _block_and_snapshot_bytes(
-    model: ModelShape, setup: SimSetup, start: int, end: int, degree: int, layout: str = "tp"
-) -> tuple[float, float]:
-    """One device's bytes of a simulated block (the KV of `block_size * token_scale` real
-    tokens of layers [start, end)) and of a snapshot (their linear layers' states; 0 for a
-    model without)."""
-    per_token = model.layers_kv_bytes_per_token(start, end) / kv_split(model, degree, layout)
-    snapshot_bytes = model.layers_snapshot_bytes(start, end) / degree if model.hybrid else 0.0
-    return per_token * setup.block_size * setup.token_scale, snapshot_bytes
-
-
-def model_interval_blocks(setup: SimSetup) -> int:
-    """A hybrid model's snapshot grid in simulated blocks: `setup.snapshot_interval_blocks`, or
-    as the runtime picks it (`default_interval_blocks`: a snapshot of every layer against the
-    cache bytes of a block of every layer, here a block of `block_size * token_scale` real
-    tokens)."""
-    if setup.snapshot_interval_blocks:
-        return setup.snapshot_interval_blocks
-    m = setup.model
-    snapshot_bytes = m.layers_snapshot_bytes(0, m.num_layers)
-    block_bytes = (
-        m.layers_kv_bytes_per_token(0, m.num_layers) * setup.block_size * setup.token_scale
-    )
-    return default_interval_blocks(int(snapshot_bytes), int(block_bytes))
 
 
 def scaled_costs(
@@ -353,3 +222,84 @@ def to_result(
 def _aligned(real_tokens: int, setup: SimSetup) -> int:
     bs = setup.block_size
     return max(bs, setup.sim_tokens(real_tokens) // bs * bs)
+
+
+def _stage_layout(
+    spec: SystemSpec, setup: SimSetup
+) -> tuple[list[tuple[int, int]], int, list[StageCostModel]]:
+    """(layers [start, end) per stage, devices per stage, the stages' cost models): one stage of
+    every layer over all the devices for a "tp" topology, else the balanced split, one device a
+    stage."""
+    m, hw = setup.model, setup.hardware
+    if spec.topology == "tp":
+        bounds, degree = [(0, m.num_layers)], setup.num_devices
+    else:
+        bounds, degree = partition_layers(m, hw, setup.num_devices), 1
+    stages = stage_models(
+        m,
+        hw,
+        bounds,
+        degree=degree,
+        overheads=setup.overheads,
+        num_nodes=setup.num_nodes if spec.topology == "tp" else 1,
+        layout=spec.layout,
+    )
+    return bounds, degree, stages
+
+
+def _planning(
+    spec: SystemSpec, setup: SimSetup, stages: list[StageCostModel]
+) -> tuple[CostCoefficients, int, PlannerConfig]:
+    """(the planner's cost prior, the chunk budget in simulated tokens, the PlannerConfig): the
+    prior fitted on the profiling pass (SGLang's dynamic chunking: on its own warm-up), the
+    largest wave the profile finds efficient unless `setup.max_wave_tokens` sets it, the
+    system's fixed budget where it has one."""
+    s, bs = setup.token_scale, setup.block_size
+    samples = profile_samples(stages, setup)
+    prior = fit_coefficients(samples)
+    largest = (
+        _aligned(setup.max_wave_tokens, setup)
+        if setup.max_wave_tokens
+        else min(
+            efficient_wave_tokens(prior, PROFILE_MAX_TOKENS // s, bs), peak_wave_tokens(samples)
+        )
+    )
+    if spec.policy.planner == "dynamic":  # SGLang's chunking fits its own warm-up, not ours
+        prior = sglang_warmup_fit(stages[0], setup, setup.sglang.chunked_prefill_size)
+    chunk_tokens = fixed_budget(spec, setup)
+    chunk = _aligned(chunk_tokens, setup) if chunk_tokens else largest
+    mpu = MPU_PAPER_TOKENS if spec.policy.planner == "mpu" and spec.chunk_tokens is None else None
+    pcfg = PlannerConfig(
+        block_size=bs,
+        num_stages=len(stages),
+        max_wave_tokens=max(largest, chunk),
+        min_wave_tokens=min(_aligned(setup.min_wave_tokens, setup), largest),
+        static_wave_tokens=chunk,
+        max_chunks_per_wave=256,
+        # dp-ep: a chunk runs on one device, a request gets at most one device's budget
+        max_chunk_tokens=_aligned(chunk_tokens // setup.num_devices, setup)
+        if spec.layout == "dp" and chunk_tokens
+        else 0,
+        mpu_microbatch_tokens=mpu and _aligned(mpu[0], setup),
+        mpu_min_tokens=mpu and _aligned(mpu[1], setup),
+        fill_waves=True,
+    )
+    return prior, chunk, pcfg
+
+
+def _loop_scheduling(setup, trt, sg, pcfg, chunk, prior, loop_costs) -> tuple:
+    """(planner, hooks) of an outside loop: TensorRT-LLM's micro-batch planner (unless it packs
+    as the static planner) and its scheduling hooks; SGLang's PrefillAdder (dynamic chunking, or
+    the same budget every batch) and its hooks; (None, None) for every other system."""
+    s, bs = setup.token_scale, setup.block_size
+    planner = hooks = None
+    if trt is not None:
+        hooks = TrtllmScheduling(trt, chunk, bs, loop_costs.block_tokens, token_scale=s)
+        if trt.budget_charge != "static":
+            planner = MicroBatchPlanner(pcfg, trt, chunk)
+    if sg is not None:
+        planner = sglang_planner(sg, pcfg, CostModel(prior))
+        hooks = SglangScheduling(
+            sg, planner, bs, setup.loop_costs.block_tokens, loop_costs.match_block_s, token_scale=s
+        )
+    return planner, hooks
