@@ -1,7 +1,9 @@
 """Build a simulated pipeline from a policy name and run workloads through it.
 
 The deterministic harness of the leader's tests and the core of `wavepp simulate`: S stage
-caches (each its own BlockPool), the real Leader and planner, virtual time.
+caches (each its own BlockPool), the real Leader and planner, virtual time. It sits above the
+event core (core/) and the outside loops (loops/), which it chooses between, and below the
+studies (studies/).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from wavepp.sched.policy import Policy, get_policy
 from wavepp.sched.stage_server import StageServer
 from wavepp.sched.stats import quantile
 from wavepp.sim.core.pipeline import PipelineSim, SimCosts
+from wavepp.sim.loops.loop_costs import LoopCosts
+from wavepp.sim.loops.loop_sim import LoopSim
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,8 @@ def build_sim(
 ) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
-    `loop` (trtllm | sglang), every rank runs that outside executor loop (sim/loops/loop_sim.py) with
-    `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
+    `loop` (trtllm | sglang), every rank runs that outside executor loop
+    (sim/loops/loop_sim.py) with `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
     `serial_chunks`: a request's next chunk waits for its chunk in flight (default: under the
     trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/loops/trtllm.py
     `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop (sim/loops/sglang.py
@@ -117,25 +121,7 @@ def build_sim(
         stage_num_blocks = [stage_num_blocks] * num_stages
     if central_pool:
         stage_num_blocks = [min(stage_num_blocks)]
-    tiers = list(host_tiers) if host_tiers is not None else [None] * len(stage_num_blocks)
-    if len(tiers) != len(stage_num_blocks):
-        raise ValueError(f"build_sim: {len(tiers)} host tiers for {len(stage_num_blocks)} pools")
-    pools = [BlockPool(n, block_size, host_tier=t) for n, t in zip(stage_num_blocks, tiers)]
-    if hybrid:  # real snapshots (slots, leases, escrow, in-flight sharing), as the runtime keeps
-        if not snapshot_interval_blocks:
-            raise ValueError(
-                "build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)"
-            )
-        pools = [
-            SnapshotPool(
-                n,
-                block_size,
-                num_slots=hybrid_num_slots(n, snapshot_interval_blocks),
-                interval_blocks=snapshot_interval_blocks,
-                host_tier=t,
-            )
-            for n, t in zip(stage_num_blocks, tiers)
-        ]
+    pools = _stage_pools(stage_num_blocks, block_size, host_tiers, hybrid, snapshot_interval_blocks)
     servers = [StageServer(s, pool) for s, pool in enumerate(pools)]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
     if hybrid:  # chunk ends move onto the stages' snapshot grid
@@ -143,22 +129,17 @@ def build_sim(
     kwargs = (
         {"cost_model": cost_model} if pol.planner in ("balanced", "dynamic") and cost_model else {}
     )
-    planner = planner or make_planner(pol.planner, pcfg, **kwargs)
-    leader = Leader(
-        LeaderConfig(
-            len(servers),
-            block_size,
-            max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
-            max_round_requests=max_round_requests,
-            stage_num_blocks=tuple(stage_num_blocks),
-            hybrid=hybrid,
-            serial_chunks=loop == "trtllm" if serial_chunks is None else serial_chunks,
-        ),
-        planner,
+    config = LeaderConfig(
+        len(servers),
+        block_size,
+        max_waves_in_flight=max_waves_in_flight or 2 * num_stages,
+        max_round_requests=max_round_requests,
+        stage_num_blocks=tuple(stage_num_blocks),
+        hybrid=hybrid,
+        serial_chunks=loop == "trtllm" if serial_chunks is None else serial_chunks,
     )
+    leader = Leader(config, planner or make_planner(pol.planner, pcfg, **kwargs))
     if loop is not None:
-        from wavepp.sim.loops.loop_sim import LoopCosts, LoopSim
-
         return LoopSim(
             leader,
             servers,
@@ -221,3 +202,34 @@ def report(sim: PipelineSim, policy: str, end: float) -> SimReport:
         round_latency_p99_s=quantile(rounds, 0.99),
         num_waves=sim.stats[0].num_waves,
     )
+
+
+def _stage_pools(
+    stage_num_blocks: Sequence[int],
+    block_size: int,
+    host_tiers: Sequence[HostTier] | None,
+    hybrid: bool,
+    snapshot_interval_blocks: int | None,
+) -> list[BlockPool]:
+    """One pool per entry of `stage_num_blocks`, each with its host tier if `host_tiers` gives
+    one; for a hybrid model, SnapshotPools with real snapshots (slots, leases, escrow, in-flight
+    sharing), as the runtime keeps them, on a grid of `snapshot_interval_blocks`."""
+    tiers = list(host_tiers) if host_tiers is not None else [None] * len(stage_num_blocks)
+    if len(tiers) != len(stage_num_blocks):
+        raise ValueError(f"build_sim: {len(tiers)} host tiers for {len(stage_num_blocks)} pools")
+    if not hybrid:
+        return [BlockPool(n, block_size, host_tier=t) for n, t in zip(stage_num_blocks, tiers)]
+    if not snapshot_interval_blocks:
+        raise ValueError(
+            "build_sim: a hybrid model needs snapshot_interval_blocks (its snapshot grid)"
+        )
+    return [
+        SnapshotPool(
+            n,
+            block_size,
+            num_slots=hybrid_num_slots(n, snapshot_interval_blocks),
+            interval_blocks=snapshot_interval_blocks,
+            host_tier=t,
+        )
+        for n, t in zip(stage_num_blocks, tiers)
+    ]
