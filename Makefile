@@ -57,6 +57,7 @@ bench: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 clean:

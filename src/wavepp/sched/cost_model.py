@@ -48,7 +48,8 @@ class CostCoefficients:
 
     @classmethod
     def from_array(cls, v, knee_tokens: float = 0.0) -> "CostCoefficients":
-        return cls(*(max(0.0, float(x)) for x in v), knee_tokens=knee_tokens)
+        c_wave, c0, g, b, a = (max(0.0, float(x)) for x in v)  # as_array's order
+        return cls(c_wave, c0, g, b, a, knee_tokens=knee_tokens)
 
 
 def chunk_features(num_cached: int, num_new: int) -> tuple[float, float, float, float, float]:
@@ -224,7 +225,7 @@ def fit_coefficients(samples, knees=None) -> CostCoefficients:
             knees.append(k)
             k *= 2
     y = np.array([s for _, s in samples])
-    best = None
+    best: tuple[float, np.ndarray, float] | None = None
     for knee in knees:
         X = np.array([wave_features(chunks, knee) for chunks, _ in samples]) / _SCALES
         Xw, yw = X / y[:, None], np.ones(len(y))
@@ -232,6 +233,7 @@ def fit_coefficients(samples, knees=None) -> CostCoefficients:
         err = float(np.sum((Xw @ w - yw) ** 2))
         if best is None or err < best[0] - 1e-12:
             best = (err, w, knee)
+    assert best is not None  # knees is never empty
     _, w, knee = best
     return CostCoefficients.from_array(w / _SCALES, float(knee))
 

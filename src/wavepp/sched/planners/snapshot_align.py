@@ -32,9 +32,14 @@ class SnapshotGrid(Protocol):
     """The three values alignment reads (a PlannerConfig has them): this module sits below the
     planners' base, which calls it, so it takes them by shape, not by importing the config."""
 
-    block_size: int
-    snapshot_interval_blocks: int
-    snapshot_align_frac: float
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def snapshot_interval_blocks(self) -> int: ...
+
+    @property
+    def snapshot_align_frac(self) -> float: ...
 
 
 def snapshot_positions(
