@@ -283,55 +283,11 @@ class ModelShape:
             kv_bytes=kv_bytes,
             source=f"config.json ({spec.model_type})",
         )
-        attention = full[0] if full else None
-        if attention is not None and attention.kind == "gqa":
-            fields.update(
-                attention="gqa",
-                num_kv_heads=attention.num_kv_heads,
-                head_dim=attention.head_dim,
-                qk_norm=attention.qk_norm != "none",
-                qk_norm_per_head=attention.qk_norm == "head",
-            )
-        elif attention is not None:
-            fields.update(
-                attention="mla",
-                q_lora_rank=attention.q_lora_rank,
-                kv_lora_rank=attention.kv_lora_rank,
-                qk_nope_head_dim=attention.qk_nope_head_dim,
-                qk_rope_head_dim=attention.qk_rope_head_dim,
-                v_head_dim=attention.v_head_dim,
-            )
-            if attention.index is not None:
-                fields.update(
-                    index_topk=attention.index.topk,
-                    index_n_heads=attention.index.num_heads,
-                    index_head_dim=attention.index.head_dim,
-                    index_key_bytes=kv_bytes if index_key_bytes is None else index_key_bytes,
-                    index_layers=tuple(
-                        i
-                        for i, layer in enumerate(layers)
-                        if layer.attention.kind == "mla" and layer.attention.runs_indexer
-                    ),
-                )
+        if full:
+            fields.update(_attention_fields(full[0], layers, kv_bytes, index_key_bytes))
         if linear:
-            kda = layers[linear[0]].attention
-            fields.update(
-                linear_layers=tuple(linear),
-                linear_num_heads=kda.num_heads,
-                linear_head_dim=kda.head_dim,
-                linear_conv_kernel=kda.conv_kernel,
-            )
-        if dense:
-            fields.update(intermediate_size=layers[dense[0]].mlp.intermediate_size)
-        if moe:
-            fields.update(
-                first_k_dense=len(dense),
-                num_experts=moe[0].num_experts,
-                num_experts_per_tok=moe[0].top_k,
-                num_shared_experts=moe[0].num_shared_experts,
-                moe_intermediate_size=moe[0].intermediate_size,
-                router_bias=moe[0].score_bias,
-            )
+            fields.update(_linear_fields(layers, linear))
+        fields.update(_mlp_fields(layers, dense, moe))
         return cls(**fields)
 
     # ---- whole model -----------------------------------------------------------------------
@@ -348,3 +304,66 @@ class ModelShape:
             self.attention_params(i) + self.active_mlp_params(i) for i in range(self.num_layers)
         )
         return layers + 2 * self.vocab_size * self.hidden_size
+
+
+def _attention_fields(attention, layers, kv_bytes: float, index_key_bytes: float | None) -> dict:
+    """ModelShape's fields of the full attention's kind: GQA's heads and norms, or MLA's ranks
+    and head dims and, with a DSA indexer, its shape and the layers that run it."""
+    if attention.kind == "gqa":
+        return dict(
+            attention="gqa",
+            num_kv_heads=attention.num_kv_heads,
+            head_dim=attention.head_dim,
+            qk_norm=attention.qk_norm != "none",
+            qk_norm_per_head=attention.qk_norm == "head",
+        )
+    fields = dict(
+        attention="mla",
+        q_lora_rank=attention.q_lora_rank,
+        kv_lora_rank=attention.kv_lora_rank,
+        qk_nope_head_dim=attention.qk_nope_head_dim,
+        qk_rope_head_dim=attention.qk_rope_head_dim,
+        v_head_dim=attention.v_head_dim,
+    )
+    if attention.index is not None:
+        fields.update(
+            index_topk=attention.index.topk,
+            index_n_heads=attention.index.num_heads,
+            index_head_dim=attention.index.head_dim,
+            index_key_bytes=kv_bytes if index_key_bytes is None else index_key_bytes,
+            index_layers=tuple(
+                i
+                for i, layer in enumerate(layers)
+                if layer.attention.kind == "mla" and layer.attention.runs_indexer
+            ),
+        )
+    return fields
+
+
+def _linear_fields(layers, linear: list[int]) -> dict:
+    """ModelShape's fields of the linear-attention (KDA) layers at indices `linear`."""
+    kda = layers[linear[0]].attention
+    return dict(
+        linear_layers=tuple(linear),
+        linear_num_heads=kda.num_heads,
+        linear_head_dim=kda.head_dim,
+        linear_conv_kernel=kda.conv_kernel,
+    )
+
+
+def _mlp_fields(layers, dense: list[int], moe: list) -> dict:
+    """ModelShape's MLP fields: the dense layers' width, and the MoE's experts after the
+    `len(dense)` dense layers at the start."""
+    fields = {}
+    if dense:
+        fields.update(intermediate_size=layers[dense[0]].mlp.intermediate_size)
+    if moe:
+        fields.update(
+            first_k_dense=len(dense),
+            num_experts=moe[0].num_experts,
+            num_experts_per_tok=moe[0].top_k,
+            num_shared_experts=moe[0].num_shared_experts,
+            moe_intermediate_size=moe[0].intermediate_size,
+            router_bias=moe[0].score_bias,
+        )
+    return fields
