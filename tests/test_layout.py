@@ -283,6 +283,7 @@ def _exists(path: str) -> bool:
         "docs/serving.md",
         "docs/hybrid.md",
         "docs/disaggregation.md",
+        "docs/engine.md",
     ],
 )
 def test_documents_name_files_that_exist(doc):
