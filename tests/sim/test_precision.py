@@ -1,4 +1,5 @@
-"""NVFP4 weights in the cost model (sim/cost/precision.py, sim/cost/hardware.py, sim/cost/stage_cost.py)."""
+"""NVFP4 weights in the cost model (sim/cost/precision.py, sim/cost/hardware.py,
+sim/cost/stage_cost.py)."""
 
 import pytest
 

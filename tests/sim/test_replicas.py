@@ -1,6 +1,6 @@
-"""The simulator's replicas (sim/studies/replicas.py): N pipelines behind the router's own routing code,
-open loop on the Mooncake trace. Deterministic; routing by what replicas hold keeps more of the
-trace's reuse than spreading requests by load or in turn, and no replica is starved."""
+"""The simulator's replicas (sim/studies/replicas.py): N pipelines behind the router's own routing
+code, open loop on the Mooncake trace. Deterministic; routing by what replicas hold keeps more of
+the trace's reuse than spreading requests by load or in turn, and no replica is starved."""
 
 from __future__ import annotations
 

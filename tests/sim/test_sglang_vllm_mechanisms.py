@@ -1,5 +1,5 @@
-"""SGLang's and vLLM's mechanisms in `sglang-pp` and `vllm-pp` (sim/loops/sglang.py, sim/loops/vllm_pp.py),
-each on a small analytic case.
+"""SGLang's and vLLM's mechanisms in `sglang-pp` and `vllm-pp` (sim/loops/sglang.py,
+sim/loops/vllm_pp.py), each on a small analytic case.
 
 Compute is a constant T per microbatch on every rank, host costs are zero unless a case sets
 them, blocks are 16 tokens.

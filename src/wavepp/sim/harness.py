@@ -110,12 +110,12 @@ def build_sim(
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
     `loop` (trtllm | sglang), every rank runs that outside executor loop
-    (sim/loops/loop_sim.py) with `loop_costs`, S microbatch slots. `planner`: a planner object instead of the policy's;
-    `serial_chunks`: a request's next chunk waits for its chunk in flight (default: under the
-    trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop (sim/loops/trtllm.py
-    `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop (sim/loops/sglang.py
-    `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which keeps what the
-    pool evicts (cache/host_tier.py)."""
+    (sim/loops/loop_sim.py) with `loop_costs`, S microbatch slots. `planner`: a planner object
+    instead of the policy's; `serial_chunks`: a request's next chunk waits for its chunk in flight
+    (default: under the trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop
+    (sim/loops/trtllm.py `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop
+    (sim/loops/sglang.py `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which
+    keeps what the pool evicts (cache/host_tier.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages

@@ -22,8 +22,8 @@ share the routed experts.
                1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap
                with compute is assumed.
 
-The group's KV pool is its devices' pools together (sim/cost/stage_cost.py `kv_split`), and a request is
-not pinned to the device that holds its KV: each wave is placed afresh.
+The group's KV pool is its devices' pools together (sim/cost/stage_cost.py `kv_split`), and a
+request is not pinned to the device that holds its KV: each wave is placed afresh.
 """
 
 from __future__ import annotations

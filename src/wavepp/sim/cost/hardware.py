@@ -120,8 +120,8 @@ class HardwareSpec:
 # NVFP4 GEMM efficiency 0.43: vLLM's NVFP4 CUTLASS GEMM benchmark on B200
 #   (vllm-project/vllm#20646, benchmarks/kernels/bench_nvfp4_gemm.py, "nvfp4-noquant": the GEMM
 #   alone) reaches 3,904 TFLOPS at 16,384 rows (N = 6,144, K = 4,096), 43% of B200's 9 PF dense
-#   FP4. The activations' quantization is charged apart (sim/cost/stage_cost.py). Assumed the same on B300,
-#   GB200 and GB300.
+#   FP4. The activations' quantization is charged apart (sim/cost/stage_cost.py). Assumed the same
+#   on B300, GB200 and GB300.
 # Link latency: NCCL point-to-point of small messages over NVLink takes ~5-10 us (nccl-tests
 #   sendrecv_perf at 8 B); inter-node RDMA ~10 us.
 # Host link (a host KV tier's loads and offloads): PCIe x16, bidirectional totals from the PCI-SIG

@@ -1,7 +1,7 @@
 """SGLang's pipeline-parallel prefill as its scheduler runs it, one switchable mechanism at a time.
 
-`sglang-pp` (sim/loops/loop_sim.py) runs `SchedulerPPMixin.event_loop_pp` step by step on every rank;
-`SglangMechanisms` says which of the scheduler's behaviours ride on that loop. Paths are in
+`sglang-pp` (sim/loops/loop_sim.py) runs `SchedulerPPMixin.event_loop_pp` step by step on every
+rank; `SglangMechanisms` says which of the scheduler's behaviours ride on that loop. Paths are in
 sgl-project/sglang, python/sglang/srt/ (v0.5.18 is the paper's version).
 
     switch               SGLang                                                 where

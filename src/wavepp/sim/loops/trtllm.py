@@ -1,8 +1,8 @@
 """TensorRT-LLM's pipeline-parallel executor as its code runs it, one switchable mechanism at a time.
 
-`trtllm-pp` (sim/loops/loop_sim.py) runs `PyExecutor._executor_loop_pp` step by step; `TrtllmMechanisms`
-says which of the scheduler's and the KV cache manager's behaviours ride on that loop. Paths are
-in NVIDIA/TensorRT-LLM.
+`trtllm-pp` (sim/loops/loop_sim.py) runs `PyExecutor._executor_loop_pp` step by step;
+`TrtllmMechanisms` says which of the scheduler's and the KV cache manager's behaviours ride on that
+loop. Paths are in NVIDIA/TensorRT-LLM.
 
     switch            TensorRT-LLM                                            where
     max_num_tokens    the microbatch's token budget (16,384 in the paper's     llmapi/llm_args.py (default 8,192)
@@ -82,7 +82,8 @@ PROBE_SCOPES = ("scheduled", "waiting")
 # The paper's measurement of TensorRT-LLM's reuse probe (its radix-tree walk): a median of
 # 64.4 ms, against 24 us for the hint index (arXiv 2609.35263).
 PAPER_PROBE_S = 64.4e-3
-# The prefix that walk is taken to cover: the 4K-suffix workload's shared prefix (sim/studies/grid.py)
+# The prefix that walk is taken to cover: the 4K-suffix workload's shared prefix
+# (sim/studies/grid.py)
 PAPER_PROBE_TOKENS = 28672
 
 

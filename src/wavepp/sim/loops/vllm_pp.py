@@ -1,7 +1,7 @@
 """vLLM's pipeline-parallel prefill (the V1 engine) as its code runs it, one switch per difference.
 
-`vllm-pp` is one central scheduler and pool over P execution stages (sim/studies/systems.py); most of
-what vLLM's V1 engine does with PP the simulator already does so, and only what differs is a
+`vllm-pp` is one central scheduler and pool over P execution stages (sim/studies/systems.py); most
+of what vLLM's V1 engine does with PP the simulator already does so, and only what differs is a
 switch. Paths are in vllm-project/vllm, vllm/ (v0.28.0 is the paper's version; read in the
 v0.32 source, where v0.28.0 is not stored).
 

@@ -198,9 +198,9 @@ def kimi_grid() -> list[GridSetting]:
 # nodes of 4 GPUs (the boundary between stages 3 and 4, and tp-ep's collectives, over the
 # ConnectX-8 NICs) and a host KV cache of 128 GiB per rank (wavepp's systems: the paper does not
 # say the baselines ran with theirs). `kimi_k3_grid("nvlink")`: the earlier setup, one NVLink
-# domain and no host tier. K3 is served in NVFP4 (sim/cost/model_catalog.py); the paper's setup takes
-# the paper's precisions above (FP8 attention over an FP8 KV cache in its MLA layers; its linear
-# layers stay bf16), the earlier one bf16 attention and cache.
+# domain and no host tier. K3 is served in NVFP4 (sim/cost/model_catalog.py); the paper's setup
+# takes the paper's precisions above (FP8 attention over an FP8 KV cache in its MLA layers; its
+# linear layers stay bf16), the earlier one bf16 attention and cache.
 K3_SNAPSHOT_BLOCKS = 4
 K3_SETUPS = {  # (gpus_per_node, host_kv_gib, (weights, attention, kv))
     "paper": (4, 128.0, PAPER_PRECISION),

@@ -81,8 +81,8 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
 
 def fixed_budget(spec: SystemSpec, setup: SimSetup) -> int | None:
     """The real tokens of `spec`'s fixed (or base) budget on `setup`, None for a cost-sized one:
-    `setup.budget_tokens` where set (sim/studies/systems.py BUDGETED), else the system's default; per
-    device under dp-ep."""
+    `setup.budget_tokens` where set (sim/studies/systems.py BUDGETED), else the system's default;
+    per device under dp-ep."""
     if setup.budget_tokens and spec.name in BUDGETED:
         tokens = setup.budget_tokens
     elif spec.loop == "trtllm":

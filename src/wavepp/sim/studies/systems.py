@@ -23,8 +23,8 @@
 
 dp-ep is the layout of SGLang's and TensorRT-LLM's large-EP prefill recipes (SGLang's
 --enable-dp-attention with DeepEP; "DEP"): each device runs its own requests through attention
-and exchanges tokens only with the experts' devices (sim/cost/stage_cost.py `layout`). Its one scheduler
-and pool stand for the devices' own (requests spread evenly, the pool the devices' pools
+and exchanges tokens only with the experts' devices (sim/cost/stage_cost.py `layout`). Its one
+scheduler and pool stand for the devices' own (requests spread evenly, the pool the devices' pools
 together); its budget is per device, SGLang's chunked_prefill_size divided among the
 data-parallel ranks (16,384 each in SGLang's large-scale EP prefill recipe).
 
@@ -37,14 +37,14 @@ lease and escrow work is not charged: an upper bound for wave admission alone, s
 leader cannot admit without them) -> fixed-lease (that work charged) -> wavepp-mpu (MPU
 budgets) -> wavepp (the balanced planner).
 
-sglang-pp and trtllm-pp run those frameworks' pipeline loops step by step (sim/loops/loop_sim.py), with
-their per-iteration host costs (`LoopCosts`). The fixed budgets are the frameworks' defaults:
+sglang-pp and trtllm-pp run those frameworks' pipeline loops step by step (sim/loops/loop_sim.py),
+with their per-iteration host costs (`LoopCosts`). The fixed budgets are the frameworks' defaults:
 TensorRT-LLM's max_num_tokens of 8192 per microbatch (tensorrt_llm/llmapi/llm_args.py); vLLM's max_num_batched_tokens of 8192 for its
 OpenAI server on large GPUs (vllm/engine/arg_utils.py); SGLang's chunked_prefill_size of 16384
 on GPUs with the most memory (sglang/srt/server_args.py), also the base chunk of its dynamic
 chunking. Those are the `legacy` presets of `SimSetup.sglang` and `SimSetup.vllm`; the paper's
-versions are presets too (sim/loops/sglang.py `SGLANG_V0518`: fixed chunks, admission and radix walks
-on schedule; sim/loops/vllm_pp.py `VLLM_V0280`: 16,384 tokens on GPUs of 160 GiB or more).
+versions are presets too (sim/loops/sglang.py `SGLANG_V0518`: fixed chunks, admission and radix
+walks on schedule; sim/loops/vllm_pp.py `VLLM_V0280`: 16,384 tokens on GPUs of 160 GiB or more).
 """
 
 from __future__ import annotations
