@@ -167,7 +167,8 @@ def test_no_class_name_is_defined_twice():
         "wavepp.route",  # the router, a program of its own
         "wavepp.route.replica_table",
         "wavepp.openai_http",  # what the router shares with the server
-        "wavepp.kv_transfer",  # the hand-off, its reports, the registry, the directory store
+        "wavepp.kv_transfer",  # the registry of transports, the usage record
+        "wavepp.kv_transfer.handoff",  # rank 0's hand-off, its reports, the directory store
         "wavepp.kv_transfer.mooncake.ledger",
     ],
 )

@@ -15,7 +15,8 @@ from concurrent.futures import Future
 from typing import Sequence
 
 from wavepp.engine_config import EngineConfig
-from wavepp.kv_transfer import HandoffUsage, KVHandoff
+from wavepp.kv_transfer.handoff import KVHandoff
+from wavepp.kv_transfer.usage import HandoffUsage
 from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.prefill_result import PrefillResult, with_transfer_error
@@ -269,8 +270,7 @@ class Engine:
         return self._core.profile
 
     def kv_export_counts(self) -> tuple[int, int]:
-        """KV parts the stages reported (written, failed) since the engine started, those of
-        requests that ended before their parts did included."""
+        """KV parts the stages reported since the start: (written, failed), ended requests' too."""
         return (0, 0) if self._handoff is None else self._handoff.counts()
 
     def kv_transfer_usage(self) -> HandoffUsage | None:

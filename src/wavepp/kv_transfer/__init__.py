@@ -4,10 +4,12 @@ paged pools (export.py), the decode side's plan (decode_plan.py), the usage reco
 the declared interfaces a transport implements (interfaces.py) and the one registry of
 transports (transports.py). Each transport is a subpackage with its stage side, its rank-0 side
 and its decode side: `directory/` (a store on a file system) and `mooncake/` (each stage's arena,
-read over Mooncake's transfer engine)."""
+read over Mooncake's transfer engine).
 
-from wavepp.kv_transfer.handoff import KVHandoff
+The package itself imports only the standard library (the registry, the usage record), so the
+decode side loads in vLLM's environment; `KVHandoff` is imported from handoff.py."""
+
 from wavepp.kv_transfer.transports import TRANSPORTS, Transport, get_transport
 from wavepp.kv_transfer.usage import ArenaUsage, HandoffUsage
 
-__all__ = ["TRANSPORTS", "ArenaUsage", "HandoffUsage", "KVHandoff", "Transport", "get_transport"]
+__all__ = ["TRANSPORTS", "ArenaUsage", "HandoffUsage", "Transport", "get_transport"]
