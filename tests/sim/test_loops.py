@@ -26,7 +26,7 @@ import pytest
 
 from wavepp.sched import PlannerConfig
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
-from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.loop_costs import LoopCosts
 
 BS, W, T = 16, 64, 1e-3
 

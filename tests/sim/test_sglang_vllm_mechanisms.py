@@ -15,7 +15,7 @@ from wavepp.sched.request import Request
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
 from wavepp.sim.cost.hardware import get_hardware
 from wavepp.sim.cost.model_catalog import get_model
-from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.loop_costs import LoopCosts
 from wavepp.sim.loops.sglang import (
     SGLANG_LEGACY,
     SGLANG_V0518,

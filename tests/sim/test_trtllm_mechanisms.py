@@ -8,7 +8,7 @@ import pytest
 
 from wavepp.sched import PlannerConfig
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
-from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.loop_costs import LoopCosts
 from wavepp.sim.loops.trtllm import (
     TRTLLM_LEGACY,
     TRTLLM_RC26,

@@ -10,7 +10,8 @@ from wavepp.sim.cost.precision import WEIGHT_FORMATS, with_weights
 from wavepp.sim.cost.stage_cost import ExecOverheads, StageCostModel, sparse_pairs, transfer_seconds
 from wavepp.sim.cost.stages import MemoryBudget, partition_layers, stage_kv_tokens, stage_models
 from wavepp.sim.harness import SimReport, build_sim, run_closed_loop
-from wavepp.sim.loops.loop_sim import LoopCosts, LoopSim
+from wavepp.sim.loops.loop_costs import LoopCosts
+from wavepp.sim.loops.loop_sim import LoopSim
 from wavepp.sim.loops.sglang import (
     SGLANG_LEGACY,
     SGLANG_PRESETS,

@@ -25,7 +25,7 @@ from wavepp.sched.planners import PlannerConfig
 from wavepp.sched.policy import loop_planner_args
 from wavepp.sim.core.pipeline import PipelineSim, SimCosts
 from wavepp.sim.harness import build_sim
-from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.loop_costs import LoopCosts
 from wavepp.sim.studies.sim_setup import AdmissionCosts
 from wavepp.sim.studies.systems import get_system
 

@@ -10,7 +10,7 @@ from wavepp.sim.cost.hardware import HardwareSpec
 from wavepp.sim.cost.model_shapes import ModelShape
 from wavepp.sim.cost.stage_cost import ExecOverheads
 from wavepp.sim.cost.stages import MemoryBudget
-from wavepp.sim.loops.loop_sim import LoopCosts
+from wavepp.sim.loops.loop_costs import LoopCosts
 from wavepp.sim.loops.sglang import SGLANG_LEGACY, SglangMechanisms
 from wavepp.sim.loops.trtllm import TRTLLM_LEGACY, TrtllmMechanisms
 from wavepp.sim.loops.vllm_pp import VLLM_LEGACY, VllmMechanisms
