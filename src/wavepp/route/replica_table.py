@@ -1,6 +1,6 @@
 """Which prefill replica a request goes to: the routing policies of `wavepp route`, free of HTTP
 (pure: no clock, no I/O), so that one implementation serves the router (route/router.py) and
-the simulator's replicas (sim/replicas.py).
+the simulator's replicas (sim/studies/replicas.py).
 
     table = ReplicaTable(urls, policy="approx")
     choice = table.choose(prompt_key)          # Choice(index, reason); NoReplica if none is up

@@ -1,8 +1,8 @@
 """TensorRT-LLM's and SGLang's pipeline loops on rank 0's LOOP thread (`trtllm-pp`, `sglang-pp`).
 
 Both frameworks run one iteration per microbatch on every rank, with P microbatch slots
-(P = the number of stages). Here rank 0's LOOP runs that iteration (sim/loops.py models the
-same loops step by step, on every rank):
+(P = the number of stages). Here rank 0's LOOP runs that iteration (sim/loops/loop_sim.py
+models the same loops step by step, on every rank):
 
     iteration i                                   TensorRT-LLM              SGLang
       exchange  every stage hears from rank 0,    fetch, the schedule       recv_requests down

@@ -22,11 +22,12 @@ Each in-house baseline differs from `wavepp` in exactly one mechanism; the outsi
                  attention (DP attention, EP experts)
     fixed-*      the paper's ablation steps         static                         simulator
 
-The outside loops (`loop`) run step by step on every rank in the simulator (sim/loops.py) and as
-rank 0's iteration on the runtime (runtime/outside_loop.py).
+The outside loops (`loop`) run step by step on every rank in the simulator
+(sim/loops/loop_sim.py) and as rank 0's iteration on the runtime (runtime/outside_loop.py).
 
 The bench adds `single-stage` (the runtime with one stage: the pipelining reference). The CLI's
-choices, the bench's list and the simulator's systems (sim/systems.py) all come from here.
+choices, the bench's list and the simulator's systems (sim/studies/systems.py) all come from
+here.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ POLICIES: dict[str, Policy] = {
             "one scheduler, fixed budget per rank, DP attention and EP experts over all devices",
             in_runtime=False,
         ),
-        # the simulator's ablation of the paper, one mechanism at a time (sim/systems.py)
+        # the simulator's ablation of the paper, one mechanism at a time (sim/studies/systems.py)
         Policy(
             "fixed-lockstep",
             True,
