@@ -13,7 +13,7 @@ under one lock); the simulator calls it from its event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from wavepp.cache.results import CommitResult
 from wavepp.cache.snapshot_plan import snapshot_boundaries
@@ -32,7 +32,7 @@ from wavepp.sched.messages import (
 )
 
 if TYPE_CHECKING:
-    from wavepp.cache import BlockPool
+    from wavepp.cache import BlockPool, SnapshotPool
 
 
 class PlanMismatchError(RuntimeError):
@@ -72,7 +72,8 @@ class StageServer:
         self.block_size = pool.block_size
         self.requests: dict[int, StageRequest] = {}
         self._probed: dict[int, ProbeItem] = {}
-        self._hybrid_pool = pool.keeps_snapshots
+        # the same pool, seen as a SnapshotPool, when it keeps snapshots (a hybrid model's)
+        self._snapshots = cast("SnapshotPool", pool) if pool.keeps_snapshots else None
         self.num_probe_hit_blocks = 0  # counters since start (metrics): counters()
         self.num_reused_blocks = 0
 
@@ -115,16 +116,17 @@ class StageServer:
             num_blocks = match.num_blocks
             # the host tier's run of blocks after a GPU prefix that is all computed here
             num_host = self._host_blocks(item.block_hashes, match)
-            if self._hybrid_pool:
+            snapshots, host = self._snapshots, self.pool.host_tier
+            if snapshots is not None:
                 # O(log n): the grid snapshots of a chain (pending ones too: they will be
                 # written before a chunk after them runs here) form a prefix of the grid
                 last_reusable = (item.num_tokens - 1) // self.block_size
                 limit = min(num_blocks, last_reusable)
-                found = self.pool.match_snapshots(item.block_hashes, limit)
+                found = snapshots.match_snapshots(item.block_hashes, limit)
                 host_points = (
                     ()
-                    if not num_host
-                    else self.pool.host_tier.snapshot_boundaries(
+                    if not num_host or host is None
+                    else host.snapshot_boundaries(
                         item.block_hashes, num_blocks, min(num_blocks + num_host, last_reusable)
                     )
                 )
@@ -133,7 +135,7 @@ class StageServer:
                         item.request_id,
                         num_blocks + num_host,
                         host_points,
-                        self.pool.interval_blocks,
+                        snapshots.interval_blocks,
                         found.num_grid_blocks,
                         found.num_end_blocks,
                     )
@@ -174,14 +176,15 @@ class StageServer:
                 )
                 continue
             reserve = self.pool.reserve(item.request_id, item.num_new_blocks)
-            if reserve.ok and self._hybrid_pool:
+            snapshots = self._snapshots
+            if reserve.ok and snapshots is not None:
                 boundaries = snapshot_boundaries(
                     item.num_leased_blocks,
                     probed.num_tokens,
                     self.block_size,
-                    self.pool.interval_blocks,
+                    snapshots.interval_blocks,
                 )
-                reserve = self.pool.reserve_snapshots(item.request_id, boundaries)
+                reserve = snapshots.reserve_snapshots(item.request_id, boundaries)
             if not reserve.ok:
                 self._drop(item.request_id)
                 results.append(
@@ -227,6 +230,8 @@ class StageServer:
         The loaded blocks are published at once (their KV is there before any wave reads
         them), so the request's own round is the last to see them pending."""
         pool, block_size, hashes = self.pool, self.block_size, probed.block_hashes
+        snapshots, host = self._snapshots, pool.host_tier
+        assert host is not None  # the lease comes here only when the pool has a host tier
         agreed, request_id = item.num_leased_blocks, item.request_id
         match = pool.match(hashes)
         on_gpu = match.num_blocks
@@ -237,25 +242,29 @@ class StageServer:
                 f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the "
                 f"host tier",
             )
-        resume = pool.match_snapshots(hashes, on_gpu).num_blocks if self._hybrid_pool else on_gpu
+        resume = (
+            snapshots.match_snapshots(hashes, on_gpu).num_blocks
+            if snapshots is not None
+            else on_gpu
+        )
         boundaries = (
-            snapshot_boundaries(resume, probed.num_tokens, block_size, pool.interval_blocks)
-            if self._hybrid_pool
+            snapshot_boundaries(resume, probed.num_tokens, block_size, snapshots.interval_blocks)
+            if snapshots is not None
             else ()
         )
         # states written back: the boundaries in (resume, agreed], and the one it resumes
         # from at agreed
         num_states = sum(1 for b in boundaries if b <= agreed) + int(
-            self._hybrid_pool and agreed not in boundaries
+            snapshots is not None and agreed not in boundaries
         )
         lease = pool.lease(request_id, hashes, resume)
         reserve = (
             pool.reserve(request_id, agreed - resume + item.num_new_blocks) if lease.ok else lease
         )
-        if reserve.ok and self._hybrid_pool:
-            reserve = pool.reserve_snapshots(request_id, boundaries)
+        if reserve.ok and snapshots is not None:
+            reserve = snapshots.reserve_snapshots(request_id, boundaries)
         commit = pool.commit(request_id, hashes[resume:]) if reserve.ok else reserve
-        if commit.ok and pool.host_tier.match(hashes, on_gpu) < agreed - on_gpu:
+        if commit.ok and host.match(hashes, on_gpu) < agreed - on_gpu:
             # the states reserve evicted alone went to the tier, and it dropped some of these
             commit = CommitResult(
                 False, reason=f"blocks [{on_gpu}, {agreed}) left the host tier while room was made"
@@ -265,7 +274,7 @@ class StageServer:
             return ItemResult(
                 request_id, False, f"stage {self.stage_id}: host load: {commit.reason}"
             )
-        pool.host_tier.onboard(hashes[on_gpu:agreed], num_states)
+        host.onboard(hashes[on_gpu:agreed], num_states)
         num_cached = agreed * block_size
         block_table = pool.materialize(request_id)
         pool.publish(request_id, num_cached)
@@ -334,8 +343,8 @@ class StageServer:
                             f"reuses {num_leased} blocks but only {computed} are computed here "
                             f"(the leader dispatched it before the request computing them)"
                         )
-                if self._hybrid_pool:
-                    leased = self.pool.snapshot_plan(chunk.request_id).leased
+                if self._snapshots is not None:
+                    leased = self._snapshots.snapshot_plan(chunk.request_id).leased
                     if leased is not None and not leased.computed:
                         raise PlanMismatchError(
                             f"stage {self.stage_id}: wave {wave.wave_id}: request {chunk.request_id} "
@@ -343,22 +352,24 @@ class StageServer:
                             f"{leased.owner_id} has not written here yet"
                         )
             prepared.append(
-                self._with_states(chunk, req)
-                if self._hybrid_pool
+                self._with_states(chunk, req, self._snapshots)
+                if self._snapshots is not None
                 else PreparedChunk(chunk, req.block_table)
             )
         return prepared
 
-    def _with_states(self, chunk: Chunk, req: StageRequest) -> PreparedChunk:
+    def _with_states(
+        self, chunk: Chunk, req: StageRequest, snapshots: SnapshotPool
+    ) -> PreparedChunk:
         """Which state slot the chunk starts from and which it saves into. Between chunks a
         request carries its state in its working slot (a boundary's slot may go back to the
         pool at publish, if that boundary has a snapshot already):
 
             start ... planned boundaries in (start, end] ... end (-> working slot, unless last)
         """
-        plan = self.pool.snapshot_plan(chunk.request_id)
+        plan = snapshots.snapshot_plan(chunk.request_id)
         if chunk.start == req.num_cached_tokens and req.num_loaded_blocks:
-            state_in = self.pool.snapshot_slot(req.block_hashes[chunk.start // self.block_size - 1])
+            state_in = snapshots.snapshot_slot(req.block_hashes[chunk.start // self.block_size - 1])
         elif chunk.start == req.num_cached_tokens:
             state_in = plan.leased.slot if plan.leased is not None else None
         else:
@@ -368,9 +379,10 @@ class StageServer:
             for b, slot in sorted(plan.save_slots().items())
             if chunk.start < b * self.block_size <= chunk.end
         ]
-        if not chunk.is_last:
-            saves.append((chunk.end, plan.working_slot))
-        return PreparedChunk(chunk, req.block_table, state_in, tuple(saves))
+        if not chunk.is_last:  # a request that goes on holds a working slot
+            saves.append((chunk.end, cast(int, plan.working_slot)))
+        block_table = cast("list[int]", req.block_table)  # prepare() materialized it
+        return PreparedChunk(chunk, block_table, state_in, tuple(saves))
 
     def complete(self, wave: Wave) -> None:
         """The wave ran here: publish the computed blocks; free requests that are done and the
