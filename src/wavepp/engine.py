@@ -21,6 +21,7 @@ from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.prefill_result import PrefillResult, with_transfer_error
 from wavepp.prompts import Prompt, prompt_token_ids
+from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.core_stats import CoreStats, EngineLoad
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
@@ -45,7 +46,7 @@ class Engine:
             opts = model
         else:
             opts = EngineConfig(model, **options)
-        self.engine_config = opts
+        self.config = opts  # the options, as given; every rank gets them in runtime_config
         pp = opts.pp
         device = resolve_device(opts.device)
         backend = default_backend(device, pp) if opts.backend is None else opts.backend
@@ -69,15 +70,12 @@ class Engine:
             pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus)
         )
         try:
-            self.config = opts.runtime_config(
-                str(self.model_path),
-                device,
-                backend,
-                run_dir=self._cluster.run_dir,
-                kv_store="" if self._handoff is None else str(self._handoff.root or ""),
+            kv_store = "" if self._handoff is None else str(self._handoff.root or "")
+            self.runtime_config = RuntimeConfig(
+                opts, str(self.model_path), device, backend, self._cluster.run_dir, kv_store
             )
             self._core = EngineCore(
-                self.config, self._cluster.channels, self._cluster.dead_stage, self._handoff
+                self.runtime_config, self._cluster.channels, self._cluster.dead_stage, self._handoff
             )
         except BaseException:
             self._cluster.close(timeout_s=2)
@@ -145,7 +143,7 @@ class Engine:
                     kv_transfer,
                     {
                         "model": str(self.model_path),
-                        "num_stages": self.config.num_stages,
+                        "num_stages": self.config.pp,
                         "block_size": self.config.block_size,
                         "dtype": self.config.dtype,
                     },
@@ -379,7 +377,7 @@ class Engine:
             transfer = self._handoff.answer(
                 req.export_id,
                 req.num_tokens,
-                {"num_stages": self.config.num_stages, "block_size": self.config.block_size},
+                {"num_stages": self.config.pp, "block_size": self.config.block_size},
                 export_errors,
             )
         return PrefillResult(

@@ -3,11 +3,13 @@
     config = EngineConfig("smollm2", pp=2, kv_store="/dev/shm/kv")   # a bad option raises here
     engine = Engine(config)            # or Engine("smollm2", pp=2, ...), which builds the same
 
-The command line and the server build it from their flags; the engine turns it into the
-`RuntimeConfig` every rank receives (runtime/config.py) once the model's path, the device and
-the run directory are known. Every check runs before a process is spawned or a model is
-converted: the engine-only options here, the options every rank shares by building their
-RuntimeConfig (whose checks are the one place they are written).
+The command line and the server build it from their flags (their defaults are this record's,
+cli/args.py); every rank receives it inside a `RuntimeConfig` (runtime/config.py), beside what
+only a started engine knows (the model's path, the resolved device and backend, the run
+directory). Every check is written here, once, and runs before a process is spawned or a model
+is converted; each error names the option.
+
+Torch-free: the command line reads the defaults without loading torch.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wavepp.kv_transfer.mooncake.engine import check_host
-from wavepp.kv_transfer.transports import TRANSPORTS
+from wavepp.kv_transfer.transports import TRANSPORTS, transport_names
 from wavepp.model_store import DEFAULT_MODEL
-from wavepp.runtime.config import RuntimeConfig
-from wavepp.runtime.device import DEVICES
+from wavepp.sched.policy import get_policy
+
+DEVICES = ("cpu", "cuda", "auto")  # a setting; runtime/device.py resolves it
+BACKENDS = ("gloo", "nccl")
+DTYPES = ("bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -57,12 +62,12 @@ class EngineConfig:
     model: str = DEFAULT_MODEL  # a built-in name or an HF-format directory
     pp: int = 2
     policy: str = "wavepp"
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # "bfloat16" | "float32"
     block_size: int = 16
     stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib or memory
     kv_cache_gib: float | None = None
-    top_k: int = 5
-    num_threads: int = 1
+    top_k: int = 5  # logprobs returned per first token
+    num_threads: int = 1  # compute threads per stage process
     backend: str | None = None  # None: nccl when every stage has its own GPU, else gloo
     snapshot_interval_blocks: int | None = None
     snapshot_align_frac: float = 0.125
@@ -80,31 +85,17 @@ class EngineConfig:
     pin_cpus: bool | None = None  # None: pinned on the CPU where there is a CPU per stage
 
     def __post_init__(self) -> None:
-        for name in ("stage_num_blocks", "layer_split"):  # any sequence (or None) -> a tuple
+        """Normalize the sequences (any sequence or None -> a tuple) and the model (a Path -> a
+        str), then check every option; a bad one raises ValueError naming it."""
+        for name in ("stage_num_blocks", "layer_split"):
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
         if isinstance(self.model, Path):
             object.__setattr__(self, "model", str(self.model))
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a built-in name or a directory, got {self.model!r}")
-        if self.kv_store_max_gib is not None and not self.kv_store_max_gib > 0:
-            raise ValueError(f"kv_store_max_gib must be positive, got {self.kv_store_max_gib}")
-        if not self.kv_ttl_s > 0:
-            raise ValueError(f"kv_ttl_s must be positive, got {self.kv_ttl_s}")
-        if self.kv_store is not None and not str(self.kv_store):
-            raise ValueError("kv_store must name a directory")
-        transport = TRANSPORTS.get(self.kv_transport)  # an unknown name: RuntimeConfig says so
-        if transport is not None and transport.needs_store and self.kv_store is None:
-            raise ValueError(f"kv_transport={transport.name!r} needs kv_store (a directory)")
-        if transport is not None and not transport.needs_store and self.kv_store is not None:
-            raise ValueError(
-                f"kv_store is the directory transport's; kv_transport={transport.name!r} takes none"
-            )
-        if transport is not None and transport.takes_host and self.kv_host:
-            check_host(self.kv_host)  # an address this machine resolves, or ValueError
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        # the options every rank shares
-        self.runtime_config("", "cpu", self.backend or "gloo", kv_store=self.kv_store or "")
+        self._check_pipeline()
+        self._check_stages()
+        self._check_hand_off()
 
     @property
     def handoff_transport(self) -> str:
@@ -113,35 +104,76 @@ class EngineConfig:
             return self.kv_transport
         return "directory" if self.kv_store is not None else ""
 
-    def runtime_config(
-        self, model_path: str, device: str, backend: str, *, kv_store: str = "", run_dir: str = ""
-    ) -> RuntimeConfig:
-        """What every rank receives, for the resolved model path, device and backend."""
-        return RuntimeConfig(
-            model_path=model_path,
-            num_stages=self.pp,
-            policy=self.policy,
-            dtype=self.dtype,
-            block_size=self.block_size,
-            stage_num_blocks=self.stage_num_blocks,
-            kv_cache_gib=self.kv_cache_gib,
-            top_k=self.top_k,
-            num_threads=self.num_threads,
-            backend=backend,
-            device=device,
-            run_dir=run_dir,
-            snapshot_interval_blocks=self.snapshot_interval_blocks,
-            snapshot_align_frac=self.snapshot_align_frac,
-            profile_waves=self.profile_waves,
-            kv_store=kv_store,
-            kv_transport=self.handoff_transport,
-            kv_transport_protocol=self.kv_transport_protocol,
-            kv_host=self.kv_host or "",
-            kv_arena_gib=self.kv_arena_gib,
-            kv_ttl_s=self.kv_ttl_s,
-            kv_export_wait_s=self.kv_export_wait_s,
-            layer_split=self.layer_split,
-        )
-
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _check_pipeline(self) -> None:
+        """The stages, the policy, what each computes and where."""
+        if not isinstance(self.pp, int) or isinstance(self.pp, bool) or self.pp < 1:
+            raise ValueError(
+                f"pp (the number of pipeline stages) must be a positive integer, got {self.pp!r}"
+            )
+        get_policy(self.policy, runtime=True)  # an unknown policy fails here, naming the valid ones
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    def _check_stages(self) -> None:
+        """Each stage's layers, cache and snapshot grid."""
+        if self.stage_num_blocks and len(self.stage_num_blocks) != self.pp:
+            raise ValueError(
+                f"stage_num_blocks has {len(self.stage_num_blocks)} entries for {self.pp} stages"
+            )
+        if self.layer_split and (len(self.layer_split) != self.pp or min(self.layer_split) < 1):
+            raise ValueError(
+                f"layer_split {list(self.layer_split)} needs one positive layer count per stage "
+                f"({self.pp} stages)"
+            )
+        if any(n < 1 for n in self.stage_num_blocks):
+            raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.snapshot_interval_blocks is not None and self.snapshot_interval_blocks < 1:
+            raise ValueError(
+                f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}"
+            )
+        if not 0 <= self.snapshot_align_frac < 1:
+            raise ValueError(
+                f"snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}"
+            )
+
+    def _check_hand_off(self) -> None:
+        """The KV hand-off: its transport (the registry, kv_transfer/transports.py) and bounds."""
+        if self.kv_transport is not None and self.kv_transport not in TRANSPORTS:
+            raise ValueError(f"kv_transport must be {transport_names()}, got {self.kv_transport!r}")
+        if self.kv_store is not None and not str(self.kv_store):
+            raise ValueError("kv_store must name a directory")
+        transport = TRANSPORTS.get(self.kv_transport)
+        if transport is not None and transport.needs_store and self.kv_store is None:
+            raise ValueError(f"kv_transport={transport.name!r} needs kv_store (a directory)")
+        if transport is not None and not transport.needs_store and self.kv_store is not None:
+            raise ValueError(
+                f"kv_store is the directory transport's; kv_transport={transport.name!r} takes none"
+            )
+        if transport is not None and transport.takes_host and self.kv_host:
+            check_host(self.kv_host)  # an address this machine resolves, or ValueError
+        if self.kv_transport_protocol not in ("tcp", "rdma"):
+            raise ValueError(
+                f"kv_transport_protocol must be 'tcp' or 'rdma', got {self.kv_transport_protocol!r}"
+            )
+        for name in ("kv_arena_gib", "kv_ttl_s", "kv_export_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.kv_store_max_gib is not None and not self.kv_store_max_gib > 0:
+            raise ValueError(f"kv_store_max_gib must be positive, got {self.kv_store_max_gib}")

@@ -164,7 +164,7 @@ def test_engine_fp32_matches_transformers(tiny, pp):
         assert (
             engine._core.stage.kernel_choice.kernels.attention == "sdpa"
         )  # varlen is bf16 / fp16 only
-        assert engine.config.backend == ("nccl" if pp == 2 and NUM_GPUS >= 2 else "gloo")
+        assert engine.runtime_config.backend == ("nccl" if pp == 2 and NUM_GPUS >= 2 else "gloo")
         results = engine.prefill(prompts)
         again = engine.prefill(prompts)  # now from the cache
     assert sum(r.num_cached_tokens for r in again) > sum(r.num_cached_tokens for r in results) > 0

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import wavepp.engine
 from wavepp.engine import Engine
+from wavepp.engine_config import EngineConfig
 from wavepp.runtime import device as dev
 from wavepp.runtime.config import RuntimeConfig
 
@@ -79,12 +80,12 @@ def test_stages_take_gpus_round_robin(monkeypatch):
 
 def test_config_holds_a_resolved_device():
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda' here"):
-        RuntimeConfig(model_path="", num_stages=1, device="auto")
+        RuntimeConfig(EngineConfig(pp=1), model_path="", device="auto")
 
 
 def test_engine_on_auto_matches_transformers(tiny):
     prompts = workload(seed=11)[:6]
     with Engine(str(tiny), pp=2, dtype="float32", device="auto" if NO_CUDA else "cpu") as engine:
-        assert engine.config.device == "cpu" and engine.config.backend == "gloo"
+        assert engine.runtime_config.device == "cpu" and engine.runtime_config.backend == "gloo"
         assert engine._core.stage.device == torch.device("cpu")
         check(engine.prefill(prompts), reference(tiny, prompts), tol=1e-3)

@@ -30,7 +30,7 @@ class LockedEngine:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.config = SimpleNamespace(top_k=5, num_stages=2, dtype="float32", block_size=16)
+        self.config = SimpleNamespace(top_k=5, pp=2, dtype="float32", block_size=16)
         self.policy = "fake"
         self.vocab_size = 256
         self.stage_num_blocks = (8, 8)

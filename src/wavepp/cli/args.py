@@ -1,6 +1,16 @@
-"""Option parsing the commands share."""
+"""Option parsing the commands share. The pipeline's flags take their defaults from
+EngineConfig's fields (`engine_default`), never a copy of them."""
 
 from __future__ import annotations
+
+import dataclasses
+
+from wavepp.engine_config import DEVICES, DTYPES, EngineConfig
+
+
+def engine_default(name: str):
+    """The default of EngineConfig's field `name` (KeyError for a name it does not have)."""
+    return {f.name: f.default for f in dataclasses.fields(EngineConfig)}[name]
 
 
 def comma_list(text: str) -> list[str]:
@@ -42,12 +52,12 @@ def add_stage_args(p) -> None:
 def add_engine_args(p) -> None:
     """--dtype, --block-size, --device and --stage-num-blocks: the pipeline's options that
     `wavepp prefill` and `wavepp serve` share (see `engine_config`)."""
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default=engine_default("dtype"), choices=list(DTYPES))
+    p.add_argument("--block-size", type=int, default=engine_default("block_size"))
     p.add_argument(
         "--device",
-        default="cpu",
-        choices=["cpu", "cuda", "auto"],
+        default=engine_default("device"),
+        choices=list(DEVICES),
         help="where stages compute: cpu, cuda (a GPU per stage where there are enough), "
         "auto (cuda when there is one); default cpu",
     )
@@ -61,8 +71,6 @@ def add_engine_args(p) -> None:
 def engine_config(args, model: str, **options):
     """The EngineConfig of a command's flags (add_engine_args, add_stage_args, --pp, --policy,
     --top-k) and its own `options`."""
-    from wavepp.engine_config import EngineConfig
-
     blocks = comma_list(args.stage_num_blocks) if args.stage_num_blocks else None
     return EngineConfig(
         model,

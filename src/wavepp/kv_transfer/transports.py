@@ -68,12 +68,13 @@ def _arena_writer(config, stage_id: int) -> StageWriter:
     from wavepp.kv_transfer.mooncake.engine import default_host
     from wavepp.kv_transfer.mooncake.writer import ArenaWriter
 
+    opts = config.engine  # the EngineConfig inside the RuntimeConfig
     return ArenaWriter(
         stage_id,
-        host=config.kv_host or default_host(),
-        protocol=config.kv_transport_protocol,
-        arena_bytes=int(config.kv_arena_gib * 2**30),
-        ttl_s=config.kv_ttl_s,
+        host=opts.kv_host or default_host(),
+        protocol=opts.kv_transport_protocol,
+        arena_bytes=int(opts.kv_arena_gib * 2**30),
+        ttl_s=opts.kv_ttl_s,
     )
 
 

@@ -56,7 +56,7 @@ class EngineCore:
         `handoff`: the KV hand-off (with a store) the stages' export reports go to."""
         self.config = config
         self.channels = channels
-        self.num_stages = config.num_stages
+        self.num_stages = config.engine.pp
         self._check_alive = check_alive
         self.stage, self.stage_num_blocks, self._worker_kernels = start_stages(config, channels)
         self._plane = RoundsPlane(channels, self.stage, self.num_stages)
@@ -64,13 +64,13 @@ class EngineCore:
             channels,
             self.stage,
             self.num_stages,
-            config.block_size,
+            config.engine.block_size,
             hybrid=self.stage.layout.is_hybrid,
         )
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.vocab_size = self.stage.model_config.vocab_size
         self.profile: WaveProfile | None = None
-        if config.profile_waves:
+        if config.engine.profile_waves:
             self.profile = profile_pipeline(
                 self.stage, channels, self.stage_num_blocks, self.max_prompt_tokens
             )
@@ -84,8 +84,8 @@ class EngineCore:
             self.stage.exporter.on_outcome = lambda outcome: self.on_export_report(
                 ExportReport((outcome,))
             )
-        self.snapshot_align_frac = config.snapshot_align_frac
-        self._build_leader(config.policy)
+        self.snapshot_align_frac = config.engine.snapshot_align_frac
+        self._build_leader(config.engine.policy)
         self._loops = CoreLoops(
             self.stage,
             channels,
@@ -297,7 +297,7 @@ class EngineCore:
         self.leader = build_runtime_leader(
             self.policy,
             num_stages=self.num_stages,
-            block_size=self.config.block_size,
+            block_size=self.config.engine.block_size,
             stage_num_blocks=self.stage_num_blocks,
             max_prompt_tokens=self.max_prompt_tokens,
             hybrid=self.stage.layout.is_hybrid,

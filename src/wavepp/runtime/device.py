@@ -16,7 +16,7 @@ import os
 
 import torch
 
-DEVICES = ("cpu", "cuda", "auto")
+from wavepp.engine_config import DEVICES
 
 
 def resolve_device(device: str) -> str:

@@ -124,7 +124,7 @@ def time_stage_waves(
     if not shapes:
         return ()
     gen = torch.Generator().manual_seed(seed)
-    bs = stage.config.block_size
+    bs = stage.config.engine.block_size
     model, mc = stage.model, stage.model_config
     hidden = mc.hidden_size
 
@@ -169,7 +169,7 @@ def profile_pipeline(
     (hybrid models) or too few waves fit the cache."""
     if stage.layout.is_hybrid:
         return None
-    shapes = profile_shapes(stage.config.block_size, max_positions, min(stage_num_blocks))
+    shapes = profile_shapes(stage.config.engine.block_size, max_positions, min(stage_num_blocks))
     if len(shapes) < MIN_PROFILE_SHAPES:
         return None
     t0 = time.perf_counter()

@@ -27,12 +27,12 @@ def start_stages(
     """Send every other rank its Setup, load stage 0 here meanwhile, then take each rank's
     StageReady: (stage 0, every stage's blocks, every stage's kernel paths, "" for rank 0's,
     which it reads live). A rank that could not load raises EngineError naming why."""
-    for rank in range(1, config.num_stages):
+    for rank in range(1, config.engine.pp):
         channels.send_obj(Setup(config), rank, "rounds")
-    torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(config.engine.num_threads)
     stage = StageRuntime(config, 0, channels.device)
     blocks, kernels = [stage.num_blocks], [""]
-    for rank in range(1, config.num_stages):
+    for rank in range(1, config.engine.pp):
         msg = channels.recv_obj(rank, "replies")
         if isinstance(msg, LoadFailed):
             raise EngineError(msg.reason)

@@ -42,22 +42,24 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
     """Blocks of this stage: given, or what kv_cache_gib holds for its layers, or the default
     (DEFAULT_KV_FULL_PROMPTS full-length prompts, at most DEFAULT_KV_MAX_BYTES and a quarter of
     the available memory over the stages)."""
-    if config.stage_num_blocks:
-        return config.stage_num_blocks[stage_id]
-    spec = stage_specs(model_config.num_layers, config.num_stages, config.layer_split)[stage_id]
+    if config.engine.stage_num_blocks:
+        return config.engine.stage_num_blocks[stage_id]
+    spec = stage_specs(model_config.num_layers, config.engine.pp, config.engine.layer_split)[
+        stage_id
+    ]
     layout = page_layout(model_config)
-    dtype_bytes = _DTYPES[config.dtype].itemsize
+    dtype_bytes = _DTYPES[config.engine.dtype].itemsize
     bytes_per_token = layout.bytes_per_block(spec.start_layer, spec.end_layer, 1, dtype_bytes)
-    if config.kv_cache_gib is not None:
-        budget = int(config.kv_cache_gib * 2**30)
+    if config.engine.kv_cache_gib is not None:
+        budget = int(config.engine.kv_cache_gib * 2**30)
     else:
         budget = min(
             DEFAULT_KV_MAX_BYTES,
-            available_memory_bytes() // (4 * config.num_stages),
+            available_memory_bytes() // (4 * config.engine.pp),
             DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token,
         )
     return layout.num_blocks(
-        budget, spec.start_layer, spec.end_layer, config.block_size, dtype_bytes
+        budget, spec.start_layer, spec.end_layer, config.engine.block_size, dtype_bytes
     )
 
 
@@ -102,15 +104,15 @@ class StageRuntime:
         self.device = torch.device(device)
         self.model_config = load_model_config(config.model_path)
         self.spec = stage_specs(
-            self.model_config.num_layers, config.num_stages, config.layer_split
+            self.model_config.num_layers, config.engine.pp, config.engine.layer_split
         )[stage_id]
-        self.model = load_stage_model(config.model_path, self.spec, _DTYPES[config.dtype]).to(
-            self.device
-        )
+        self.model = load_stage_model(
+            config.model_path, self.spec, _DTYPES[config.engine.dtype]
+        ).to(self.device)
         # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first
         # stage, passed to every forward of this stage
         self.kernel_choice: StageKernels = choose_kernels(
-            self.model, self.model_config, _DTYPES[config.dtype], self.device
+            self.model, self.model_config, _DTYPES[config.engine.dtype], self.device
         )
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
@@ -119,24 +121,24 @@ class StageRuntime:
             self.model_config.num_layers,
             self.spec,
             self.num_blocks,
-            config.block_size,
-            _DTYPES[config.dtype].itemsize,
-            config.snapshot_interval_blocks,
+            config.engine.block_size,
+            _DTYPES[config.engine.dtype].itemsize,
+            config.engine.snapshot_interval_blocks,
         )
         self.kv = None
         self.lock = threading.Lock()
-        self.reset(config.policy)
+        self.reset(config.engine.policy)
         # KV hand-off: this stage writes its own layers of each request that asks for it
         self.exporter = None
-        if config.kv_transport:
+        if config.engine.handoff_transport:
             manifest = {
                 "model_type": self.model_config.model_type,
-                "dtype": config.dtype,
-                "block_size": config.block_size,
-                "num_stages": config.num_stages,
+                "dtype": config.engine.dtype,
+                "block_size": config.engine.block_size,
+                "num_stages": config.engine.pp,
                 "layers": [self.spec.start_layer, self.spec.end_layer],
             }
-            writer = get_transport(config.kv_transport).stage_writer(config, stage_id)
+            writer = get_transport(config.engine.handoff_transport).stage_writer(config, stage_id)
             self.exporter = StageExporter(writer, stage_id, manifest)
 
     def close(self) -> None:
@@ -151,7 +153,7 @@ class StageRuntime:
         parts = [f"linear={paths.linear}"]
         if self.kernel_choice.attention is not None:
             parts.append(f"attention={paths.attention}")
-        if self.device.type == "cpu" and _DTYPES[self.config.dtype] == torch.bfloat16:
+        if self.device.type == "cpu" and _DTYPES[self.config.engine.dtype] == torch.bfloat16:
             parts.append(f"elementwise={paths.elementwise_in_use()}")
         return " ".join(parts)
 
@@ -174,7 +176,7 @@ class StageRuntime:
                 self.kv = None  # the old tensors go before the new ones are allocated
                 self.kv = self.model.new_kv_cache(
                     self.num_blocks,
-                    self.config.block_size,
+                    self.config.engine.block_size,
                     **({"num_state_slots": slots} if slots else {}),
                 )
                 self._num_state_slots = slots
@@ -223,7 +225,7 @@ class StageRuntime:
                 for p in prepared
             ]
             # index tensors built on the host, then one copy each to the device (none on the CPU)
-            batch = StageBatch.build(chunks, self.config.block_size).to(self.device)
+            batch = StageBatch.build(chunks, self.config.engine.block_size).to(self.device)
             rows = _output_rows(wave) if self.spec.is_last else None
             if rows is not None:
                 rows = (rows[0].to(self.device, non_blocking=True), rows[1])
@@ -268,7 +270,7 @@ class StageRuntime:
         if not wanted:
             return []
         logprobs = torch.log_softmax(logits, dim=-1)
-        k = min(max(1, self.config.top_k), logprobs.shape[-1])
+        k = min(max(1, self.config.engine.top_k), logprobs.shape[-1])
         top_lp, top_ids = torch.topk(logprobs, k, dim=-1)
         results = []
         for i in wanted:
@@ -280,8 +282,8 @@ class StageRuntime:
                         c.request_id,
                         ids[0],
                         lps[0],
-                        tuple(ids[: self.config.top_k]),
-                        tuple(lps[: self.config.top_k]),
+                        tuple(ids[: self.config.engine.top_k]),
+                        tuple(lps[: self.config.engine.top_k]),
                     )
                 )
             if c.logprob_start is not None:

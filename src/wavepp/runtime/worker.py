@@ -47,7 +47,7 @@ def run_worker(channels: Channels) -> None:
     rank = channels.rank
     setup: Setup = channels.recv_obj(0, "rounds")
     config = setup.config
-    torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(config.engine.num_threads)
     try:
         if (config.device, config.backend) != (channels.device.type, channels.backend):
             raise ValueError(
@@ -61,7 +61,7 @@ def run_worker(channels: Channels) -> None:
         raise
     channels.send_obj(StageReady(rank, stage.num_blocks, stage.kernels()), 0, "replies")
     inbox: queue.Queue = queue.Queue()
-    runner = StageRunner(stage, channels, config.num_stages)
+    runner = StageRunner(stage, channels, config.engine.pp)
     input_width = stage.model.input_width  # hidden_size, plus DSA top-k columns where needed
     dtype = stage.model.dtype
     if stage.exporter is not None:  # each part's outcome goes to rank 0 through LOOP

@@ -62,7 +62,7 @@ class API:
         """What a client needs to reproduce a workload here: the pipeline's shape and policy."""
         c = self.engine.config
         return {
-            "pp": c.num_stages,
+            "pp": c.pp,
             "policy": self.engine.policy,
             "dtype": c.dtype,
             "block_size": c.block_size,
