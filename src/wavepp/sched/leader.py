@@ -139,7 +139,8 @@ class Leader:
         at most one round at a time): the step that sends its ProbeMsg, or None."""
         if self.round is not None:
             return None
-        batch, rest = [], collections.deque()
+        batch: list[Request] = []
+        rest: collections.deque[Request] = collections.deque()
         while self.waiting and len(batch) < self.config.max_round_requests:
             req = self.waiting.popleft()
             (batch if self._retry_ready(req) else rest).append(req)
@@ -268,6 +269,7 @@ class Leader:
         """Admit the requests every stage leased, escrowed and committed; release the others
         everywhere (the ReleaseMsg goes out before the round ends)."""
         rnd = self.round
+        assert rnd is not None, "no admission round is open"
         failed = self.rounds.commits(replies)
         admitted, release = [], []
         for req in rnd.leased:

@@ -79,6 +79,7 @@ class LeaderRounds:
         released before this lease. Returns the LeaseMsg step and the deferred requests, in
         order, for the leader to queue in front."""
         rnd = self.round
+        assert rnd is not None, "no admission round is open"
         hints = _hints_by_request(replies)
         bs = self.block_size
         new_in_round: set[int] = set()
@@ -120,6 +121,7 @@ class LeaderRounds:
         from here, and the latency joins the moving average. Returns the step with the
         ReleaseMsg of `release` (if any) and the RoundOutcome."""
         rnd, self.round = self.round, None
+        assert rnd is not None, "no admission round is open"
         retried = tuple(r for r in rnd.leased if r.state == RequestState.WAITING)
         failed = tuple(r for r in rnd.leased if r.state == RequestState.FAILED)
         latency = now - rnd.start_time
@@ -151,8 +153,9 @@ class LeaderRounds:
     def _agreed_blocks(self, req: Request, req_hints: list) -> tuple[int, int]:
         """(blocks every stage holds of req, the snapshot interval in blocks: 0 unless hybrid)."""
         if len(req_hints) != self.num_stages:
+            round_id = self.round.round_id if self.round is not None else None
             raise ValueError(
-                f"round {self.round.round_id}: request {req.request_id} has "
+                f"round {round_id}: request {req.request_id} has "
                 f"{len(req_hints)} hints for {self.num_stages} stages"
             )
         k = agree_prefix(req, req_hints, self.block_size, hybrid=self.hybrid)
