@@ -70,7 +70,8 @@ class Engine:
             pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus)
         )
         try:
-            kv_store = "" if self._handoff is None else str(self._handoff.root or "")
+            root = None if self._handoff is None else self._handoff.root
+            kv_store = None if root is None else str(root)
             self.runtime_config = RuntimeConfig(
                 opts, str(self.model_path), device, backend, self._cluster.run_dir, kv_store
             )

@@ -26,6 +26,7 @@ from wavepp.sched.policy import get_policy
 DEVICES = ("cpu", "cuda", "auto")  # a setting; runtime/device.py resolves it
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("bfloat16", "float32")
+KV_PROTOCOLS = ("tcp", "rdma")  # the Mooncake transfer engines' protocols
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ class EngineConfig:
             )
         if transport is not None and transport.takes_host and self.kv_host:
             check_host(self.kv_host)  # an address this machine resolves, or ValueError
-        if self.kv_transport_protocol not in ("tcp", "rdma"):
+        if self.kv_transport_protocol not in KV_PROTOCOLS:
             raise ValueError(
                 f"kv_transport_protocol must be 'tcp' or 'rdma', got {self.kv_transport_protocol!r}"
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from wavepp.engine_config import DEVICES, DTYPES, EngineConfig
+from wavepp.sched.policy import runtime_policies
 
 
 def engine_default(name: str):
@@ -29,6 +30,27 @@ def layer_split(text: str | None) -> list[int] | None:
         raise ValueError(
             f"--layer-split takes layer counts separated by commas, e.g. 14,16; got {text!r}"
         ) from None
+
+
+def add_pipeline_args(p) -> None:
+    """--model, --pp (with --layer-split and --no-pin-cpus) and --policy: the pipeline that
+    `wavepp prefill` and `wavepp serve` start."""
+    model = engine_default("model")
+    p.add_argument(
+        "--model", default=model, help=f"built-in name or HF-format directory (default: {model})"
+    )
+    pp = engine_default("pp")
+    p.add_argument(
+        "--pp", type=int, default=pp, help=f"pipeline stages, one process each (default {pp})"
+    )
+    add_stage_args(p)
+    policy, names = engine_default("policy"), runtime_policies()
+    p.add_argument(
+        "--policy",
+        default=policy,
+        choices=names,
+        help=f"admission and wave planning (default {policy}): {', '.join(names)}",
+    )
 
 
 def add_stage_args(p) -> None:

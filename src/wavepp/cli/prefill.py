@@ -6,8 +6,7 @@ import json
 import sys
 import time
 
-from wavepp.cli.args import add_engine_args, add_stage_args, engine_config
-from wavepp.sched.policy import runtime_policies
+from wavepp.cli.args import add_engine_args, add_pipeline_args, engine_config, engine_default
 
 
 def add_parser(sub) -> None:
@@ -20,27 +19,19 @@ def add_parser(sub) -> None:
     )
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt texts")
     p.add_argument("--token-ids", metavar="FILE", help="a JSON list of token-id lists")
-    p.add_argument(
-        "--model", default=None, help="built-in name or HF-format directory (default: smollm2)"
-    )
-    p.add_argument(
-        "--pp", type=int, default=2, help="pipeline stages, one process each (default 2)"
-    )
-    add_stage_args(p)
-    p.add_argument(
-        "--policy",
-        default="wavepp",
-        choices=runtime_policies(),
-        help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}",
-    )
+    add_pipeline_args(p)
     add_engine_args(p)
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=engine_default("top_k"),
+        help="top logprobs printed per first token (default %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per prompt")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from wavepp.model_store import DEFAULT_MODEL
     from wavepp.runtime import torchrun_rank
 
     ranks = torchrun_rank()
@@ -57,7 +48,7 @@ def run(args) -> int:
         raise ValueError("no prompts: give PROMPT texts or --token-ids FILE")
     from wavepp.engine import Engine
 
-    config = engine_config(args, args.model or DEFAULT_MODEL)
+    config = engine_config(args, args.model)
     t0 = time.perf_counter()
     with Engine(config) as engine:
         prompts = [engine.tokenize(p) for p in prompts]  # the tokenizer loads outside the timing

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from wavepp.cli.args import add_engine_args, add_stage_args, engine_config
-from wavepp.sched.policy import runtime_policies
+from wavepp.cli.args import add_engine_args, add_pipeline_args, engine_config, engine_default
+from wavepp.engine_config import KV_PROTOCOLS
+from wavepp.kv_transfer.transports import TRANSPORTS
 
 
 def add_parser(sub) -> None:
@@ -34,7 +35,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from wavepp.cli.prefill import serve_stage
-    from wavepp.model_store import DEFAULT_MODEL
     from wavepp.runtime import torchrun_rank
     from wavepp.serve import ServeConfig, run_server
 
@@ -42,7 +42,7 @@ def run(args) -> int:
     if ranks is not None and ranks[0] != 0:
         return serve_stage(ranks, args.device)
 
-    model = args.model or DEFAULT_MODEL
+    model = args.model
     options = engine_config(
         args,
         model,
@@ -69,21 +69,9 @@ def run(args) -> int:
 
 def _add_pipeline_args(p) -> None:
     """The model, its name in the API, the stages and the policy."""
-    p.add_argument(
-        "--model", default=None, help="built-in name or HF-format directory (default: smollm2)"
-    )
+    add_pipeline_args(p)
     p.add_argument(
         "--served-model-name", default=None, help="the model's name in the API (default: --model)"
-    )
-    p.add_argument(
-        "--pp", type=int, default=2, help="pipeline stages, one process each (default 2)"
-    )
-    add_stage_args(p)
-    p.add_argument(
-        "--policy",
-        default="wavepp",
-        choices=runtime_policies(),
-        help=f"admission and wave planning (default wavepp): {', '.join(runtime_policies())}",
     )
 
 
@@ -135,16 +123,16 @@ def _add_kv_args(p) -> None:
     )
     p.add_argument(
         "--kv-transport",
-        choices=("directory", "mooncake"),
+        choices=tuple(TRANSPORTS),
         default=None,
         help="how the stages hand the KV on: 'directory' (the default with --kv-store) or "
         "'mooncake' (each stage's own Mooncake transfer engine; the decode side pulls from it)",
     )
     p.add_argument(
         "--kv-transport-protocol",
-        choices=("tcp", "rdma"),
-        default="tcp",
-        help="with --kv-transport mooncake: the transfer engines' protocol (default tcp)",
+        choices=KV_PROTOCOLS,
+        default=engine_default("kv_transport_protocol"),
+        help="with --kv-transport mooncake: the transfer engines' protocol (default %(default)s)",
     )
     p.add_argument(
         "--kv-host",
@@ -155,9 +143,9 @@ def _add_kv_args(p) -> None:
     p.add_argument(
         "--kv-arena-gib",
         type=float,
-        default=2.0,
+        default=engine_default("kv_arena_gib"),
         help="with --kv-transport mooncake: each stage's staging arena; the oldest parts go "
-        "when it is full (default 2)",
+        "when it is full (default %(default)s)",
     )
     p.add_argument(
         "--kv-store-max-gib",
@@ -168,13 +156,13 @@ def _add_kv_args(p) -> None:
     p.add_argument(
         "--kv-ttl-s",
         type=float,
-        default=600.0,
-        help="seconds a KV transfer not taken lives (default 600)",
+        default=engine_default("kv_ttl_s"),
+        help="seconds a KV transfer not taken lives (default %(default)s)",
     )
     p.add_argument(
         "--kv-export-wait-s",
         type=float,
-        default=60.0,
+        default=engine_default("kv_export_wait_s"),
         help="with --kv-store: seconds an answer waits for the stages' KV parts after the "
-        "prefill; parts not written by then are named failed (default 60)",
+        "prefill; parts not written by then are named failed (default %(default)s)",
     )

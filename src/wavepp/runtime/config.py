@@ -19,7 +19,7 @@ class RuntimeConfig:
     device: str = "cpu"  # "cpu" | "cuda", resolved from engine.device (runtime/device.py)
     backend: str = "gloo"  # the data plane's (activations), resolved; objects go over gloo
     run_dir: str = ""  # where stage processes leave error reports
-    kv_store: str = ""  # the directory store's root, resolved; "" without a directory hand-off
+    kv_store: str | None = None  # the directory store's root, resolved; None without one
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
