@@ -45,7 +45,7 @@ def test_which_transport_an_engine_config_names():
     assert (runtime.engine.handoff_transport, runtime.engine.kv_host, runtime.kv_store) == (
         "mooncake",
         "127.0.0.1",
-        "",
+        None,  # no directory store under the Mooncake transport
     )
 
 

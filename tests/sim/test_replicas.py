@@ -4,6 +4,8 @@ the trace's reuse than spreading requests by load or in turn, and no replica is 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from wavepp.sim.cost.hardware import get_hardware
@@ -11,6 +13,11 @@ from wavepp.sim.cost.model_catalog import get_model
 from wavepp.sim.studies.replicas import run_replicas
 from wavepp.sim.studies.scenario import SimSetup
 from wavepp.workloads import WorkloadOptions, workload_from_options
+from wavepp.workloads.registry import DEFAULT_MOONCAKE_TRACE
+
+pytestmark = pytest.mark.skipif(
+    not Path(DEFAULT_MOONCAKE_TRACE).is_file(), reason="Mooncake trace not present"
+)
 
 
 @pytest.fixture(scope="module")
