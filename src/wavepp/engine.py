@@ -84,7 +84,7 @@ class Engine:
         self._closed = False
         self._core.start(self._result)
         if self._handoff is not None:
-            self._handoff.start(self._core.answer_overdue, self._core.kv_transport)
+            self._handoff.start(self._core.answer_overdue, self._core.kv_writer)
         self._cluster.watch(self._core.fail)
         self.vocab_size = self._core.vocab_size
 

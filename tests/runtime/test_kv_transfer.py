@@ -216,7 +216,7 @@ def test_a_failed_export_is_reported_and_never_loads(tiny, reference, tmp_path, 
         policy=policy,
     ) as engine:
         exporter = engine._core.stage.exporter
-        queue_part, write_part = exporter.submit, exporter.transport.store.write_part
+        queue_part, write_part = exporter.submit, exporter.writer.store.write_part
 
         def submit(transfer_id, rows, num_tokens, request_id):
             if transfer_id == "bad-stage1":
@@ -228,7 +228,7 @@ def test_a_failed_export_is_reported_and_never_loads(tiny, reference, tmp_path, 
                 raise OSError(28, "No space left on device (injected)")
             write_part(transfer_id, stage_id, data, manifest)
 
-        exporter.submit, exporter.transport.store.write_part = submit, write
+        exporter.submit, exporter.writer.store.write_part = submit, write
         futures = {name: engine.submit(prompts[name], kv_transfer=name) for name in names}
         results = {name: fut.result(timeout=60) for name, fut in futures.items()}
         store = DirectoryStore(store_dir)
@@ -277,7 +277,7 @@ def test_a_failed_export_is_reported_and_never_loads(tiny, reference, tmp_path, 
 def hold_stage0_writes(engine, held_id: str) -> threading.Event:
     """Stage 0 (this process) writes transfer `held_id`'s part only once the event returned is
     set (at most a minute): a writer held mid-export."""
-    store = engine._core.stage.exporter.transport.store
+    store = engine._core.stage.exporter.writer.store
     write_part, release = store.write_part, threading.Event()
 
     def write(transfer_id, stage_id, data, manifest):

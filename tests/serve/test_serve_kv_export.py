@@ -31,14 +31,14 @@ def served(tiny_model, tmp_path_factory):
     )
     fail = threading.Event()
     exporter = engine._core.stage.exporter
-    write_part = exporter.transport.store.write_part
+    write_part = exporter.writer.store.write_part
 
     def write(transfer_id, stage_id, data, manifest):
         if fail.is_set():
             raise OSError(28, "No space left on device (injected)")
         write_part(transfer_id, stage_id, data, manifest)
 
-    exporter.transport.store.write_part = write
+    exporter.writer.store.write_part = write
     try:
         with app_in_thread(build_app(engine, ServeConfig("tiny"))) as url:
             yield url, DirectoryStore(store), fail, engine

@@ -6,9 +6,9 @@ this stage's arena for Mooncake's transfer engine) on a thread of its own, besid
                       rows = pools.export_rows(block_table, num_tokens)   (a copy, on the host)
                       exporter.submit(transfer_id, rows)                  (returns at once)
                   complete(wave)                                          (blocks may be reused)
-    writer:       transport.put(...)   (directory: pack + atomic write; mooncake: into the arena)
+    writer:       writer.put(...)   (directory: pack + atomic write; mooncake: into the arena)
                   -> on_outcome(ExportOutcome(request, transfer, stage, error, location))
-                  idle: transport.tick(now)   (the arena frees what was released or expired)
+                  idle: writer.tick(now)   (the arena frees what was released or expired)
 
 The copy is taken before the stage completes the wave, so a block the pool hands to another
 request afterwards cannot change what is written. Reused blocks are copied like computed ones:
@@ -53,7 +53,7 @@ class ExportOutcome:
 class StageExporter:
     def __init__(
         self,
-        transport: StageWriter,
+        writer: StageWriter,
         stage_id: int,
         manifest: dict,
         *,
@@ -62,7 +62,7 @@ class StageExporter:
     ):
         """`manifest`: what every part of this stage says of itself (model type, layers, dtype,
         block size); each part adds its pools and token count."""
-        self.transport = transport
+        self.writer = writer
         self.clock = clock
         self.stage_id = stage_id
         self.manifest = {**manifest, "stage_id": stage_id}
@@ -86,10 +86,10 @@ class StageExporter:
         self._queue.put((transfer_id, rows, num_tokens, request_id))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Hand on what is queued, then stop the writer and close the transport."""
+        """Hand on what is queued, then stop the writer thread and close the writer."""
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
-        self.transport.close()
+        self.writer.close()
 
     def _run(self) -> None:
         while True:
@@ -103,7 +103,7 @@ class StageExporter:
             transfer_id, rows, num_tokens, request_id = item
             error = location = None
             try:
-                location = self.transport.put(transfer_id, rows, num_tokens, self.manifest)
+                location = self.writer.put(transfer_id, rows, num_tokens, self.manifest)
                 self.num_written += 1
             except (OSError, TransferError, TransferFailed, ValueError, ArenaFull) as err:
                 error = str(err)
@@ -127,6 +127,6 @@ class StageExporter:
 
     def _tick(self) -> None:
         try:
-            self.transport.tick(self.clock())
+            self.writer.tick(self.clock())
         except Exception:  # housekeeping that fails is tried again next tick
             log.exception("stage %d: the KV transport's housekeeping failed", self.stage_id)

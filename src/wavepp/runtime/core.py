@@ -226,11 +226,12 @@ class EngineCore:
         return self._queries.stage_counters()
 
     @property
-    def kv_transport(self):
-        """Stage 0's KV transport (in this process), or None without a hand-off: rank 0's
-        hand-off releases parts and reads the stages' arenas through its transfer engine."""
+    def kv_writer(self):
+        """Stage 0's KV writer (a StageWriter, in this process), or None without a hand-off:
+        rank 0's hand-off releases parts and reads the stages' arenas through its transfer
+        engine."""
         exporter = self.stage.exporter
-        return None if exporter is None else exporter.transport
+        return None if exporter is None else exporter.writer
 
     @property
     def num_live_requests(self) -> int:

@@ -246,7 +246,7 @@ class StageRuntime:
                 if p.chunk.export_id is not None:
                     self.exporter.submit(
                         p.chunk.export_id,
-                        self.exporter.transport.stage(self.kv, p.block_table, p.chunk.end),
+                        self.exporter.writer.stage(self.kv, p.block_table, p.chunk.end),
                         p.chunk.end,
                         p.chunk.request_id,
                     )
