@@ -17,6 +17,7 @@ from wavepp.cache.errors import (
     UnknownRequestError,
 )
 from wavepp.cache.hashing import hash_blocks
+from wavepp.cache.host_store import HostBlockStore
 from wavepp.cache.host_tier import HostLoad, HostTier
 from wavepp.cache.pool import BlockPool
 from wavepp.cache.results import (
@@ -47,6 +48,7 @@ __all__ = [
     "ReserveResult",
     "UnknownRequestError",
     "hash_blocks",
+    "HostBlockStore",
     "HostLoad",
     "HostTier",
     "SnapshotPool",

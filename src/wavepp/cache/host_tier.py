@@ -21,6 +21,11 @@ A copy stays in the tier after it is loaded back (a second eviction of that bloc
 bytes). `transferred_bytes` counts every byte that crossed the host link, both directions;
 `take_transferred_bytes` hands the count to whoever charges it and starts it again.
 Pure Python, no tensors, deterministic.
+
+With a `HostBlockStore` (the runtime's) the tier also moves the bytes: it puts a block when it
+starts holding it, drops it when the LRU lets it go, stages the blocks an onboard loads (a copy
+taken at once, since the evictions that make room for them may drop them) and lands that copy
+in the request's new blocks (`land`). Without one (the simulator) it only counts.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from wavepp.cache.errors import IntegrityError, InvalidArgumentError
+from wavepp.cache.host_store import HostBlockStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +45,19 @@ class HostLoad:
     num_blocks: int
     num_snapshots: int
     num_bytes: int
+    staged: object = None  # with a store: the blocks' bytes, copied out when onboard ran
 
 
 class HostTier:
     """An LRU of offloaded blocks, by bytes; see the module docstring."""
 
-    def __init__(self, capacity_bytes: int, block_bytes: int, snapshot_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        block_bytes: int,
+        snapshot_bytes: int = 0,
+        store: HostBlockStore | None = None,
+    ) -> None:
         if capacity_bytes < 0 or block_bytes <= 0 or snapshot_bytes < 0:
             raise InvalidArgumentError(
                 f"HostTier needs capacity_bytes >= 0, block_bytes > 0 and snapshot_bytes >= 0, "
@@ -53,6 +66,7 @@ class HostTier:
         self.capacity_bytes = capacity_bytes
         self.block_bytes = block_bytes
         self.snapshot_bytes = snapshot_bytes
+        self.store = store  # the blocks' bytes (the runtime's); None: bookkeeping only
         # block hash -> (block held, snapshot held); least recently used first
         self._blocks: OrderedDict[int, tuple[bool, bool]] = OrderedDict()
         self.used_bytes = 0
@@ -68,11 +82,17 @@ class HostTier:
     def __contains__(self, block_hash: int) -> bool:
         return self._blocks.get(block_hash, (False, False))[0]
 
-    def offload(self, block_hash: int, has_snapshot: bool = False) -> None:
-        """Keep a copy of an evicted block (and its snapshot). Mutates: the LRU order; copies
-        and counts the bytes of what the tier does not hold yet; drops the least recently used
-        entries past capacity (an entry larger than the whole tier is not kept)."""
-        self._add(block_hash, True, has_snapshot)
+    def offload(
+        self, block_hash: int, has_snapshot: bool = False, block_id: int | None = None
+    ) -> None:
+        """Keep a copy of an evicted block (and its snapshot); `block_id`: the stage's block it
+        leaves (a store copies its bytes from there before anything overwrites it). Mutates: the
+        LRU order; copies and counts the bytes of what the tier does not hold yet; drops the
+        least recently used entries past capacity (an entry larger than the whole tier is not
+        kept)."""
+        if self.store is not None and block_id is None:
+            raise InvalidArgumentError(f"offload: block {block_hash} needs its block_id (a store)")
+        self._add(block_hash, True, has_snapshot, block_id)
 
     def offload_snapshot(self, block_hash: int) -> None:
         """Keep a copy of a snapshot the GPU pool evicted alone (its block stays there)."""
@@ -106,7 +126,19 @@ class HostTier:
         num_bytes = len(block_hashes) * self.block_bytes + num_snapshots * self.snapshot_bytes
         self.num_loaded += len(block_hashes)
         self.transferred_bytes += num_bytes
-        return HostLoad(len(block_hashes), num_snapshots, num_bytes)
+        staged = None if self.store is None else self.store.stage(block_hashes)
+        return HostLoad(len(block_hashes), num_snapshots, num_bytes, staged)
+
+    def land(self, load: HostLoad, block_ids: Sequence[int]) -> None:
+        """Write what `onboard` staged into the stage's blocks `block_ids` (one per block
+        loaded, in order); nothing without a store. Must hold: no running wave reads or writes
+        those blocks (the request's new ones, before it publishes them)."""
+        if len(block_ids) != load.num_blocks:
+            raise InvalidArgumentError(
+                f"land: {load.num_blocks} blocks loaded, {len(block_ids)} block ids given"
+            )
+        if self.store is not None:
+            self.store.load(load.staged, block_ids)
 
     def take_transferred_bytes(self) -> int:
         """Bytes moved over the host link since the last call; the count starts again."""
@@ -127,7 +159,9 @@ class HostTier:
     def _size(self, block: bool, snapshot: bool) -> int:
         return self.block_bytes * block + self.snapshot_bytes * snapshot
 
-    def _add(self, block_hash: int, block: bool, snapshot: bool) -> None:
+    def _add(
+        self, block_hash: int, block: bool, snapshot: bool, block_id: int | None = None
+    ) -> None:
         old = self._blocks.pop(block_hash, (False, False))
         new = (old[0] or block, old[1] or snapshot)
         if self._size(*new) > self.capacity_bytes:
@@ -139,7 +173,12 @@ class HostTier:
         num_bytes = self._size(*new) - self._size(*old)
         self.used_bytes += num_bytes
         self.transferred_bytes += num_bytes
-        while self.used_bytes > self.capacity_bytes:
-            _, held = self._blocks.popitem(last=False)
+        while self.used_bytes > self.capacity_bytes:  # (never the entry just added: it fits)
+            dropped, held = self._blocks.popitem(last=False)
             self.used_bytes -= self._size(*held)
             self.num_dropped += held[0]
+            if self.store is not None and held[0]:
+                self.store.drop(dropped)
+        if self.store is not None and new[0] and not old[0]:
+            # after the drops: the store never holds more blocks than the tier has room for
+            self.store.put(block_hash, block_id)  # type: ignore[arg-type]

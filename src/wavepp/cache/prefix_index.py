@@ -204,7 +204,11 @@ class PrefixIndex:
         self.num_evicted_blocks += len(subtree)
         for node in reversed(subtree):
             if self.host_tier is not None and node.computed:
-                self.host_tier.offload(node.block_hash, self._has_snapshot(node))  # type: ignore[arg-type]
+                self.host_tier.offload(
+                    node.block_hash,  # type: ignore[arg-type]
+                    self._has_snapshot(node),
+                    node.block_id,  # still this entry's: the copy is taken before reuse
+                )
             self._unlink(node)
 
     def _unlink(self, entry: BlockEntry) -> None:

@@ -228,7 +228,9 @@ class StageServer:
             [agreed, ...)        computed by the request's chunks
 
         The loaded blocks are published at once (their KV is there before any wave reads
-        them), so the request's own round is the last to see them pending."""
+        them), so the request's own round is the last to see them pending. With a store
+        (the runtime's) their bytes are copied here, on the thread answering the round: out of
+        the tier before materialize, into the new blocks after it."""
         pool, block_size, hashes = self.pool, self.block_size, probed.block_hashes
         snapshots, host = self._snapshots, pool.host_tier
         assert host is not None  # the lease comes here only when the pool has a host tier
@@ -274,9 +276,11 @@ class StageServer:
             return ItemResult(
                 request_id, False, f"stage {self.stage_id}: host load: {commit.reason}"
             )
-        host.onboard(hashes[on_gpu:agreed], num_states)
+        # the bytes are staged now: the evictions materialize makes may drop them from the tier
+        load = host.onboard(hashes[on_gpu:agreed], num_states)
         num_cached = agreed * block_size
-        block_table = pool.materialize(request_id)
+        block_table = pool.materialize(request_id)  # evicts (offloads) this request's victims
+        host.land(load, block_table[on_gpu:agreed])  # into those victims' blocks
         pool.publish(request_id, num_cached)
         self.requests[request_id] = StageRequest(
             request_id,
