@@ -38,7 +38,10 @@ class EngineConfig:
     (default: from memory, `models.stage_pool`), and its planner moves chunk ends onto that grid
     when one is within `snapshot_align_frac` of the chunk (0: never; `PlannerConfig`).
     `profile_waves`: time waves of varied shape on every stage at start-up and start the
-    planner's cost model from their fit (runtime/profile.py).
+    planner's cost model from their fit (runtime/profile.py). `host_kv_gib`: each stage keeps
+    the blocks its pool evicts in that much host memory, for a later request to load back
+    instead of computing them (cache/host_tier.py, runtime/host_kv.py; 0: no tier; not yet for
+    hybrid models, whose snapshots the runtime's tier does not carry).
 
     `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or "auto"
     (cuda when there is one). `backend`: the data plane's, for activations between stages
@@ -67,6 +70,7 @@ class EngineConfig:
     block_size: int = 16
     stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib or memory
     kv_cache_gib: float | None = None
+    host_kv_gib: float = 0.0  # each stage's host KV tier (evicted blocks, loaded back); 0: none
     top_k: int = 5  # logprobs returned per first token
     num_threads: int = 1  # compute threads per stage process
     backend: str | None = None  # None: nccl when every stage has its own GPU, else gloo
@@ -104,6 +108,17 @@ class EngineConfig:
         if self.kv_transport is not None:
             return self.kv_transport
         return "directory" if self.kv_store is not None else ""
+
+    def check_model(self, model_type: str, hybrid: bool) -> None:
+        """The options that depend on the model, checked once its config is read: the
+        runtime's host tier carries no recurrent-state snapshots yet, so a hybrid model (one
+        whose layout keeps them) takes no `host_kv_gib`."""
+        if hybrid and self.host_kv_gib > 0:
+            raise ValueError(
+                f"host_kv_gib={self.host_kv_gib}: the runtime's host KV tier does not carry "
+                f"recurrent-state snapshots yet, so {model_type} (a hybrid model) runs without "
+                "one (host_kv_gib=0)"
+            )
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -145,6 +160,8 @@ class EngineConfig:
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if not self.host_kv_gib >= 0:
+            raise ValueError(f"host_kv_gib must be >= 0 (0: no host tier), got {self.host_kv_gib}")
         if self.snapshot_interval_blocks is not None and self.snapshot_interval_blocks < 1:
             raise ValueError(
                 f"snapshot_interval_blocks must be >= 1, got {self.snapshot_interval_blocks}"

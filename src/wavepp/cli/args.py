@@ -72,7 +72,7 @@ def add_stage_args(p) -> None:
 
 
 def add_engine_args(p) -> None:
-    """--dtype, --block-size, --device and --stage-num-blocks: the pipeline's options that
+    """--dtype, --block-size, --device, --stage-num-blocks and --host-kv-gib: the options that
     `wavepp prefill` and `wavepp serve` share (see `engine_config`)."""
     p.add_argument("--dtype", default=engine_default("dtype"), choices=list(DTYPES))
     p.add_argument("--block-size", type=int, default=engine_default("block_size"))
@@ -87,6 +87,13 @@ def add_engine_args(p) -> None:
         "--stage-num-blocks",
         default=None,
         help="cache blocks per stage, comma separated (default: sized from the model)",
+    )
+    p.add_argument(
+        "--host-kv-gib",
+        type=float,
+        default=engine_default("host_kv_gib"),
+        help="each stage's host KV tier in GiB: evicted blocks kept in host memory and loaded "
+        "back for a later prompt (default 0: none; not for hybrid models yet)",
     )
 
 
@@ -105,5 +112,6 @@ def engine_config(args, model: str, **options):
         device=args.device,
         layer_split=layer_split(args.layer_split),
         pin_cpus=args.pin_cpus,
+        host_kv_gib=args.host_kv_gib,
         **options,
     )

@@ -7,7 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from wavepp.cli.args import add_stage_args, comma_list, layer_split
+from wavepp.cli.args import add_stage_args, comma_list, engine_default, layer_split
 from wavepp.cli.bench_http import check_http_args, run_over_http
 from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
@@ -295,6 +295,7 @@ class _LocalRuns:
                     device=args.device or "cpu",
                     layer_split=layer_split(args.layer_split),
                     pin_cpus=args.pin_cpus,
+                    host_kv_gib=args.host_kv_gib,
                 )
             )
         if SINGLE_STAGE in plan.policies:
@@ -442,6 +443,12 @@ def _add_output_args(p) -> None:
         default=None,
         choices=["cpu", "cuda", "auto"],
         help="where stages compute (default cpu; not with --url: the server's)",
+    )
+    p.add_argument(
+        "--host-kv-gib",
+        type=float,
+        default=engine_default("host_kv_gib"),
+        help="the pipeline's host KV tier per stage, in GiB (default 0: none; not with --url)",
     )
     p.add_argument(
         "--snapshot-interval",

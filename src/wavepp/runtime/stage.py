@@ -1,4 +1,5 @@
-"""One stage's compute: its model slice, its paged KV tensors, its BlockPool and StageServer.
+"""One stage's compute: its model slice, its paged KV tensors, its BlockPool and StageServer
+(and with host_kv_gib, the pool's host tier over a HostKVStore of those tensors).
 
     run(wave, tokens | hidden) -> hidden (or, on the last stage, TokenResults)
 
@@ -16,6 +17,7 @@ import time
 
 import torch
 
+from wavepp.cache import HostTier
 from wavepp.kv_transfer.export import StageExporter
 from wavepp.kv_transfer.transports import get_transport
 from wavepp.models import load_model_config, page_layout, stage_specs
@@ -25,6 +27,7 @@ from wavepp.models.loader import load_stage_model
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import synchronize
+from wavepp.runtime.host_kv import HostKVStore
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
@@ -126,6 +129,7 @@ class StageRuntime:
             config.engine.snapshot_interval_blocks,
         )
         self.kv = None
+        self.host_kv: HostKVStore | None = None  # the host tier's bytes (host_kv_gib > 0)
         self.lock = threading.Lock()
         self.reset(config.engine.policy)
         # KV hand-off: this stage writes its own layers of each request that asks for it
@@ -180,9 +184,22 @@ class StageRuntime:
                     **({"num_state_slots": slots} if slots else {}),
                 )
                 self._num_state_slots = slots
+            pool.host_tier = self._host_tier()
             self.server = StageServer(self.stage_id, pool)
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
+
+    def _host_tier(self) -> HostTier | None:
+        """An empty host KV tier over this stage's pools (host_kv_gib of host memory, allocated
+        once, kept across resets), or None without one. Its bytes are copies of self.kv's."""
+        capacity_bytes = int(self.config.engine.host_kv_gib * 2**30)
+        if not capacity_bytes:
+            return None
+        if self.host_kv is None or self.host_kv.pools is not self.kv:
+            self.host_kv = None  # the old tensors go before the new ones are allocated
+            self.host_kv = HostKVStore(self.kv, capacity_bytes)
+        self.host_kv.clear()
+        return HostTier(capacity_bytes, self.host_kv.block_bytes, store=self.host_kv)
 
     @property
     def snapshot_interval_blocks(self) -> int:

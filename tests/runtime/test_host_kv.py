@@ -1,0 +1,51 @@
+"""HostKVStore: a block's bytes, every pool's, go out of the stage's pools and back."""
+
+import pytest
+import torch
+
+from wavepp.models.paged_pools import PagedPools
+from wavepp.models.spec import StageSpec
+from wavepp.models.spec.page_layout import CachePool, PageLayout, StatePool
+from wavepp.runtime.host_kv import HostKVStore
+
+LAYOUT = PageLayout("tiny", (CachePool("key", 6, (0, 1, 2)), CachePool("value", 6, (0, 1, 2))))
+
+
+def _pools():
+    pools = PagedPools(LAYOUT, StageSpec(1, 3, 3), num_blocks=8, block_size=4, dtype=torch.float32)
+    for t in pools.tensors.values():  # [layers, blocks, block_size, width]
+        t.copy_(torch.randn(t.shape))
+    return pools
+
+
+def test_a_block_round_trips_through_the_store():
+    pools = _pools()
+    block_bytes = 2 * (2 * 4 * 6 * 4)  # two pools x 2 layers x 4 tokens x 6 wide x fp32
+    store = HostKVStore(pools, capacity_bytes=3 * block_bytes + 1)
+    assert store.block_bytes == block_bytes and store.num_slots == 3
+    before = {name: t.clone() for name, t in pools.tensors.items()}
+    store.put(101, 2)
+    store.put(102, 5)
+    staged = store.stage([102, 101])
+    store.drop(101)
+    store.put(103, 0)  # takes 101's slot: the staged copy keeps 101's bytes
+    for t in pools.tensors.values():
+        t[:, [6, 7]] = 0.0
+    store.load(staged, [6, 7])
+    for name, t in pools.tensors.items():
+        assert torch.equal(t[:, 6], before[name][:, 5])
+        assert torch.equal(t[:, 7], before[name][:, 2])
+        assert torch.equal(t[:, :6], before[name][:, :6])  # nothing else was written
+    assert len(store) == 2
+    store.clear()
+    assert len(store) == 0
+
+
+def test_a_store_refuses_snapshots_and_a_full_store_refuses_a_put():
+    hybrid = PageLayout("hybrid", LAYOUT.pools, (StatePool("recurrent", 8, (1,), True),))
+    pools = PagedPools(hybrid, StageSpec(0, 3, 3), 8, 4, torch.float32, num_state_slots=2)
+    with pytest.raises(ValueError, match="does not carry recurrent-state snapshots yet"):
+        HostKVStore(pools, 2**20)
+    store = HostKVStore(_pools(), capacity_bytes=1)
+    with pytest.raises(ValueError, match="no free slot"):
+        store.put(1, 0)
