@@ -1,11 +1,17 @@
-"""HostKVStore: a block's bytes, every pool's, go out of the stage's pools and back."""
+"""HostKVStore: a block's bytes, every pool's, go out of the stage's pools and back; the
+host_kv_gib option and its checks."""
+
+import argparse
 
 import pytest
 import torch
 
+from wavepp.cli.args import add_engine_args, add_pipeline_args, engine_config
+from wavepp.engine import Engine, EngineConfig
 from wavepp.models.paged_pools import PagedPools
 from wavepp.models.spec import StageSpec
 from wavepp.models.spec.page_layout import CachePool, PageLayout, StatePool
+from wavepp.random_checkpoint import make_model
 from wavepp.runtime.host_kv import HostKVStore
 
 LAYOUT = PageLayout("tiny", (CachePool("key", 6, (0, 1, 2)), CachePool("value", 6, (0, 1, 2))))
@@ -49,3 +55,18 @@ def test_a_store_refuses_snapshots_and_a_full_store_refuses_a_put():
     store = HostKVStore(_pools(), capacity_bytes=1)
     with pytest.raises(ValueError, match="no free slot"):
         store.put(1, 0)
+
+
+def test_the_option_is_checked_and_a_hybrid_model_is_refused_before_a_stage_starts(tmp_path):
+    with pytest.raises(ValueError, match="host_kv_gib must be >= 0"):
+        EngineConfig(host_kv_gib=-1.0)
+    p = argparse.ArgumentParser()
+    add_pipeline_args(p)
+    add_engine_args(p)
+    p.add_argument("--top-k", type=int, default=5)
+    args = p.parse_args(["--host-kv-gib", "0.5"])
+    assert engine_config(args, "m").host_kv_gib == 0.5
+    assert EngineConfig().host_kv_gib == 0.0
+    kimi = make_model(tmp_path / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+    with pytest.raises(ValueError, match="does not carry recurrent-state snapshots yet"):
+        Engine(str(kimi), pp=2, host_kv_gib=0.5)
