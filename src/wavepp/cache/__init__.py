@@ -4,8 +4,7 @@
 a prefix index of chained hashes, leases and capacity escrow); `SnapshotPool` adds the
 recurrent-state snapshots of hybrid models as attachments of blocks; `HostTier` keeps the
 blocks eviction takes, in host memory, for a later request to load back (its bytes in a
-`HostBlockStore`, the runtime's); `hash_blocks` names full
-blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
+`HostBlockStore`, the runtime's); `hash_blocks` names full blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
 """
 
 from wavepp.cache.errors import (
