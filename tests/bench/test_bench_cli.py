@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from wavepp.cli import main
+from wavepp.cli.args import stage_blocks
 from wavepp.random_checkpoint import make_model
 
 KEYS = {
@@ -113,3 +116,10 @@ def test_default_request_count_gives_a_steady_state_at_every_concurrency():
     assert [cli_bench.requests_for(args, c) for c in (1, 8, 16, 64, 128)] == [64, 64, 64, 256, 512]
     args = parser.parse_args(["bench", "--num-requests", "12"])
     assert cli_bench.requests_for(args, 128) == 12
+
+
+def test_stage_num_blocks_are_parsed_once_for_every_command():
+    assert stage_blocks("40, 64") == (40, 64)
+    assert stage_blocks(None) == () and stage_blocks("") == ()
+    with pytest.raises(ValueError, match="--stage-num-blocks takes block counts"):
+        stage_blocks("40,x")

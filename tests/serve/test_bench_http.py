@@ -102,6 +102,8 @@ def test_bench_url_refuses_what_http_cannot_change(server, capsys):
     assert "cannot be switched over HTTP" in capsys.readouterr().err
     assert main(["bench", "--url", server.url, "--pp", "3"]) == 2
     assert "--pp 2, not 3" in capsys.readouterr().err
+    assert main(["bench", "--url", server.url, "--stage-num-blocks", "40,64"]) == 2
+    assert "--stage-num-blocks is not available with --url" in capsys.readouterr().err
 
 
 def test_bench_bad_url_fails_fast():

@@ -97,17 +97,29 @@ def add_engine_args(p) -> None:
     )
 
 
+def stage_blocks(text: str | None) -> tuple[int, ...]:
+    """--stage-num-blocks "40,64" -> (40, 64); None or "" -> () (sized from memory). A
+    non-integer is a ValueError naming the option."""
+    if not text:
+        return ()
+    try:
+        return tuple(int(t) for t in comma_list(text))
+    except ValueError:
+        raise ValueError(
+            f"--stage-num-blocks takes block counts separated by commas, e.g. 40,64; got {text!r}"
+        ) from None
+
+
 def engine_config(args, model: str, **options):
     """The EngineConfig of a command's flags (add_engine_args, add_stage_args, --pp, --policy,
     --top-k) and its own `options`."""
-    blocks = comma_list(args.stage_num_blocks) if args.stage_num_blocks else None
     return EngineConfig(
         model,
         pp=args.pp,
         policy=args.policy,
         dtype=args.dtype,
         block_size=args.block_size,
-        stage_num_blocks=[int(x) for x in blocks] if blocks else None,
+        stage_num_blocks=stage_blocks(args.stage_num_blocks),
         top_k=args.top_k,
         device=args.device,
         layer_split=layer_split(args.layer_split),

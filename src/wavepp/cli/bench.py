@@ -7,7 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from wavepp.cli.args import add_stage_args, comma_list, engine_default, layer_split
+from wavepp.cli.args import add_stage_args, comma_list, engine_default, layer_split, stage_blocks
 from wavepp.cli.bench_http import check_http_args, run_over_http
 from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
@@ -296,6 +296,7 @@ class _LocalRuns:
                     layer_split=layer_split(args.layer_split),
                     pin_cpus=args.pin_cpus,
                     host_kv_gib=args.host_kv_gib,
+                    stage_num_blocks=stage_blocks(args.stage_num_blocks),
                 )
             )
         if SINGLE_STAGE in plan.policies:
@@ -443,6 +444,13 @@ def _add_output_args(p) -> None:
         default=None,
         choices=["cpu", "cuda", "auto"],
         help="where stages compute (default cpu; not with --url: the server's)",
+    )
+    p.add_argument(
+        "--stage-num-blocks",
+        default=None,
+        metavar="N,N,...",
+        help="the pipeline's cache blocks per stage, comma separated (default: sized from the "
+        "model and memory; not with --url)",
     )
     p.add_argument(
         "--host-kv-gib",

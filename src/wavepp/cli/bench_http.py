@@ -18,7 +18,7 @@ def check_http_args(args, info) -> list[str]:
             raise ValueError(
                 f"the server at {args.url} runs --{name} {theirs}, not {ours}; leave out --{name}"
             )
-    for name in ("snapshot_interval", "trace", "device", "host_kv_gib"):
+    for name in ("snapshot_interval", "trace", "device", "host_kv_gib", "stage_num_blocks"):
         if getattr(args, name):
             raise ValueError(
                 f"--{name.replace('_', '-')} is not available with --url (the bench cannot "
