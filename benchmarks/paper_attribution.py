@@ -15,7 +15,12 @@ import time
 from pathlib import Path
 
 from wavepp.jsonfile import write_json
-from wavepp.sim.studies.attribution import ablation_markdown, ablation_rows, attribution_markdown, attribution_rows
+from wavepp.sim.studies.attribution import (
+    ablation_markdown,
+    ablation_rows,
+    attribution_markdown,
+    attribution_rows,
+)
 
 
 def main() -> None:

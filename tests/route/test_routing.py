@@ -1,6 +1,7 @@
-"""The routing policies (wavepp/route/replica_table.py, prefix_record.py), free of HTTP: round-robin in turn, least-load by
-requests in flight, approx by the router's own record of the prefixes it sent where, bounded
-by the balance slack; replicas that are down are skipped; the record is bounded."""
+"""The routing policies (wavepp/route/replica_table.py, prefix_record.py), free of HTTP:
+round-robin in turn, least-load by requests in flight, approx by the router's own record of
+the prefixes it sent where, bounded by the balance slack; replicas that are down are skipped;
+the record is bounded."""
 
 from __future__ import annotations
 

@@ -22,14 +22,7 @@ def comma_list(text: str) -> list[str]:
 def layer_split(text: str | None) -> list[int] | None:
     """--layer-split "14,16" -> [14, 16]; None or "" -> None (balanced). A non-integer is a
     ValueError naming the option."""
-    if not text:
-        return None
-    try:
-        return [int(t) for t in comma_list(text)]
-    except ValueError:
-        raise ValueError(
-            f"--layer-split takes layer counts separated by commas, e.g. 14,16; got {text!r}"
-        ) from None
+    return _counts(text, "--layer-split", "layer counts", "14,16") if text else None
 
 
 def add_pipeline_args(p) -> None:
@@ -100,14 +93,7 @@ def add_engine_args(p) -> None:
 def stage_blocks(text: str | None) -> tuple[int, ...]:
     """--stage-num-blocks "40,64" -> (40, 64); None or "" -> () (sized from memory). A
     non-integer is a ValueError naming the option."""
-    if not text:
-        return ()
-    try:
-        return tuple(int(t) for t in comma_list(text))
-    except ValueError:
-        raise ValueError(
-            f"--stage-num-blocks takes block counts separated by commas, e.g. 40,64; got {text!r}"
-        ) from None
+    return tuple(_counts(text, "--stage-num-blocks", "block counts", "40,64")) if text else ()
 
 
 def engine_config(args, model: str, **options):
@@ -127,3 +113,13 @@ def engine_config(args, model: str, **options):
         host_kv_gib=args.host_kv_gib,
         **options,
     )
+
+
+def _counts(text: str, option: str, noun: str, example: str) -> list[int]:
+    """The integers of a comma-separated option; a non-integer is a ValueError naming it."""
+    try:
+        return [int(t) for t in comma_list(text)]
+    except ValueError:
+        raise ValueError(
+            f"{option} takes {noun} separated by commas, e.g. {example}; got {text!r}"
+        ) from None
