@@ -3,13 +3,13 @@ With `--url`, the same workloads and report over HTTP against a running `wavepp 
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 
-from wavepp.cli.args import add_stage_args, comma_list, engine_default, layer_split, stage_blocks
+from wavepp.cli.args import add_stage_args, comma_list, engine_default
 from wavepp.cli.bench_http import check_http_args, run_over_http
-from wavepp.sched.policy import SINGLE_STAGE, bench_policies, check_policies
+from wavepp.cli.bench_local import LocalRuns
+from wavepp.sched.policy import bench_policies, check_policies
 from wavepp.workloads.registry import WORKLOAD_NAMES
 
 DEFAULT_POLICIES = "wavepp,wavepp-mpu,static,trtllm-pp,sglang-pp,lockstep,single-stage"
@@ -87,7 +87,7 @@ def run(args) -> int:
 
 
 @dataclass
-class _Plan:
+class BenchPlan:
     """What one bench measures: the model, the policies, and the workloads at each
     concurrency (the same shapes, sized for it), each at each snapshot interval."""
 
@@ -101,7 +101,7 @@ class _Plan:
     info: object = None  # with --url: the server's answer to server_info
 
 
-def _plan(args, console) -> _Plan:
+def _plan(args, console) -> BenchPlan:
     """Resolve the model and the policies (the server's with --url), build the workloads and
     print what will run."""
     from wavepp.bench.report import machine
@@ -123,7 +123,9 @@ def _plan(args, console) -> _Plan:
         [int(i) for i in comma_list(args.snapshot_interval)] if args.snapshot_interval else [None]
     )
     ideal_on_grid = _describe_workloads(console, sized, intervals)
-    return _Plan(model, policies, concurrencies, sized, workloads, intervals, ideal_on_grid, info)
+    return BenchPlan(
+        model, policies, concurrencies, sized, workloads, intervals, ideal_on_grid, info
+    )
 
 
 def _resolve_target(args):
@@ -170,7 +172,7 @@ def _describe_workloads(console, sized: dict[int, list], intervals: list) -> dic
     return ideal_on_grid
 
 
-def _measure(args, plan: _Plan, console) -> tuple[list, bool | None, dict, list]:
+def _measure(args, plan: BenchPlan, console) -> tuple[list, bool | None, dict, list]:
     """Every run under one progress bar: (rows, whether the server's caches were reset (with
     --url; else None), each local engine's kernel paths, the trace events)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -190,12 +192,12 @@ def _measure(args, plan: _Plan, console) -> tuple[list, bool | None, dict, list]
             )
             return rows, caches_reset, {}, []
         # snapshot intervals interleave like policies: Engine.reset switches every stage's grid
-        runs = _LocalRuns(args, plan, progress, task)
+        runs = LocalRuns(args, plan, progress, task)
         rows = runs.run_all()
     return rows, None, runs.kernels, runs.trace_events
 
 
-def _http_meta(args, plan: _Plan, med: list, caches_reset: bool) -> tuple[dict, str]:
+def _http_meta(args, plan: BenchPlan, med: list, caches_reset: bool) -> tuple[dict, str]:
     """What a run over HTTP adds to the report, and the table's title."""
     http_meta = {
         "url": args.url,
@@ -211,7 +213,7 @@ def _http_meta(args, plan: _Plan, med: list, caches_reset: bool) -> tuple[dict, 
     return http_meta, title
 
 
-def _write_outputs(args, plan: _Plan, console, rows, med, run_meta: dict, trace_events) -> None:
+def _write_outputs(args, plan: BenchPlan, console, rows, med, run_meta: dict, trace_events) -> None:
     """The JSON record (every row, the medians and how they were made), the plot, the trace."""
     from wavepp.bench.report import machine, write_json, write_plot, write_trace
 
@@ -237,137 +239,6 @@ def _write_outputs(args, plan: _Plan, console, rows, med, run_meta: dict, trace_
     if args.trace:
         write_trace(args.trace, trace_events)
         console.print(f"wrote {args.trace} (open in ui.perfetto.dev)")
-
-
-class _LocalRuns:
-    """The runs in this process: one pipeline engine (and one single-stage engine if that
-    policy runs), every (workload, concurrency, snapshot interval, policy) interleaved run by
-    run on the same engines (intervals [None]: the default grid). It keeps each engine's
-    kernel paths (engine name ("pp", "single") -> each stage's) and, with --trace, the trace."""
-
-    def __init__(self, args, plan: _Plan, progress, task) -> None:
-        self.args = args
-        self.plan = plan
-        self.progress = progress
-        self.task = task
-        self.kernels: dict[str, list] = {}
-        self.trace_events: list = []
-
-    def run_all(self) -> list:
-        """Every run, repeated, policies in reverse order on odd repeats; the rows in run order.
-        The engines are shut down on the way out, whatever happened."""
-        engines: dict = {}
-        rows: list = []
-        try:
-            self._start(engines)
-            self._warm_up(engines)
-            first = self.plan.workloads[self.plan.concurrencies[0]]
-            for rep in range(self.args.repeat):
-                order = self.plan.policies if rep % 2 == 0 else self.plan.policies[::-1]
-                for index in range(len(first)):
-                    for c, interval in itertools.product(
-                        self.plan.concurrencies, self.plan.intervals
-                    ):
-                        wl = self.plan.workloads[c][index]
-                        for pol in order:
-                            engine = engines["single" if pol == SINGLE_STAGE else "pp"]
-                            rows.append(self._run_one(engine, wl, c, interval, pol, rep))
-        finally:
-            for engine in engines.values():
-                engine.shutdown()
-        return rows
-
-    def _start(self, engines: dict) -> None:
-        """The engines the policies need, added to `engines` as each starts (so that a failed
-        start still shuts down the ones before it)."""
-        from wavepp.engine import Engine, EngineConfig
-
-        args, plan = self.args, self.plan
-        pipeline_policies = [p for p in plan.policies if p != SINGLE_STAGE]
-        if pipeline_policies:
-            engines["pp"] = Engine(
-                EngineConfig(
-                    plan.model,
-                    pp=args.pp,
-                    policy=pipeline_policies[0],
-                    dtype=args.dtype,
-                    snapshot_interval_blocks=plan.intervals[0],
-                    device=args.device or "cpu",
-                    layer_split=layer_split(args.layer_split),
-                    pin_cpus=args.pin_cpus,
-                    host_kv_gib=args.host_kv_gib,
-                    stage_num_blocks=stage_blocks(args.stage_num_blocks),
-                )
-            )
-        if SINGLE_STAGE in plan.policies:
-            engines["single"] = Engine(
-                EngineConfig(
-                    plan.model,
-                    pp=1,
-                    policy="wavepp",
-                    dtype=args.dtype,
-                    snapshot_interval_blocks=plan.intervals[0],
-                    device=args.device or "cpu",
-                )
-            )
-
-    def _warm_up(self, engines: dict) -> None:
-        """First forwards are slow: one short prefill per engine, then each engine's start-up
-        profile and kernel paths, printed after every start-up (rank 0's choice is per process)."""
-        console = self.progress.console
-        first = self.plan.workloads[self.plan.concurrencies[0]]
-        for name, engine in engines.items():
-            engine.prefill([wl.prompts[0][:256] for wl in first])
-            if engine.profile is not None:
-                console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
-        for name, engine in engines.items():
-            self.kernels[name] = list(engine.stage_kernels)
-            split = (
-                f" (layers per stage {','.join(map(str, engine.config.layer_split))})"
-                if engine.config.layer_split
-                else ""
-            )
-            cpus = engine.stage_cpus
-            console.print(
-                f"  kernels ({name}){split}: "
-                + "; ".join(
-                    f"stage {i} {k}" + (f" cpus {','.join(map(str, cpus[i]))}" if cpus else "")
-                    for i, k in enumerate(self.kernels[name])
-                )
-            )
-
-    def _run_one(self, engine, wl, c: int, interval, pol: str, rep: int):
-        """One closed-loop run of `pol` from empty caches: prints its line, keeps its trace
-        (with --trace), returns its row."""
-        from wavepp.bench.measure import run_closed_loop
-        from wavepp.bench.report import chrome_trace
-
-        progress, task = self.progress, self.task
-        engine.reset("wavepp" if pol == SINGLE_STAGE else pol, snapshot_interval_blocks=interval)
-        label = pol if interval is None else f"{pol} snap={interval}"
-        progress.update(task, description=f"{wl.name} c={c} {label} (run {rep + 1})")
-        m = run_closed_loop(
-            engine,
-            wl,
-            c,
-            policy_label=label,
-            repeat=rep,
-            on_progress=lambda n: progress.advance(task, n),
-        )
-        grid = ""
-        if interval is not None:
-            ideal = self.plan.ideal_on_grid[(wl.name, wl.num_requests, interval)]
-            grid = f" (ideal on the grid {ideal:.1%})"
-        progress.console.print(
-            f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
-            f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}"
-        )
-        if self.args.trace:
-            self.trace_events += chrome_trace(
-                engine.stats(), f"{wl.name} c={c} {label} r{rep}", pid=len(self.trace_events) + 1
-            )
-        return m
 
 
 def _add_target_args(p) -> None:
