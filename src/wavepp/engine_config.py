@@ -27,6 +27,7 @@ DEVICES = ("cpu", "cuda", "auto")  # a setting; runtime/device.py resolves it
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("bfloat16", "float32")
 KV_PROTOCOLS = ("tcp", "rdma")  # the Mooncake transfer engines' protocols
+KV_TIERS = ("mooncake-store",)  # the shared KV tiers (runtime/mooncake_store.py)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,12 @@ class EngineConfig:
     planner's cost model from their fit (runtime/profile.py). `host_kv_gib`: each stage keeps
     the blocks its pool evicts in that much host memory, for a later request to load back
     instead of computing them (cache/host_tier.py, runtime/host_kv.py; 0: no tier; not yet for
-    hybrid models, whose snapshots the runtime's tier does not carry).
+    hybrid models, whose snapshots the runtime's tier does not carry). `kv_tier=
+    "mooncake-store"`: every stage also puts each full block it computes into Mooncake Store
+    (its master at `kv_tier_master`, HOST:PORT; its metadata server at `kv_tier_metadata`,
+    default the master's on port 8080), lending it `kv_tier_segment_gib` of memory, and reuses
+    what any replica with the same model, layer split and dtype put there
+    (cache/store_tier.py, runtime/store_kv.py; not for hybrid models either).
 
     `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or "auto"
     (cuda when there is one). `backend`: the data plane's, for activations between stages
@@ -71,6 +77,10 @@ class EngineConfig:
     stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib or memory
     kv_cache_gib: float | None = None
     host_kv_gib: float = 0.0  # each stage's host KV tier (evicted blocks, loaded back); 0: none
+    kv_tier: str | None = None  # "mooncake-store": a KV tier every replica shares; None: none
+    kv_tier_master: str | None = None  # its master's HOST:PORT
+    kv_tier_metadata: str | None = None  # its metadata server (None: the master's, port 8080)
+    kv_tier_segment_gib: float = 1.0  # the memory each stage lends to the shared store
     top_k: int = 5  # logprobs returned per first token
     num_threads: int = 1  # compute threads per stage process
     backend: str | None = None  # None: nccl when every stage has its own GPU, else gloo
@@ -100,6 +110,7 @@ class EngineConfig:
             raise ValueError(f"model must be a built-in name or a directory, got {self.model!r}")
         self._check_pipeline()
         self._check_stages()
+        self._check_kv_tier()
         self._check_hand_off()
 
     @property
@@ -111,13 +122,18 @@ class EngineConfig:
 
     def check_model(self, model_type: str, hybrid: bool) -> None:
         """The options that depend on the model, checked once its config is read: the
-        runtime's host tier carries no recurrent-state snapshots yet, so a hybrid model (one
-        whose layout keeps them) takes no `host_kv_gib`."""
+        runtime's host tier and the shared store carry no recurrent-state snapshots yet, so a
+        hybrid model (one whose layout keeps them) takes neither `host_kv_gib` nor `kv_tier`."""
         if hybrid and self.host_kv_gib > 0:
             raise ValueError(
                 f"host_kv_gib={self.host_kv_gib}: the runtime's host KV tier does not carry "
                 f"recurrent-state snapshots yet, so {model_type} (a hybrid model) runs without "
                 "one (host_kv_gib=0)"
+            )
+        if hybrid and self.kv_tier is not None:
+            raise ValueError(
+                f"kv_tier={self.kv_tier!r}: the shared KV store does not carry recurrent-state "
+                f"snapshots yet, so {model_type} (a hybrid model) runs without one"
             )
 
     def replace(self, **changes) -> "EngineConfig":
@@ -169,6 +185,31 @@ class EngineConfig:
         if not 0 <= self.snapshot_align_frac < 1:
             raise ValueError(
                 f"snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}"
+            )
+
+    def _check_kv_tier(self) -> None:
+        """The shared KV tier: which store, and where its master is."""
+        if self.kv_tier is None:
+            if self.kv_tier_master is not None or self.kv_tier_metadata is not None:
+                raise ValueError("kv_tier_master / kv_tier_metadata need kv_tier='mooncake-store'")
+            return
+        if self.kv_tier not in KV_TIERS:
+            raise ValueError(f"kv_tier must be one of {', '.join(KV_TIERS)}, got {self.kv_tier!r}")
+        host, _, port = (self.kv_tier_master or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"kv_tier={self.kv_tier!r} needs kv_tier_master as HOST:PORT (mooncake_master's "
+                f"-rpc_port), got {self.kv_tier_master!r}"
+            )
+        if self.kv_tier_metadata is not None and not self.kv_tier_metadata.startswith("http"):
+            raise ValueError(
+                "kv_tier_metadata must be the metadata server's URL, e.g. "
+                f"http://HOST:8080/metadata, got {self.kv_tier_metadata!r}"
+            )
+        if not self.kv_tier_segment_gib >= 1 / 64:
+            raise ValueError(
+                f"kv_tier_segment_gib must be at least 1/64 (16 MiB, Mooncake's smallest "
+                f"segment), got {self.kv_tier_segment_gib}"
             )
 
     def _check_hand_off(self) -> None:

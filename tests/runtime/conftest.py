@@ -36,3 +36,13 @@ def big_tiny(tmp_path_factory):
         max_position_embeddings=4096,
         seed=5,
     )
+
+
+@pytest.fixture
+def mooncake_master(tmp_path):
+    """A real mooncake_master on loopback for one test (killed after it)."""
+    from ..mooncake_master import MooncakeMaster
+
+    master = MooncakeMaster(tmp_path).start()
+    yield master
+    master.kill()

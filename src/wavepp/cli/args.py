@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from wavepp.engine_config import DEVICES, DTYPES, EngineConfig
+from wavepp.engine_config import DEVICES, DTYPES, KV_TIERS, EngineConfig
 from wavepp.sched.policy import runtime_policies
 
 
@@ -88,6 +88,47 @@ def add_engine_args(p) -> None:
         help="each stage's host KV tier in GiB: evicted blocks kept in host memory and loaded "
         "back for a later prompt (default 0: none; not for hybrid models yet)",
     )
+    add_kv_tier_args(p)
+
+
+def add_kv_tier_args(p) -> None:
+    """--kv-tier, --kv-tier-master, --kv-tier-metadata, --kv-tier-segment-gib: the KV tier
+    every replica shares (engine_config.py `kv_tier`)."""
+    p.add_argument(
+        "--kv-tier",
+        default=None,
+        choices=list(KV_TIERS),
+        help="a KV tier every replica shares: each stage puts the blocks it computes there and "
+        "reuses what any replica with the same model, layer split and dtype put (default: none)",
+    )
+    p.add_argument(
+        "--kv-tier-master",
+        default=None,
+        metavar="HOST:PORT",
+        help="the store's master (mooncake_master's -rpc_port)",
+    )
+    p.add_argument(
+        "--kv-tier-metadata",
+        default=None,
+        metavar="URL",
+        help="the store's metadata server (default: the master's own, http://HOST:8080/metadata)",
+    )
+    p.add_argument(
+        "--kv-tier-segment-gib",
+        type=float,
+        default=engine_default("kv_tier_segment_gib"),
+        help="memory each stage lends to the shared store, in GiB (default %(default)s)",
+    )
+
+
+def kv_tier_options(args) -> dict:
+    """The EngineConfig options of add_kv_tier_args' flags."""
+    return {
+        "kv_tier": args.kv_tier,
+        "kv_tier_master": args.kv_tier_master,
+        "kv_tier_metadata": args.kv_tier_metadata,
+        "kv_tier_segment_gib": args.kv_tier_segment_gib,
+    }
 
 
 def stage_blocks(text: str | None) -> tuple[int, ...]:
@@ -111,6 +152,7 @@ def engine_config(args, model: str, **options):
         layer_split=layer_split(args.layer_split),
         pin_cpus=args.pin_cpus,
         host_kv_gib=args.host_kv_gib,
+        **kv_tier_options(args),
         **options,
     )
 

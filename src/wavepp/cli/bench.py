@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from wavepp.cli.args import add_stage_args, comma_list, engine_default
+from wavepp.cli.args import add_kv_tier_args, add_stage_args, comma_list, engine_default
 from wavepp.cli.bench_http import check_http_args, run_over_http
 from wavepp.cli.bench_local import LocalRuns
 from wavepp.sched.policy import bench_policies, check_policies
@@ -329,6 +329,7 @@ def _add_output_args(p) -> None:
         default=engine_default("host_kv_gib"),
         help="the pipeline's host KV tier per stage, in GiB (default 0: none; not with --url)",
     )
+    add_kv_tier_args(p)
     p.add_argument(
         "--snapshot-interval",
         default=None,

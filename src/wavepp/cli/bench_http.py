@@ -18,7 +18,15 @@ def check_http_args(args, info) -> list[str]:
             raise ValueError(
                 f"the server at {args.url} runs --{name} {theirs}, not {ours}; leave out --{name}"
             )
-    for name in ("snapshot_interval", "trace", "device", "host_kv_gib", "stage_num_blocks"):
+    for name in (
+        "snapshot_interval",
+        "trace",
+        "device",
+        "host_kv_gib",
+        "stage_num_blocks",
+        "kv_tier",
+        "kv_tier_master",
+    ):
         if getattr(args, name):
             raise ValueError(
                 f"--{name.replace('_', '-')} is not available with --url (the bench cannot "

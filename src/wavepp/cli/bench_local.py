@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from wavepp.cli.args import layer_split, stage_blocks
+from wavepp.cli.args import kv_tier_options, layer_split, stage_blocks
 from wavepp.sched.policy import SINGLE_STAGE
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class LocalRuns:
                     pin_cpus=args.pin_cpus,
                     host_kv_gib=args.host_kv_gib,
                     stage_num_blocks=stage_blocks(args.stage_num_blocks),
+                    **kv_tier_options(args),
                 )
             )
         if SINGLE_STAGE in plan.policies:

@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+import xxhash
 from safetensors import safe_open
 
 from wavepp.models.registry import load_model_config
@@ -151,3 +152,22 @@ def _combine(param: Param, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     if param.combine == "conv":
         return torch.cat([t[:, 0] for t in parts])
     return parts[0].flatten()
+
+
+def checkpoint_fingerprint(path: str | Path, sample_bytes: int = 1 << 20) -> str:
+    """A short name of a checkpoint's contents (16 hex digits): its config.json and, of each
+    weight file, its size and its first and last `sample_bytes`. Two directories with the same
+    name give equal KV only when this agrees, so a KV store shared across hosts keys by it."""
+    path = Path(path)
+    digest = xxhash.xxh3_64()
+    config = path / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    for file in sorted(set(_weight_map(path).values())):
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        with open(file, "rb") as f:
+            digest.update(f.read(sample_bytes))
+            f.seek(max(0, size - sample_bytes))
+            digest.update(f.read(sample_bytes))
+    return digest.hexdigest()

@@ -14,21 +14,26 @@ import itertools
 import os
 import threading
 import time
+from typing import cast
 
 import torch
 
 from wavepp.cache import HostTier
+from wavepp.cache.store_tier import StoreTier
 from wavepp.kv_transfer.export import StageExporter
+from wavepp.kv_transfer.mooncake.engine import local_host_for
 from wavepp.kv_transfer.transports import get_transport
 from wavepp.models import load_model_config, page_layout, stage_specs
 from wavepp.models.batch import ChunkSpec, StageBatch
 from wavepp.models.kernels import StageKernels, choose_kernels
-from wavepp.models.loader import load_stage_model
+from wavepp.models.loader import checkpoint_fingerprint, load_stage_model
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.device import synchronize
 from wavepp.runtime.host_kv import HostKVStore
+from wavepp.runtime.mooncake_store import MooncakeStoreClient
 from wavepp.runtime.protocol import IntegrityReport
+from wavepp.runtime.store_kv import StoreKVBlocks
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.policy import get_policy
 
@@ -130,6 +135,9 @@ class StageRuntime:
         )
         self.kv = None
         self.host_kv: HostKVStore | None = None  # the host tier's bytes (host_kv_gib > 0)
+        self.store_client = self._store_client()  # the shared KV store (kv_tier), or None
+        self.store_kv: StoreKVBlocks | None = None  # this stage's blocks in it
+        self.store_namespace: str | None = None  # their keys' prefix (_store_tier)
         self.lock = threading.Lock()
         self.reset(config.engine.policy)
         # KV hand-off: this stage writes its own layers of each request that asks for it
@@ -146,9 +154,13 @@ class StageRuntime:
             self.exporter = StageExporter(writer, stage_id, manifest)
 
     def close(self) -> None:
-        """Finish the exports queued (the stage is stopping)."""
+        """Finish the exports and the store puts queued (the stage is stopping)."""
         if self.exporter is not None:
             self.exporter.close()
+        if self.store_kv is not None:
+            self.store_kv.close()
+        if self.store_client is not None:
+            self.store_client.close()
 
     def kernels(self) -> str:
         """The kernel paths this stage runs, e.g. "linear=packed attention=chunked_cpp
@@ -185,7 +197,7 @@ class StageRuntime:
                 )
                 self._num_state_slots = slots
             pool.host_tier = self._host_tier()
-            self.server = StageServer(self.stage_id, pool)
+            self.server = StageServer(self.stage_id, pool, self._store_tier())
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
 
@@ -200,6 +212,38 @@ class StageRuntime:
             self.host_kv = HostKVStore(self.kv, capacity_bytes)
         self.host_kv.clear()
         return HostTier(capacity_bytes, self.host_kv.block_bytes, store=self.host_kv)
+
+    def _store_client(self) -> MooncakeStoreClient | None:
+        """A client of the shared KV store (kv_tier), from the address this machine reaches
+        its master from (or kv_host); None without one."""
+        engine = self.config.engine
+        if engine.kv_tier is None:
+            return None
+        master = cast(str, engine.kv_tier_master)
+        return MooncakeStoreClient(
+            master,
+            engine.kv_tier_metadata,
+            engine.kv_host or local_host_for(master.rsplit(":", 1)[0]),
+            int(engine.kv_tier_segment_gib * 2**30),
+        )
+
+    def _store_tier(self) -> StoreTier | None:
+        """This stage's view of the shared store: its blocks under a namespace naming the
+        checkpoint, the page layout, the dtype, the block size and this stage's layers."""
+        if self.store_client is None:
+            return None
+        if self.store_kv is None or self.store_kv.pools is not self.kv:
+            if self.store_kv is not None:
+                self.store_kv.close()
+            self.store_kv = StoreKVBlocks(self.kv, self.store_client)
+        if self.store_namespace is None:
+            engine = self.config.engine
+            self.store_namespace = (
+                f"wavepp/{checkpoint_fingerprint(self.config.model_path)}/"
+                f"{self.layout.architecture}/{engine.dtype}/b{engine.block_size}/"
+                f"l{self.spec.start_layer}-{self.spec.end_layer}"
+            )
+        return StoreTier(self.store_namespace, self.store_kv.block_bytes, self.store_kv)
 
     @property
     def snapshot_interval_blocks(self) -> int:

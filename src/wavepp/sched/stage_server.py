@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 
 from wavepp.cache.results import CommitResult
 from wavepp.cache.snapshot_plan import snapshot_boundaries
+from wavepp.cache.store_tier import StoreTier
 from wavepp.sched.messages import (
     Chunk,
     Hint,
@@ -32,7 +33,7 @@ from wavepp.sched.messages import (
 )
 
 if TYPE_CHECKING:
-    from wavepp.cache import BlockPool, SnapshotPool
+    from wavepp.cache import BlockPool, HostTier, SnapshotPool
 
 
 class PlanMismatchError(RuntimeError):
@@ -49,7 +50,7 @@ class StageRequest:
     num_cached_tokens: int
     num_computed_tokens: int
     block_table: list[int] | None = None  # None until the first chunk reaches this stage
-    num_loaded_blocks: int = 0  # of the cached prefix, loaded from the host tier
+    num_loaded_blocks: int = 0  # of the cached prefix, loaded from the host tier or the store
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,13 @@ class PreparedChunk:
 
 
 class StageServer:
-    def __init__(self, stage_id: int, pool: "BlockPool"):
+    def __init__(self, stage_id: int, pool: "BlockPool", store_tier: StoreTier | None = None):
         """A hybrid (recurrent-state) model's stage has a `SnapshotPool`: it resumes a request
-        only at a block boundary where it holds a snapshot, pending or computed."""
+        only at a block boundary where it holds a snapshot, pending or computed. `store_tier`:
+        the KV store every replica shares, below the pool's host tier (None: none)."""
         self.stage_id = stage_id
         self.pool = pool
+        self.store_tier = store_tier
         self.block_size = pool.block_size
         self.requests: dict[int, StageRequest] = {}
         self._probed: dict[int, ProbeItem] = {}
@@ -141,7 +144,8 @@ class StageServer:
                     )
                 )
                 continue
-            hints.append(Hint(item.request_id, num_blocks + num_host))
+            num_store = self._store_blocks(item.block_hashes, match, num_blocks + num_host)
+            hints.append(Hint(item.request_id, num_blocks + num_host + num_store))
         return tuple(hints)
 
     def lease(self, msg: LeaseMsg) -> LeaseReply:
@@ -159,10 +163,9 @@ class StageServer:
                 )
                 continue
             if (
-                self.pool.host_tier is not None
-                and item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks
-            ):
-                result = self._lease_from_host(item, probed)
+                self.pool.host_tier is not None or self.store_tier is not None
+            ) and item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks:
+                result = self._lease_from_tiers(item, probed)
                 self.num_reused_blocks += item.num_leased_blocks if result.ok else 0
                 results.append(result)
                 continue
@@ -215,35 +218,40 @@ class StageServer:
         self._probed.clear()
         return LeaseReply(msg.round_id, self.stage_id, tuple(results), self.pool.capacity())
 
-    def _lease_from_host(self, item: LeaseItem, probed: ProbeItem) -> ItemResult:
+    def _lease_from_tiers(self, item: LeaseItem, probed: ProbeItem) -> ItemResult:
         """The agreed prefix runs past the blocks this stage's GPU pool holds: lease the GPU
-        part, load the rest from the host tier into new blocks now (onboard), escrow room for
-        the prompt after it. On failure hold nothing.
+        part, load the rest from the host tier, then the store, into new blocks now, escrow
+        room for the prompt after it. On failure hold nothing.
 
             [0, resume)          leased (hybrid: the last snapshot boundary <= on_gpu, where it
                                  resumes; else on_gpu)
             [resume, on_gpu)     on the GPU beyond that boundary: pinned (borrowed) at commit
-            [on_gpu, agreed)     loaded from the host tier; with the states of the boundaries
+            [on_gpu, stored)     loaded from the host tier; with the states of the boundaries
                                  in (resume, agreed]
+            [stored, agreed)     fetched from the shared store (models without states)
             [agreed, ...)        computed by the request's chunks
 
         The loaded blocks are published at once (their KV is there before any wave reads
-        them), so the request's own round is the last to see them pending. With a store
-        (the runtime's) their bytes are copied here, on the thread answering the round: out of
-        the tier before materialize, into the new blocks after it."""
+        them), so the request's own round is the last to see them pending. Their bytes are
+        copied here, on the thread answering the round: the store's are fetched (and checked)
+        first, before anything is held; the host tier's are copied out before materialize;
+        both are written into the new blocks after it."""
         pool, block_size, hashes = self.pool, self.block_size, probed.block_hashes
         snapshots, host = self._snapshots, pool.host_tier
-        assert host is not None  # the lease comes here only when the pool has a host tier
         agreed, request_id = item.num_leased_blocks, item.request_id
         match = pool.match(hashes)
         on_gpu = match.num_blocks
-        if match.num_computed_blocks < on_gpu or self._host_blocks(hashes, match) < agreed - on_gpu:
-            return ItemResult(
-                request_id,
-                False,
-                f"stage {self.stage_id}: blocks [{on_gpu}, {agreed}) are no longer in the "
-                f"host tier",
-            )
+        stored = on_gpu + min(self._host_blocks(hashes, match), agreed - on_gpu)
+        fetched, reason = None, ""
+        if match.num_computed_blocks < on_gpu or (stored < agreed and self.store_tier is None):
+            reason = f"blocks [{on_gpu}, {agreed}) are no longer in the host tier"
+        elif stored < agreed and snapshots is not None:
+            reason = f"blocks [{stored}, {agreed}) would come from the store, without states"
+        elif stored < agreed:
+            fetched = cast(StoreTier, self.store_tier).fetch(hashes[stored:agreed])
+            reason = f"blocks [{stored}, {agreed}) left the store or failed its checksum"
+        if stored < agreed and fetched is None:
+            return ItemResult(request_id, False, f"stage {self.stage_id}: {reason}")
         resume = (
             snapshots.match_snapshots(hashes, on_gpu).num_blocks
             if snapshots is not None
@@ -266,21 +274,22 @@ class StageServer:
         if reserve.ok and snapshots is not None:
             reserve = snapshots.reserve_snapshots(request_id, boundaries)
         commit = pool.commit(request_id, hashes[resume:]) if reserve.ok else reserve
-        if commit.ok and host.match(hashes, on_gpu) < agreed - on_gpu:
+        if (
+            commit.ok
+            and stored > on_gpu
+            and cast("HostTier", host).match(hashes, on_gpu) < stored - on_gpu
+        ):
             # the states reserve evicted alone went to the tier, and it dropped some of these
             commit = CommitResult(
-                False, reason=f"blocks [{on_gpu}, {agreed}) left the host tier while room was made"
+                False, reason=f"blocks [{on_gpu}, {stored}) left the host tier while room was made"
             )
         if not commit.ok:
             self._drop(request_id)
             return ItemResult(
-                request_id, False, f"stage {self.stage_id}: host load: {commit.reason}"
+                request_id, False, f"stage {self.stage_id}: tier load: {commit.reason}"
             )
-        # the bytes are staged now: the evictions materialize makes may drop them from the tier
-        load = host.onboard(hashes[on_gpu:agreed], num_states)
+        block_table = self._land(request_id, hashes, (on_gpu, stored, agreed), num_states, fetched)
         num_cached = agreed * block_size
-        block_table = pool.materialize(request_id)  # evicts (offloads) this request's victims
-        host.land(load, block_table[on_gpu:agreed])  # into those victims' blocks
         pool.publish(request_id, num_cached)
         self.requests[request_id] = StageRequest(
             request_id,
@@ -293,6 +302,20 @@ class StageServer:
         )
         return ItemResult(request_id, True)
 
+    def _land(self, request_id, hashes, bounds, num_states, fetched) -> list[int]:
+        """Materialize the request's blocks and write the loaded part into them: host blocks
+        [on_gpu, stored) (staged before materialize: its evictions may drop them from the
+        tier), store blocks [stored, agreed) from `fetched`."""
+        on_gpu, stored, agreed = bounds
+        host = self.pool.host_tier
+        load = host.onboard(hashes[on_gpu:stored], num_states) if host is not None else None
+        block_table = self.pool.materialize(request_id)  # evicts (offloads) its victims
+        if load is not None:
+            host.land(load, block_table[on_gpu:stored])  # into those victims' blocks
+        if fetched is not None:
+            cast(StoreTier, self.store_tier).land(fetched, block_table[stored:agreed])
+        return block_table
+
     def _host_blocks(self, block_hashes, match) -> int:
         """Blocks the host tier holds right after the GPU prefix of `match`; 0 without a tier
         or when that prefix is not all computed here (a load lands after a computed block)."""
@@ -300,6 +323,17 @@ class StageServer:
         if host is None or match.num_computed_blocks < match.num_blocks:
             return 0
         return host.match(block_hashes, match.num_blocks)
+
+    def _store_blocks(self, block_hashes, match, start: int) -> int:
+        """Blocks the shared store holds from `start` (after the pool's and the host tier's);
+        0 without a store, on a hybrid model (the store carries no states) or when the GPU
+        prefix is not all computed here."""
+        store = self.store_tier
+        if store is None or self._snapshots is not None:
+            return 0
+        if match.num_computed_blocks < match.num_blocks:
+            return 0
+        return store.match(block_hashes, start)
 
     def take_host_bytes(self) -> int:
         """Bytes this stage moved over its host link (loads and offloads) since the last call:
@@ -390,7 +424,10 @@ class StageServer:
 
     def complete(self, wave: Wave) -> None:
         """The wave ran here: publish the computed blocks; free requests that are done and the
-        ones the leader released in this wave."""
+        ones the leader released in this wave. With a shared store, the full blocks each chunk
+        finished go to it first (their bytes copied now, before anything can reuse them)."""
+        if self.store_tier is not None:
+            self._publish_to_store(wave)
         for chunk in wave.chunks:
             req = self.requests[chunk.request_id]
             req.num_computed_tokens = chunk.end
@@ -400,6 +437,20 @@ class StageServer:
                 del self.requests[chunk.request_id]
         for request_id in wave.release_ids:
             self._drop(request_id)
+
+    def _publish_to_store(self, wave: Wave) -> None:
+        """Hand the store every full block a chunk of `wave` finished here: blocks b with
+        start < (b + 1) * block_size <= end."""
+        hashes: list[int] = []
+        block_ids: list[int] = []
+        for chunk in wave.chunks:
+            req = self.requests[chunk.request_id]
+            table = cast("list[int]", req.block_table)
+            last = min(chunk.end // self.block_size, len(req.block_hashes))
+            for b in range(chunk.start // self.block_size, last):
+                hashes.append(req.block_hashes[b])
+                block_ids.append(table[b])
+        cast(StoreTier, self.store_tier).publish(hashes, block_ids)
 
     def _drop(self, request_id: int) -> None:
         self._probed.pop(request_id, None)
