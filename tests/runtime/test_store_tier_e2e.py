@@ -4,11 +4,13 @@ matches transformers' own model code (fp32)."""
 
 import multiprocessing
 import random
+import time
 
 import pytest
 import torch
 import transformers
 
+from wavepp.cache import hash_blocks
 from wavepp.engine import Engine
 
 from ..eventually import eventually
@@ -101,3 +103,85 @@ def test_a_prefix_another_replica_computed_comes_from_the_store(tiny, mooncake_m
         assert result.ok and result.num_cached_tokens == PREFIX
         assert_clean(reader)
     _assert_matches(result, _reference(tiny, again))
+
+    # a replica with another layer split keys its stages' blocks otherwise: it finds nothing
+    with _engine(tiny, master.address, master.metadata, layer_split=[1, 3]) as other:
+        result = other.prefill([again])[0]
+        assert result.ok and result.num_cached_tokens == 0
+        names = {c.counters.store_namespace for c in other.stage_cache_counters()}
+        assert len(names) == 2 and all(n.endswith(("/l0-1", "/l1-4")) for n in names)
+
+
+def _counters(engine, stage):
+    c = engine.stage_cache_counters()[stage].counters
+    return c, dict(c.store)
+
+
+def test_a_corrupt_store_entry_is_refused_and_computed(tiny, mooncake_master):
+    """Bytes changed inside one entry of stage 1: its lease is refused, the request goes on
+    with the blocks before it from the store and computes the rest; its tokens stay right."""
+    from mooncake.store import MooncakeDistributedStore
+
+    rng = random.Random(5)
+    prefix = [rng.randrange(VOCAB) for _ in range(PREFIX)]
+    again = prefix + [rng.randrange(VOCAB) for _ in range(9)]
+    master = mooncake_master
+    tamper = MooncakeDistributedStore()
+    assert (
+        tamper.setup("127.0.0.1", master.metadata, 16 << 20, 16 << 20, "tcp", "", master.address)
+        == 0
+    )
+    with (
+        OtherReplica(tiny, master, [prefix + [1, 2, 3]]) as writer,
+        _engine(tiny, master.address, master.metadata) as reader,
+    ):
+        assert writer.prefilled() == [(True, 0)]
+        assert eventually(
+            lambda: reader.cached_prefix([again])[0].cached_tokens == PREFIX, timeout_s=20
+        )
+        namespace = _counters(reader, 1)[0].store_namespace
+        key = f"{namespace}/{hash_blocks(prefix, 16)[2]:016x}"  # stage 1's third block
+        value = bytearray(tamper.get(key))
+        value[-5] ^= 0x40  # one bit of the payload
+        # (a read leases the entry for a few seconds: the remove waits that out)
+        assert eventually(lambda: tamper.remove(key) == 0, timeout_s=15, poll_s=0.2)
+        assert tamper.put(key, bytes(value)) == 0
+        result = reader.prefill([again])[0]
+        assert result.ok and result.num_cached_tokens == 2 * 16  # the blocks before the bad one
+        counters, backend = _counters(reader, 1)
+        assert backend["corrupt"] == 1 and counters.store_refused_loads == 1
+        assert counters.store_loaded_blocks == 2
+        assert_clean(reader)
+    tamper.close()
+    _assert_matches(result, _reference(tiny, again))
+
+
+def test_the_master_killed_mid_run_costs_only_its_hits(tiny, mooncake_master):
+    """Requests go on while the master is down (computed, nothing fails); when it is back
+    (empty: a master keeps its entries in memory), what is computed from then on is a hit
+    again once the pools lost it (pools of 12 blocks)."""
+    rng = random.Random(6)
+    master = mooncake_master
+    prefix, later = ([rng.randrange(VOCAB) for _ in range(PREFIX)] for _ in range(2))
+    fillers = [[rng.randrange(VOCAB) for _ in range(100)] for _ in range(4)]
+    with _engine(tiny, master.address, master.metadata) as engine:
+        assert engine.prefill([prefix + [7]])[0].ok
+        master.kill()
+        down = engine.prefill([prefix[:50] + f for f in fillers] + [prefix + [8]])
+        assert all(r.ok for r in down)
+        assert _counters(engine, 0)[1]["reachable"] == 0
+        master.start()
+        time.sleep(2.5)  # the client's back-off (retry_s) passes
+        assert engine.prefill([later + [9]])[0].ok
+        for f in fillers:  # the pools lose `later`; the store, back, keeps it
+            assert engine.prefill([f + [5]])[0].ok
+        assert eventually(
+            lambda: engine.cached_prefix([later + [10]])[0].cached_tokens == PREFIX,
+            timeout_s=20,
+        )
+        result = engine.prefill([later + [10]])[0]
+        assert result.ok and result.num_cached_tokens == PREFIX
+        counters, backend = _counters(engine, 0)
+        assert counters.store_loaded_blocks == PREFIX // 16 and backend["reachable"] == 1
+        assert backend["dropped_puts"] > 0  # what was computed while it was down
+        assert_clean(engine)

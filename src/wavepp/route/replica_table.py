@@ -14,7 +14,8 @@ Policies:
                (a prompt queued on a replica holds nothing yet, but will: the router's record
                of the requests it sent and that have not ended, which it drops at their end).
                The replica that will hold the most of the prompt (the larger of the two, as a
-               share of the prompt) wins, under the same balance rule as approx. Only
+               share of the prompt; a token in a lower tier counts a little less:
+               `TIER_WEIGHTS`) wins, under the same balance rule as approx. Only
                wavepp's replicas can answer this: a pipeline whose stages evict on their own
                reuses only the prefix every stage holds, which no router of its own record sees.
   round-robin  the healthy replicas in turn.
@@ -41,6 +42,23 @@ from typing import Sequence
 from wavepp.route.prefix_record import DEFAULT_MAX_PREFIXES, PrefixRecord, chunk_hashes
 
 POLICIES = ("cache", "approx", "least-load", "round-robin")
+# What a cached token is worth to the cache policy by the tier a replica holds it in: one in
+# a pool is reused as it is, one in a host tier or the shared store costs a copy first (a
+# fraction of computing it, docs/benchmarks/2026-12-06-runtime-host-tier.md), so of two
+# replicas holding as much the one with more in its pools wins, then the one with more in
+# host memory.
+TIER_WEIGHTS = {"pool": 1.0, "host": 0.9, "store": 0.8}
+
+
+def held_value(answer: dict) -> float:
+    """The tokens a replica's /v1/cache_query answer holds, weighted by tier (TIER_WEIGHTS);
+    an answer without tiers counts all its cached tokens as pool ones."""
+    tiers = answer.get("tiers")
+    if not isinstance(tiers, dict):
+        return float(int(answer["cached_tokens"]))
+    return sum(TIER_WEIGHTS[t] * int(tiers.get(t, 0)) for t in TIER_WEIGHTS)
+
+
 DEFAULT_BALANCE_SLACK = 4
 
 

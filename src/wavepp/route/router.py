@@ -54,7 +54,7 @@ from wavepp.openai_http import APIError, answer_api_errors, read_body
 from wavepp.route.config import RouteConfig
 from wavepp.route.metrics import render_metrics
 from wavepp.route.prefix_record import prompt_key
-from wavepp.route.replica_table import NoReplica, ReplicaTable
+from wavepp.route.replica_table import NoReplica, ReplicaTable, held_value
 from wavepp.route.upstream import (
     REQUEST_OWN,
     NoCookies,
@@ -315,7 +315,7 @@ class RequestRouter:
             if r.status_code != 200:
                 return 0.0
             answer = r.json()
-            return int(answer["cached_tokens"]) / max(1, int(answer["num_tokens"]))
+            return held_value(answer) / max(1, int(answer["num_tokens"]))
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return 0.0
 

@@ -27,6 +27,7 @@ from wavepp.runtime.channels import PeerLostError, Shutdown
 from wavepp.runtime.protocol import CacheAnswer, CacheQuery, EngineError
 from wavepp.sched.admission import agree_prefix
 from wavepp.sched.request import Request
+from wavepp.sched.stage_server import StageCounters
 
 
 @dataclass(frozen=True)
@@ -35,15 +36,26 @@ class CachedView:
     cached_tokens: int  # held on every stage: what a request would reuse if admitted now
     stage_cached_tokens: tuple[int, ...]  # each stage's own prefix (capped as the reuse is)
     stage_available_blocks: tuple[int, ...]  # each stage's blocks free or evictable now
+    # of cached_tokens, where the stages hold them: (pool, host, store), the pool part the
+    # prefix every stage has in its pool, the host part what every stage has in its pool or
+    # host tier beyond it, the rest in the shared store
+    tier_tokens: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
 class StageCacheCounters:
     stage_id: int
-    probe_hit_blocks: int  # blocks this stage held of the prompts it was probed for
-    reused_blocks: int  # blocks admitted requests reused (held on every stage)
-    evicted_blocks: int
+    counters: StageCounters  # its cache and tiers since start
     capacity: object  # CapacityView now
+
+
+def _tier_tokens(cached: int, hints, block_size: int) -> tuple[int, int, int]:
+    """(pool, host, store) tokens of the `cached` prefix every stage holds (see CachedView)."""
+    in_pool = min(h.num_blocks - h.num_host_blocks - h.num_store_blocks for h in hints)
+    above_store = min(h.num_blocks - h.num_store_blocks for h in hints)
+    pool = min(cached, in_pool * block_size)
+    host = min(cached, above_store * block_size) - pool
+    return pool, host, cached - pool - host
 
 
 class CacheQueries:
@@ -69,13 +81,14 @@ class CacheQueries:
                     k * bs,
                     tuple(min(h.num_blocks, reusable) * bs for h in hints),
                     tuple(a.capacity.num_free + a.capacity.num_evictable for a in answers),
+                    _tier_tokens(k * bs, hints, bs),
                 )
             )
         return out
 
     def stage_counters(self) -> list[StageCacheCounters]:
         """Every stage's cache counters now (a query with no prompt: /metrics asks it)."""
-        return [StageCacheCounters(a.stage_id, *a.counters, a.capacity) for a in self._exchange(())]
+        return [StageCacheCounters(a.stage_id, a.counters, a.capacity) for a in self._exchange(())]
 
     def _exchange(self, items: tuple) -> list[CacheAnswer]:
         """Every stage's answer to one query, stage 0's first."""

@@ -9,6 +9,7 @@ from wavepp.cache import CapacityView
 from wavepp.kv_transfer.export import ExportOutcome
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.sched import TokenResult, Wave
+from wavepp.sched.stage_server import StageCounters
 
 
 class EngineError(RuntimeError):
@@ -138,4 +139,4 @@ class CacheAnswer:
     stage_id: int
     hints: tuple
     capacity: CapacityView
-    counters: tuple[int, int, int] = (0, 0, 0)  # StageServer.counters()
+    counters: StageCounters = StageCounters()  # StageServer.counters()

@@ -147,6 +147,7 @@ class StoreKVBlocks:
                 "put_blocks": self.num_put_blocks,
                 "dropped_puts": self.num_dropped_puts,
                 "load_seconds": self.load_seconds,
+                "reachable": float(self.client.reachable),
             }
 
     def entry(self, key: str, payload: bytes) -> bytes:

@@ -57,6 +57,10 @@ class Hint:
     snapshot_interval_blocks: int = 0
     num_grid_snapshot_blocks: int = 0
     num_end_snapshot_blocks: int = 0
+    # of num_blocks, the runs this stage holds below its pool: in its host tier, then in the
+    # shared store (the rest is in its pool)
+    num_host_blocks: int = 0
+    num_store_blocks: int = 0
 
     def snapshot_set(self) -> set[int]:
         """Every boundary (in blocks) this hint says holds a snapshot."""

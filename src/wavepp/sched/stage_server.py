@@ -54,6 +54,28 @@ class StageRequest:
 
 
 @dataclass(frozen=True)
+class StageCounters:
+    """A stage's cache counters since start (`StageServer.counters`), in blocks unless named:
+    what its probes found here; what admitted requests reused (held on every stage), of which
+    loaded from the host tier and from the shared store; what its pool evicted; the host
+    tier's bytes held and blocks copied in; the blocks it handed the store and the loads the
+    store refused (a block gone or bad); and the store backend's own (`store`: name, value)."""
+
+    probe_hit_blocks: int = 0
+    reused_blocks: int = 0
+    evicted_blocks: int = 0
+    host_loaded_blocks: int = 0
+    store_loaded_blocks: int = 0
+    host_held_bytes: int = 0
+    host_offloaded_blocks: int = 0
+    store_published_blocks: int = 0
+    store_refused_loads: int = 0
+    block_bytes: int = 0  # one block of this stage's layers (0: no tier sized it)
+    store_namespace: str = ""  # its keys' prefix in the shared store ("": no store)
+    store: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class PreparedChunk:
     """A chunk ready to run here. Hybrid models: the state slot to start from (None: zeros)
     and the (position, slot) pairs to save, as `models.ChunkSpec` takes them."""
@@ -79,6 +101,7 @@ class StageServer:
         self._snapshots = cast("SnapshotPool", pool) if pool.keeps_snapshots else None
         self.num_probe_hit_blocks = 0  # counters since start (metrics): counters()
         self.num_reused_blocks = 0
+        self.num_host_loaded_blocks = 0  # of the reused: loaded from the host tier
 
     def handle(self, msg):
         """Answer one rounds-plane message; ReleaseMsg has no reply."""
@@ -101,13 +124,23 @@ class StageServer:
         self.num_probe_hit_blocks += sum(h.num_blocks for h in hints)
         return ProbeReply(msg.round_id, self.stage_id, hints)
 
-    def counters(self) -> tuple[int, int, int]:
-        """Blocks since start: held here when probed (this stage's own hits), reused by
-        admitted requests (the prefix every stage held), evicted here."""
-        return (
+    def counters(self) -> StageCounters:
+        """This stage's cache counters since start (see `StageCounters`)."""
+        host, store = self.pool.host_tier, self.store_tier
+        backend = getattr(store.store, "counters", None) if store is not None else None
+        return StageCounters(
             self.num_probe_hit_blocks,
             self.num_reused_blocks,
             getattr(self.pool, "num_evicted_blocks", 0),
+            self.num_host_loaded_blocks,
+            store.num_loaded_blocks if store is not None else 0,
+            host.used_bytes if host is not None else 0,
+            host.num_offloaded if host is not None else 0,
+            store.num_published_blocks if store is not None else 0,
+            store.num_refused_loads if store is not None else 0,
+            store.block_bytes if store is not None else host.block_bytes if host is not None else 0,
+            store.namespace if store is not None else "",
+            tuple(backend().items()) if backend is not None else (),
         )
 
     def query(self, items) -> tuple[Hint, ...]:
@@ -141,11 +174,19 @@ class StageServer:
                         snapshots.interval_blocks,
                         found.num_grid_blocks,
                         found.num_end_blocks,
+                        num_host,
                     )
                 )
                 continue
             num_store = self._store_blocks(item.block_hashes, match, num_blocks + num_host)
-            hints.append(Hint(item.request_id, num_blocks + num_host + num_store))
+            hints.append(
+                Hint(
+                    item.request_id,
+                    num_blocks + num_host + num_store,
+                    num_host_blocks=num_host,
+                    num_store_blocks=num_store,
+                )
+            )
         return tuple(hints)
 
     def lease(self, msg: LeaseMsg) -> LeaseReply:
@@ -312,6 +353,7 @@ class StageServer:
         block_table = self.pool.materialize(request_id)  # evicts (offloads) its victims
         if load is not None:
             host.land(load, block_table[on_gpu:stored])  # into those victims' blocks
+            self.num_host_loaded_blocks += stored - on_gpu
         if fetched is not None:
             cast(StoreTier, self.store_tier).land(fetched, block_table[stored:agreed])
         return block_table

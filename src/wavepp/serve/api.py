@@ -181,6 +181,7 @@ class API:
             "object": "cache_query",
             "num_tokens": view.num_tokens,
             "cached_tokens": view.cached_tokens,
+            "tiers": dict(zip(("pool", "host", "store"), view.tier_tokens)),
             "stages": [
                 {"cached_tokens": tokens, "available_blocks": blocks}
                 for tokens, blocks in zip(view.stage_cached_tokens, view.stage_available_blocks)

@@ -22,6 +22,9 @@ Read from the engine at each scrape:
                                                hits, what every stage held for an admitted
                                                request, its evictions (asked of the stages at
                                                the scrape)
+    wavepp_kv_tier_*                           the KV tiers (host, the shared store): hits,
+                                               bytes held and moved, store loads refused,
+                                               corrupt entries, reachability (tier_metrics.py)
     wavepp_kv_exports_total{outcome}           KV hand-off parts (one per stage and request) the
                                                stages reported: written | failed, since the
                                                engine started, every report counted (also one
@@ -50,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from wavepp.runtime.protocol import EngineError
+from wavepp.serve.tier_metrics import tier_families
 
 # admission rounds on loopback take well under a millisecond to a few: finer buckets below 5 ms
 _ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025)
@@ -256,12 +260,13 @@ def _stage_cache(engine):
     )
     for c in counters:
         for kind, value in (
-            ("probe_hit", c.probe_hit_blocks),
-            ("reused", c.reused_blocks),
-            ("evicted", c.evicted_blocks),
+            ("probe_hit", c.counters.probe_hit_blocks),
+            ("reused", c.counters.reused_blocks),
+            ("evicted", c.counters.evicted_blocks),
         ):
             family.add_metric([str(c.stage_id), kind], value)
     yield family
+    yield from tier_families(counters)
 
 
 def _kv_exports(written: int, failed: int) -> CounterMetricFamily:
