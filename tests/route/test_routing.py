@@ -14,7 +14,7 @@ from wavepp.route.prefix_record import (
     chunk_hashes,
     prompt_key,
 )
-from wavepp.route.replica_table import NoReplica, ReplicaTable
+from wavepp.route.replica_table import NoReplica, ReplicaTable, held_value
 
 URLS = ["http://a", "http://b", "http://c"]
 
@@ -108,3 +108,23 @@ def test_cache_counts_what_every_stage_holds_and_what_is_in_flight_there():
     assert table.replicas[2].queued == {}  # what it had in flight is gone with it
     assert table.choose(key, cached={0: 0.0, 1: 0.5, 2: 0.0}).index == 1
     assert table.choose(key, cached={}).reason == "least-load"
+
+
+def test_cache_prefers_pool_hits_then_host_then_store():
+    """Three replicas each hold all 512 tokens of a prompt, in a different tier: the one with
+    them in its pools wins, then the host tier, then the shared store; an answer without tiers
+    counts as pool."""
+    answers = [
+        {"num_tokens": 512, "cached_tokens": 512, "tiers": {"pool": 0, "host": 0, "store": 512}},
+        {"num_tokens": 512, "cached_tokens": 512, "tiers": {"pool": 0, "host": 512, "store": 0}},
+        {"num_tokens": 512, "cached_tokens": 512, "tiers": {"pool": 512, "host": 0, "store": 0}},
+    ]
+    shares = {i: held_value(a) / 512 for i, a in enumerate(answers)}
+    table = ReplicaTable(URLS, "cache", balance_slack=3)
+    key = tuple(range(512))
+    assert table.choose(key, cached=shares).index == 2
+    del shares[2]
+    assert table.choose(key, exclude=[2], cached=shares).index == 1
+    assert held_value({"num_tokens": 512, "cached_tokens": 300}) == 300
+    # more tokens in a lower tier still beat fewer in the pool
+    assert held_value(answers[0]) > held_value({"cached_tokens": 300, "tiers": {"pool": 300}})
