@@ -185,3 +185,24 @@ def test_the_master_killed_mid_run_costs_only_its_hits(tiny, mooncake_master):
         assert counters.store_loaded_blocks == PREFIX // 16 and backend["reachable"] == 1
         assert backend["dropped_puts"] > 0  # what was computed while it was down
         assert_clean(engine)
+
+
+def test_a_reset_empties_the_store_too(tiny, mooncake_master):
+    """POST /debug/reset and the bench's runs start from empty caches: the store's part of
+    them (this namespace) goes too, leased entries included."""
+    rng = random.Random(7)
+    master = mooncake_master
+    prefix = [rng.randrange(VOCAB) for _ in range(PREFIX)]
+    fillers = [[rng.randrange(VOCAB) for _ in range(100)] for _ in range(4)]
+    with _engine(tiny, master.address, master.metadata) as engine:
+        assert engine.prefill([prefix + [1]])[0].ok
+        for f in fillers:
+            assert engine.prefill([f])[0].ok
+        assert eventually(
+            lambda: engine.cached_prefix([prefix + [2]])[0].tier_tokens == (0, 0, PREFIX),
+            timeout_s=20,
+        )
+        engine.reset("wavepp")
+        assert engine.cached_prefix([prefix + [2]])[0].cached_tokens == 0
+        result = engine.prefill([prefix + [2]])[0]
+        assert result.ok and result.num_cached_tokens == 0

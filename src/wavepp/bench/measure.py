@@ -44,6 +44,9 @@ class Measurement:
     admission_p50_ms: float | None  # None (and empty per-stage lists): not available (over
     admission_p99_ms: float | None  # HTTP, when the server's /metrics does not give it)
     num_waves: int | None
+    # the hit rate by the tier the reused tokens came from: pool | host | store (None: not
+    # available, over HTTP); a lower tier's share is its largest over the stages
+    tier_hit_rates: dict[str, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,7 +160,23 @@ def summarize(
         admission_p50_ms=quantile(rounds, 0.5),
         admission_p99_ms=quantile(rounds, 0.99),
         num_waves=stats.num_waves,
+        tier_hit_rates=tier_hit_rates(engine, inp, cached / inp if inp else 0.0),
     )
+
+
+def tier_hit_rates(engine, input_tokens: int, hit_rate: float) -> dict[str, float] | None:
+    """The run's hit rate split by tier, from the stages' counters (the engine was reset
+    before the run, so they count this run): a token a stage loaded from its host tier or
+    the store counts there (the stage that loaded the most decides), the rest of the hits
+    were in every stage's pool."""
+    counters = getattr(engine, "stage_cache_counters", None)
+    if counters is None or not input_tokens:
+        return None
+    stages = [c.counters for c in counters()]
+    block_size = engine.config.block_size
+    host = max(c.host_loaded_blocks for c in stages) * block_size / input_tokens
+    store = max(c.store_loaded_blocks for c in stages) * block_size / input_tokens
+    return {"pool": max(0.0, hit_rate - host - store), "host": host, "store": store}
 
 
 def median_rows(rows: list[Measurement]) -> list[dict]:
@@ -185,6 +204,9 @@ def median_rows(rows: list[Measurement]) -> list[dict]:
         for key in ("stage_utilization", "stage_idle_input_frac", "stage_idle_admission_frac"):
             per_stage = [getattr(m, key) for m in ms]
             row[key] = [] if not all(per_stage) else [statistics.median(v) for v in zip(*per_stage)]
+        tiers = [m.tier_hit_rates for m in ms]
+        if all(tiers):
+            row["tier_hit_rates"] = {t: statistics.median(r[t] for r in tiers) for t in tiers[0]}
         row["repeats"] = len(ms)
         out.append(row)
     return out

@@ -56,6 +56,10 @@ class SharedBlockStore(Protocol):
         store is a cache)."""
         ...
 
+    def clear(self, prefix: str) -> None:
+        """Drop every entry whose key starts with `prefix`, the puts queued before included."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StoreLoad:
@@ -131,6 +135,11 @@ class StoreTier:
             self.store.put([self.key(h) for h in block_hashes], block_ids)
             self.num_published_blocks += len(block_hashes)
             self.transferred_bytes += len(block_hashes) * self.block_bytes
+
+    def clear(self) -> None:
+        """Drop every block of this namespace from the store (every replica's: a reset empties
+        the caches, and the store's part of them is shared)."""
+        self.store.clear(self.namespace + "/")
 
     def take_transferred_bytes(self) -> int:
         """Bytes moved to and from the store since the last call; the count starts again."""

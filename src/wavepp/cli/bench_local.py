@@ -135,7 +135,7 @@ class LocalRuns:
             grid = f" (ideal on the grid {ideal:.1%})"
         progress.console.print(
             f"  {wl.name} c={c} {label} run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}, "
+            f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{grid}{by_tier(m)}, "
             f"util {'/'.join(f'{u:.0%}' for u in m.stage_utilization)}"
         )
         if self.args.trace:
@@ -143,3 +143,11 @@ class LocalRuns:
                 engine.stats(), f"{wl.name} c={c} {label} r{rep}", pid=len(self.trace_events) + 1
             )
         return m
+
+
+def by_tier(m) -> str:
+    """ " (pool 40.0% host 30.0% store 5.0%)" when a lower tier had hits; else ""."""
+    rates = m.tier_hit_rates
+    if not rates or not (rates["host"] or rates["store"]):
+        return ""
+    return " (" + " ".join(f"{t} {r:.1%}" for t, r in rates.items()) + ")"

@@ -16,6 +16,7 @@ finds a restarted master itself; a client whose setup failed is set up again on 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -96,10 +97,12 @@ class MooncakeStoreClient:
                 return False
         return True
 
-    def remove(self, key: str) -> None:
+    def remove_prefix(self, prefix: str) -> None:
+        """Remove every entry whose key starts with `prefix`, leased ones too (a read leases
+        an entry for a while)."""
         store = self._ready()
         if store is not None:
-            store.remove(key)
+            store.remove_by_regex("^" + re.escape(prefix), True)
 
     def close(self) -> None:
         with self._lock:

@@ -229,9 +229,12 @@ class StageRuntime:
 
     def _store_tier(self) -> StoreTier | None:
         """This stage's view of the shared store: its blocks under a namespace naming the
-        checkpoint, the page layout, the dtype, the block size and this stage's layers."""
+        checkpoint, the page layout, the dtype, the block size and this stage's layers. A
+        reset (not the start) empties that namespace: the store is part of the caches it
+        empties, for every replica that shares it."""
         if self.store_client is None:
             return None
+        reset = self.store_kv is not None  # not the engine's start: empty this namespace
         if self.store_kv is None or self.store_kv.pools is not self.kv:
             if self.store_kv is not None:
                 self.store_kv.close()
@@ -243,7 +246,10 @@ class StageRuntime:
                 f"{self.layout.architecture}/{engine.dtype}/b{engine.block_size}/"
                 f"l{self.spec.start_layer}-{self.spec.end_layer}"
             )
-        return StoreTier(self.store_namespace, self.store_kv.block_bytes, self.store_kv)
+        tier = StoreTier(self.store_namespace, self.store_kv.block_bytes, self.store_kv)
+        if reset:
+            tier.clear()
+        return tier
 
     @property
     def snapshot_interval_blocks(self) -> int:

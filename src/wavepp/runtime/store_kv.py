@@ -132,6 +132,12 @@ class StoreKVBlocks:
             with self._lock:
                 self.num_dropped_puts += len(keys)
 
+    def clear(self, prefix: str) -> None:
+        self._pending.join()  # the puts queued before land first, then go with the rest
+        self.client.remove_prefix(prefix)
+        with self._lock:
+            self._bad.clear()
+
     # ---- the rest ---------------------------------------------------------------------------
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -173,18 +179,29 @@ class StoreKVBlocks:
         while True:
             item = self._pending.get()
             if item is None:
+                self._pending.task_done()
                 return
-            keys, copies = item
-            values = []
-            for i, key in enumerate(keys):
-                payload = b"".join(
-                    copies[name][:, i].contiguous().view(torch.uint8).numpy().tobytes()
-                    for name in self._parts
-                )
-                values.append(self.entry(key, payload))
-            ok = self.client.put(keys, values)
-            with self._lock:
-                if ok:
-                    self.num_put_blocks += len(keys)
-                else:
-                    self.num_dropped_puts += len(keys)
+            try:
+                self._store(*item)
+            except Exception:  # a put is a cache fill: count it lost, keep the writer alive
+                logger.exception("KV store writer: a put failed")
+                with self._lock:
+                    self.num_dropped_puts += len(item[0])
+            finally:
+                self._pending.task_done()
+
+    def _store(self, keys: list[str], copies: dict[str, torch.Tensor]) -> None:
+        """Build the entries of one put and store them (the writer thread)."""
+        values = []
+        for i, key in enumerate(keys):
+            payload = b"".join(
+                copies[name][:, i].contiguous().view(torch.uint8).numpy().tobytes()
+                for name in self._parts
+            )
+            values.append(self.entry(key, payload))
+        ok = self.client.put(keys, values)
+        with self._lock:
+            if ok:
+                self.num_put_blocks += len(keys)
+            else:
+                self.num_dropped_puts += len(keys)
