@@ -293,21 +293,7 @@ class StageServer:
             reason = f"blocks [{stored}, {agreed}) left the store or failed its checksum"
         if stored < agreed and fetched is None:
             return ItemResult(request_id, False, f"stage {self.stage_id}: {reason}")
-        resume = (
-            snapshots.match_snapshots(hashes, on_gpu).num_blocks
-            if snapshots is not None
-            else on_gpu
-        )
-        boundaries = (
-            snapshot_boundaries(resume, probed.num_tokens, block_size, snapshots.interval_blocks)
-            if snapshots is not None
-            else ()
-        )
-        # states written back: the boundaries in (resume, agreed], and the one it resumes
-        # from at agreed
-        num_states = sum(1 for b in boundaries if b <= agreed) + int(
-            snapshots is not None and agreed not in boundaries
-        )
+        resume, boundaries, num_states = self._resume_plan(hashes, on_gpu, agreed, probed)
         lease = pool.lease(request_id, hashes, resume)
         reserve = (
             pool.reserve(request_id, agreed - resume + item.num_new_blocks) if lease.ok else lease
@@ -342,6 +328,20 @@ class StageServer:
             num_loaded_blocks=agreed - on_gpu,
         )
         return ItemResult(request_id, True)
+
+    def _resume_plan(self, hashes, on_gpu: int, agreed: int, probed: ProbeItem):
+        """Where a tier load resumes (hybrid: the last snapshot boundary <= on_gpu; else
+        on_gpu), the snapshot boundaries the request saves from there, and the states written
+        back: the boundaries in (resume, agreed], and the one it resumes from at agreed."""
+        snapshots = self._snapshots
+        if snapshots is None:
+            return on_gpu, (), 0
+        resume = snapshots.match_snapshots(hashes, on_gpu).num_blocks
+        boundaries = snapshot_boundaries(
+            resume, probed.num_tokens, self.block_size, snapshots.interval_blocks
+        )
+        num_states = sum(1 for b in boundaries if b <= agreed) + int(agreed not in boundaries)
+        return resume, boundaries, num_states
 
     def _land(self, request_id, hashes, bounds, num_states, fetched) -> list[int]:
         """Materialize the request's blocks and write the loaded part into them: host blocks

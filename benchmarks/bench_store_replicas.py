@@ -1,0 +1,165 @@
+"""Two prefill replicas behind `wavepp route`, with and without the KV tier they share
+(Mooncake Store): hit rate against the ideal of one unbounded cache, and input tokens/s.
+
+    python benchmarks/bench_store_replicas.py --routing round-robin,cache --tier none,store \\
+        --repeat 2
+
+Each configuration starts from nothing (a fresh `mooncake_master` with the store, two `wavepp
+serve --pp 2` replicas of SmolLM2 bf16 with small stage pools, the router) and sends the
+workload through the router, `--concurrency` requests at a time (serve/loadgen.py); the
+configurations run interleaved, `--repeat` rounds. The workload is `short-suffix`: groups of a
+long prefix, each followed by a suffix, taken in turn (a cycle); with an odd number of groups
+round-robin sends every group to both replicas. Prints one line per run and a median table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from wavepp.bench.http import wait_until_healthy  # noqa: E402
+from wavepp.model_store import resolve_model  # noqa: E402
+from wavepp.runtime.launch import free_port  # noqa: E402
+from wavepp.serve.loadgen import run_load  # noqa: E402
+from wavepp.workloads import WorkloadOptions, workload_from_options  # noqa: E402
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def _master(log_dir: Path) -> tuple[subprocess.Popen, str, str]:
+    rpc, http = free_port(), free_port()
+    binary = Path(sys.executable).parent / "mooncake_master"
+    proc = _start(
+        [str(binary), "-rpc_port", str(rpc), "-enable_http_metadata_server=true",
+         "-http_metadata_server_port", str(http)],
+        log_dir / "master.log",
+    )
+    time.sleep(1.0)
+    return proc, f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+
+
+def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
+    """One configuration from nothing: its processes, the load through the router, its row."""
+    procs, replicas = [], []
+    model = str(resolve_model("smollm2"))
+    try:
+        store = []
+        if tier == "store":
+            master, address, metadata = _master(log_dir)
+            procs.append(master)
+            store = ["--kv-tier", "mooncake-store", "--kv-tier-master", address,
+                     "--kv-tier-metadata", metadata, "--kv-tier-segment-gib",
+                     str(args.segment_gib)]
+        for i in range(2):
+            port = free_port()
+            procs.append(_start(
+                [sys.executable, "-m", "wavepp.cli", "serve", "--model", model, "--pp", "2",
+                 "--port", str(port), "--stage-num-blocks", args.stage_num_blocks, *store],
+                log_dir / f"replica{i}.{tier}.{routing}.log",
+            ))
+            replicas.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(replicas, procs[-2:]):
+            wait_until_healthy(url, proc, timeout_s=900)
+        port = free_port()
+        router = f"http://127.0.0.1:{port}"
+        procs.append(_start(
+            [sys.executable, "-m", "wavepp.cli", "route", "--prefill", ",".join(replicas),
+             "--routing", routing, "--port", str(port)],
+            log_dir / f"route.{tier}.{routing}.log",
+        ))
+        wait_until_healthy(router, procs[-1], timeout_s=120)
+        with httpx.Client(timeout=600) as client:  # warm each replica (an unrelated prompt)
+            for url in replicas:
+                client.post(f"{url}/v1/completions", json={"prompt": [7] * 64, "max_tokens": 1})
+        report = run_load(router, prompts, concurrency=args.concurrency, timeout_s=900)
+        if report.num_ok != len(prompts):
+            raise RuntimeError(f"{tier}/{routing}: {report.errors[:3]}")
+        latencies = sorted(report.latencies_s)
+        return {
+            "tier": tier,
+            "routing": routing,
+            "hit_rate": report.cached_tokens / report.prompt_tokens,
+            "input_tok_s": report.prompt_tokens / report.wall_s,
+            "ttft_p50_ms": 1e3 * statistics.median(latencies),
+        }
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--routing", default="round-robin,cache")
+    ap.add_argument("--tier", default="none,store")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--num-groups", type=int, default=9)
+    ap.add_argument("--prefix-len", type=int, default=1536)
+    ap.add_argument("--suffix-len", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--stage-num-blocks", default="448,448")
+    ap.add_argument("--segment-gib", type=float, default=0.25)
+    ap.add_argument("--log-dir", default="/tmp/bench_store_replicas")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workload = workload_from_options(
+        "short-suffix",
+        WorkloadOptions(
+            num_requests=args.num_requests,
+            prompt_len=0,
+            prefix_len=args.prefix_len,
+            suffix_len=args.suffix_len,
+            num_groups=args.num_groups,
+            common={"vocab_size": 49152},
+        ),
+    )
+    print(f"workload: {workload.name}, ideal hit rate {workload.ideal_hit_rate:.1%}", flush=True)
+    rows = []
+    for rep in range(args.repeat):
+        for tier in args.tier.split(","):
+            for routing in args.routing.split(","):
+                row = run_one(args, tier, routing, workload.prompts, log_dir)
+                row["repeat"] = rep
+                rows.append(row)
+                print(
+                    f"  {tier:<5} {routing:<11} run {rep + 1}: hit {row['hit_rate']:.1%}, "
+                    f"{row['input_tok_s']:,.0f} input tok/s, TTFT p50 {row['ttft_p50_ms']:,.0f} ms",
+                    flush=True,
+                )
+    print(f"\n| tier | routing | hit / ideal | input tok/s (median) | TTFT p50 ms |")
+    print("|---|---|---|---|---|")
+    for tier in args.tier.split(","):
+        for routing in args.routing.split(","):
+            mine = [r for r in rows if r["tier"] == tier and r["routing"] == routing]
+            print(
+                f"| {tier} | {routing} | "
+                f"{statistics.median(r['hit_rate'] for r in mine):.1%} / "
+                f"{workload.ideal_hit_rate:.1%} | "
+                f"{statistics.median(r['input_tok_s'] for r in mine):,.0f} | "
+                f"{statistics.median(r['ttft_p50_ms'] for r in mine):,.0f} |"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
