@@ -3,12 +3,14 @@ bytes behind each stage's StoreTier, keyed by the stage's layer range, so the st
 layers on another replica reuses what one computed; its fetches are charged to the stage's next
 wave over the store link, its puts are not."""
 
+import argparse
 from dataclasses import replace
 
 import pytest
 
 from wavepp.cache import hash_blocks
 from wavepp.cache.store_tier import StoreTier
+from wavepp.cli import simulate as cli_simulate
 from wavepp.sched import PlannerConfig
 from wavepp.sched.request import Request
 from wavepp.sim import SimCosts, build_sim, run_closed_loop
@@ -178,6 +180,37 @@ def test_a_pipeline_of_another_layer_split_finds_nothing_in_the_store():
 def test_a_hybrid_model_is_refused_a_store():
     with pytest.raises(ValueError, match="snapshots"):
         SimSetup(get_model("kimi-linear"), get_hardware("B300"), 4, kv_tier_gib=1)
+
+
+def test_simulate_replicas_takes_the_store_and_prints_the_split(monkeypatch, capsys):
+    import wavepp.sim.studies.replicas as replicas_mod
+
+    seen = []
+
+    def fake_run_replicas(system, setup, workload, *, replicas, routing):
+        seen.append(setup)
+        tiers = {"pool": 0.5, "host": 0.0, "store": 0.25}
+        return {
+            "replicas": replicas,
+            "routing": routing,
+            "hit_rate": 0.75,
+            "tier_hit_rates": tiers,
+            "ideal_hit_rate": 0.8,
+            "input_tok_s": 1.0,
+            "ttft_p50_s": 0.1,
+            "ttft_p99_s": 0.2,
+            "requests_per_replica": [4, 4],
+            "store_put_bytes": 1,
+        }
+
+    monkeypatch.setattr(replicas_mod, "run_replicas", fake_run_replicas)
+    parser = argparse.ArgumentParser(prog="wavepp")
+    cli_simulate.add_parser(parser.add_subparsers(dest="command", required=True))
+    argv = ["simulate", "--replicas", "2", "--routing", "round-robin", "--num-requests", "8"]
+    args = parser.parse_args([*argv, "--kv-tier-gib", "32", "--store-link-gb-s", "50"])
+    assert args.func(args) == 0
+    assert (seen[0].kv_tier_gib, seen[0].store_link_bytes_s) == (32.0, 50e9)
+    assert "hit rate 0.750 (pool 0.500 host 0.000 store 0.250)" in capsys.readouterr().out
 
 
 def _probe(prompt):
