@@ -71,12 +71,7 @@ def run(args) -> int:
     elif args.replicas > 1:
         rows = _run_replicas(args)
         for row in rows:
-            print(
-                f"{row['replicas']} replicas, {row['routing']:<11} hit rate {row['hit_rate']:.3f} "
-                f"(ideal {row['ideal_hit_rate']:.3f})  {row['input_tok_s']:,.0f} input tok/s  "
-                f"TTFT p50 {row['ttft_p50_s']:.3f} s p99 {row['ttft_p99_s']:.3f} s  "
-                f"requests per replica {row['requests_per_replica']}"
-            )
+            print(_replica_line(row))
         if args.json:
             write_json(args.json, rows, {"argv": sys.argv[1:]})
         return 0
@@ -133,6 +128,23 @@ def _run_replicas(args) -> list[dict]:
     return rows
 
 
+def _replica_line(row: dict) -> str:
+    """One --replicas row: the hit rate (split by tier where a tier below the pools served any
+    of it), throughput, TTFT and the spread."""
+    tiers = row["tier_hit_rates"]
+    split = (
+        f" (pool {tiers['pool']:.3f} host {tiers['host']:.3f} store {tiers['store']:.3f})"
+        if tiers["host"] or tiers["store"] or "store_put_bytes" in row
+        else ""
+    )
+    return (
+        f"{row['replicas']} replicas, {row['routing']:<11} hit rate {row['hit_rate']:.3f}{split} "
+        f"(ideal {row['ideal_hit_rate']:.3f})  {row['input_tok_s']:,.0f} input tok/s  "
+        f"TTFT p50 {row['ttft_p50_s']:.3f} s p99 {row['ttft_p99_s']:.3f} s  "
+        f"requests per replica {row['requests_per_replica']}"
+    )
+
+
 def _setup(args):
     from wavepp.sim.cost.hardware import get_hardware
     from wavepp.sim.cost.model_catalog import get_model
@@ -158,6 +170,8 @@ def _setup(args):
         gpus_per_node=args.gpus_per_node,
         host_kv_gib=args.host_kv_gib,
         host_tier_for_baselines=args.host_tier_baselines,
+        kv_tier_gib=args.kv_tier_gib,
+        store_link_gb_s=args.store_link_gb_s,
         trtllm=get_trtllm(args.trtllm or "legacy"),
         sglang=get_sglang(args.sglang or "legacy"),
         vllm=get_vllm(args.vllm or "legacy"),
@@ -423,6 +437,19 @@ def _add_replica_options(p: argparse.ArgumentParser) -> None:
         default="cache,approx,least-load,round-robin",
         help="with --replicas: the routing policies to compare, comma-separated "
         "(wavepp/route/replica_table.py)",
+    )
+    p.add_argument(
+        "--kv-tier-gib",
+        type=float,
+        default=0.0,
+        help="a KV store of this many GiB that every replica's stages share (Mooncake Store; "
+        "sim/core/shared_store.py), below the host tier, for wavepp's systems (0: none)",
+    )
+    p.add_argument(
+        "--store-link-gb-s",
+        type=float,
+        default=0.0,
+        help="GB/s, one direction, of a stage's link to the shared store (0: the GPU's NIC)",
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from wavepp.cache import BlockPool, HostTier, SnapshotPool
+from wavepp.cache.store_tier import StoreTier
 from wavepp.sched.cost_model import CostModel
 from wavepp.sched.leader import Leader, LeaderConfig
 from wavepp.sched.planners import PlannerConfig, make_planner
@@ -106,6 +107,7 @@ def build_sim(
     trtllm=None,
     sglang=None,
     host_tiers: Sequence[HostTier] | None = None,
+    store_tiers: Sequence[StoreTier] | None = None,
 ) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
@@ -115,14 +117,18 @@ def build_sim(
     (default: under the trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop
     (sim/loops/trtllm.py `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop
     (sim/loops/sglang.py `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which
-    keeps what the pool evicts (cache/host_tier.py)."""
+    keeps what the pool evicts (cache/host_tier.py); `store_tiers`: one view per stage of a KV
+    store the stages of other pipelines may share (cache/store_tier.py, sim/core/shared_store.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
     if central_pool:
         stage_num_blocks = [min(stage_num_blocks)]
     pools = _stage_pools(stage_num_blocks, block_size, host_tiers, hybrid, snapshot_interval_blocks)
-    servers = [StageServer(s, pool) for s, pool in enumerate(pools)]
+    stores = list(store_tiers) if store_tiers is not None else [None] * len(pools)
+    if len(stores) != len(pools):
+        raise ValueError(f"build_sim: {len(stores)} store tiers for {len(pools)} pools")
+    servers = [StageServer(s, pool, store) for s, (pool, store) in enumerate(zip(pools, stores))]
     pcfg = planner_config or PlannerConfig(block_size=block_size, num_stages=num_stages)
     if hybrid:  # chunk ends move onto the stages' snapshot grid
         pcfg = replace(pcfg, snapshot_interval_blocks=snapshot_interval_blocks)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 from wavepp.sched.leader import Leader
 from wavepp.sched.messages import LeaseMsg, ReleaseMsg, TokenResult, Wave, WaveResult
@@ -29,6 +29,7 @@ from wavepp.sched.rounds import round_messages
 from wavepp.sched.stage_server import StageServer
 from wavepp.sched.stats import StageStats
 from wavepp.sim.core.events import EventLoop
+from wavepp.sim.core.shared_store import SimStoreLink
 
 ChunkShape = tuple[int, int]  # (num_cached, num_new)
 
@@ -40,6 +41,8 @@ class SimCosts:
     transfer_seconds: Callable[[int, int], float] = lambda stage_id, num_tokens: 0.0
     result_seconds: float = 0.0  # last stage -> rank 0
     host_link_bytes_s: float = 0.0  # a stage's host (CPU) link, one direction; 0: no host tier
+    store_link_bytes_s: float = 0.0  # a stage's link to the shared store, one direction
+    store_fetch_latency_s: float = 0.0  # a fetch's fixed cost (the store's lookup, the read set up)
     round_latency_s: float = 0.0  # one way, rounds plane
     round_msg_s: float = 0.0  # a stage's work per round message
     round_item_s: float = 0.0  # ... plus per request in it
@@ -51,6 +54,30 @@ class SimCosts:
         """Time of `num_bytes` over a stage's host link: the blocks it loaded from its host
         tier and offloaded to it since its last wave, which the next wave waits for."""
         return num_bytes / self.host_link_bytes_s if num_bytes else 0.0
+
+    def store_seconds(self, num_fetches: int, num_bytes: int) -> float:
+        """Time of `num_fetches` fetches of `num_bytes` in all from the shared store."""
+        if not num_bytes and not num_fetches:
+            return 0.0
+        if num_bytes and not self.store_link_bytes_s:
+            raise ValueError("SimCosts: a stage fetched from the store with no store link")
+        seconds = num_bytes / self.store_link_bytes_s if num_bytes else 0.0
+        return seconds + num_fetches * self.store_fetch_latency_s
+
+    def tier_seconds(self, server: StageServer) -> float:
+        """What the stage's next wave waits for, beside its compute: the bytes its host tier
+        moved (loads and offloads, `host_seconds`) and the fetches it took from the shared store
+        (`store_seconds`) since its last wave. The store's puts are counted, never charged: the
+        runtime copies the blocks out at `complete` and a writer thread stores them beside the
+        compute loop, while a fetch runs on the thread answering the round, under the stage's
+        lock, before the request's first wave there."""
+        seconds = self.host_seconds(server.take_host_bytes())
+        tier = server.store_tier
+        if tier is not None:
+            moved = tier.take_transferred_bytes()  # both directions since the last wave here
+            num_fetches, put_bytes = cast(SimStoreLink, tier.store).take_counts()
+            seconds += self.store_seconds(num_fetches, moved - put_bytes)
+        return seconds
 
     def message_seconds(self, msg, reply=None) -> float:
         """A stage's work to answer one rounds-plane message. Lease items pay per block only
@@ -268,7 +295,7 @@ class PipelineSim:
         shapes = [(c.start, c.num_tokens) for c in wave.chunks]
         seconds = self.costs.wave_seconds(sid, shapes) if shapes else 0.0
         if server is not None:
-            seconds += self.costs.host_seconds(server.take_host_bytes())
+            seconds += self.costs.tier_seconds(server)
         start = self.loop.now
         self.stats[sid].busy_s += seconds
         self.stats[sid].num_waves += 1
@@ -331,3 +358,5 @@ class PipelineSim:
             server.pool.check_integrity()
             if server.pool.host_tier is not None:
                 server.pool.host_tier.check_integrity()
+            if server.store_tier is not None:
+                cast(SimStoreLink, server.store_tier.store).shared.check_integrity()

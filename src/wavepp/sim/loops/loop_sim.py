@@ -147,7 +147,7 @@ class LoopSim(PipelineSim):
         self.servers[rank].prepare(wave)
         shapes = [(c.start, c.num_tokens) for c in wave.chunks]
         seconds = self.costs.wave_seconds(rank, shapes) if shapes else 0.0
-        seconds += self.costs.host_seconds(self.servers[rank].take_host_bytes())
+        seconds += self.costs.tier_seconds(self.servers[rank])
         start = self.loop.now
         self._gpu_busy[rank] = True
         self.stats[rank].busy_s += seconds

@@ -10,17 +10,23 @@ replica what `/v1/cache_query` answers on a real one (each stage's `StageServer.
 probe's hint, agreed over the stages by `agree_prefix`), `approx` consults the router's own
 record, `least-load` the requests in flight (counted when each replica finishes one), and
 `cache` also what each replica has in flight (the router's record of its requests not ended).
-Replicas share nothing else: each runs on its own clock between arrivals.
+Replicas share nothing else, but for a KV store (`setup.kv_tier_gib`, sim/core/shared_store.py)
+every replica's stages reach: one `SimSharedStore`, where the stage of the same layers on each
+replica finds what the others computed. Each runs on its own clock between arrivals; the
+store's LRU sees their puts and fetches in the order the arrivals advance them.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 from wavepp.route.replica_table import ReplicaTable
 from wavepp.sched.admission import agree_prefix
 from wavepp.sched.request import Request
 from wavepp.sched.stats import quantile
 from wavepp.sim.core.pipeline import PipelineSim
-from wavepp.sim.studies.scenario import build_system
+from wavepp.sim.core.shared_store import SimStoreLink
+from wavepp.sim.studies.scenario import build_system, shared_store
 from wavepp.sim.studies.sim_setup import SimSetup
 
 
@@ -40,15 +46,17 @@ def run_replicas(
     replicas: int,
     routing: str,
 ) -> dict:
-    """One row: the routing, the tier's hit rate and input tok/s, TTFT p50/p99, the spread of
-    requests over the replicas, and the decisions by reason."""
+    """One row: the routing, the tier's hit rate (and its split by where the reused blocks
+    came from: `tier_hit_rates`) and input tok/s, TTFT p50/p99, the spread of requests over the
+    replicas, the decisions by reason, and the shared store's traffic."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if workload.arrival_times_s is None:
         raise ValueError(
             "--replicas simulates an open loop: use a workload with arrival times (trace)"
         )
-    sims = [build_system(system, setup) for _ in range(replicas)]
+    store = shared_store(setup) if setup.kv_tier_gib else None
+    sims = [build_system(system, setup, store=store) for _ in range(replicas)]
     table = ReplicaTable([f"replica-{i}" for i in range(replicas)], routing)
     owner: dict[int, tuple[int, tuple]] = {}  # request -> (replica, ticket)
     for sim in sims:
@@ -74,13 +82,15 @@ def run_replicas(
     done = [r for r in records if r.failure is None and r.finish is not None]
     ttft = sorted(r.finish - r.arrival for r in done) or [0.0]
     tokens = sum(r.num_tokens for r in done)
+    hit_rate = sum(r.num_cached_tokens for r in done) / tokens if tokens else 0.0
     per_replica = [len(sim.records) for sim in sims]
     return {
         "replicas": replicas,
         "routing": routing,
         "num_requests": len(records),
         "num_failed": len(records) - len(done),
-        "hit_rate": sum(r.num_cached_tokens for r in done) / tokens if tokens else 0.0,
+        "hit_rate": hit_rate,
+        "tier_hit_rates": _tier_hit_rates(sims, hit_rate),
         "ideal_hit_rate": workload.ideal_hit_rate,
         "input_tok_s": tokens / end * setup.token_scale if end > 0 else 0.0,
         "ttft_p50_s": quantile(ttft, 0.5),
@@ -88,4 +98,38 @@ def run_replicas(
         "requests_per_replica": per_replica,
         "load_spread": max(per_replica) / max(1, min(per_replica)),
         "decisions": dict(sorted(table.decisions.items())),
+        **_store_traffic(sims),
+    }
+
+
+def _tier_hit_rates(sims: list[PipelineSim], hit_rate: float) -> dict[str, float]:
+    """`hit_rate` split by where the reused blocks came from, over every stage of `sims`: the
+    blocks loaded from the host tiers (`HostTier.num_loaded`) and fetched from the shared store
+    (`StoreTier.num_loaded_blocks`) among those the stages reused (`num_reused_blocks`), the
+    rest leased in the GPU pools. Each stage splits a request's prefix its own way (one holds
+    it in its pool, another in its host tier), so the split is the stages' mean."""
+    servers = [sv for sim in sims for sv in sim.servers]
+    reused = sum(sv.num_reused_blocks for sv in servers)
+    host = sum(sv.pool.host_tier.num_loaded for sv in servers if sv.pool.host_tier is not None)
+    store = sum(sv.store_tier.num_loaded_blocks for sv in servers if sv.store_tier is not None)
+    if not reused:
+        return {"pool": 0.0, "host": 0.0, "store": 0.0}
+    return {
+        "pool": hit_rate * (reused - host - store) / reused,
+        "host": hit_rate * host / reused,
+        "store": hit_rate * store / reused,
+    }
+
+
+def _store_traffic(sims: list[PipelineSim]) -> dict[str, int]:
+    """Bytes the stages fetched from the shared store (charged to their waves) and put into it
+    (counted, not charged), and the entries its LRU dropped; {} without a store."""
+    tiers = [sv.store_tier for sim in sims for sv in sim.servers if sv.store_tier is not None]
+    if not tiers:
+        return {}
+    links = [cast(SimStoreLink, t.store) for t in tiers]
+    return {
+        "store_fetched_bytes": sum(link.num_fetched_bytes for link in links),
+        "store_put_bytes": sum(link.num_put_bytes for link in links),
+        "store_dropped_blocks": links[0].shared.num_dropped,
     }

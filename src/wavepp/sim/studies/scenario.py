@@ -22,13 +22,19 @@ from wavepp.sched.cost_model import (
 from wavepp.sched.planners import MPU_PAPER_TOKENS, PlannerConfig
 from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
 from wavepp.sim.core.pipeline import PipelineSim, SimCosts
+from wavepp.sim.core.shared_store import SimSharedStore
 from wavepp.sim.cost.stage_cost import StageCostModel, transfer_seconds
 from wavepp.sim.cost.stages import partition_layers, stage_models
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.loops.sglang import SglangScheduling, sglang_planner
 from wavepp.sim.loops.trtllm import MicroBatchPlanner, TrtllmScheduling
 from wavepp.sim.studies.sim_setup import SimResult, SimSetup
-from wavepp.sim.studies.stage_memory import host_tiers, model_interval_blocks, pool_blocks
+from wavepp.sim.studies.stage_memory import (
+    host_tiers,
+    model_interval_blocks,
+    pool_blocks,
+    store_tiers,
+)
 from wavepp.sim.studies.systems import BUDGETED, SystemSpec, get_system
 from wavepp.workloads import Workload
 from wavepp.workloads.workload import ideal_snapshot_hit_rate
@@ -36,10 +42,20 @@ from wavepp.workloads.workload import ideal_snapshot_hit_rate
 PROFILE_MAX_TOKENS = 65536  # real tokens: the largest wave of the profiling pass
 
 
-def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False) -> PipelineSim:
+def build_system(
+    system: str,
+    setup: SimSetup,
+    *,
+    check_integrity: bool = False,
+    store: SimSharedStore | None = None,
+) -> PipelineSim:
     """The pipeline of `system` on `setup`'s model and hardware, ready to take requests: its
     stages' layers and cost models, their pools, the planner's budget, the outside loop's
-    mechanisms where it runs one."""
+    mechanisms where it runs one. `store`: a KV store its stages share with other pipelines'
+    (run_replicas gives them one); without it, one of its own where `setup.kv_tier_gib` is
+    set."""
+    if store is None and setup.kv_tier_gib:
+        store = shared_store(setup)
     spec = get_system(system)
     m, bs = setup.model, setup.block_size
     bounds, degree, stages = _stage_layout(spec, setup)
@@ -62,6 +78,7 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         stage_num_blocks=blocks,
         block_size=bs,
         host_tiers=host_tiers(spec, setup, bounds, degree),
+        store_tiers=store_tiers(spec, setup, bounds, degree, store),
         planner_config=pcfg,
         cost_model=CostModel(prior),
         max_waves_in_flight=spec.ring_per_stage * len(stages),
@@ -77,6 +94,11 @@ def build_system(system: str, setup: SimSetup, *, check_integrity: bool = False)
         sglang=hooks if sg is not None else None,
         serial_chunks=None if trt is None else not trt.overlap_chunks,
     )
+
+
+def shared_store(setup: SimSetup) -> SimSharedStore:
+    """An empty KV store of `setup.kv_tier_gib`, for every replica's stages to share."""
+    return SimSharedStore(int(setup.kv_tier_gib * 2**30))
 
 
 def fixed_budget(spec: SystemSpec, setup: SimSetup) -> int | None:
@@ -120,6 +142,8 @@ def scaled_costs(
         if setup.crosses_nodes(last) and last
         else hw.link_latency_s,
         host_link_bytes_s=hw.host_link_bytes_s,
+        store_link_bytes_s=setup.store_link_bytes_s,
+        store_fetch_latency_s=setup.store_fetch_latency_s,
         round_latency_s=0.0 if local else adm.round_latency_s,
         round_msg_s=adm.msg_s,
         round_item_s=adm.item_s,
@@ -170,10 +194,12 @@ def run_setting(
     sim = build_system(system, setup, check_integrity=check_integrity)
     rep = drive(sim, workload, concurrency)
     tiers = [sv.pool.host_tier for sv in sim.servers if sv.pool.host_tier is not None]
+    stores = [sv.store_tier for sv in sim.servers if sv.store_tier is not None]
     result = replace(
         to_result(rep, system, setup, workload, concurrency),
         host_offloaded_blocks=sum(t.num_offloaded for t in tiers),
         host_loaded_blocks=sum(t.num_loaded for t in tiers),
+        store_loaded_blocks=sum(t.num_loaded_blocks for t in stores),
     )
     return result, sim
 

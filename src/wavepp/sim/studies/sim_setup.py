@@ -61,6 +61,15 @@ class SimSetup:
     # a host (CPU) KV tier of this many GiB per rank (0: none), for the systems that run
     # wavepp's own caches (`SystemSpec.host_tier`), or every system with `host_tier_for_baselines`
     host_kv_gib: float = 0.0
+    # a KV store every replica's stages share (Mooncake Store), this many GiB in all (0: none),
+    # below each stage's host tier (sim/core/shared_store.py); for the same systems as the
+    # host tier. A fetch costs `store_fetch_latency_s` (the store's lookup and the read set up:
+    # an assumption) plus its bytes over the stage's store link, one direction (0: its NIC,
+    # `hardware.internode_gb_s`)
+    kv_tier_gib: float = 0.0
+    store_link_gb_s: float = 0.0
+    store_fetch_latency_s: float = 500e-6
+    # the host tier and the shared store for every system, not only wavepp's own caches
     host_tier_for_baselines: bool = False
     admission: AdmissionCosts = field(default_factory=AdmissionCosts)
     overheads: ExecOverheads = field(default_factory=ExecOverheads)
@@ -95,6 +104,14 @@ class SimSetup:
                 f"SimSetup.gpus_per_node and host_kv_gib must be >= 0, "
                 f"got {self.gpus_per_node}, {self.host_kv_gib}"
             )
+        for name in ("kv_tier_gib", "store_link_gb_s", "store_fetch_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SimSetup.{name} must be >= 0, got {getattr(self, name)}")
+        if self.kv_tier_gib and self.model.hybrid:
+            raise ValueError(
+                f"SimSetup.kv_tier_gib: {self.model.name} keeps recurrent-state snapshots, "
+                "which the shared KV store does not carry (as in the runtime)"
+            )
         if self.host_kv_gib and not self.hardware.host_link_gb_s:
             raise ValueError(
                 f"SimSetup.host_kv_gib: {self.hardware.name} has no host link bandwidth"
@@ -123,6 +140,12 @@ class SimSetup:
         return (
             bool(self.gpus_per_node) and stage_id // self.gpus_per_node != nxt // self.gpus_per_node
         )
+
+    @property
+    def store_link_bytes_s(self) -> float:
+        """One direction of a stage's link to the shared store: `store_link_gb_s`, else the
+        device's NIC."""
+        return (self.store_link_gb_s or self.hardware.internode_gb_s) * 1e9
 
     @property
     def num_nodes(self) -> int:
@@ -159,6 +182,8 @@ class SimResult:
     # host KV tier, summed over the stages: blocks offloaded to it, and loaded back from it
     host_offloaded_blocks: int = 0
     host_loaded_blocks: int = 0
+    # the shared KV store, summed over the stages: blocks fetched from it and landed
+    store_loaded_blocks: int = 0
 
     def row(self) -> dict:
         return asdict(self)

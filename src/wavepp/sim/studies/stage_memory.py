@@ -1,10 +1,13 @@
 """A stage's memory in a simulated setting: how many blocks its pool holds (what its HBM leaves
-for KV, a hybrid model's snapshot slots taking their share), the snapshot grid, and the host KV
-tier beside it. Used by scenario.py's build_system."""
+for KV, a hybrid model's snapshot slots taking their share), the snapshot grid, the host KV
+tier beside it and its view of the KV store replicas share. Used by scenario.py's
+build_system."""
 
 from __future__ import annotations
 
 from wavepp.cache import HostTier, default_interval_blocks
+from wavepp.cache.store_tier import StoreTier
+from wavepp.sim.core.shared_store import SimSharedStore
 from wavepp.sim.cost.model_shapes import ModelShape
 from wavepp.sim.cost.stage_cost import kv_split
 from wavepp.sim.cost.stages import stage_kv_tokens
@@ -57,13 +60,33 @@ def host_tiers(
 ) -> list[HostTier] | None:
     """One host KV tier per stage where the setup has one and the system takes it (a central
     pool never does), else None."""
-    if (
-        setup.host_kv_gib
-        and (spec.host_tier or setup.host_tier_for_baselines)
-        and spec.topology != "central"
-    ):
+    if setup.host_kv_gib and _takes_tiers(spec, setup):
         return [host_tier(setup.model, setup, a, b, degree, spec.layout) for a, b in bounds]
     return None
+
+
+def store_tiers(
+    spec: SystemSpec,
+    setup: SimSetup,
+    bounds: list[tuple[int, int]],
+    degree: int,
+    shared: SimSharedStore | None,
+) -> list[StoreTier] | None:
+    """Each stage's view of the `shared` store where there is one and the system takes the
+    tiers (as `host_tiers`), else None. A stage's namespace names what its entries hold: the
+    model, the KV element, how the devices split the layers, the real tokens of a block and
+    the stage's layers, so the stage of the same layers on every replica shares its entries
+    and a stage of other layers finds none. An entry costs the stage's bytes of a block, as in
+    its host tier."""
+    if shared is None or not _takes_tiers(spec, setup):
+        return None
+    m, block_tokens = setup.model, setup.block_size * setup.token_scale
+    tiers = []
+    for a, b in bounds:
+        block_bytes = max(1, int(_block_and_snapshot_bytes(m, setup, a, b, degree, spec.layout)[0]))
+        namespace = f"{m.name}/kv{m.kv_bytes:g}/{spec.layout}{degree}/b{block_tokens}/l{a}-{b}"
+        tiers.append(StoreTier(namespace, block_bytes, shared.link(block_bytes)))
+    return tiers
 
 
 def host_tier(
@@ -91,6 +114,12 @@ def model_interval_blocks(setup: SimSetup) -> int:
         m.layers_kv_bytes_per_token(0, m.num_layers) * setup.block_size * setup.token_scale
     )
     return default_interval_blocks(int(snapshot_bytes), int(block_bytes))
+
+
+def _takes_tiers(spec: SystemSpec, setup: SimSetup) -> bool:
+    """Whether `spec` runs the tiers below its pools (a host tier, the shared store): wavepp's
+    own caches, or every system with `setup.host_tier_for_baselines`; a central pool never."""
+    return (spec.host_tier or setup.host_tier_for_baselines) and spec.topology != "central"
 
 
 def _min_free_memory_tokens(
