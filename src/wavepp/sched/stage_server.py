@@ -352,7 +352,9 @@ class StageServer:
         load = host.onboard(hashes[on_gpu:stored], num_states) if host is not None else None
         block_table = self.pool.materialize(request_id)  # evicts (offloads) its victims
         if load is not None:
-            host.land(load, block_table[on_gpu:stored])  # into those victims' blocks
+            cast("HostTier", host).land(
+                load, block_table[on_gpu:stored]
+            )  # into those victims' blocks
             self.num_host_loaded_blocks += stored - on_gpu
         if fetched is not None:
             cast(StoreTier, self.store_tier).land(fetched, block_table[stored:agreed])

@@ -82,6 +82,11 @@ class SimSharedStore:
             self.used_bytes += block_bytes
             self.num_stored += 1
 
+    def clear(self, prefix: str) -> None:
+        """Drop every entry whose key starts with `prefix`."""
+        for key in [k for k in self._entries if k.startswith(prefix)]:
+            self.used_bytes -= self._entries.pop(key)
+
     def check_integrity(self) -> None:
         used = sum(self._entries.values())
         if used != self.used_bytes or used > self.capacity_bytes:
@@ -122,6 +127,9 @@ class SimStoreLink:
     def put(self, keys: Sequence[str], block_ids: Sequence[int]) -> None:
         self.num_put_bytes += len(keys) * self.block_bytes
         self.shared.put(keys, self.block_bytes)
+
+    def clear(self, prefix: str) -> None:
+        self.shared.clear(prefix)
 
     def take_counts(self) -> tuple[int, int]:
         """(fetches, bytes put) since the last call; the counts start again."""
