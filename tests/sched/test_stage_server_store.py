@@ -14,12 +14,13 @@ class DictStore:
     """Keys -> the block id they were put from; `bad`: keys whose fetch fails (a checksum)."""
 
     def __init__(self):
-        self.held, self.bad, self.loads = {}, set(), []
+        self.held, self.bad, self.loads, self.fetches = {}, set(), [], 0
 
     def exists(self, keys):
         return [k in self.held for k in keys]
 
     def fetch(self, keys):
+        self.fetches += 1
         if any(k not in self.held or k in self.bad for k in keys):
             return None
         return [self.held[k] for k in keys]
@@ -30,6 +31,9 @@ class DictStore:
     def put(self, keys, block_ids):
         for k, b in zip(keys, block_ids):
             self.held.setdefault(k, b)
+
+    def clear(self, prefix):
+        self.held = {k: b for k, b in self.held.items() if not k.startswith(prefix)}
 
 
 def _server(store, num_blocks=16):
@@ -113,3 +117,40 @@ def test_the_store_counts_after_the_pool():
     hint, result = _admit(reader, 3, tokens, 6, round_id=1)
     assert (hint.num_blocks, hint.num_store_blocks) == (6, 4) and result.ok
     assert len(store.loads[-1][1]) == 4
+
+
+def test_a_lease_uses_the_bytes_prefetched_before_the_lock():
+    """The runtime fetches a lease's store bytes before it takes the stage lock (prefetch);
+    the lease then fetches nothing more, unless its range moved since the probe."""
+    store = DictStore()
+    writer, reader = _server(store), _server(store)
+    tokens = list(range(25))
+    _admit(writer, 1, tokens, 0)
+    _run(writer, 1, 0, 25, True)
+    hashes = tuple(hash_blocks(tokens, BS))
+    reader.probe(ProbeMsg(0, (ProbeItem(2, hashes, 25),)))
+    msg = LeaseMsg(0, (LeaseItem(2, 6, 1),))
+    prefetched = reader.prefetch(msg)
+    assert set(prefetched) == {2} and prefetched[2][:2] == (0, 6) and store.fetches == 1
+    assert reader.handle(msg, prefetched).results[0].ok
+    assert store.fetches == 1 and reader.counters().store_loaded_blocks == 6
+
+    # the range moved: the reader's pool now holds the first 2 blocks (it computed them)
+    other = _server(store)
+    _admit(other, 3, tokens[:9], 0)
+    _run(other, 3, 0, 9, True)
+    other.probe(ProbeMsg(1, (ProbeItem(4, hashes, 25),)))
+    msg = LeaseMsg(1, (LeaseItem(4, 6, 1),))
+    stale = {4: (0, 6, store.fetch([other.store_tier.key(h) for h in hashes[:6]]))}
+    assert other.handle(msg, stale).results[0].ok
+    assert len(store.loads[-1][1]) == 4  # fetched again: blocks [2, 6)
+
+
+def test_a_reset_clears_the_namespace():
+    store = DictStore()
+    writer = _server(store)
+    _admit(writer, 1, list(range(17)), 0)
+    _run(writer, 1, 0, 17, True)
+    store.held["ns/l2-4/0000000000000001"] = 0  # another stage's
+    writer.store_tier.clear()
+    assert list(store.held) == ["ns/l2-4/0000000000000001"]

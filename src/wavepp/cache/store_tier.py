@@ -61,6 +61,9 @@ class SharedBlockStore(Protocol):
         ...
 
 
+_NOT_PREFETCHED = object()
+
+
 @dataclass(frozen=True, slots=True)
 class StoreLoad:
     """What one fetch took from the store: blocks, their bytes, and the staged copy."""
@@ -100,12 +103,24 @@ class StoreTier:
             n += 1
         return n
 
-    def fetch(self, block_hashes: Sequence[int]) -> StoreLoad | None:
-        """Take the bytes of `block_hashes` from the store, checked; None (counted) when one is
-        missing or bad: the caller refuses the lease that wanted them."""
+    def prefetch(self, block_hashes: Sequence[int]) -> object | None:
+        """The store's answer for `block_hashes` (what `fetch` would take), counting nothing:
+        a lease's bytes taken before the stage's lock, handed to `fetch` under it."""
+        return self.store.fetch([self.key(h) for h in block_hashes]) if block_hashes else ()
+
+    def fetch(
+        self, block_hashes: Sequence[int], prefetched: object = _NOT_PREFETCHED
+    ) -> StoreLoad | None:
+        """Take the bytes of `block_hashes` from the store, checked (or use `prefetched`, a
+        `prefetch` of the same hashes); None (counted) when one is missing or bad: the caller
+        refuses the lease that wanted them."""
         if not block_hashes:
             return StoreLoad(0, 0)
-        staged = self.store.fetch([self.key(h) for h in block_hashes])
+        staged = (
+            self.store.fetch([self.key(h) for h in block_hashes])
+            if prefetched is _NOT_PREFETCHED
+            else prefetched
+        )
         if staged is None:
             self.num_refused_loads += 1
             return None

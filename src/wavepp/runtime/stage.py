@@ -268,8 +268,14 @@ class StageRuntime:
             return IntegrityReport(self.server.pool.capacity(), len(self.server.requests))
 
     def handle_round(self, msg):
+        """Answer a rounds-plane message under the stage lock; a lease's store bytes are
+        fetched before, without it (StageServer.prefetch)."""
+        server = self.server
+        prefetched = server.prefetch(msg)
         with self.lock:
-            return self.server.handle(msg)
+            if server is not self.server:  # a reset came between: its new server decides
+                prefetched = None
+            return self.server.handle(msg, prefetched)
 
     def run(self, wave: Wave, inputs: torch.Tensor | None) -> tuple[object, float]:
         """Run `wave` here. inputs: token ids [num_tokens] on the first stage, else hidden

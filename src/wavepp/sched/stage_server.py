@@ -97,18 +97,20 @@ class StageServer:
         self.block_size = pool.block_size
         self.requests: dict[int, StageRequest] = {}
         self._probed: dict[int, ProbeItem] = {}
+        self._store_runs: dict[int, tuple[int, int]] = {}  # probed: the store's run of blocks
         # the same pool, seen as a SnapshotPool, when it keeps snapshots (a hybrid model's)
         self._snapshots = cast("SnapshotPool", pool) if pool.keeps_snapshots else None
         self.num_probe_hit_blocks = 0  # counters since start (metrics): counters()
         self.num_reused_blocks = 0
         self.num_host_loaded_blocks = 0  # of the reused: loaded from the host tier
 
-    def handle(self, msg):
-        """Answer one rounds-plane message; ReleaseMsg has no reply."""
+    def handle(self, msg, prefetched: dict | None = None):
+        """Answer one rounds-plane message; ReleaseMsg has no reply. `prefetched`: a lease's
+        store bytes, taken before (`prefetch`)."""
         if isinstance(msg, ProbeMsg):
             return self.probe(msg)
         if isinstance(msg, LeaseMsg):
-            return self.lease(msg)
+            return self.lease(msg, prefetched)
         if isinstance(msg, ReleaseMsg):
             return self.release(msg)
         raise TypeError(f"stage {self.stage_id}: unknown rounds-plane message {type(msg).__name__}")
@@ -121,6 +123,12 @@ class StageServer:
         for item in msg.items:
             self._probed[item.request_id] = item
         hints = self.query(msg.items)
+        for hint in hints:  # the store's run, [start, end) in blocks, for prefetch
+            if hint.num_store_blocks:
+                self._store_runs[hint.request_id] = (
+                    hint.num_blocks - hint.num_store_blocks,
+                    hint.num_blocks,
+                )
         self.num_probe_hit_blocks += sum(h.num_blocks for h in hints)
         return ProbeReply(msg.round_id, self.stage_id, hints)
 
@@ -189,7 +197,26 @@ class StageServer:
             )
         return tuple(hints)
 
-    def lease(self, msg: LeaseMsg) -> LeaseReply:
+    def prefetch(self, msg) -> dict | None:
+        """For a lease: the store's bytes of each item whose agreed prefix runs into the run of
+        blocks its probe found in the store ({request id: (start, end, bytes)}), taken without
+        the stage's lock (the caller holds none: the fetch is the slow part of a lease, and the
+        compute loop needs that lock). Reads only what the probe remembered (the same thread
+        answers probes and leases); the lease uses a fetch only if its own range is the same."""
+        store = self.store_tier
+        if store is None or not isinstance(msg, LeaseMsg):
+            return None
+        fetched = {}
+        for item in msg.items:
+            probed = self._probed.get(item.request_id)
+            run = self._store_runs.get(item.request_id)
+            if probed is None or run is None or item.num_leased_blocks <= run[0]:
+                continue
+            start, end = run[0], min(run[1], item.num_leased_blocks)
+            fetched[item.request_id] = (start, end, store.prefetch(probed.block_hashes[start:end]))
+        return fetched
+
+    def lease(self, msg: LeaseMsg, prefetched: dict | None = None) -> LeaseReply:
         """Lease the agreed prefix, escrow room for the rest and commit the escrow: the
         request's own full blocks become pending entries that later requests can share while
         they are computed. On failure hold nothing. Items are handled in order, so a later
@@ -206,7 +233,9 @@ class StageServer:
             if (
                 self.pool.host_tier is not None or self.store_tier is not None
             ) and item.num_leased_blocks > self.pool.match(probed.block_hashes).num_blocks:
-                result = self._lease_from_tiers(item, probed)
+                result = self._lease_from_tiers(
+                    item, probed, (prefetched or {}).get(item.request_id)
+                )
                 self.num_reused_blocks += item.num_leased_blocks if result.ok else 0
                 results.append(result)
                 continue
@@ -257,9 +286,12 @@ class StageServer:
         # one round at a time: a request probed but not in this lease (aborted, deferred) is
         # probed again if it comes back
         self._probed.clear()
+        self._store_runs.clear()
         return LeaseReply(msg.round_id, self.stage_id, tuple(results), self.pool.capacity())
 
-    def _lease_from_tiers(self, item: LeaseItem, probed: ProbeItem) -> ItemResult:
+    def _lease_from_tiers(
+        self, item: LeaseItem, probed: ProbeItem, prefetched: tuple | None = None
+    ) -> ItemResult:
         """The agreed prefix runs past the blocks this stage's GPU pool holds: lease the GPU
         part, load the rest from the host tier, then the store, into new blocks now, escrow
         room for the prompt after it. On failure hold nothing.
@@ -289,7 +321,11 @@ class StageServer:
         elif stored < agreed and snapshots is not None:
             reason = f"blocks [{stored}, {agreed}) would come from the store, without states"
         elif stored < agreed:
-            fetched = cast(StoreTier, self.store_tier).fetch(hashes[stored:agreed])
+            store = cast(StoreTier, self.store_tier)
+            if prefetched is not None and prefetched[:2] == (stored, agreed):
+                fetched = store.fetch(hashes[stored:agreed], prefetched[2])
+            else:  # the pool or the host tier changed since the probe: fetch it now
+                fetched = store.fetch(hashes[stored:agreed])
             reason = f"blocks [{stored}, {agreed}) left the store or failed its checksum"
         if stored < agreed and fetched is None:
             return ItemResult(request_id, False, f"stage {self.stage_id}: {reason}")
@@ -498,6 +534,7 @@ class StageServer:
 
     def _drop(self, request_id: int) -> None:
         self._probed.pop(request_id, None)
+        self._store_runs.pop(request_id, None)
         self.requests.pop(request_id, None)
         if self.pool.has_request(request_id):
             self.pool.release(request_id)
