@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from wavepp.engine import Engine
+from wavepp.random_checkpoint import make_model
 
 from .helpers import VOCAB, assert_clean
 
@@ -32,7 +33,15 @@ def _run(model_dir, prompts, host_kv_gib):
     return results
 
 
-def test_an_evicted_prefix_is_loaded_back_from_the_host_tier(tiny):
+@pytest.fixture(scope="module")
+def mla_moe(tmp_path_factory):
+    """DeepSeek-V3's family at test size: latent attention and MoE layers."""
+    return make_model(tmp_path_factory.mktemp("mla") / "deepseek", arch="deepseek_v3", seed=6)
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_an_evicted_prefix_is_loaded_back_from_the_host_tier(family, tiny, mla_moe):
+    tiny = tiny if family == "llama" else mla_moe
     rng = random.Random(3)
     prefix = [rng.randrange(VOCAB) for _ in range(PREFIX)]
     others = [[rng.randrange(VOCAB) for _ in range(100)] for _ in range(4)]

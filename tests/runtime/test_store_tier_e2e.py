@@ -12,6 +12,7 @@ import transformers
 
 from wavepp.cache import hash_blocks
 from wavepp.engine import Engine
+from wavepp.random_checkpoint import make_model
 
 from ..eventually import eventually
 from .helpers import VOCAB, assert_clean
@@ -84,7 +85,18 @@ def _assert_matches(result, ref):
         assert abs(lp - want) <= 1e-4, (lp, want)
 
 
-def test_a_prefix_another_replica_computed_comes_from_the_store(tiny, mooncake_master):
+@pytest.fixture(scope="module")
+def mla_moe(tmp_path_factory):
+    """DeepSeek-V3's family at test size: latent attention (one latent pool and one rope
+    pool per layer, not K and V) and MoE layers."""
+    return make_model(tmp_path_factory.mktemp("mla") / "deepseek", arch="deepseek_v3", seed=6)
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_a_prefix_another_replica_computed_comes_from_the_store(
+    family, tiny, mla_moe, mooncake_master
+):
+    tiny = tiny if family == "llama" else mla_moe
     rng = random.Random(4)
     prefix = [rng.randrange(VOCAB) for _ in range(PREFIX)]
     first = prefix + [rng.randrange(VOCAB) for _ in range(10)]
