@@ -42,8 +42,14 @@ def _master(log_dir: Path) -> tuple[subprocess.Popen, str, str]:
     rpc, http = free_port(), free_port()
     binary = Path(sys.executable).parent / "mooncake_master"
     proc = _start(
-        [str(binary), "-rpc_port", str(rpc), "-enable_http_metadata_server=true",
-         "-http_metadata_server_port", str(http)],
+        [
+            str(binary),
+            "-rpc_port",
+            str(rpc),
+            "-enable_http_metadata_server=true",
+            "-http_metadata_server_port",
+            str(http),
+        ],
         log_dir / "master.log",
     )
     time.sleep(1.0)
@@ -59,26 +65,60 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
         if tier == "store":
             master, address, metadata = _master(log_dir)
             procs.append(master)
-            store = ["--kv-tier", "mooncake-store", "--kv-tier-master", address,
-                     "--kv-tier-metadata", metadata, "--kv-tier-segment-gib",
-                     str(args.segment_gib)]
+            store = [
+                "--kv-tier",
+                "mooncake-store",
+                "--kv-tier-master",
+                address,
+                "--kv-tier-metadata",
+                metadata,
+                "--kv-tier-segment-gib",
+                str(args.segment_gib),
+            ]
         for i in range(2):
             port = free_port()
-            procs.append(_start(
-                [sys.executable, "-m", "wavepp.cli", "serve", "--model", model, "--pp", "2",
-                 "--port", str(port), "--stage-num-blocks", args.stage_num_blocks, *store],
-                log_dir / f"replica{i}.{tier}.{routing}.log",
-            ))
+            procs.append(
+                _start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "wavepp.cli",
+                        "serve",
+                        "--model",
+                        model,
+                        "--pp",
+                        "2",
+                        "--port",
+                        str(port),
+                        "--stage-num-blocks",
+                        args.stage_num_blocks,
+                        *store,
+                    ],
+                    log_dir / f"replica{i}.{tier}.{routing}.log",
+                )
+            )
             replicas.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(replicas, procs[-2:]):
             wait_until_healthy(url, proc, timeout_s=900)
         port = free_port()
         router = f"http://127.0.0.1:{port}"
-        procs.append(_start(
-            [sys.executable, "-m", "wavepp.cli", "route", "--prefill", ",".join(replicas),
-             "--routing", routing, "--port", str(port)],
-            log_dir / f"route.{tier}.{routing}.log",
-        ))
+        procs.append(
+            _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "wavepp.cli",
+                    "route",
+                    "--prefill",
+                    ",".join(replicas),
+                    "--routing",
+                    routing,
+                    "--port",
+                    str(port),
+                ],
+                log_dir / f"route.{tier}.{routing}.log",
+            )
+        )
         wait_until_healthy(router, procs[-1], timeout_s=120)
         with httpx.Client(timeout=600) as client:  # warm each replica (an unrelated prompt)
             for url in replicas:
@@ -87,12 +127,15 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
         if report.num_ok != len(prompts):
             raise RuntimeError(f"{tier}/{routing}: {report.errors[:3]}")
         latencies = sorted(report.latencies_s)
+        tiers = _scrape_tiers(replicas)
         return {
+            **tiers,
             "tier": tier,
             "routing": routing,
             "hit_rate": report.cached_tokens / report.prompt_tokens,
             "input_tok_s": report.prompt_tokens / report.wall_s,
             "ttft_p50_ms": 1e3 * statistics.median(latencies),
+            "computed_tokens": report.prompt_tokens - report.cached_tokens,
         }
     finally:
         for proc in reversed(procs):
@@ -102,6 +145,23 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def _scrape_tiers(replicas: list[str]) -> dict:
+    """From the replicas' /metrics, summed over replicas and stages: the store's load time
+    and the blocks it loaded, the stages' busy time (what a load costs against computing)."""
+    totals = {"store_load_s": 0.0, "store_hit_blocks": 0.0, "busy_s": 0.0}
+    with httpx.Client(timeout=60) as client:
+        for url in replicas:
+            for line in client.get(f"{url}/metrics").text.splitlines():
+                name, _, value = line.rpartition(" ")
+                if name.startswith("wavepp_kv_tier_store_load_seconds_total"):
+                    totals["store_load_s"] += float(value)
+                elif name.startswith("wavepp_kv_tier_hit_blocks_total") and 'tier="store"' in name:
+                    totals["store_hit_blocks"] += float(value)
+                elif name.startswith("wavepp_stage_busy_seconds_total"):
+                    totals["busy_s"] += float(value)
+    return totals
 
 
 def main() -> None:
@@ -157,6 +217,16 @@ def main() -> None:
                 f"{statistics.median(r['input_tok_s'] for r in mine):,.0f} | "
                 f"{statistics.median(r['ttft_p50_ms'] for r in mine):,.0f} |"
             )
+    none = [r for r in rows if r["tier"] == "none"]
+    store = [r for r in rows if r["tier"] == "store" and r["store_hit_blocks"]]
+    if none and store:  # a stage's block: 16 tokens of its layers (each stage has half)
+        # busy time summed over 2 stages a replica: each computed token ran on both
+        compute = statistics.median(16 * r["busy_s"] / (2 * r["computed_tokens"]) for r in none)
+        load = statistics.median(r["store_load_s"] / r["store_hit_blocks"] for r in store)
+        print(
+            f"\na stage's block: computed in {1e3 * compute:.2f} ms (busy time per computed "
+            f"block, no tier), loaded from the store in {1e3 * load:.2f} ms (fetch and check)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
