@@ -14,9 +14,10 @@ class DictStore:
     """Keys -> the block id they were put from; `bad`: keys whose fetch fails (a checksum)."""
 
     def __init__(self):
-        self.held, self.bad, self.loads, self.fetches = {}, set(), [], 0
+        self.held, self.bad, self.loads, self.fetches, self.exists_calls = {}, set(), [], 0, 0
 
     def exists(self, keys):
+        self.exists_calls += 1
         return [k in self.held for k in keys]
 
     def fetch(self, keys):
@@ -154,3 +155,20 @@ def test_a_reset_clears_the_namespace():
     store.held["ns/l2-4/0000000000000001"] = 0  # another stage's
     writer.store_tier.clear()
     assert list(store.held) == ["ns/l2-4/0000000000000001"]
+
+
+def test_a_probe_uses_what_the_store_said_before_the_lock():
+    store = DictStore()
+    writer, reader = _server(store), _server(store)
+    tokens = list(range(25))
+    _admit(writer, 1, tokens, 0)
+    _run(writer, 1, 0, 25, True)
+    msg = ProbeMsg(0, (ProbeItem(2, tuple(hash_blocks(tokens, BS)), 25),))
+    store.exists_calls = 0
+    held = reader.prefetch(msg)
+    assert held == {2: [True] * 6} and store.exists_calls == 1
+    hint = reader.handle(msg, held).hints[0]
+    assert (hint.num_blocks, hint.num_store_blocks) == (6, 6) and store.exists_calls == 1
+    # what it was told is what it counts: a store that lost block 3 since
+    hint = reader.handle(msg, {2: [True, True, True, False, True, True]}).hints[0]
+    assert hint.num_store_blocks == 3

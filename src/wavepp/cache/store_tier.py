@@ -92,12 +92,22 @@ class StoreTier:
     def key(self, block_hash: int) -> str:
         return f"{self.namespace}/{block_hash & 0xFFFFFFFFFFFFFFFF:016x}"
 
-    def match(self, block_hashes: Sequence[int], start: int) -> int:
+    def held(self, block_hashes: Sequence[int]) -> list[bool]:
+        """Whether the store holds each block now (one query for all of them)."""
+        return self.store.exists([self.key(h) for h in block_hashes]) if block_hashes else []
+
+    def match(
+        self, block_hashes: Sequence[int], start: int, held: Sequence[bool] | None = None
+    ) -> int:
         """How many consecutive blocks from `start` the store holds now (one query for all of
-        them). Mutates nothing here."""
+        them), or as `held` (a `held` of all of `block_hashes`, asked before) says. Mutates
+        nothing here."""
         if start >= len(block_hashes):
             return 0
-        held = self.store.exists([self.key(h) for h in block_hashes[start:]])
+        if held is None:
+            held = self.held(block_hashes[start:])
+        else:
+            held = held[start:]
         n = 0
         while n < len(held) and held[n]:
             n += 1

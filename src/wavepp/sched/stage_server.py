@@ -108,7 +108,7 @@ class StageServer:
         """Answer one rounds-plane message; ReleaseMsg has no reply. `prefetched`: a lease's
         store bytes, taken before (`prefetch`)."""
         if isinstance(msg, ProbeMsg):
-            return self.probe(msg)
+            return self.probe(msg, prefetched)
         if isinstance(msg, LeaseMsg):
             return self.lease(msg, prefetched)
         if isinstance(msg, ReleaseMsg):
@@ -117,12 +117,13 @@ class StageServer:
 
     # ---- admission -------------------------------------------------------------------------
 
-    def probe(self, msg: ProbeMsg) -> ProbeReply:
+    def probe(self, msg: ProbeMsg, store_held: dict | None = None) -> ProbeReply:
         """Local reuse candidate of each request: the longest prefix present here. Mutates nothing
-        but remembers the hashes for the lease that may follow."""
+        but remembers the hashes for the lease that may follow. `store_held`: which blocks of
+        each prompt the shared store holds, asked before (`prefetch`)."""
         for item in msg.items:
             self._probed[item.request_id] = item
-        hints = self.query(msg.items)
+        hints = self.query(msg.items, store_held)
         for hint in hints:  # the store's run, [start, end) in blocks, for prefetch
             if hint.num_store_blocks:
                 self._store_runs[hint.request_id] = (
@@ -151,9 +152,10 @@ class StageServer:
             tuple(backend().items()) if backend is not None else (),
         )
 
-    def query(self, items) -> tuple[Hint, ...]:
+    def query(self, items, store_held: dict | None = None) -> tuple[Hint, ...]:
         """Each item's hint, as a probe gives it, with nothing remembered: what a router asks
-        (how much of a prompt this stage holds) between rounds."""
+        (how much of a prompt this stage holds) between rounds. `store_held`: as probe's
+        (None: the store is asked here)."""
         hints = []
         for item in items:
             match = self.pool.match(item.block_hashes)
@@ -186,7 +188,12 @@ class StageServer:
                     )
                 )
                 continue
-            num_store = self._store_blocks(item.block_hashes, match, num_blocks + num_host)
+            num_store = self._store_blocks(
+                item.block_hashes,
+                match,
+                num_blocks + num_host,
+                (store_held or {}).get(item.request_id),
+            )
             hints.append(
                 Hint(
                     item.request_id,
@@ -198,13 +205,19 @@ class StageServer:
         return tuple(hints)
 
     def prefetch(self, msg) -> dict | None:
-        """For a lease: the store's bytes of each item whose agreed prefix runs into the run of
-        blocks its probe found in the store ({request id: (start, end, bytes)}), taken without
-        the stage's lock (the caller holds none: the fetch is the slow part of a lease, and the
-        compute loop needs that lock). Reads only what the probe remembered (the same thread
-        answers probes and leases); the lease uses a fetch only if its own range is the same."""
+        """What a round message needs of the shared store, asked without the stage's lock (the
+        caller holds none: the store is across a network, and the compute loop needs that
+        lock). For a probe, which blocks of each prompt the store holds ({request id: [bool]});
+        for a lease, the bytes of each item whose agreed prefix runs into the run of blocks its
+        probe found in the store ({request id: (start, end, bytes)}), read from what the probe
+        remembered (the same thread answers probes and leases); the lease uses them only if its
+        own range is the same."""
         store = self.store_tier
-        if store is None or not isinstance(msg, LeaseMsg):
+        if store is None or self._snapshots is not None:
+            return None
+        if isinstance(msg, ProbeMsg):  # which of each prompt's blocks the store holds
+            return {item.request_id: store.held(item.block_hashes) for item in msg.items}
+        if not isinstance(msg, LeaseMsg):
             return None
         fetched = {}
         for item in msg.items:
@@ -404,7 +417,7 @@ class StageServer:
             return 0
         return host.match(block_hashes, match.num_blocks)
 
-    def _store_blocks(self, block_hashes, match, start: int) -> int:
+    def _store_blocks(self, block_hashes, match, start: int, held=None) -> int:
         """Blocks the shared store holds from `start` (after the pool's and the host tier's);
         0 without a store, on a hybrid model (the store carries no states) or when the GPU
         prefix is not all computed here."""
@@ -413,7 +426,7 @@ class StageServer:
             return 0
         if match.num_computed_blocks < match.num_blocks:
             return 0
-        return store.match(block_hashes, start)
+        return store.match(block_hashes, start, held)
 
     def take_host_bytes(self) -> int:
         """Bytes this stage moved over its host link (loads and offloads) since the last call:
