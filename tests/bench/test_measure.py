@@ -64,3 +64,22 @@ def test_all_answered_gives_the_summary(monkeypatch):
     monkeypatch.setattr(measure, "summarize", lambda engine, wl, results, *a: results)
     results = run_closed_loop(FakeEngine(), workload(), 4, policy_label="wavepp")
     assert [r.request_id for r in results] == list(range(8)) and all(r.ok for r in results)
+
+
+def test_hit_rate_by_tier_over_http_from_the_metrics_deltas():
+    """`wavepp bench --url` splits the hit rate by tier from the server's
+    wavepp_kv_tier_hit_blocks_total deltas: a lower tier's share is its largest over the
+    stages, the pool has the rest; a server without the family gives None."""
+    from wavepp.bench.http import ServerInfo, _tier_hit_rates
+
+    info = ServerInfo("http://x", "m", 2, "wavepp", "bfloat16", 16, 256, False)
+    name = "wavepp_kv_tier_hit_blocks_total"
+    delta = {
+        (name, (("stage", "0"), ("tier", "host"))): 4.0,
+        (name, (("stage", "1"), ("tier", "host"))): 6.0,
+        (name, (("stage", "0"), ("tier", "store"))): 10.0,
+        (name, (("stage", "1"), ("tier", "store"))): 8.0,
+    }
+    rates = _tier_hit_rates(delta, info, 1000, 600)
+    assert rates == {"pool": 0.6 - 0.096 - 0.16, "host": 0.096, "store": 0.16}
+    assert _tier_hit_rates({}, info, 1000, 600) is None

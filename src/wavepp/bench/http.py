@@ -223,7 +223,26 @@ def _measurement(
         admission_p50_ms=_histogram_quantile(delta, "wavepp_admission_round_seconds", 0.5),
         admission_p99_ms=_histogram_quantile(delta, "wavepp_admission_round_seconds", 0.99),
         num_waves=None if waves is None else int(waves),
+        tier_hit_rates=_tier_hit_rates(delta, info, inp, cached),
     )
+
+
+def _tier_hit_rates(delta: dict, info: ServerInfo, inp: int, cached: int) -> dict | None:
+    """The run's hit rate by tier from `wavepp_kv_tier_hit_blocks_total`'s deltas, as
+    in-process (bench/measure.py `tier_hit_rates`); None when the server does not give it."""
+    if not inp:
+        return None
+    loaded = {}
+    for tier in ("host", "store"):
+        per_stage = [
+            delta.get(("wavepp_kv_tier_hit_blocks_total", (("stage", str(s)), ("tier", tier))))
+            for s in range(info.pp)
+        ]
+        if any(v is None for v in per_stage):
+            return None
+        loaded[tier] = max(per_stage) * info.block_size / inp
+    pool = max(0.0, cached / inp - loaded["host"] - loaded["store"])
+    return {"pool": pool, **loaded}
 
 
 def _per_stage(delta: dict, pp: int) -> list[dict] | None:

@@ -210,3 +210,11 @@ def median_rows(rows: list[Measurement]) -> list[dict]:
         row["repeats"] = len(ms)
         out.append(row)
     return out
+
+
+def by_tier(m) -> str:
+    """ " (pool 40.0% host 30.0% store 5.0%)" when a lower tier had hits; else ""."""
+    rates = m.tier_hit_rates
+    if not rates or not (rates["host"] or rates["store"]):
+        return ""
+    return " (" + " ".join(f"{t} {r:.1%}" for t, r in rates.items()) + ")"

@@ -44,6 +44,7 @@ def run_over_http(args, info, concurrencies, workloads, progress, task) -> tuple
     """Every (workload, concurrency) over HTTP, repeated; before each run the server's caches are
     emptied if it allows (--debug). Returns the measurements and whether caches were emptied."""
     from wavepp.bench.http import HTTPBenchError, reset_caches, run_http_closed_loop
+    from wavepp.bench.measure import by_tier
     from wavepp.serve.loadgen import run_load
 
     first = workloads[concurrencies[0]]
@@ -81,7 +82,8 @@ def run_over_http(args, info, concurrencies, workloads, progress, task) -> tuple
                 util = "/".join(f"{u:.0%}" for u in m.stage_utilization) or "n/a"
                 progress.console.print(
                     f"  {wl.name} c={c} {info.policy} over HTTP run {rep + 1}: {m.input_tok_s:,.0f} input tok/s, "
-                    f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}, TTFT p50 {m.ttft_p50_ms:,.0f} ms, "
+                    f"{m.computed_tok_s:,.0f} computed tok/s, hit {m.hit_rate:.1%}{by_tier(m)}, "
+                    f"TTFT p50 {m.ttft_p50_ms:,.0f} ms, "
                     f"util {util}"
                 )
     return rows, caches_reset

@@ -114,7 +114,7 @@ class LocalRuns:
     def _run_one(self, engine, wl, c: int, interval, pol: str, rep: int):
         """One closed-loop run of `pol` from empty caches: prints its line, keeps its trace
         (with --trace), returns its row."""
-        from wavepp.bench.measure import run_closed_loop
+        from wavepp.bench.measure import by_tier, run_closed_loop
         from wavepp.bench.report import chrome_trace
 
         progress, task = self.progress, self.task
@@ -143,11 +143,3 @@ class LocalRuns:
                 engine.stats(), f"{wl.name} c={c} {label} r{rep}", pid=len(self.trace_events) + 1
             )
         return m
-
-
-def by_tier(m) -> str:
-    """ " (pool 40.0% host 30.0% store 5.0%)" when a lower tier had hits; else ""."""
-    rates = m.tier_hit_rates
-    if not rates or not (rates["host"] or rates["store"]):
-        return ""
-    return " (" + " ".join(f"{t} {r:.1%}" for t, r in rates.items()) + ")"
