@@ -41,8 +41,8 @@ class EngineConfig:
     `profile_waves`: time waves of varied shape on every stage at start-up and start the
     planner's cost model from their fit (runtime/profile.py). `host_kv_gib`: each stage keeps
     the blocks its pool evicts in that much host memory, for a later request to load back
-    instead of computing them (cache/host_tier.py, runtime/host_kv.py; 0: no tier; not yet for
-    hybrid models, whose snapshots the runtime's tier does not carry). `kv_tier=
+    instead of computing them (cache/host_tier.py, runtime/host_kv.py; 0: no tier; a hybrid
+    model's recurrent-state snapshots go with them). `kv_tier=
     "mooncake-store"`: every stage also puts each full block it computes into Mooncake Store
     (its master at `kv_tier_master`, HOST:PORT; its metadata server at `kv_tier_metadata`,
     default the master's on port 8080), lending it `kv_tier_segment_gib` of memory, and reuses
@@ -122,14 +122,8 @@ class EngineConfig:
 
     def check_model(self, model_type: str, hybrid: bool) -> None:
         """The options that depend on the model, checked once its config is read: the
-        runtime's host tier and the shared store carry no recurrent-state snapshots yet, so a
-        hybrid model (one whose layout keeps them) takes neither `host_kv_gib` nor `kv_tier`."""
-        if hybrid and self.host_kv_gib > 0:
-            raise ValueError(
-                f"host_kv_gib={self.host_kv_gib}: the runtime's host KV tier does not carry "
-                f"recurrent-state snapshots yet, so {model_type} (a hybrid model) runs without "
-                "one (host_kv_gib=0)"
-            )
+        shared store carries no recurrent-state snapshots yet, so a hybrid model (one whose
+        layout keeps them) takes no `kv_tier` (its host tier, `host_kv_gib`, carries them)."""
         if hybrid and self.kv_tier is not None:
             raise ValueError(
                 f"kv_tier={self.kv_tier!r}: the shared KV store does not carry recurrent-state "

@@ -30,6 +30,23 @@ class FakeStore:
     def load(self, staged, block_ids):
         self.events.append(("load", staged, tuple(block_ids)))
 
+    def put_state(self, block_hash, slot):
+        self.events.append(("put_state", block_hash, slot))
+
+    def drop_state(self, block_hash):
+        self.events.append(("drop_state", block_hash))
+
+    def stage_states(self, block_hashes):
+        self.events.append(("stage_states", tuple(block_hashes)))
+        return tuple(block_hashes)
+
+    def load_states(self, staged, slots):
+        self.events.append(("load_states", staged, tuple(slots)))
+
+    def stage_blocks(self, block_ids):
+        self.events.append(("stage_blocks", tuple(block_ids)))
+        return tuple(block_ids)
+
 
 def test_the_store_follows_the_lru_exactly():
     store = FakeStore()
@@ -66,7 +83,7 @@ def test_onboard_stages_at_once_and_land_writes_the_new_blocks():
         ("put", 22, 2),
         ("load", (0, 1), (2, 3)),  # the bytes staged before the drop
     ]
-    with pytest.raises(InvalidArgumentError, match="2 blocks loaded, 1 block ids"):
+    with pytest.raises(InvalidArgumentError, match="2 blocks and 0 states loaded, 1 block ids"):
         tier.land(load, [7])
 
 
@@ -96,3 +113,35 @@ def _cycle(pool, rid, tokens):
     pool.publish(rid, len(tokens))
     pool.free(rid)
     return list(zip(hashes, table))
+
+
+def test_snapshots_follow_the_lru_with_their_slots():
+    """A hybrid model's snapshots: put with the slot they leave (with their block, or alone
+    before it), dropped with their entry, staged and landed into the slots given."""
+    store = FakeStore()
+    tier = HostTier(3 * BLOCK_BYTES, BLOCK_BYTES, snapshot_bytes=BLOCK_BYTES // 2, store=store)
+    tier.offload_snapshot(40, slot=3)  # its block stays on the GPU for now
+    tier.offload(40, has_snapshot=True, block_id=1, snapshot_slot=3)  # the block joins it
+    tier.offload(41, has_snapshot=True, block_id=2, snapshot_slot=5)
+    assert store.events == [
+        ("put_state", 40, 3),
+        ("put", 40, 1),
+        ("put", 41, 2),
+        ("put_state", 41, 5),
+    ]
+    assert tier.has_snapshot(40) and tier.has_snapshot(41) and not tier.has_snapshot(42)
+    load = tier.onboard([41], 1, state_hashes=[41])
+    tier.land(load, [6], state_slots=[0])
+    assert store.events[-4:] == [
+        ("stage", (41,)),
+        ("stage_states", (41,)),
+        ("load", (2,), (6,)),
+        ("load_states", (41,), (0,)),
+    ]
+    tier.offload(42, block_id=3)  # 40 (block and state: 1.5 blocks) is the least recent
+    assert ("drop", 40) in store.events and ("drop_state", 40) in store.events
+    with pytest.raises(InvalidArgumentError, match="no snapshot after 40"):
+        tier.onboard([], 1, state_hashes=[40])
+    with pytest.raises(InvalidArgumentError, match="its snapshot's slot"):
+        tier.offload(43, has_snapshot=True, block_id=4)
+    tier.check_integrity()

@@ -47,17 +47,37 @@ def test_a_block_round_trips_through_the_store():
     assert len(store) == 0
 
 
-def test_a_store_refuses_snapshots_and_a_full_store_refuses_a_put():
+def test_states_go_to_the_host_and_back_and_a_full_store_refuses_a_put():
     hybrid = PageLayout("hybrid", LAYOUT.pools, (StatePool("recurrent", 8, (1,), True),))
-    pools = PagedPools(hybrid, StageSpec(0, 3, 3), 8, 4, torch.float32, num_state_slots=2)
-    with pytest.raises(ValueError, match="does not carry recurrent-state snapshots yet"):
-        HostKVStore(pools, 2**20)
+    pools = PagedPools(hybrid, StageSpec(0, 3, 3), 8, 4, torch.float32, num_state_slots=3)
+    for t in [*pools.tensors.values(), *pools.states.values()]:
+        t.copy_(torch.randn_like(t))
+    store = HostKVStore(pools, 2**20)
+    before = {name: t.clone() for name, t in pools.states.items()}
+    store.put_state(11, 0)
+    store.put_state(12, 2)
+    for t in pools.states.values():
+        t.zero_()  # the slots are reused: the host copies must not change
+    store.load_states(store.stage_states([12, 11]), [1, 0])
+    for name, t in pools.states.items():
+        assert torch.equal(t[1], before[name][2]) and torch.equal(t[0], before[name][0])
+        assert not t[2].any()  # nothing else was written
+    store.drop_state(11)
+    with pytest.raises(KeyError):
+        store.stage_states([11])
+    blocks = {name: t.clone() for name, t in pools.tensors.items()}
+    store.load(store.stage_blocks([1, 2]), [5, 6])
+    for name, t in pools.tensors.items():
+        assert torch.equal(t[:, 5:7], blocks[name][:, 1:3])
+        assert torch.equal(t[:, :5], blocks[name][:, :5])
     store = HostKVStore(_pools(), capacity_bytes=1)
     with pytest.raises(ValueError, match="no free slot"):
         store.put(1, 0)
 
 
-def test_the_option_is_checked_and_a_hybrid_model_is_refused_before_a_stage_starts(tmp_path):
+def test_the_option_is_checked_and_a_hybrid_model_is_refused_the_store_before_a_stage_starts(
+    tmp_path,
+):
     with pytest.raises(ValueError, match="host_kv_gib must be >= 0"):
         EngineConfig(host_kv_gib=-1.0)
     p = argparse.ArgumentParser()
@@ -69,4 +89,4 @@ def test_the_option_is_checked_and_a_hybrid_model_is_refused_before_a_stage_star
     assert EngineConfig().host_kv_gib == 0.0
     kimi = make_model(tmp_path / "kimi", arch="kimi_linear", num_layers=4, seed=3)
     with pytest.raises(ValueError, match="does not carry recurrent-state snapshots yet"):
-        Engine(str(kimi), pp=2, host_kv_gib=0.5)
+        Engine(str(kimi), pp=2, kv_tier="mooncake-store", kv_tier_master="127.0.0.1:1")

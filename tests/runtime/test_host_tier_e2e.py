@@ -61,3 +61,91 @@ def test_an_evicted_prefix_is_loaded_back_from_the_host_tier(family, tiny, mla_m
         assert [i for i, _ in r.top_logprobs] == top.indices.tolist()
         for (_, lp), want in zip(r.top_logprobs, top.values.tolist()):
             assert abs(lp - want) <= 1e-4, (lp, want)
+
+
+def test_kimi_linear_snapshots_come_back_from_the_host_tier(tmp_path):
+    """A hybrid model (Kimi-Linear: KDA layers with recurrent state, MLA, MoE): a cycle of
+    prefix groups larger than the pools, so prefixes and their state snapshots leave for the
+    host tier and come back with them; every first token and its logprobs are transformers'."""
+    kimi = make_model(tmp_path / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+    rng = random.Random(8)
+    groups = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(4)]  # 10 blocks of 4
+    prompts = [g + [rng.randrange(VOCAB) for _ in range(3 + r)] for r in range(3) for g in groups]
+    model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
+    with torch.no_grad():
+        refs = [
+            torch.log_softmax(model(torch.tensor([p])).logits[0, -1].float(), -1) for p in prompts
+        ]
+    results = {}
+    for gib in (0.0, 0.01):
+        with Engine(
+            str(kimi),
+            pp=2,
+            dtype="float32",
+            block_size=4,
+            stage_num_blocks=[28, 28],  # 12 blocks a prompt: about two groups' prefixes
+            snapshot_interval_blocks=2,
+            profile_waves=False,
+            host_kv_gib=gib,
+        ) as engine:
+            results[gib] = [engine.prefill([p])[0] for p in prompts]
+            loaded = [c.counters.host_loaded_blocks for c in engine.stage_cache_counters()]
+            assert_clean(engine)
+        if gib:
+            assert min(loaded) > 0  # every stage loaded blocks (and states) back
+    cached = {gib: sum(r.num_cached_tokens for r in rs) for gib, rs in results.items()}
+    assert cached[0.01] > cached[0.0]
+    for rs in results.values():
+        for r, ref in zip(rs, refs):
+            assert r.ok, r.error
+            top = torch.topk(ref, len(r.top_logprobs))
+            assert r.first_token_id == int(top.indices[0])
+            for (_, lp), want in zip(r.top_logprobs, top.values.tolist()):
+                assert abs(lp - want) <= 1e-4, (lp, want)
+
+
+def test_kimi_linear_resumes_before_the_pools_prefix_ends(tmp_path, monkeypatch):
+    """Few snapshot slots (PP = 1, in this process, so the slots can be made scarce): a pool
+    keeps a prefix's blocks but evicts their snapshots alone to the host tier, so a load
+    resumes at the pool's last snapshot, copies the pool's blocks after it into the request's
+    own, and loads the states from the host; the tokens stay transformers'."""
+    from wavepp.models import stage_pool
+    from wavepp.runtime.host_kv import HostKVStore
+
+    monkeypatch.setattr(stage_pool, "num_snapshot_slots", lambda num_blocks, interval: 8)
+    copies = []
+    stage_blocks = HostKVStore.stage_blocks
+
+    def spy(self, block_ids):
+        copies.append(len(block_ids))
+        return stage_blocks(self, block_ids)
+
+    monkeypatch.setattr(HostKVStore, "stage_blocks", spy)
+    kimi = make_model(tmp_path / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+    rng = random.Random(9)
+    groups = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(3)]
+    prompts = [g + [rng.randrange(VOCAB) for _ in range(3 + r)] for r in range(3) for g in groups]
+    model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
+    with torch.no_grad():
+        refs = [
+            torch.log_softmax(model(torch.tensor([p])).logits[0, -1].float(), -1) for p in prompts
+        ]
+    with Engine(
+        str(kimi),
+        pp=1,
+        dtype="float32",
+        block_size=4,
+        stage_num_blocks=[30],
+        snapshot_interval_blocks=2,
+        profile_waves=False,
+        host_kv_gib=0.01,
+    ) as engine:
+        results = [engine.prefill([p])[0] for p in prompts]
+        assert_clean(engine)
+    assert any(n > 0 for n in copies)  # a load resumed before the pool's prefix ended
+    for r, ref in zip(results, refs):
+        assert r.ok, r.error
+        top = torch.topk(ref, len(r.top_logprobs))
+        assert r.first_token_id == int(top.indices[0])
+        for (_, lp), want in zip(r.top_logprobs, top.values.tolist()):
+            assert abs(lp - want) <= 1e-4, (lp, want)

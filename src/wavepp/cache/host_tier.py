@@ -46,6 +46,8 @@ class HostLoad:
     num_snapshots: int
     num_bytes: int
     staged: object = None  # with a store: the blocks' bytes, copied out when onboard ran
+    staged_states: object = None  # and the states of `onboard`'s state_hashes
+    num_staged_states: int = 0
 
 
 class HostTier:
@@ -83,20 +85,36 @@ class HostTier:
         return self._blocks.get(block_hash, (False, False))[0]
 
     def offload(
-        self, block_hash: int, has_snapshot: bool = False, block_id: int | None = None
+        self,
+        block_hash: int,
+        has_snapshot: bool = False,
+        block_id: int | None = None,
+        snapshot_slot: int | None = None,
     ) -> None:
-        """Keep a copy of an evicted block (and its snapshot); `block_id`: the stage's block it
-        leaves (a store copies its bytes from there before anything overwrites it). Mutates: the
-        LRU order; copies and counts the bytes of what the tier does not hold yet; drops the
-        least recently used entries past capacity (an entry larger than the whole tier is not
-        kept)."""
-        if self.store is not None and block_id is None:
-            raise InvalidArgumentError(f"offload: block {block_hash} needs its block_id (a store)")
-        self._add(block_hash, True, has_snapshot, block_id)
+        """Keep a copy of an evicted block (and its snapshot); `block_id`, `snapshot_slot`: the
+        stage's block and state slot it leaves (a store copies their bytes from there before
+        anything overwrites them). Mutates: the LRU order; copies and counts the bytes of what
+        the tier does not hold yet; drops the least recently used entries past capacity (an
+        entry larger than the whole tier is not kept)."""
+        if self.store is not None and (
+            block_id is None or (has_snapshot and snapshot_slot is None)
+        ):
+            raise InvalidArgumentError(
+                f"offload: block {block_hash} needs its block_id and its snapshot's slot (a store)"
+            )
+        self._add(block_hash, True, has_snapshot, block_id, snapshot_slot)
 
-    def offload_snapshot(self, block_hash: int) -> None:
-        """Keep a copy of a snapshot the GPU pool evicted alone (its block stays there)."""
-        self._add(block_hash, False, True)
+    def offload_snapshot(self, block_hash: int, slot: int | None = None) -> None:
+        """Keep a copy of a snapshot the GPU pool evicted alone (its block stays there);
+        `slot`: its state slot (a store copies it from there)."""
+        if self.store is not None and slot is None:
+            raise InvalidArgumentError(f"offload_snapshot: {block_hash} needs its slot (a store)")
+        self._add(block_hash, False, True, None, slot)
+
+    def has_snapshot(self, block_hash: int) -> bool:
+        """Whether the tier holds the snapshot after block `block_hash` (with the block or
+        alone). Mutates nothing."""
+        return self._blocks.get(block_hash, (False, False))[1]
 
     def match(self, block_hashes: Sequence[int], start: int) -> int:
         """How many consecutive blocks from `start` the tier holds. Mutates nothing."""
@@ -116,29 +134,64 @@ class HostTier:
             if self._blocks.get(block_hashes[b - 1], (False, False)) == (True, True)
         )
 
-    def onboard(self, block_hashes: Sequence[int], num_snapshots: int) -> HostLoad:
-        """Copy `block_hashes` (all held here) and `num_snapshots` snapshots back to the GPU.
-        Mutates: touches the blocks (most recently used), counts the bytes."""
+    def onboard(
+        self, block_hashes: Sequence[int], num_snapshots: int, state_hashes: Sequence[int] = ()
+    ) -> HostLoad:
+        """Copy `block_hashes` (all held here) and `num_snapshots` snapshots back to the GPU;
+        with a store, the snapshots are those after `state_hashes` (all held). Mutates:
+        touches the blocks (most recently used), counts the bytes."""
         for block_hash in block_hashes:
             if block_hash not in self:
                 raise InvalidArgumentError(f"onboard: block {block_hash} is not in the host tier")
             self._blocks.move_to_end(block_hash)
+        for block_hash in state_hashes:
+            if not self.has_snapshot(block_hash):
+                raise InvalidArgumentError(f"onboard: no snapshot after {block_hash} held here")
         num_bytes = len(block_hashes) * self.block_bytes + num_snapshots * self.snapshot_bytes
         self.num_loaded += len(block_hashes)
         self.transferred_bytes += num_bytes
-        staged = None if self.store is None else self.store.stage(block_hashes)
-        return HostLoad(len(block_hashes), num_snapshots, num_bytes, staged)
+        if self.store is None:
+            return HostLoad(len(block_hashes), num_snapshots, num_bytes)
+        return HostLoad(
+            len(block_hashes),
+            num_snapshots,
+            num_bytes,
+            self.store.stage(block_hashes),
+            self.store.stage_states(state_hashes) if state_hashes else None,
+            len(state_hashes),
+        )
 
-    def land(self, load: HostLoad, block_ids: Sequence[int]) -> None:
+    def land(
+        self, load: HostLoad, block_ids: Sequence[int], state_slots: Sequence[int] = ()
+    ) -> None:
         """Write what `onboard` staged into the stage's blocks `block_ids` (one per block
-        loaded, in order); nothing without a store. Must hold: no running wave reads or writes
-        those blocks (the request's new ones, before it publishes them)."""
-        if len(block_ids) != load.num_blocks:
+        loaded, in order) and its states into `state_slots` (one per state hash); nothing
+        without a store. Must hold: no running wave reads or writes those blocks and slots
+        (the request's new ones, before it publishes them)."""
+        if len(block_ids) != load.num_blocks or (
+            self.store is not None and len(state_slots) != load.num_staged_states
+        ):
             raise InvalidArgumentError(
-                f"land: {load.num_blocks} blocks loaded, {len(block_ids)} block ids given"
+                f"land: {load.num_blocks} blocks and {load.num_staged_states} states loaded, "
+                f"{len(block_ids)} block ids and {len(state_slots)} slots given"
             )
         if self.store is not None:
             self.store.load(load.staged, block_ids)
+            if state_slots:
+                self.store.load_states(load.staged_states, state_slots)
+
+    def stage_own(self, block_ids: Sequence[int]) -> object:
+        """A copy of the stage's own blocks `block_ids`, taken now, for `land_own` (a hybrid
+        lease that resumes before the pool's prefix ends: those blocks go to the request's
+        own, and materialize may evict them first); None without a store (no bytes)."""
+        if self.store is None or not block_ids:
+            return None
+        return self.store.stage_blocks(block_ids)
+
+    def land_own(self, staged: object, block_ids: Sequence[int]) -> None:
+        """Write a `stage_own` copy into the stage's blocks `block_ids`."""
+        if self.store is not None and staged is not None:
+            self.store.load(staged, block_ids)
 
     def take_transferred_bytes(self) -> int:
         """Bytes moved over the host link since the last call; the count starts again."""
@@ -160,7 +213,12 @@ class HostTier:
         return self.block_bytes * block + self.snapshot_bytes * snapshot
 
     def _add(
-        self, block_hash: int, block: bool, snapshot: bool, block_id: int | None = None
+        self,
+        block_hash: int,
+        block: bool,
+        snapshot: bool,
+        block_id: int | None = None,
+        snapshot_slot: int | None = None,
     ) -> None:
         old = self._blocks.pop(block_hash, (False, False))
         new = (old[0] or block, old[1] or snapshot)
@@ -179,6 +237,10 @@ class HostTier:
             self.num_dropped += held[0]
             if self.store is not None and held[0]:
                 self.store.drop(dropped)
+            if self.store is not None and held[1]:
+                self.store.drop_state(dropped)
         if self.store is not None and new[0] and not old[0]:
             # after the drops: the store never holds more blocks than the tier has room for
             self.store.put(block_hash, block_id)  # type: ignore[arg-type]
+        if self.store is not None and new[1] and not old[1]:
+            self.store.put_state(block_hash, snapshot_slot)  # type: ignore[arg-type]

@@ -89,6 +89,10 @@ class PrefixIndex:
                 chi = mid - 1
         return MatchResult(lo, num_lookups, clo)
 
+    def block_ids(self, block_hashes: Sequence[int]) -> list[int]:
+        """The stage's blocks holding `block_hashes` (all cached here). Mutates nothing."""
+        return [self._index[h].block_id for h in block_hashes]  # type: ignore[misc]
+
     def match_linear(self, block_hashes: Sequence[int]) -> int:
         """Reference for `match`: walk the chain until the first absent hash."""
         for num_found, block_hash in enumerate(block_hashes):
@@ -208,6 +212,7 @@ class PrefixIndex:
                     node.block_hash,  # type: ignore[arg-type]
                     self._has_snapshot(node),
                     node.block_id,  # still this entry's: the copy is taken before reuse
+                    self._snapshot_slot_of(node),
                 )
             self._unlink(node)
 
@@ -228,6 +233,10 @@ class PrefixIndex:
         """Whether the entry carries an attachment the host tier keeps with it (a computed
         recurrent-state snapshot, `SnapshotPool`)."""
         return False
+
+    def _snapshot_slot_of(self, entry: BlockEntry) -> int | None:
+        """The state slot of that attachment (None: none), read before the entry leaves."""
+        return None
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         """An entry left the index (evicted, or dropped uncomputed). Attachments of blocks

@@ -159,7 +159,7 @@ class SnapshotPool(BlockPool):
             )
         for victim in victims:
             if self.host_tier is not None:  # its block stays here; the state goes to the host
-                self.host_tier.offload_snapshot(victim.block_hash)
+                self.host_tier.offload_snapshot(victim.block_hash, victim.slot)
             self._drop_snapshot(victim)
         slots = [heapq.heappop(self._free_slots) for _ in range(needed)]
         plan.working_slot = slots[0]
@@ -307,6 +307,9 @@ class SnapshotPool(BlockPool):
     def _has_snapshot(self, entry: BlockEntry) -> bool:
         snapshot = self._snapshots.get(entry.block_hash)  # type: ignore[arg-type]
         return snapshot is not None and snapshot.computed
+
+    def _snapshot_slot_of(self, entry: BlockEntry) -> int | None:
+        return self._snapshots[entry.block_hash].slot if self._has_snapshot(entry) else None  # type: ignore[index]
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         # a block leaves the index: its snapshot goes with it (deeper ones went before); a

@@ -211,7 +211,12 @@ class StageRuntime:
             self.host_kv = None  # the old tensors go before the new ones are allocated
             self.host_kv = HostKVStore(self.kv, capacity_bytes)
         self.host_kv.clear()
-        return HostTier(capacity_bytes, self.host_kv.block_bytes, store=self.host_kv)
+        return HostTier(
+            capacity_bytes,
+            self.host_kv.block_bytes,
+            self.host_kv.snapshot_bytes,
+            store=self.host_kv,
+        )
 
     def _store_client(self) -> MooncakeStoreClient | None:
         """A client of the shared KV store (kv_tier), from the address this machine reaches

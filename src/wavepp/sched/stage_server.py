@@ -172,8 +172,14 @@ class StageServer:
                 host_points = (
                     ()
                     if not num_host or host is None
-                    else host.snapshot_boundaries(
-                        item.block_hashes, num_blocks, min(num_blocks + num_host, last_reusable)
+                    else self._loadable_points(
+                        item.block_hashes,
+                        found.num_blocks,
+                        host.snapshot_boundaries(
+                            item.block_hashes,
+                            num_blocks,
+                            min(num_blocks + num_host, last_reusable),
+                        ),
                     )
                 )
                 hints.append(
@@ -350,21 +356,23 @@ class StageServer:
         if reserve.ok and snapshots is not None:
             reserve = snapshots.reserve_snapshots(request_id, boundaries)
         commit = pool.commit(request_id, hashes[resume:]) if reserve.ok else reserve
-        if (
-            commit.ok
-            and stored > on_gpu
-            and cast("HostTier", host).match(hashes, on_gpu) < stored - on_gpu
+        states = self._state_loads(request_id, hashes, agreed) if commit.ok else ((), ())
+        if commit.ok and (
+            (stored > on_gpu and cast("HostTier", host).match(hashes, on_gpu) < stored - on_gpu)
+            or states is None
         ):
             # the states reserve evicted alone went to the tier, and it dropped some of these
             commit = CommitResult(
                 False, reason=f"blocks [{on_gpu}, {stored}) left the host tier while room was made"
             )
-        if not commit.ok:
+        if not commit.ok or states is None:
             self._drop(request_id)
             return ItemResult(
                 request_id, False, f"stage {self.stage_id}: tier load: {commit.reason}"
             )
-        block_table = self._land(request_id, hashes, (on_gpu, stored, agreed), num_states, fetched)
+        block_table = self._land(
+            request_id, hashes, (resume, on_gpu, stored, agreed), (num_states, *states), fetched
+        )
         num_cached = agreed * block_size
         pool.publish(request_id, num_cached)
         self.requests[request_id] = StageRequest(
@@ -377,6 +385,26 @@ class StageServer:
             num_loaded_blocks=agreed - on_gpu,
         )
         return ItemResult(request_id, True)
+
+    def _loadable_points(self, hashes, resume: int, points: tuple[int, ...]) -> tuple[int, ...]:
+        """Of the host tier's snapshot boundaries `points` (after the pool's prefix), those a
+        request could resume at: a load from `resume` (the pool's last snapshot) to b writes
+        the state of every grid boundary in (resume, b] too, so the tier must hold each of
+        them (the ones at or before the pool's prefix are snapshots it evicted alone)."""
+        snapshots, host = (
+            cast("SnapshotPool", self._snapshots),
+            cast("HostTier", self.pool.host_tier),
+        )
+        step = snapshots.interval_blocks
+        grid = (resume // step + 1) * step  # the first grid boundary after resume
+        out = []
+        for point in points:
+            while grid < point and host.has_snapshot(hashes[grid - 1]):
+                grid += step
+            if grid < point:
+                break  # a grid state before it is gone: no later point is loadable either
+            out.append(point)
+        return tuple(out)
 
     def _resume_plan(self, hashes, on_gpu: int, agreed: int, probed: ProbeItem):
         """Where a tier load resumes (hybrid: the last snapshot boundary <= on_gpu; else
@@ -392,18 +420,40 @@ class StageServer:
         num_states = sum(1 for b in boundaries if b <= agreed) + int(agreed not in boundaries)
         return resume, boundaries, num_states
 
-    def _land(self, request_id, hashes, bounds, num_states, fetched) -> list[int]:
+    def _state_loads(self, request_id, hashes, agreed: int):
+        """Hybrid models: the snapshots a host load writes, as (block hashes, state slots): the
+        state of every boundary the request saves at or before `agreed` into its slot, and the
+        state at `agreed`, where it resumes, into its working slot. None when the host tier no
+        longer holds one of them; ((), ()) for a model without states."""
+        snapshots, host = self._snapshots, self.pool.host_tier
+        if snapshots is None or host is None:
+            return (), ()
+        plan = snapshots.snapshot_plan(request_id)
+        save = plan.save_slots()
+        loaded = sorted(b for b in save if b <= agreed)
+        state_hashes = [hashes[b - 1] for b in loaded] + [hashes[agreed - 1]]
+        if not all(host.has_snapshot(h) for h in state_hashes):
+            return None
+        return state_hashes, [save[b] for b in loaded] + [plan.working_slot]
+
+    def _land(self, request_id, hashes, bounds, states, fetched) -> list[int]:
         """Materialize the request's blocks and write the loaded part into them: host blocks
-        [on_gpu, stored) (staged before materialize: its evictions may drop them from the
-        tier), store blocks [stored, agreed) from `fetched`."""
-        on_gpu, stored, agreed = bounds
+        [on_gpu, stored) and their states (staged before materialize: its evictions may drop
+        them from the tier), store blocks [stored, agreed) from `fetched`; on a hybrid model
+        that resumed before the pool's prefix ends, the pool's own blocks [resume, on_gpu),
+        copied before materialize (it may evict them), into the request's."""
+        resume, on_gpu, stored, agreed = bounds
+        num_states, state_hashes, state_slots = states
         host = self.pool.host_tier
-        load = host.onboard(hashes[on_gpu:stored], num_states) if host is not None else None
+        load = own = None
+        if host is not None:
+            load = host.onboard(hashes[on_gpu:stored], num_states, state_hashes)
+            own = host.stage_own(self.pool.block_ids(hashes[resume:on_gpu]))
         block_table = self.pool.materialize(request_id)  # evicts (offloads) its victims
         if load is not None:
-            cast("HostTier", host).land(
-                load, block_table[on_gpu:stored]
-            )  # into those victims' blocks
+            host = cast("HostTier", host)
+            host.land(load, block_table[on_gpu:stored], state_slots)  # into victims' blocks
+            host.land_own(own, block_table[resume:on_gpu])
             self.num_host_loaded_blocks += stored - on_gpu
         if fetched is not None:
             cast(StoreTier, self.store_tier).land(fetched, block_table[stored:agreed])
@@ -500,7 +550,7 @@ class StageServer:
         """
         plan = snapshots.snapshot_plan(chunk.request_id)
         if chunk.start == req.num_cached_tokens and req.num_loaded_blocks:
-            state_in = snapshots.snapshot_slot(req.block_hashes[chunk.start // self.block_size - 1])
+            state_in = plan.working_slot  # the lease loaded the state it resumes from there
         elif chunk.start == req.num_cached_tokens:
             state_in = plan.leased.slot if plan.leased is not None else None
         else:
