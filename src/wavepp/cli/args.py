@@ -86,7 +86,7 @@ def add_engine_args(p) -> None:
         type=float,
         default=engine_default("host_kv_gib"),
         help="each stage's host KV tier in GiB: evicted blocks kept in host memory and loaded "
-        "back for a later prompt (default 0: none; not for hybrid models yet)",
+        "back for a later prompt, with a hybrid model's state snapshots (default 0: none)",
     )
     add_kv_tier_args(p)
 
