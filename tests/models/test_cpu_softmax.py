@@ -220,3 +220,23 @@ def test_other_dtypes_and_devices_keep_torch_softmax():
     got = paged_attention(query, key_cache, value_cache, batch, 32**-0.5, kernel="chunked_cpp")
     assert torch.equal(got, want)
     assert "chunked_cpp" not in attention.cpu_attention_kernels(torch.float16)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch, caplog):
+    """torch's builder waits forever on a lock file its killed predecessor left: one older than
+    STALE_LOCK_S is removed (and logged), a recent one (a build under way) is left alone."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory("wavepp_test_ext", False), "lock")
+    open(lock, "w").close()
+    assert not cpu_kernels.clear_stale_lock("wavepp_test_ext") and os.path.exists(lock)
+    old = time.time() - cpu_kernels.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    with caplog.at_level(logging.WARNING):
+        assert cpu_kernels.clear_stale_lock("wavepp_test_ext")
+    assert not os.path.exists(lock) and "did not finish" in caplog.text
+    assert not cpu_kernels.clear_stale_lock("wavepp_test_ext")  # nothing left to remove

@@ -34,6 +34,7 @@ from wavepp import env
 log = logging.getLogger(__name__)
 
 _FLAGS = ("-O3", "-march=native", "-fopenmp-simd")
+STALE_LOCK_S = 600.0  # a build lock older than this was left by a builder that died
 _lock = threading.Lock()
 _modules: dict[str, object] = {}  # source file -> its built module, or None where it failed
 
@@ -103,6 +104,7 @@ def _build(source_name: str, label: str, fallback: str):
 
         source = resources.files("wavepp.models.kernels").joinpath("csrc", source_name).read_text()
         name = f"wavepp_{source_name.removesuffix('.cpp')}_{_fingerprint(source)}"
+        clear_stale_lock(name)
         built = _is_built(name)
         module = load_inline(name, cpp_sources=[source], extra_cflags=list(_FLAGS), verbose=False)
     except Exception as err:  # no compiler, a failed build: keep torch's path
@@ -119,6 +121,28 @@ def _build(source_name: str, label: str, fallback: str):
             "%s built in %.1f s (g++ %s; once per machine)", label, seconds, " ".join(_FLAGS)
         )
     return module
+
+
+def clear_stale_lock(name: str, stale_after_s: float = STALE_LOCK_S) -> bool:
+    """Remove the build lock of `name` if it is older than `stale_after_s`: torch's builder
+    takes a lock file in the build directory and every other process waits for it to go,
+    forever if the builder was killed mid-build (no build here takes minutes). Returns whether
+    one was removed (and says so in the log)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = os.path.join(_get_build_directory(name, False), "lock")
+        age = time.time() - os.path.getmtime(lock)
+    except Exception:  # no lock (the usual case), or torch's private helper moved
+        return False
+    if age < stale_after_s:
+        return False
+    try:
+        os.remove(lock)
+    except OSError:
+        return False
+    log.warning("removed %s, left %.0f s ago by a build that did not finish", lock, age)
+    return True
 
 
 def _is_built(name: str) -> bool:
