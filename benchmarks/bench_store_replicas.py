@@ -39,7 +39,7 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 def _master(log_dir: Path) -> tuple[subprocess.Popen, str, str]:
-    rpc, http = free_port(), free_port()
+    rpc, http, metrics = free_port(), free_port(), free_port()
     binary = Path(sys.executable).parent / "mooncake_master"
     proc = _start(
         [

@@ -23,15 +23,16 @@ def _listening(port: int) -> bool:
 
 
 class MooncakeMaster:
-    """`mooncake_master` with its HTTP metadata server, on two free loopback ports; start,
-    kill and start again on the same ports (what a restarted master looks like to clients)."""
+    """`mooncake_master` with its HTTP metadata server, on free loopback ports; start, kill and
+    start again on the same ports (what a restarted master looks like to clients)."""
 
     def __init__(self, log_dir: Path) -> None:
         binary = Path(sys.executable).parent / "mooncake_master"
         self.binary = str(binary) if binary.exists() else shutil.which("mooncake_master")
         if self.binary is None:
             raise FileNotFoundError("mooncake_master is not installed (make test installs it)")
-        self.rpc_port, self.http_port = free_port(), free_port()
+        # its metrics (admin) port too: the default, 9003, is taken by any other master here
+        self.rpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         self.log_dir = log_dir
         self.process: subprocess.Popen | None = None
 
@@ -44,7 +45,8 @@ class MooncakeMaster:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
     def start(self) -> "MooncakeMaster":
-        log = open(self.log_dir / f"mooncake_master.{time.time_ns()}.log", "w")
+        log_path = self.log_dir / f"mooncake_master.{time.time_ns()}.log"
+        log = open(log_path, "w")
         self.process = subprocess.Popen(
             [
                 self.binary,
@@ -53,6 +55,8 @@ class MooncakeMaster:
                 "-enable_http_metadata_server=true",
                 "-http_metadata_server_port",
                 str(self.http_port),
+                "-metrics_port",
+                str(self.metrics_port),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -60,7 +64,8 @@ class MooncakeMaster:
         deadline = time.monotonic() + 20
         while not (_listening(self.rpc_port) and _listening(self.http_port)):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mooncake_master did not start (log in {self.log_dir})")
+                errors = [ln for ln in log_path.read_text().splitlines() if ln.startswith("E")]
+                raise RuntimeError(f"mooncake_master did not start: {errors[-3:]}")
             time.sleep(0.05)
         return self
 

@@ -58,7 +58,6 @@ class Engine:
             model_config.num_layers, pp, opts.layer_split
         )  # the layers split into pp stages
         hybrid = page_layout(model_config).is_hybrid
-        opts.check_model(model_config.model_type, hybrid)
         self._handoff = KVHandoff.for_engine(
             opts, hybrid=model_config.model_type if hybrid else None
         )

@@ -46,8 +46,8 @@ class EngineConfig:
     "mooncake-store"`: every stage also puts each full block it computes into Mooncake Store
     (its master at `kv_tier_master`, HOST:PORT; its metadata server at `kv_tier_metadata`,
     default the master's on port 8080), lending it `kv_tier_segment_gib` of memory, and reuses
-    what any replica with the same model, layer split and dtype put there
-    (cache/store_tier.py, runtime/store_kv.py; not for hybrid models either).
+    what any replica with the same model, layer split and dtype put there, a hybrid model's
+    state snapshots too (cache/store_tier.py, runtime/store_kv.py).
 
     `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or "auto"
     (cuda when there is one). `backend`: the data plane's, for activations between stages
@@ -119,16 +119,6 @@ class EngineConfig:
         if self.kv_transport is not None:
             return self.kv_transport
         return "directory" if self.kv_store is not None else ""
-
-    def check_model(self, model_type: str, hybrid: bool) -> None:
-        """The options that depend on the model, checked once its config is read: the
-        shared store carries no recurrent-state snapshots yet, so a hybrid model (one whose
-        layout keeps them) takes no `kv_tier` (its host tier, `host_kv_gib`, carries them)."""
-        if hybrid and self.kv_tier is not None:
-            raise ValueError(
-                f"kv_tier={self.kv_tier!r}: the shared KV store does not carry recurrent-state "
-                f"snapshots yet, so {model_type} (a hybrid model) runs without one"
-            )
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

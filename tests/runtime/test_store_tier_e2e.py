@@ -23,25 +23,24 @@ PREFIX = 96  # 6 blocks of 16
 
 
 def _engine(model_dir, address, metadata, **options):
-    return Engine(
-        str(model_dir),
-        pp=2,
-        dtype="float32",
-        block_size=16,
-        stage_num_blocks=[12, 12],
-        profile_waves=False,
-        kv_tier="mooncake-store",
-        kv_tier_master=address,
-        kv_tier_metadata=metadata,
-        kv_tier_segment_gib=1 / 64,
-        **options,
-    )
+    settings = {
+        "pp": 2,
+        "dtype": "float32",
+        "block_size": 16,
+        "stage_num_blocks": [12, 12],
+        "profile_waves": False,
+        "kv_tier": "mooncake-store",
+        "kv_tier_master": address,
+        "kv_tier_metadata": metadata,
+        "kv_tier_segment_gib": 1 / 64,
+    }
+    return Engine(str(model_dir), **{**settings, **options})
 
 
-def _replica_main(model_dir, address, metadata, prompts, results, stop):
+def _replica_main(model_dir, address, metadata, prompts, results, stop, options):
     """Another replica (a process of its own: one pipeline per process): prefill `prompts`,
     hand back the results, keep serving its store segment until `stop`."""
-    with _engine(model_dir, address, metadata) as engine:
+    with _engine(model_dir, address, metadata, **options) as engine:
         results.put([(r.ok, r.num_cached_tokens) for r in engine.prefill(prompts)])
         stop.wait(120)
 
@@ -50,10 +49,18 @@ class OtherReplica:
     """A replica in a process of its own; its stages' segments hold what it put in the store
     until it stops."""
 
-    def __init__(self, model_dir, master, prompts):
+    def __init__(self, model_dir, master, prompts, **options):
         ctx = multiprocessing.get_context("spawn")
         self.results, self.stop = ctx.Queue(), ctx.Event()
-        args = (str(model_dir), master.address, master.metadata, prompts, self.results, self.stop)
+        args = (
+            str(model_dir),
+            master.address,
+            master.metadata,
+            prompts,
+            self.results,
+            self.stop,
+            options,
+        )
         self.process = ctx.Process(target=_replica_main, args=args)
 
     def __enter__(self):
@@ -218,3 +225,38 @@ def test_a_reset_empties_the_store_too(tiny, mooncake_master):
         assert engine.cached_prefix([prefix + [2]])[0].cached_tokens == 0
         result = engine.prefill([prefix + [2]])[0]
         assert result.ok and result.num_cached_tokens == 0
+
+
+def test_kimi_linear_resumes_from_states_another_replica_put(tmp_path, mooncake_master):
+    """A hybrid model (Kimi-Linear): the other replica puts its blocks and the recurrent
+    states it saved at block boundaries; this one, its pools empty, resumes at the deepest
+    boundary whose state the store holds, and its first tokens are transformers'."""
+    kimi = make_model(tmp_path / "kimi", arch="kimi_linear", num_layers=4, seed=3)
+    rng = random.Random(10)
+    prefix = [rng.randrange(VOCAB) for _ in range(40)]  # 10 blocks of 4
+    first = prefix + [rng.randrange(VOCAB) for _ in range(5)]
+    again = [prefix + [rng.randrange(VOCAB) for _ in range(n)] for n in (3, 7)]
+    options = {
+        "block_size": 4,
+        "stage_num_blocks": [64, 64],
+        "snapshot_interval_blocks": 2,
+    }
+    master = mooncake_master
+    with (
+        OtherReplica(kimi, master, [first], **options) as writer,
+        _engine(kimi, master.address, master.metadata, **options) as reader,
+    ):
+        assert writer.prefilled() == [(True, 0)]
+        assert eventually(
+            lambda: reader.cached_prefix([again[0]])[0].cached_tokens == 40, timeout_s=20
+        )
+        results = reader.prefill(again)
+        counters = [c.counters for c in reader.stage_cache_counters()]
+        assert_clean(reader)
+    assert all(r.ok and r.num_cached_tokens == 40 for r in results), results
+    assert all(c.store_loaded_blocks > 0 for c in counters)
+    model = transformers.AutoModelForCausalLM.from_pretrained(kimi, dtype=torch.float32).eval()
+    for r, prompt in zip(results, again):
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        _assert_matches(r, ref)

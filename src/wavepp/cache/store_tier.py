@@ -60,6 +60,23 @@ class SharedBlockStore(Protocol):
         """Drop every entry whose key starts with `prefix`, the puts queued before included."""
         ...
 
+    def put_states(self, keys: Sequence[str], slots: Sequence[int]) -> None:
+        """As `put`, for a hybrid model's recurrent states: the stage's state slots `slots`."""
+        ...
+
+    def fetch_states(self, keys: Sequence[str]) -> object | None:
+        """As `fetch`, for states."""
+        ...
+
+    def load_states(self, staged: object, slots: Sequence[int]) -> None:
+        """Write a `fetch_states` result into the stage's state slots `slots`."""
+        ...
+
+    def stage_blocks(self, block_ids: Sequence[int]) -> object:
+        """A copy of the stage's own blocks `block_ids`, taken now, for `load` (a hybrid load
+        that resumes before the pool's prefix ends)."""
+        ...
+
 
 _NOT_PREFETCHED = object()
 
@@ -91,6 +108,35 @@ class StoreTier:
 
     def key(self, block_hash: int) -> str:
         return f"{self.namespace}/{block_hash & 0xFFFFFFFFFFFFFFFF:016x}"
+
+    def state_key(self, block_hash: int) -> str:
+        """The key of the recurrent state after block `block_hash` (hybrid models)."""
+        return self.key(block_hash) + "/state"
+
+    def states_held(self, block_hashes: Sequence[int]) -> list[bool]:
+        """Whether the store holds the state after each block now (one query)."""
+        if not block_hashes:
+            return []
+        return self.store.exists([self.state_key(h) for h in block_hashes])
+
+    def publish_states(self, block_hashes: Sequence[int], slots: Sequence[int]) -> None:
+        """The states after `block_hashes`, computed here into `slots`, go to the store; their
+        bytes are copied before this returns."""
+        if block_hashes:
+            self.store.put_states([self.state_key(h) for h in block_hashes], slots)
+
+    def fetch_states(self, block_hashes: Sequence[int]) -> object | None:
+        """The states after `block_hashes`, checked; None (counted) when one is gone or bad."""
+        if not block_hashes:
+            return ()
+        staged = self.store.fetch_states([self.state_key(h) for h in block_hashes])
+        if staged is None:
+            self.num_refused_loads += 1
+        return staged
+
+    def land_states(self, staged: object, slots: Sequence[int]) -> None:
+        if slots:
+            self.store.load_states(staged, slots)
 
     def held(self, block_hashes: Sequence[int]) -> list[bool]:
         """Whether the store holds each block now (one query for all of them)."""
@@ -165,6 +211,15 @@ class StoreTier:
         """Drop every block of this namespace from the store (every replica's: a reset empties
         the caches, and the store's part of them is shared)."""
         self.store.clear(self.namespace + "/")
+
+    def stage_own(self, block_ids: Sequence[int]) -> object:
+        """A copy of the stage's own blocks `block_ids` (see `SharedBlockStore.stage_blocks`),
+        for `land_own`."""
+        return self.store.stage_blocks(block_ids) if block_ids else None
+
+    def land_own(self, staged: object, block_ids: Sequence[int]) -> None:
+        if staged is not None:
+            self.store.load(staged, block_ids)
 
     def take_transferred_bytes(self) -> int:
         """Bytes moved to and from the store since the last call; the count starts again."""

@@ -1,10 +1,12 @@
 """The bytes of one stage's blocks in the shared KV store: `SharedBlockStore` over a Mooncake
 Store client (runtime/mooncake_store.py).
 
-An entry is one block of this stage's layers, every pool of it, behind a header:
+An entry is one block of this stage's layers, every pool of it, or (hybrid models) the
+recurrent state after one, every state pool of it, behind a header:
 
     b"WPKV" | xxh3_128(key + payload) (16 bytes) | payload
     payload = for each pool (in the pools' order): block [num_pool_layers, block_size, width]
+              (a state: for each state pool, [num_state_layers, elements])
 
 The checksum covers the key, so bytes stored (or copied) under another key fail it as surely as
 bytes changed in place. An entry that fails is never loaded: the fetch is refused, the key is
@@ -52,21 +54,11 @@ class StoreKVBlocks:
     def __init__(
         self, pools: PagedPools, client: MooncakeStoreClient, max_pending_blocks: int = 1024
     ) -> None:
-        if pools.states:
-            raise ValueError(
-                "the shared KV store does not carry recurrent-state snapshots "
-                f"({pools.layout.architecture} keeps them)"
-            )
         self.pools = pools
         self.client = client
-        # name -> (offset in a payload, bytes, shape of one block [layers, block_size, width])
-        self._parts: dict[str, tuple[int, int, tuple[int, ...]]] = {}
-        offset = 0
-        for name, t in pools.tensors.items():
-            size = t[:, 0].numel() * t.element_size()
-            self._parts[name] = (offset, size, tuple(t[:, 0].shape))
-            offset += size
-        self.block_bytes = offset
+        self._blocks = _EntryLayout(pools.tensors, 1)  # [layers, blocks, block_size, width]
+        self._state_entries = _EntryLayout(pools.states, 0)  # [slots, layers, elements]
+        self.block_bytes = max(1, self._blocks.num_bytes)
         self._bad: OrderedDict[str, None] = OrderedDict()  # keys whose entry failed its check
         self._lock = threading.Lock()  # guards _bad and the counters
         self.num_corrupt = 0  # entries that failed their checksum (never loaded)
@@ -90,29 +82,25 @@ class StoreKVBlocks:
     def fetch(self, keys: Sequence[str]) -> dict[str, torch.Tensor] | None:
         """name -> [num_blocks, layers, block_size, width] on the host, every entry checked;
         None when one is gone or bad."""
-        t0 = time.perf_counter()
-        try:
-            values = self.client.get(keys, _HEADER + self.block_bytes)
-            payloads = []
-            for key, value in zip(keys, values):
-                if value is None:
-                    with self._lock:
-                        self.num_missing += 1
-                    return None
-                if not self._valid(key, value):
-                    self._mark_bad(key)
-                    return None
-                payloads.append(memoryview(value)[_HEADER:])
-            rows = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
-            rows = rows.view(len(keys), self.block_bytes)
-            dtype = self.pools.dtype
-            return {
-                name: rows[:, off : off + size].contiguous().view(dtype).view(len(keys), *shape)
-                for name, (off, size, shape) in self._parts.items()
-            }
-        finally:
-            with self._lock:
-                self.load_seconds += time.perf_counter() - t0
+        return self._fetch(keys, self._blocks)
+
+    def fetch_states(self, keys: Sequence[str]) -> dict[str, torch.Tensor] | None:
+        """name -> [num_states, layers, elements] on the host, as `fetch`."""
+        return self._fetch(keys, self._state_entries)
+
+    def load_states(self, staged: object, slots: Sequence[int]) -> None:
+        assert isinstance(staged, dict)
+        ids = torch.tensor(list(slots), dtype=torch.int64, device=self.pools.device)
+        for name, tensor in self.pools.states.items():
+            tensor.index_copy_(0, ids, staged[name].to(self.pools.device, non_blocking=True))
+
+    def stage_blocks(self, block_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+        """name -> [num_blocks, layers, block_size, width]: a copy of the stage's blocks."""
+        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.pools.device)
+        return {
+            name: t.index_select(1, ids).transpose(0, 1).contiguous()
+            for name, t in self.pools.tensors.items()
+        }
 
     def load(self, staged: object, block_ids: Sequence[int]) -> None:
         assert isinstance(staged, dict)
@@ -123,14 +111,10 @@ class StoreKVBlocks:
             tensor.index_copy_(1, ids, blocks)
 
     def put(self, keys: Sequence[str], block_ids: Sequence[int]) -> None:
-        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.pools.device)
-        # name -> [layers, n, block_size, width], a copy on the host (indexing copies)
-        copies = {name: t.index_select(1, ids).cpu() for name, t in self.pools.tensors.items()}
-        try:
-            self._pending.put_nowait((list(keys), copies))
-        except queue.Full:
-            with self._lock:
-                self.num_dropped_puts += len(keys)
+        self._put(keys, block_ids, self._blocks)
+
+    def put_states(self, keys: Sequence[str], slots: Sequence[int]) -> None:
+        self._put(keys, slots, self._state_entries)
 
     def clear(self, prefix: str) -> None:
         self._pending.join()  # the puts queued before land first, then go with the rest
@@ -160,12 +144,54 @@ class StoreKVBlocks:
         """The stored form of `payload` under `key`: header, then payload."""
         return _MAGIC + _checksum(key, payload) + payload
 
-    def _valid(self, key: str, value: bytes) -> bool:
+    def _valid(self, key: str, value: bytes, payload_bytes: int) -> bool:
         return (
-            len(value) == _HEADER + self.block_bytes
+            len(value) == _HEADER + payload_bytes
             and value[: len(_MAGIC)] == _MAGIC
             and value[len(_MAGIC) : _HEADER] == _checksum(key, memoryview(value)[_HEADER:])
         )
+
+    def _fetch(self, keys: Sequence[str], layout: "_EntryLayout") -> dict[str, torch.Tensor] | None:
+        """name -> [len(keys), *one entry's shape] of `layout`, every entry checked; None when
+        one is gone or bad."""
+        t0 = time.perf_counter()
+        try:
+            # each key once: a batch that names a key twice reads it back as zeros (a load may
+            # want one state twice: a boundary's slot and the working slot it resumes from)
+            unique = list(dict.fromkeys(keys))
+            got = dict(zip(unique, self.client.get(unique, _HEADER + layout.num_bytes)))
+            values = [got[key] for key in keys]
+            payloads = []
+            for key, value in zip(keys, values):
+                if value is None:
+                    with self._lock:
+                        self.num_missing += 1
+                    return None
+                if not self._valid(key, value, layout.num_bytes):
+                    self._mark_bad(key)
+                    return None
+                payloads.append(memoryview(value)[_HEADER:])
+            return layout.unpack(b"".join(payloads), len(keys))
+        finally:
+            with self._lock:
+                self.load_seconds += time.perf_counter() - t0
+
+    def _put(self, keys: Sequence[str], indices: Sequence[int], layout: "_EntryLayout") -> None:
+        """Copy the entries at `indices` of `layout`'s tensors now and queue them (a stage with
+        no tensors of that kind stores entries of no bytes: what is held is still worth
+        knowing)."""
+        unique: dict[str, int] = {}  # each key once: a batch naming one twice stores zeros
+        for key, index in zip(keys, indices):
+            unique.setdefault(key, index)
+        keys, indices = list(unique), list(unique.values())
+        ids = torch.tensor(list(indices), dtype=torch.int64, device=self.pools.device)
+        # name -> the entries, a copy on the host (indexing copies)
+        copies = {name: t.index_select(layout.dim, ids).cpu() for name, t in layout.tensors.items()}
+        try:
+            self._pending.put_nowait((list(keys), copies, layout))
+        except queue.Full:
+            with self._lock:
+                self.num_dropped_puts += len(keys)
 
     def _mark_bad(self, key: str) -> None:
         with self._lock:
@@ -190,18 +216,45 @@ class StoreKVBlocks:
             finally:
                 self._pending.task_done()
 
-    def _store(self, keys: list[str], copies: dict[str, torch.Tensor]) -> None:
+    def _store(self, keys: list[str], copies: dict[str, torch.Tensor], layout) -> None:
         """Build the entries of one put and store them (the writer thread)."""
-        values = []
-        for i, key in enumerate(keys):
-            payload = b"".join(
-                copies[name][:, i].contiguous().view(torch.uint8).numpy().tobytes()
-                for name in self._parts
-            )
-            values.append(self.entry(key, payload))
+        values = [self.entry(key, layout.pack(copies, i)) for i, key in enumerate(keys)]
         ok = self.client.put(keys, values)
         with self._lock:
             if ok:
                 self.num_put_blocks += len(keys)
             else:
                 self.num_dropped_puts += len(keys)
+
+
+class _EntryLayout:
+    """How one kind of entry (a block of every KV pool, or a state of every state pool) is laid
+    out in a payload: each tensor's part in order, indexed along `dim` in the stage's tensors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], dim: int) -> None:
+        self.tensors, self.dim = tensors, dim
+        self.parts: dict[str, tuple[int, int, tuple[int, ...]]] = {}  # offset, bytes, shape
+        offset = 0
+        for name, t in tensors.items():
+            one = t.select(dim, 0)
+            self.parts[name] = (offset, one.numel() * t.element_size(), tuple(one.shape))
+            offset += one.numel() * t.element_size()
+        self.num_bytes = offset
+
+    def pack(self, copies: dict[str, torch.Tensor], i: int) -> bytes:
+        return b"".join(
+            copies[name].select(self.dim, i).contiguous().view(torch.uint8).numpy().tobytes()
+            for name in self.parts
+        )
+
+    def unpack(self, payloads: bytes, n: int) -> dict[str, torch.Tensor]:
+        if not self.num_bytes:
+            return {}
+        rows = torch.frombuffer(bytearray(payloads), dtype=torch.uint8).view(n, self.num_bytes)
+        return {
+            name: rows[:, off : off + size]
+            .contiguous()
+            .view(self.tensors[name].dtype)
+            .view(n, *shape)
+            for name, (off, size, shape) in self.parts.items()
+        }

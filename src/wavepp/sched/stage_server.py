@@ -162,37 +162,8 @@ class StageServer:
             num_blocks = match.num_blocks
             # the host tier's run of blocks after a GPU prefix that is all computed here
             num_host = self._host_blocks(item.block_hashes, match)
-            snapshots, host = self._snapshots, self.pool.host_tier
-            if snapshots is not None:
-                # O(log n): the grid snapshots of a chain (pending ones too: they will be
-                # written before a chunk after them runs here) form a prefix of the grid
-                last_reusable = (item.num_tokens - 1) // self.block_size
-                limit = min(num_blocks, last_reusable)
-                found = snapshots.match_snapshots(item.block_hashes, limit)
-                host_points = (
-                    ()
-                    if not num_host or host is None
-                    else self._loadable_points(
-                        item.block_hashes,
-                        found.num_blocks,
-                        host.snapshot_boundaries(
-                            item.block_hashes,
-                            num_blocks,
-                            min(num_blocks + num_host, last_reusable),
-                        ),
-                    )
-                )
-                hints.append(
-                    Hint(
-                        item.request_id,
-                        num_blocks + num_host,
-                        host_points,
-                        snapshots.interval_blocks,
-                        found.num_grid_blocks,
-                        found.num_end_blocks,
-                        num_host,
-                    )
-                )
+            if self._snapshots is not None:
+                hints.append(self._hybrid_hint(item, match, num_host))
                 continue
             num_store = self._store_blocks(
                 item.block_hashes,
@@ -337,8 +308,6 @@ class StageServer:
         fetched, reason = None, ""
         if match.num_computed_blocks < on_gpu or (stored < agreed and self.store_tier is None):
             reason = f"blocks [{on_gpu}, {agreed}) are no longer in the host tier"
-        elif stored < agreed and snapshots is not None:
-            reason = f"blocks [{stored}, {agreed}) would come from the store, without states"
         elif stored < agreed:
             store = cast(StoreTier, self.store_tier)
             if prefetched is not None and prefetched[:2] == (stored, agreed):
@@ -386,20 +355,52 @@ class StageServer:
         )
         return ItemResult(request_id, True)
 
-    def _loadable_points(self, hashes, resume: int, points: tuple[int, ...]) -> tuple[int, ...]:
-        """Of the host tier's snapshot boundaries `points` (after the pool's prefix), those a
-        request could resume at: a load from `resume` (the pool's last snapshot) to b writes
-        the state of every grid boundary in (resume, b] too, so the tier must hold each of
-        them (the ones at or before the pool's prefix are snapshots it evicted alone)."""
-        snapshots, host = (
-            cast("SnapshotPool", self._snapshots),
-            cast("HostTier", self.pool.host_tier),
+    def _hybrid_hint(self, item: ProbeItem, match, num_host: int) -> Hint:
+        """A hybrid model's hint: the pool's snapshots (O(log n): the grid snapshots of a chain,
+        pending ones too, form a prefix of the grid) and the boundaries after the pool's
+        prefix where a load could resume: blocks held by the host tier, then the store, and
+        the state there in either (`_loadable_points`)."""
+        snapshots = cast("SnapshotPool", self._snapshots)
+        hashes, num_blocks = item.block_hashes, match.num_blocks
+        last_reusable = (item.num_tokens - 1) // self.block_size
+        found = snapshots.match_snapshots(hashes, min(num_blocks, last_reusable))
+        resume, start = found.num_blocks, num_blocks + num_host
+        num_store, store_states = 0, []
+        if self.store_tier is not None and start < last_reusable:
+            num_store = self._store_blocks(hashes, match, start)
+            if num_store:  # the states of every boundary a load may cover, from `resume`
+                store_states = self.store_tier.states_held(hashes[resume : start + num_store])
+        host = self.pool.host_tier
+
+        def has_state(b: int) -> bool:
+            if host is not None and host.has_snapshot(hashes[b - 1]):
+                return True
+            return 0 <= b - 1 - resume < len(store_states) and store_states[b - 1 - resume]
+
+        end = min(start + num_store, last_reusable)
+        points = tuple(b for b in range(num_blocks + 1, end + 1) if has_state(b))
+        return Hint(
+            item.request_id,
+            start + num_store,
+            self._loadable_points(resume, points, has_state) if points else (),
+            snapshots.interval_blocks,
+            found.num_grid_blocks,
+            found.num_end_blocks,
+            num_host,
+            num_store,
         )
-        step = snapshots.interval_blocks
+
+    def _loadable_points(self, resume: int, points: tuple[int, ...], has_state) -> tuple[int, ...]:
+        """Of the boundaries `points` after the pool's prefix whose state a tier holds, those a
+        request could resume at: a load from `resume` (the pool's last snapshot) to b writes
+        the state of every grid boundary in (resume, b] too, so a tier must hold each of them
+        (`has_state`; the ones at or before the pool's prefix are snapshots it evicted
+        alone)."""
+        step = cast("SnapshotPool", self._snapshots).interval_blocks
         grid = (resume // step + 1) * step  # the first grid boundary after resume
         out = []
         for point in points:
-            while grid < point and host.has_snapshot(hashes[grid - 1]):
+            while grid < point and has_state(grid):
                 grid += step
             if grid < point:
                 break  # a grid state before it is gone: no later point is loadable either
@@ -421,42 +422,61 @@ class StageServer:
         return resume, boundaries, num_states
 
     def _state_loads(self, request_id, hashes, agreed: int):
-        """Hybrid models: the snapshots a host load writes, as (block hashes, state slots): the
-        state of every boundary the request saves at or before `agreed` into its slot, and the
-        state at `agreed`, where it resumes, into its working slot. None when the host tier no
-        longer holds one of them; ((), ()) for a model without states."""
-        snapshots, host = self._snapshots, self.pool.host_tier
-        if snapshots is None or host is None:
-            return (), ()
+        """Hybrid models: the snapshots a load writes, as (block hashes, state slots) from the
+        host tier and (block hashes, state slots, fetched states) from the store: the state of
+        every boundary the request saves at or before `agreed` into its slot, and the state at
+        `agreed`, where it resumes, into its working slot. The host tier's first. None when
+        neither holds one of them any more; empty for a model without states."""
+        snapshots, host, store = self._snapshots, self.pool.host_tier, self.store_tier
+        if snapshots is None:
+            return ((), ()), ((), (), None)
         plan = snapshots.snapshot_plan(request_id)
         save = plan.save_slots()
         loaded = sorted(b for b in save if b <= agreed)
-        state_hashes = [hashes[b - 1] for b in loaded] + [hashes[agreed - 1]]
-        if not all(host.has_snapshot(h) for h in state_hashes):
-            return None
-        return state_hashes, [save[b] for b in loaded] + [plan.working_slot]
+        wanted = [(hashes[b - 1], save[b]) for b in loaded] + [
+            (hashes[agreed - 1], plan.working_slot)
+        ]
+        from_host = [(h, s) for h, s in wanted if host is not None and host.has_snapshot(h)]
+        from_store = [(h, s) for h, s in wanted if (h, s) not in from_host]
+        fetched = None
+        if from_store:
+            if store is None:
+                return None
+            fetched = store.fetch_states([h for h, _ in from_store])
+            if fetched is None:
+                return None
+        return tuple(zip(*from_host)) or ((), ()), (*(tuple(zip(*from_store)) or ((), ())), fetched)
 
     def _land(self, request_id, hashes, bounds, states, fetched) -> list[int]:
         """Materialize the request's blocks and write the loaded part into them: host blocks
         [on_gpu, stored) and their states (staged before materialize: its evictions may drop
-        them from the tier), store blocks [stored, agreed) from `fetched`; on a hybrid model
-        that resumed before the pool's prefix ends, the pool's own blocks [resume, on_gpu),
-        copied before materialize (it may evict them), into the request's."""
+        them from the tier), store blocks [stored, agreed) from `fetched` and the states
+        fetched from the store; on a hybrid model that resumed before the pool's prefix ends,
+        the pool's own blocks [resume, on_gpu), copied before materialize (it may evict
+        them), into the request's."""
         resume, on_gpu, stored, agreed = bounds
-        num_states, state_hashes, state_slots = states
-        host = self.pool.host_tier
-        load = own = None
+        num_states, (state_hashes, state_slots), (_, store_slots, store_states) = states
+        host, store = self.pool.host_tier, self.store_tier
+        own_ids = self.pool.block_ids(hashes[resume:on_gpu])
+        load = None
         if host is not None:
-            load = host.onboard(hashes[on_gpu:stored], num_states, state_hashes)
-            own = host.stage_own(self.pool.block_ids(hashes[resume:on_gpu]))
+            num_host_states = num_states - len(store_slots)
+            load = host.onboard(hashes[on_gpu:stored], num_host_states, state_hashes)
+            own = host.stage_own(own_ids)
+        else:
+            own = cast(StoreTier, store).stage_own(own_ids) if own_ids else None
         block_table = self.pool.materialize(request_id)  # evicts (offloads) its victims
         if load is not None:
             host = cast("HostTier", host)
             host.land(load, block_table[on_gpu:stored], state_slots)  # into victims' blocks
             host.land_own(own, block_table[resume:on_gpu])
             self.num_host_loaded_blocks += stored - on_gpu
+        elif own is not None:
+            cast(StoreTier, store).land_own(own, block_table[resume:on_gpu])
         if fetched is not None:
-            cast(StoreTier, self.store_tier).land(fetched, block_table[stored:agreed])
+            cast(StoreTier, store).land(fetched, block_table[stored:agreed])
+        if store_states is not None:
+            cast(StoreTier, store).land_states(store_states, store_slots)
         return block_table
 
     def _host_blocks(self, block_hashes, match) -> int:
@@ -469,12 +489,9 @@ class StageServer:
 
     def _store_blocks(self, block_hashes, match, start: int, held=None) -> int:
         """Blocks the shared store holds from `start` (after the pool's and the host tier's);
-        0 without a store, on a hybrid model (the store carries no states) or when the GPU
-        prefix is not all computed here."""
+        0 without a store or when the GPU prefix is not all computed here."""
         store = self.store_tier
-        if store is None or self._snapshots is not None:
-            return 0
-        if match.num_computed_blocks < match.num_blocks:
+        if store is None or match.num_computed_blocks < match.num_blocks:
             return 0
         return store.match(block_hashes, start, held)
 
@@ -582,10 +599,13 @@ class StageServer:
             self._drop(request_id)
 
     def _publish_to_store(self, wave: Wave) -> None:
-        """Hand the store every full block a chunk of `wave` finished here: blocks b with
-        start < (b + 1) * block_size <= end."""
+        """Hand the store every full block a chunk of `wave` finished here (blocks b with
+        start < (b + 1) * block_size <= end) and, on a hybrid model, every state it saved at
+        a block boundary."""
         hashes: list[int] = []
         block_ids: list[int] = []
+        state_hashes: list[int] = []
+        slots: list[int] = []
         for chunk in wave.chunks:
             req = self.requests[chunk.request_id]
             table = cast("list[int]", req.block_table)
@@ -593,7 +613,14 @@ class StageServer:
             for b in range(chunk.start // self.block_size, last):
                 hashes.append(req.block_hashes[b])
                 block_ids.append(table[b])
-        cast(StoreTier, self.store_tier).publish(hashes, block_ids)
+            if self._snapshots is not None:  # the states saved at boundaries in (start, end]
+                for b, slot in self._snapshots.snapshot_plan(chunk.request_id).save_slots().items():
+                    if chunk.start < b * self.block_size <= chunk.end:
+                        state_hashes.append(req.block_hashes[b - 1])
+                        slots.append(slot)
+        store = cast(StoreTier, self.store_tier)
+        store.publish(hashes, block_ids)
+        store.publish_states(state_hashes, slots)
 
     def _drop(self, request_id: int) -> None:
         self._probed.pop(request_id, None)

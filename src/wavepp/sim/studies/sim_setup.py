@@ -110,7 +110,8 @@ class SimSetup:
         if self.kv_tier_gib and self.model.hybrid:
             raise ValueError(
                 f"SimSetup.kv_tier_gib: {self.model.name} keeps recurrent-state snapshots, "
-                "which the shared KV store does not carry (as in the runtime)"
+                "which the simulator's shared store does not model yet (the runtime's carries "
+                "them)"
             )
         if self.host_kv_gib and not self.hardware.host_link_gb_s:
             raise ValueError(
