@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from wavepp.runtime.channels import PeerLostError, Shutdown
 from wavepp.runtime.protocol import CacheAnswer, CacheQuery, EngineError
-from wavepp.sched.admission import agree_prefix
+from wavepp.sched.admission import agree_prefix, tier_tokens
 from wavepp.sched.request import Request
 from wavepp.sched.stage_server import StageCounters
 
@@ -47,15 +47,6 @@ class StageCacheCounters:
     stage_id: int
     counters: StageCounters  # its cache and tiers since start
     capacity: object  # CapacityView now
-
-
-def _tier_tokens(cached: int, hints, block_size: int) -> tuple[int, int, int]:
-    """(pool, host, store) tokens of the `cached` prefix every stage holds (see CachedView)."""
-    in_pool = min(h.num_blocks - h.num_host_blocks - h.num_store_blocks for h in hints)
-    above_store = min(h.num_blocks - h.num_store_blocks for h in hints)
-    pool = min(cached, in_pool * block_size)
-    host = min(cached, above_store * block_size) - pool
-    return pool, host, cached - pool - host
 
 
 class CacheQueries:
@@ -81,7 +72,7 @@ class CacheQueries:
                     k * bs,
                     tuple(min(h.num_blocks, reusable) * bs for h in hints),
                     tuple(a.capacity.num_free + a.capacity.num_evictable for a in answers),
-                    _tier_tokens(k * bs, hints, bs),
+                    tier_tokens(k * bs, hints, bs),
                 )
             )
         return out

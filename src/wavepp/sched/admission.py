@@ -31,6 +31,18 @@ def agree_prefix(
     return k
 
 
+def tier_tokens(cached: int, hints: Sequence[Hint], block_size: int) -> tuple[int, int, int]:
+    """Of the `cached` tokens every stage holds (agree_prefix's, in tokens), where the stages
+    hold them: (pool, host, store). `pool`: what every stage has in its pool; `host`: what
+    every stage has in its pool or its host tier beyond that; `store`: the rest, in the shared
+    store (the hints' num_host_blocks and num_store_blocks split each stage's run)."""
+    in_pool = min(h.num_blocks - h.num_host_blocks - h.num_store_blocks for h in hints)
+    above_store = min(h.num_blocks - h.num_store_blocks for h in hints)
+    pool = min(cached, in_pool * block_size)
+    host = min(cached, above_store * block_size) - pool
+    return pool, host, cached - pool - host
+
+
 def waits_for_round(
     req: Request,
     k: int,

@@ -7,7 +7,8 @@ workload's arrival times.
 
 At each arrival every replica is advanced to that time; the `cache` policy then asks each
 replica what `/v1/cache_query` answers on a real one (each stage's `StageServer.query`, the
-probe's hint, agreed over the stages by `agree_prefix`), `approx` consults the router's own
+probe's hint, agreed over the stages by `agree_prefix`, split by tier and weighed as the
+router weighs it: `held_value`), `approx` consults the router's own
 record, `least-load` the requests in flight (counted when each replica finishes one), and
 `cache` also what each replica has in flight (the router's record of its requests not ended).
 Replicas share nothing else, but for a KV store (`setup.kv_tier_gib`, sim/core/shared_store.py)
@@ -21,7 +22,8 @@ from __future__ import annotations
 from typing import cast
 
 from wavepp.route.replica_table import ReplicaTable
-from wavepp.sched.admission import agree_prefix
+from wavepp.route.replica_table import held_value as route_held_value
+from wavepp.sched.admission import agree_prefix, tier_tokens
 from wavepp.sched.request import Request
 from wavepp.sched.stats import quantile
 from wavepp.sim.core.pipeline import PipelineSim
@@ -32,10 +34,29 @@ from wavepp.sim.studies.sim_setup import SimSetup
 
 def all_stage_tokens(sim: PipelineSim, token_ids, block_size: int, hybrid: bool) -> int:
     """Tokens of the prompt every stage of the replica holds now, as its cache query says."""
+    return sum(tier_split(sim, token_ids, block_size, hybrid))
+
+
+def tier_split(sim: PipelineSim, token_ids, block_size: int, hybrid: bool) -> tuple[int, ...]:
+    """Those tokens by tier, (pool, host, store), as the cache query's `tiers` says."""
     req = Request.create(0, token_ids, block_size)
     item = (req.probe_item(),)
     hints = [server.query(item)[0] for server in sim.servers]
-    return agree_prefix(req, hints, block_size, hybrid=hybrid) * block_size
+    return tier_tokens(
+        agree_prefix(req, hints, block_size, hybrid=hybrid) * block_size, hints, block_size
+    )
+
+
+def held_value(sim: PipelineSim, token_ids, block_size: int, hybrid: bool) -> float:
+    """What the router's cache policy makes of a replica's answer (route/replica_table.py
+    `held_value`: a token in a lower tier counts a little less than one in a pool)."""
+    pool, host, store = tier_split(sim, token_ids, block_size, hybrid)
+    return route_held_value(
+        {
+            "cached_tokens": pool + host + store,
+            "tiers": {"pool": pool, "host": host, "store": store},
+        }
+    )
 
 
 def run_replicas(
@@ -71,8 +92,7 @@ def run_replicas(
         cached = None
         if routing == "cache":
             cached = {
-                r: all_stage_tokens(sims[r], prompt, bs, hybrid) / len(prompt)
-                for r in range(replicas)
+                r: held_value(sims[r], prompt, bs, hybrid) / len(prompt) for r in range(replicas)
             }
         choice = table.choose(key, cached=cached)
         owner[i] = (choice.index, table.started(choice.index, key))
