@@ -64,6 +64,7 @@ class StoreKVBlocks:
         self.num_corrupt = 0  # entries that failed their checksum (never loaded)
         self.num_missing = 0  # fetches that found a block gone since the probe
         self.num_put_blocks = 0  # blocks the store took
+        self.num_put_states = 0  # states the store took (hybrid models)
         self.num_dropped_puts = 0  # blocks not stored: the queue was full or the store refused
         self.load_seconds = 0.0  # fetching and checking, all loads
         self._pending: queue.Queue = queue.Queue(maxsize=max(1, max_pending_blocks // 16))
@@ -135,6 +136,7 @@ class StoreKVBlocks:
                 "corrupt": self.num_corrupt,
                 "missing": self.num_missing,
                 "put_blocks": self.num_put_blocks,
+                "put_states": self.num_put_states,
                 "dropped_puts": self.num_dropped_puts,
                 "load_seconds": self.load_seconds,
                 "reachable": float(self.client.reachable),
@@ -221,8 +223,10 @@ class StoreKVBlocks:
         values = [self.entry(key, layout.pack(copies, i)) for i, key in enumerate(keys)]
         ok = self.client.put(keys, values)
         with self._lock:
-            if ok:
+            if ok and layout is self._blocks:
                 self.num_put_blocks += len(keys)
+            elif ok:
+                self.num_put_states += len(keys)
             else:
                 self.num_dropped_puts += len(keys)
 
