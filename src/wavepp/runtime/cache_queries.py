@@ -90,17 +90,7 @@ class CacheQueries:
             try:
                 for s in range(1, self.num_stages):
                     self.channels.send_obj(CacheQuery(query_id, items), s, "queries")
-                with self.stage.lock:
-                    server = self.stage.server
-                    answers = [
-                        CacheAnswer(
-                            query_id,
-                            0,
-                            server.query(items),
-                            server.pool.capacity(),
-                            server.counters(),
-                        )
-                    ]
+                answers = [CacheAnswer(query_id, 0, *self.stage.query(items))]
                 for s in range(1, self.num_stages):
                     answer = self.channels.recv_obj(s, "answers")
                     if not isinstance(answer, CacheAnswer) or answer.query_id != query_id:

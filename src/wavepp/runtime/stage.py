@@ -35,6 +35,7 @@ from wavepp.runtime.mooncake_store import MooncakeStoreClient
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.store_kv import StoreKVBlocks
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
+from wavepp.sched.messages import ProbeMsg
 from wavepp.sched.policy import get_policy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -271,6 +272,15 @@ class StageRuntime:
         with self.lock:
             self.server.pool.check_integrity()
             return IntegrityReport(self.server.pool.capacity(), len(self.server.requests))
+
+    def query(self, items) -> tuple:
+        """A cache query's answer here: (hints, capacity, counters), under the stage lock; which
+        blocks the shared store holds is asked before, without it (StageServer.prefetch)."""
+        server = self.server
+        held = server.prefetch(ProbeMsg(-1, tuple(items))) if items else None
+        with self.lock:
+            server = self.server  # (a reset may have come between: its server answers)
+            return server.query(items, held), server.pool.capacity(), server.counters()
 
     def handle_round(self, msg):
         """Answer a rounds-plane message under the stage lock; a lease's store bytes are

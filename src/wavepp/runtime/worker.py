@@ -92,10 +92,7 @@ def run_worker(channels: Channels) -> None:
             msg = channels.recv_obj(0, "queries")
             if isinstance(msg, Shutdown):
                 return
-            with stage.lock:
-                hints = stage.server.query(msg.items)
-                capacity, counters = stage.server.pool.capacity(), stage.server.counters()
-            answer = CacheAnswer(msg.query_id, rank, hints, capacity, counters)
+            answer = CacheAnswer(msg.query_id, rank, *stage.query(msg.items))
             channels.send_obj(answer, 0, "answers")
 
     def recv_thread():
