@@ -16,6 +16,8 @@ which slot belongs to which block boundary is the block manager's business.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from wavepp.models.spec import PageLayout, StageSpec
@@ -104,6 +106,30 @@ class PagedPools:
             raise KeyError(f"no state {name!r} for layer {layer} in this stage's cache")
         return self.states[name][:, self._index[(name, layer)]]
 
+    def copy_blocks(self, block_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+        """A copy of blocks `block_ids`, per pool: [num_blocks, layers, block_size, width], on
+        this cache's device. Later writes to the blocks do not change it."""
+        ids = self._ids(block_ids)
+        return {
+            name: t.index_select(1, ids).transpose(0, 1).contiguous()
+            for name, t in self.tensors.items()
+        }
+
+    def write_blocks(self, blocks: dict[str, torch.Tensor], block_ids: Sequence[int]) -> None:
+        """Write `blocks` (as `copy_blocks` gives them, on any device) into blocks `block_ids`."""
+        ids = self._ids(block_ids)
+        for name, tensor in self.tensors.items():
+            # [layers, num_blocks, block_size, width] at blocks `ids`
+            tensor.index_copy_(
+                1, ids, blocks[name].to(self.device, non_blocking=True).transpose(0, 1)
+            )
+
+    def write_states(self, states: dict[str, torch.Tensor], slots: Sequence[int]) -> None:
+        """Write `states` (per state pool [num_states, layers, elements]) into state `slots`."""
+        ids = self._ids(slots)
+        for name, tensor in self.states.items():
+            tensor.index_copy_(0, ids, states[name].to(self.device, non_blocking=True))
+
     def export_rows(
         self, block_table: list[int], num_tokens: int
     ) -> dict[str, tuple[list[int], torch.Tensor]]:
@@ -144,6 +170,9 @@ class PagedPools:
                 torch.index_select(tensor, 1, index, out=out[name])
             else:
                 out[name].copy_(tensor.index_select(1, index))
+
+    def _ids(self, indices: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(indices), dtype=torch.int64, device=self.device)
 
     def _block_index(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         """The blocks holding tokens [0, num_tokens), as an index on the pools' device."""

@@ -77,11 +77,7 @@ class HostKVStore:
 
     def load(self, staged: object, block_ids: Sequence[int]) -> None:
         assert isinstance(staged, dict)
-        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.pools.device)
-        for name, tensor in self.pools.tensors.items():
-            # [layers, num_blocks, block_size, width] at blocks `ids`
-            blocks = staged[name].to(self.pools.device, non_blocking=True).transpose(0, 1)
-            tensor.index_copy_(1, ids, blocks)
+        self.pools.write_blocks(staged, block_ids)
 
     def put_state(self, block_hash: int, slot: int) -> None:
         if block_hash in self._states:
@@ -103,17 +99,10 @@ class HostKVStore:
 
     def load_states(self, staged: object, slots: Sequence[int]) -> None:
         assert isinstance(staged, dict)
-        ids = torch.tensor(list(slots), dtype=torch.int64, device=self.pools.device)
-        for name, tensor in self.pools.states.items():
-            tensor.index_copy_(0, ids, staged[name].to(self.pools.device, non_blocking=True))
+        self.pools.write_states(staged, slots)
 
     def stage_blocks(self, block_ids: Sequence[int]) -> dict[str, torch.Tensor]:
-        """name -> [num_blocks, layers, block_size, width]: a copy of the stage's blocks."""
-        ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.pools.device)
-        return {
-            name: t.index_select(1, ids).transpose(0, 1).contiguous()
-            for name, t in self.pools.tensors.items()
-        }
+        return self.pools.copy_blocks(block_ids)
 
     def clear(self) -> None:
         """Hold nothing (the stage's cache was emptied); the tensors stay allocated."""
