@@ -55,6 +55,15 @@ def _run(server, request_id, start, end, last, wave_id=0):
     server.complete(wave)
 
 
+def _written(tokens):
+    """A store and the stage that computed `tokens` into it (request 1, one chunk)."""
+    store = DictStore()
+    writer = _server(store)
+    _admit(writer, 1, tokens, 0)
+    _run(writer, 1, 0, len(tokens), True)
+    return store, writer
+
+
 def test_finished_blocks_go_to_the_store_and_another_stage_loads_them():
     store = DictStore()
     writer = _server(store)
@@ -79,11 +88,8 @@ def test_finished_blocks_go_to_the_store_and_another_stage_loads_them():
 
 
 def test_a_failed_fetch_refuses_the_lease_and_holds_nothing():
-    store = DictStore()
-    writer = _server(store)
     tokens = list(range(17))
-    _admit(writer, 1, tokens, 0)
-    _run(writer, 1, 0, 17, True)
+    store, writer = _written(tokens)
     reader = _server(store)
     before = reader.pool.capacity()
     store.bad.add(writer.store_tier.key(hash_blocks(tokens, BS)[2]))
@@ -95,11 +101,8 @@ def test_a_failed_fetch_refuses_the_lease_and_holds_nothing():
 
 
 def test_another_namespace_finds_nothing():
-    store = DictStore()
-    writer = _server(store)
     tokens = list(range(17))
-    _admit(writer, 1, tokens, 0)
-    _run(writer, 1, 0, 17, True)
+    store, writer = _written(tokens)
     other = StageServer(0, BlockPool(16, BS), StoreTier("ns/l0-3", 64, store))
     hint, _ = _admit(other, 2, tokens, 0)
     assert hint.num_blocks == 0 and hint.num_store_blocks == 0
@@ -123,11 +126,9 @@ def test_the_store_counts_after_the_pool():
 def test_a_lease_uses_the_bytes_prefetched_before_the_lock():
     """The runtime fetches a lease's store bytes before it takes the stage lock (prefetch);
     the lease then fetches nothing more, unless its range moved since the probe."""
-    store = DictStore()
-    writer, reader = _server(store), _server(store)
     tokens = list(range(25))
-    _admit(writer, 1, tokens, 0)
-    _run(writer, 1, 0, 25, True)
+    store, writer = _written(tokens)
+    reader = _server(store)
     hashes = tuple(hash_blocks(tokens, BS))
     reader.probe(ProbeMsg(0, (ProbeItem(2, hashes, 25),)))
     msg = LeaseMsg(0, (LeaseItem(2, 6, 1),))
@@ -148,21 +149,16 @@ def test_a_lease_uses_the_bytes_prefetched_before_the_lock():
 
 
 def test_a_reset_clears_the_namespace():
-    store = DictStore()
-    writer = _server(store)
-    _admit(writer, 1, list(range(17)), 0)
-    _run(writer, 1, 0, 17, True)
+    store, writer = _written(list(range(17)))
     store.held["ns/l2-4/0000000000000001"] = 0  # another stage's
     writer.store_tier.clear()
     assert list(store.held) == ["ns/l2-4/0000000000000001"]
 
 
 def test_a_probe_uses_what_the_store_said_before_the_lock():
-    store = DictStore()
-    writer, reader = _server(store), _server(store)
     tokens = list(range(25))
-    _admit(writer, 1, tokens, 0)
-    _run(writer, 1, 0, 25, True)
+    store, writer = _written(tokens)
+    reader = _server(store)
     msg = ProbeMsg(0, (ProbeItem(2, tuple(hash_blocks(tokens, BS)), 25),))
     store.exists_calls = 0
     held = reader.prefetch(msg)
