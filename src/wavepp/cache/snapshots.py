@@ -309,7 +309,8 @@ class SnapshotPool(BlockPool):
         return snapshot is not None and snapshot.computed
 
     def _snapshot_slot_of(self, entry: BlockEntry) -> int | None:
-        return self._snapshots[entry.block_hash].slot if self._has_snapshot(entry) else None  # type: ignore[index]
+        snapshot = self._snapshots.get(entry.block_hash)  # type: ignore[arg-type]
+        return snapshot.slot if snapshot is not None and snapshot.computed else None
 
     def _on_unlink(self, entry: BlockEntry) -> None:
         # a block leaves the index: its snapshot goes with it (deeper ones went before); a

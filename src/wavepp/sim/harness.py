@@ -118,7 +118,8 @@ def build_sim(
     (sim/loops/trtllm.py `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop
     (sim/loops/sglang.py `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which
     keeps what the pool evicts (cache/host_tier.py); `store_tiers`: one view per stage of a KV
-    store the stages of other pipelines may share (cache/store_tier.py, sim/core/shared_store.py)."""
+    store the stages of other pipelines may share (cache/store_tier.py,
+    sim/core/shared_store.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
