@@ -2,14 +2,16 @@
 (Mooncake Store): hit rate against the ideal of one unbounded cache, and input tokens/s.
 
     python benchmarks/bench_store_replicas.py --routing round-robin,cache --tier none,store \\
-        --repeat 2
+        --repeat 2 --predict
 
 Each configuration starts from nothing (a fresh `mooncake_master` with the store, two `wavepp
 serve --pp 2` replicas of SmolLM2 bf16 with small stage pools, the router) and sends the
 workload through the router, `--concurrency` requests at a time (serve/loadgen.py); the
 configurations run interleaved, `--repeat` rounds. The workload is `short-suffix`: groups of a
 long prefix, each followed by a suffix, taken in turn (a cycle); with an odd number of groups
-round-robin sends every group to both replicas. Prints one line per run and a median table.
+round-robin sends every group to both replicas. Prints one line per run and a median table;
+with `--predict`, the simulator's prediction of each configuration beside it
+(predict_store_replicas.py: a CPU machine fitted to the runs without a tier).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 def _master(log_dir: Path) -> tuple[subprocess.Popen, str, str]:
-    rpc, http, metrics = free_port(), free_port(), free_port()
+    rpc, http, metrics = free_port(), free_port(), free_port()  # 9003, the default, may be taken
     binary = Path(sys.executable).parent / "mooncake_master"
     proc = _start(
         [
@@ -49,6 +51,8 @@ def _master(log_dir: Path) -> tuple[subprocess.Popen, str, str]:
             "-enable_http_metadata_server=true",
             "-http_metadata_server_port",
             str(http),
+            "-metrics_port",
+            str(metrics),
         ],
         log_dir / "master.log",
     )
@@ -92,6 +96,7 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
                         str(port),
                         "--stage-num-blocks",
                         args.stage_num_blocks,
+                        "--debug",
                         *store,
                     ],
                     log_dir / f"replica{i}.{tier}.{routing}.log",
@@ -128,8 +133,11 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
             raise RuntimeError(f"{tier}/{routing}: {report.errors[:3]}")
         latencies = sorted(report.latencies_s)
         tiers = _scrape_tiers(replicas)
+        with httpx.Client(timeout=120) as client:
+            samples = [client.get(f"{url}/debug/stage_samples").json() for url in replicas]
         return {
             **tiers,
+            "replica_samples": samples,
             "tier": tier,
             "routing": routing,
             "hit_rate": report.cached_tokens / report.prompt_tokens,
@@ -177,7 +185,12 @@ def main() -> None:
     ap.add_argument("--stage-num-blocks", default="448,448")
     ap.add_argument("--segment-gib", type=float, default=0.25)
     ap.add_argument("--log-dir", default="/tmp/bench_store_replicas")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the runs (and what --predict needs)")
+    ap.add_argument(
+        "--predict",
+        action="store_true",
+        help="then the simulator's prediction of every configuration (predict_store_replicas.py)",
+    )
     args = ap.parse_args()
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +218,7 @@ def main() -> None:
                     f"{row['input_tok_s']:,.0f} input tok/s, TTFT p50 {row['ttft_p50_ms']:,.0f} ms",
                     flush=True,
                 )
-    print(f"\n| tier | routing | hit / ideal | input tok/s (median) | TTFT p50 ms |")
+    print("\n| tier | routing | hit / ideal | input tok/s (median) | TTFT p50 ms |")
     print("|---|---|---|---|---|")
     for tier in args.tier.split(","):
         for routing in args.routing.split(","):
@@ -227,8 +240,27 @@ def main() -> None:
             f"\na stage's block: computed in {1e3 * compute:.2f} ms (busy time per computed "
             f"block, no tier), loaded from the store in {1e3 * load:.2f} ms (fetch and check)"
         )
+    data = {"meta": _meta(args), "rows": rows, "prompts": workload.prompts}
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps(data))
+    if args.predict:
+        from predict_store_replicas import predict, print_table
+
+        print_table(predict(data))
+
+
+def _meta(args) -> dict:
+    """What the simulator needs to rebuild the runs' setting."""
+    config = json.loads((resolve_model("smollm2") / "config.json").read_text())
+    return {
+        "model_config": config,
+        "num_stages": 2,
+        "replicas": 2,
+        "block_size": 16,
+        "stage_num_blocks": [int(n) for n in args.stage_num_blocks.split(",")],
+        "concurrency": args.concurrency,
+        "store_gib": 4 * args.segment_gib,  # every stage process of both replicas lends one
+    }
 
 
 if __name__ == "__main__":

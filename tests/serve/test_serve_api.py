@@ -274,3 +274,27 @@ def test_score_matches_transformers(server, tiny_model, apply_softmax, item_firs
 def test_score_bad_input_is_400(server, body, param):
     r = _post(server, body, path="/v1/score")
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_stage_samples_cover_a_request_on_every_stage(server):
+    """GET /debug/stage_samples: the waves a fresh prompt ran, on every stage, with the chunks'
+    new tokens adding up to the prompt and positive compute seconds (what the simulator's CPU
+    hardware is fitted to)."""
+
+    def samples():
+        r = httpx.get(f"{server.url}/debug/stage_samples", timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    before = samples()
+    prompt = [random.Random(11).randrange(VOCAB) for _ in range(83)]
+    assert _post(server, {"prompt": prompt, "max_tokens": 1}).status_code == 200
+    after = samples()
+    new = after["stage_samples"][len(before["stage_samples"]) :]
+    assert after["num_stages"] >= 2
+    for stage in range(after["num_stages"]):
+        mine = [s for s in new if s[0] == stage]
+        assert sum(n for _, chunks, _ in mine for _, n in chunks) == len(prompt), new
+        assert all(seconds > 0 for _, _, seconds in mine)
+    spans = after["wave_spans"][len(before["wave_spans"]) :]
+    assert len(spans) == len(new) and all(end >= start for _, _, start, end in spans)

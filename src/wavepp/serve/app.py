@@ -132,7 +132,8 @@ def _add_engine_routes(app: FastAPI, api: API, engine: Engine, config: ServeConf
 
 
 def _add_debug_routes(app: FastAPI, api: API, engine: Engine) -> None:
-    """/debug/integrity and /debug/reset: both wait for the pipeline to be idle."""
+    """/debug/integrity and /debug/reset, which wait for the pipeline to be idle, and
+    /debug/stage_samples, which does not."""
 
     @app.get("/debug/integrity")
     async def integrity():
@@ -145,6 +146,18 @@ def _add_debug_routes(app: FastAPI, api: API, engine: Engine) -> None:
                 {"num_live_requests": live, **dataclasses.asdict(cap)} for cap, live in reports
             ],
             "leader_state_size": engine.leader_state_size(),
+        }
+
+    @app.get("/debug/stage_samples")
+    async def stage_samples():
+        """The engine's most recent measured waves (bounded: CoreStats.max_records): per stage
+        and wave its chunks' (num_cached, num_new) and compute seconds, and its span in unix
+        seconds; what the simulator's CPU hardware is fitted to (sim/studies/calibrate.py)."""
+        stats = await asyncio.to_thread(engine.stats)
+        return {
+            "num_stages": len(stats.stages),
+            "stage_samples": [list(s) for s in stats.stage_samples],
+            "wave_spans": [list(s) for s in stats.wave_spans],
         }
 
     @app.post("/debug/reset")

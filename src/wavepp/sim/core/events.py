@@ -42,3 +42,8 @@ class EventLoop:
     @property
     def empty(self) -> bool:
         return not self._heap
+
+    @property
+    def next_time(self) -> float:
+        """When the next event is due (inf when none is)."""
+        return self._heap[0][0] if self._heap else float("inf")

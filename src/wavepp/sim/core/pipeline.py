@@ -163,6 +163,12 @@ class PipelineSim:
         self.loop.run(until=until, after_event=after)
         return self.loop.now
 
+    @property
+    def next_event_s(self) -> float:
+        """When this pipeline next has something to do (inf when it is idle): what a driver of
+        several pipelines on one clock advances them by (sim/studies/replicas.py)."""
+        return self.loop.next_time
+
     # ---- rank 0 ------------------------------------------------------------------------------
 
     def _kick(self) -> None:

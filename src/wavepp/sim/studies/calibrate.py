@@ -20,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from wavepp.cache.store_tier import StoreTier
 from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.planners import PlannerConfig
 from wavepp.sched.policy import loop_planner_args
 from wavepp.sim.core.pipeline import PipelineSim, SimCosts
+from wavepp.sim.core.shared_store import SimSharedStore
 from wavepp.sim.harness import build_sim
 from wavepp.sim.loops.loop_costs import LoopCosts
 from wavepp.sim.studies.sim_setup import AdmissionCosts
@@ -86,11 +88,20 @@ class CpuHardware:
     transfer_s_per_token: float = 0.0
     result_latency_s: float = 0.0  # last stage back to rank 0
     admission: AdmissionCosts = field(default_factory=lambda: CPU_ADMISSION)
+    # a stage's fetches from a shared KV store (build(store=...)): bytes/s and a fixed cost
+    store_link_bytes_s: float = 0.0
+    store_fetch_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.stage_costs:
             raise ValueError("CpuHardware.stage_costs is empty")
-        for name in ("transfer_latency_s", "transfer_s_per_token", "result_latency_s"):
+        for name in (
+            "transfer_latency_s",
+            "transfer_s_per_token",
+            "result_latency_s",
+            "store_link_bytes_s",
+            "store_fetch_latency_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"CpuHardware.{name} must be >= 0")
 
@@ -118,6 +129,8 @@ class CpuHardware:
                 self.transfer_latency_s + self.transfer_s_per_token * n
             ),
             result_seconds=self.result_latency_s,
+            store_link_bytes_s=self.store_link_bytes_s,
+            store_fetch_latency_s=self.store_fetch_latency_s,
             round_latency_s=adm.round_latency_s,
             round_msg_s=adm.msg_s,
             round_item_s=adm.item_s,
@@ -135,16 +148,31 @@ class CpuHardware:
         planner_config: PlannerConfig | None = None,
         check_integrity: bool = False,
         loop_costs: LoopCosts | None = None,
+        store: SimSharedStore | None = None,
+        stage_block_bytes: Sequence[int] = (),
     ) -> PipelineSim:
         """The runtime's pipeline on this machine under `policy` (wavepp, lockstep, static, ...).
         The balanced planner starts from the slowest stage's fitted costs, as the runtime's
         would after its first waves. The outside loops (trtllm-pp, sglang-pp) run their
         framework's loop (sim/loops/loop_sim.py) with the runtime's budgets and `loop_costs` (this
         machine's host costs per iteration, `loop_costs_from_rounds`); sglang-pp's dynamic
-        chunking keeps the runtime planner's default cost model, as the runtime does."""
+        chunking keeps the runtime planner's default cost model, as the runtime does. `store`:
+        a KV store the stages share with other pipelines' (sim/core/shared_store.py), stage i's
+        entries `stage_block_bytes[i]` each, fetched at `store_link_bytes_s`."""
         spec = get_system(policy)
         if spec.topology == "tp":
             raise ValueError(f"{spec.name} needs a device cost model, not a fitted CPU pipeline")
+        store_tiers = None
+        if store is not None:
+            if len(stage_block_bytes) != self.num_stages or min(stage_block_bytes) <= 0:
+                raise ValueError(
+                    f"a store needs each of the {self.num_stages} stages' block bytes (> 0), "
+                    f"got {list(stage_block_bytes)}"
+                )
+            store_tiers = [
+                StoreTier(f"cpu/b{block_size}/stage{i}", n, store.link(n))
+                for i, n in enumerate(stage_block_bytes)
+            ]
         slowest = max(self.stage_costs, key=lambda c: CostModel(c).wave_time([(1024, 256)]))
         pcfg = planner_config or PlannerConfig(
             block_size=block_size, num_stages=self.num_stages, **loop_planner_args(spec.loop)
@@ -163,6 +191,7 @@ class CpuHardware:
             central_pool=spec.topology == "central",
             loop=spec.loop,
             loop_costs=loop_costs or LoopCosts(block_tokens=block_size),
+            store_tiers=store_tiers,
         )
 
 

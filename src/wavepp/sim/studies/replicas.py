@@ -4,6 +4,10 @@ code as `wavepp route` (wavepp/route/replica_table.py `ReplicaTable`), open loop
 workload's arrival times.
 
     row = run_replicas("wavepp", setup, workload, replicas=8, routing="cache")
+    row = run_replicas_closed(sims, prompts, concurrency=2, routing="cache", block_size=16)
+
+The second drives pipelines its caller built (a fitted CPU machine's, sim/studies/calibrate.py)
+closed loop, as a load generator through the router does.
 
 At each arrival every replica is advanced to that time; the `cache` policy then asks each
 replica what `/v1/cache_query` answers on a real one (each stage's `StageServer.query`, the
@@ -19,7 +23,7 @@ store's LRU sees their puts and fetches in the order the arrivals advance them.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Callable, Sequence, cast
 
 from wavepp.route.replica_table import ReplicaTable
 from wavepp.route.replica_table import held_value as route_held_value
@@ -67,9 +71,8 @@ def run_replicas(
     replicas: int,
     routing: str,
 ) -> dict:
-    """One row: the routing, the tier's hit rate (and its split by where the reused blocks
-    came from: `tier_hit_rates`) and input tok/s, TTFT p50/p99, the spread of requests over the
-    replicas, the decisions by reason, and the shared store's traffic."""
+    """One row (`_Fleet.summary`) of `replicas` pipelines of `system` on `setup`, open loop at
+    the workload's arrival times."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if workload.arrival_times_s is None:
@@ -78,48 +81,127 @@ def run_replicas(
         )
     store = shared_store(setup) if setup.kv_tier_gib else None
     sims = [build_system(system, setup, store=store) for _ in range(replicas)]
-    table = ReplicaTable([f"replica-{i}" for i in range(replicas)], routing)
-    owner: dict[int, tuple[int, tuple]] = {}  # request -> (replica, ticket)
-    for sim in sims:
-        sim.on_finish = lambda request_id, now: table.finished(
-            owner[request_id][0], 0, owner[request_id][1]
-        )
-    bs, hybrid = setup.block_size, setup.model.hybrid
+    fleet = _Fleet(sims, routing, setup.block_size, setup.model.hybrid)
     for i, (t, prompt) in enumerate(zip(workload.arrival_times_s, workload.prompts)):
         for sim in sims:
             sim.run(until=t)
+        fleet.submit(i, prompt, at=t)
+    end = max(sim.run() for sim in sims)
+    return fleet.summary(end, workload.ideal_hit_rate, setup.token_scale)
+
+
+def run_replicas_closed(
+    sims: list[PipelineSim],
+    prompts: Sequence[Sequence[int]],
+    *,
+    concurrency: int,
+    routing: str,
+    block_size: int,
+    hybrid: bool = False,
+    ideal_hit_rate: float | None = None,
+) -> dict:
+    """`sims` (pipelines built by the caller, e.g. `CpuHardware.build` sharing one store) behind
+    the router's policy, closed loop: `concurrency` requests outstanding, the next one routed
+    and sent when one ends, as a load generator through `wavepp route` does
+    (serve/loadgen.py). The pipelines share one clock: each step advances every one of them to
+    the earliest next event of any, so a request routed at time t sees every replica's state
+    at t (the events of t itself on the others aside). The same row as `run_replicas`."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    order = iter(enumerate(prompts))
+
+    def send_next(now: float) -> None:
+        nxt = next(order, None)
+        if nxt is not None:
+            fleet.submit(*nxt, at=now, at_once=True)
+
+    fleet = _Fleet(sims, routing, block_size, hybrid, on_free=send_next)
+    for _ in range(concurrency):
+        send_next(0.0)
+    end = 0.0
+    while (t := min(sim.next_event_s for sim in sims)) != float("inf"):
+        for sim in sims:
+            sim.run(until=t)
+        end = t
+    return fleet.summary(end, ideal_hit_rate, 1)
+
+
+class _Fleet:
+    """Replicas behind one router: what `ReplicaTable` decides for each request (asking every
+    replica's cache view under `cache`), which replica runs it, and the row at the end."""
+
+    def __init__(
+        self,
+        sims: list[PipelineSim],
+        routing: str,
+        block_size: int,
+        hybrid: bool,
+        on_free: Callable[[float], None] | None = None,
+    ):
+        if not sims:
+            raise ValueError("no replicas")
+        self.sims = sims
+        self.routing = routing
+        self.block_size = block_size
+        self.hybrid = hybrid
+        self.table = ReplicaTable([f"replica-{i}" for i in range(len(sims))], routing)
+        self._owner: dict[int, tuple[int, tuple]] = {}  # request -> (replica, ticket)
+        self._on_free = on_free  # (time) when a request ended
+        for sim in sims:
+            sim.on_finish = self._on_finish
+
+    def _on_finish(self, request_id: int, now: float) -> None:
+        index, ticket = self._owner.pop(request_id)
+        self.table.finished(index, 0, ticket)
+        if self._on_free is not None:
+            self._on_free(now)
+
+    def submit(
+        self, request_id: int, prompt: Sequence[int], at: float, at_once: bool = False
+    ) -> None:
+        """Route the request and send it, to arrive at `at`. `at_once`: where the chosen
+        replica's clock is at `at` already (the replica whose request just ended), it arrives
+        within the current event, as the single pipeline's closed loop has it (harness.py);
+        elsewhere it arrives as an event at `at`."""
         key = tuple(prompt)
         cached = None
-        if routing == "cache":
+        if self.routing == "cache":
             cached = {
-                r: held_value(sims[r], prompt, bs, hybrid) / len(prompt) for r in range(replicas)
+                r: held_value(sim, prompt, self.block_size, self.hybrid) / len(prompt)
+                for r, sim in enumerate(self.sims)
             }
-        choice = table.choose(key, cached=cached)
-        owner[i] = (choice.index, table.started(choice.index, key))
-        sims[choice.index].submit(i, prompt, at=t)
-    end = max(sim.run() for sim in sims)
-    records = [r for sim in sims for r in sim.records.values()]
-    done = [r for r in records if r.failure is None and r.finish is not None]
-    ttft = sorted(r.finish - r.arrival for r in done) or [0.0]
-    tokens = sum(r.num_tokens for r in done)
-    hit_rate = sum(r.num_cached_tokens for r in done) / tokens if tokens else 0.0
-    per_replica = [len(sim.records) for sim in sims]
-    return {
-        "replicas": replicas,
-        "routing": routing,
-        "num_requests": len(records),
-        "num_failed": len(records) - len(done),
-        "hit_rate": hit_rate,
-        "tier_hit_rates": _tier_hit_rates(sims, hit_rate),
-        "ideal_hit_rate": workload.ideal_hit_rate,
-        "input_tok_s": tokens / end * setup.token_scale if end > 0 else 0.0,
-        "ttft_p50_s": quantile(ttft, 0.5),
-        "ttft_p99_s": quantile(ttft, 0.99),
-        "requests_per_replica": per_replica,
-        "load_spread": max(per_replica) / max(1, min(per_replica)),
-        "decisions": dict(sorted(table.decisions.items())),
-        **_store_traffic(sims),
-    }
+        choice = self.table.choose(key, cached=cached)
+        self._owner[request_id] = (choice.index, self.table.started(choice.index, key))
+        sim = self.sims[choice.index]
+        sim.submit(request_id, prompt, at=None if at_once and sim.loop.now == at else at)
+
+    def summary(self, end: float, ideal_hit_rate: float | None, token_scale: float) -> dict:
+        """The row: the routing, the tier's hit rate (and its split by where the reused blocks
+        came from: `tier_hit_rates`) and input tok/s, TTFT p50/p99, the spread of requests over
+        the replicas, the decisions by reason, and the shared store's traffic."""
+        sims = self.sims
+        records = [r for sim in sims for r in sim.records.values()]
+        done = [r for r in records if r.failure is None and r.finish is not None]
+        ttft = sorted(r.finish - r.arrival for r in done) or [0.0]
+        tokens = sum(r.num_tokens for r in done)
+        hit_rate = sum(r.num_cached_tokens for r in done) / tokens if tokens else 0.0
+        per_replica = [len(sim.records) for sim in sims]
+        return {
+            "replicas": len(sims),
+            "routing": self.routing,
+            "num_requests": len(records),
+            "num_failed": len(records) - len(done),
+            "hit_rate": hit_rate,
+            "tier_hit_rates": _tier_hit_rates(sims, hit_rate),
+            "ideal_hit_rate": ideal_hit_rate,
+            "input_tok_s": tokens / end * token_scale if end > 0 else 0.0,
+            "ttft_p50_s": quantile(ttft, 0.5),
+            "ttft_p99_s": quantile(ttft, 0.99),
+            "requests_per_replica": per_replica,
+            "load_spread": max(per_replica) / max(1, min(per_replica)),
+            "decisions": dict(sorted(self.table.decisions.items())),
+            **_store_traffic(sims),
+        }
 
 
 def _tier_hit_rates(sims: list[PipelineSim], hit_rate: float) -> dict[str, float]:
