@@ -12,6 +12,11 @@ long prefix, each followed by a suffix, taken in turn (a cycle); with an odd num
 round-robin sends every group to both replicas. Prints one line per run and a median table;
 with `--predict`, the simulator's prediction of each configuration beside it
 (predict_store_replicas.py: a CPU machine fitted to the runs without a tier).
+
+One replica with and without its host tier (`--host-kv-gib` a stage), the same way:
+
+    python benchmarks/bench_store_replicas.py --replicas 1 --routing round-robin \
+        --tier none,host --num-groups 8 --repeat 2 --predict
 """
 
 from __future__ import annotations
@@ -79,7 +84,11 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
                 "--kv-tier-segment-gib",
                 str(args.segment_gib),
             ]
-        for i in range(2):
+        elif tier == "host":
+            store = ["--host-kv-gib", str(args.host_kv_gib)]
+        elif tier != "none":
+            raise SystemExit(f"--tier: none, host or store, got {tier!r}")
+        for i in range(args.replicas):
             port = free_port()
             procs.append(
                 _start(
@@ -103,7 +112,7 @@ def run_one(args, tier: str, routing: str, prompts, log_dir: Path) -> dict:
                 )
             )
             replicas.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(replicas, procs[-2:]):
+        for url, proc in zip(replicas, procs[-args.replicas :]):
             wait_until_healthy(url, proc, timeout_s=900)
         port = free_port()
         router = f"http://127.0.0.1:{port}"
@@ -184,6 +193,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--stage-num-blocks", default="448,448")
     ap.add_argument("--segment-gib", type=float, default=0.25)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--host-kv-gib", type=float, default=0.5, help="a stage's, --tier host")
     ap.add_argument("--log-dir", default="/tmp/bench_store_replicas")
     ap.add_argument("--json", default=None, help="write the runs (and what --predict needs)")
     ap.add_argument(
@@ -255,11 +266,12 @@ def _meta(args) -> dict:
     return {
         "model_config": config,
         "num_stages": 2,
-        "replicas": 2,
+        "replicas": args.replicas,
+        "host_kv_gib": args.host_kv_gib,
         "block_size": 16,
         "stage_num_blocks": [int(n) for n in args.stage_num_blocks.split(",")],
         "concurrency": args.concurrency,
-        "store_gib": 4 * args.segment_gib,  # every stage process of both replicas lends one
+        "store_gib": 2 * args.replicas * args.segment_gib,  # every stage process lends one
     }
 
 

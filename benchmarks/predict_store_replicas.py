@@ -8,7 +8,8 @@ their wave spans, and a stage's fetch from the store at the per-block load time 
 measured (`wavepp_kv_tier_store_load_seconds_total` over the blocks it loaded). Then the same
 prompts, closed loop at the same concurrency, through two simulated replicas routed by the
 router's own code (sim/studies/replicas.py `run_replicas_closed`), sharing a simulated store
-of the stages' lent segments, for every (tier, routing) the runs had. The fitted costs carry
+of the stages' lent segments, or each stage with its host tier, copying at the rate a
+block's copy runs here (timed), for every (tier, routing) the runs had. The fitted costs carry
 what the runs had: both replicas' stage i share CPU i, so a stage's time is its time beside
 the other replica's stage.
 """
@@ -19,7 +20,10 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -39,7 +43,26 @@ def stage_block_bytes(config: dict, num_stages: int, block_size: int, dtype_byte
     return [per_layer * (base + (1 if i < extra else 0)) for i in range(num_stages)]
 
 
-def fit_hardware(rows: list[dict], num_stages: int, block_bytes: list[int]) -> CpuHardware:
+def timed_copy_bytes_s(config: dict, num_stages: int, block_size: int, repeat: int = 400) -> float:
+    """Bytes/s of copying one block out of a stage's pool into a host slot and back, as the
+    runtime's host tier does (runtime/host_kv.py: `pool[:, block]`, every layer of the stage),
+    timed here: the host link of a CPU stage."""
+    layers = config["num_hidden_layers"] // num_stages
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    width = config["num_key_value_heads"] * head_dim
+    pool = torch.randn(layers, 448, block_size, 2 * width).to(torch.bfloat16)
+    host = torch.zeros(64, layers, block_size, 2 * width, dtype=torch.bfloat16)  # touched
+    start = time.perf_counter()
+    for i in range(repeat):
+        host[i % 64].copy_(pool[:, (7 * i) % 448])
+        pool[:, (11 * i) % 448].copy_(host[(i + 1) % 64])
+    seconds = time.perf_counter() - start
+    return 2 * repeat * host[0].numel() * host.element_size() / seconds
+
+
+def fit_hardware(
+    rows: list[dict], num_stages: int, block_bytes: list[int], host_link_bytes_s: float
+) -> CpuHardware:
     """Stage costs from the runs without a tier; the hop from their wave spans; the store link
     from the store runs' load time per block."""
     samples, hops = [], []
@@ -62,6 +85,7 @@ def fit_hardware(rows: list[dict], num_stages: int, block_bytes: list[int]) -> C
         num_stages=num_stages,
         transfer_latency_s=link,
         result_latency_s=link,
+        host_link_bytes_s=host_link_bytes_s,
         store_link_bytes_s=max(block_bytes) / per_block if per_block else 0.0,
     )
 
@@ -77,7 +101,9 @@ def predict(data: dict) -> list[dict]:
     rows, meta = data["rows"], data["meta"]
     bs, stages = meta["block_size"], meta["num_stages"]
     block_bytes = stage_block_bytes(meta["model_config"], stages, bs)
-    hardware = fit_hardware(rows, stages, block_bytes)
+    host_link = timed_copy_bytes_s(meta["model_config"], stages, bs)
+    print(f"host link (a block's copy, timed here): {host_link / 1e9:.2f} GB/s")
+    hardware = fit_hardware(rows, stages, block_bytes, host_link)
     out = []
     for tier, routing in dict.fromkeys((r["tier"], r["routing"]) for r in rows):
         store = None
@@ -88,8 +114,9 @@ def predict(data: dict) -> list[dict]:
                 "wavepp",
                 stage_num_blocks=meta["stage_num_blocks"],
                 block_size=bs,
+                host_kv_bytes=int(meta["host_kv_gib"] * 2**30) if tier == "host" else 0,
                 store=store,
-                stage_block_bytes=block_bytes if store is not None else (),
+                stage_block_bytes=block_bytes if tier != "none" else (),
             )
             for _ in range(meta["replicas"])
         ]

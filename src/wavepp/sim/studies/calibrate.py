@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from wavepp.cache.host_tier import HostTier
 from wavepp.cache.store_tier import StoreTier
 from wavepp.sched.cost_model import CostCoefficients, CostModel
 from wavepp.sched.planners import PlannerConfig
@@ -88,6 +89,8 @@ class CpuHardware:
     transfer_s_per_token: float = 0.0
     result_latency_s: float = 0.0  # last stage back to rank 0
     admission: AdmissionCosts = field(default_factory=lambda: CPU_ADMISSION)
+    # a stage's copies to and from its host KV tier (build(host_kv_bytes=...)), bytes/s
+    host_link_bytes_s: float = 0.0
     # a stage's fetches from a shared KV store (build(store=...)): bytes/s and a fixed cost
     store_link_bytes_s: float = 0.0
     store_fetch_latency_s: float = 0.0
@@ -99,6 +102,7 @@ class CpuHardware:
             "transfer_latency_s",
             "transfer_s_per_token",
             "result_latency_s",
+            "host_link_bytes_s",
             "store_link_bytes_s",
             "store_fetch_latency_s",
         ):
@@ -129,6 +133,7 @@ class CpuHardware:
                 self.transfer_latency_s + self.transfer_s_per_token * n
             ),
             result_seconds=self.result_latency_s,
+            host_link_bytes_s=self.host_link_bytes_s,
             store_link_bytes_s=self.store_link_bytes_s,
             store_fetch_latency_s=self.store_fetch_latency_s,
             round_latency_s=adm.round_latency_s,
@@ -148,6 +153,7 @@ class CpuHardware:
         planner_config: PlannerConfig | None = None,
         check_integrity: bool = False,
         loop_costs: LoopCosts | None = None,
+        host_kv_bytes: int = 0,
         store: SimSharedStore | None = None,
         stage_block_bytes: Sequence[int] = (),
     ) -> PipelineSim:
@@ -156,19 +162,27 @@ class CpuHardware:
         would after its first waves. The outside loops (trtllm-pp, sglang-pp) run their
         framework's loop (sim/loops/loop_sim.py) with the runtime's budgets and `loop_costs` (this
         machine's host costs per iteration, `loop_costs_from_rounds`); sglang-pp's dynamic
-        chunking keeps the runtime planner's default cost model, as the runtime does. `store`:
-        a KV store the stages share with other pipelines' (sim/core/shared_store.py), stage i's
-        entries `stage_block_bytes[i]` each, fetched at `store_link_bytes_s`."""
+        chunking keeps the runtime planner's default cost model, as the runtime does.
+        `host_kv_bytes`: a host KV tier of that many bytes a stage, its copies at
+        `host_link_bytes_s`; `store`: a KV store the stages share with other pipelines'
+        (sim/core/shared_store.py), fetched at `store_link_bytes_s`. Either tier needs each
+        stage's bytes of a block, `stage_block_bytes`."""
         spec = get_system(policy)
         if spec.topology == "tp":
             raise ValueError(f"{spec.name} needs a device cost model, not a fitted CPU pipeline")
-        store_tiers = None
+        store_tiers = host_tiers = None
+        if (store is not None or host_kv_bytes) and (
+            len(stage_block_bytes) != self.num_stages or min(stage_block_bytes) <= 0
+        ):
+            raise ValueError(
+                f"a tier needs each of the {self.num_stages} stages' block bytes (> 0), "
+                f"got {list(stage_block_bytes)}"
+            )
+        if host_kv_bytes:
+            if not self.host_link_bytes_s:
+                raise ValueError("a host tier needs CpuHardware.host_link_bytes_s > 0")
+            host_tiers = [HostTier(host_kv_bytes, n) for n in stage_block_bytes]
         if store is not None:
-            if len(stage_block_bytes) != self.num_stages or min(stage_block_bytes) <= 0:
-                raise ValueError(
-                    f"a store needs each of the {self.num_stages} stages' block bytes (> 0), "
-                    f"got {list(stage_block_bytes)}"
-                )
             store_tiers = [
                 StoreTier(f"cpu/b{block_size}/stage{i}", n, store.link(n))
                 for i, n in enumerate(stage_block_bytes)
@@ -191,6 +205,7 @@ class CpuHardware:
             central_pool=spec.topology == "central",
             loop=spec.loop,
             loop_costs=loop_costs or LoopCosts(block_tokens=block_size),
+            host_tiers=host_tiers,
             store_tiers=store_tiers,
         )
 
