@@ -17,6 +17,7 @@ CPU = CpuHardware(
     (CostCoefficients(c_wave=1e-3, c0=2e-4, g=1e-6, b=2e-4, a=1e-9),) * 2,
     transfer_latency_s=1e-4,
     result_latency_s=1e-4,
+    host_link_bytes_s=5e9,
     store_link_bytes_s=1e9,
 )
 BLOCK_BYTES = (100_000, 100_000)
@@ -83,3 +84,27 @@ def test_the_shared_store_turns_a_cycle_into_hits():
     assert store["tier_hit_rates"]["store"] > 0.5 * store["hit_rate"]
     assert store["store_fetched_bytes"] > 0
     assert store["input_tok_s"] > 1.5 * none["input_tok_s"]
+
+
+def test_a_host_tier_on_the_fitted_machine_keeps_the_cycle():
+    """One fitted CPU pipeline whose pools hold a third of the cycle: its host tier brings every
+    prefix back (the ideal), and its copies are charged at the host link's rate."""
+    work = cycle()
+    rows = {}
+    for host in (0, 1 << 30):
+        sim = CPU.build(
+            "wavepp",
+            stage_num_blocks=64,
+            block_size=BS,
+            check_integrity=True,
+            host_kv_bytes=host,
+            stage_block_bytes=BLOCK_BYTES if host else (),
+        )
+        rows[host] = run_closed_loop(sim, work.prompts, 2)
+    none, tier = rows[0], rows[1 << 30]
+    assert none.cached_tokens == 0
+    assert tier.cached_tokens / tier.input_tokens == pytest.approx(work.ideal_hit_rate, abs=1e-12)
+    with pytest.raises(ValueError, match="host_link_bytes_s"):
+        CpuHardware(CPU.stage_costs).build(
+            "wavepp", host_kv_bytes=1 << 30, stage_block_bytes=BLOCK_BYTES
+        )
