@@ -73,7 +73,7 @@ def test_finished_blocks_go_to_the_store_and_another_stage_loads_them():
     _run(writer, 1, 0, 6, False)  # finishes block 0 only
     assert len(store.held) == 1
     _run(writer, 1, 6, 18, True, wave_id=1)  # blocks 1..3; the partial one is never stored
-    keys = [writer.store_tier.key(h) for h in hash_blocks(tokens, BS)]
+    keys = [writer.tiers.store.key(h) for h in hash_blocks(tokens, BS)]
     assert sorted(store.held) == sorted(keys)
 
     reader = _server(store)  # another replica's stage with the same layers: an empty pool
@@ -92,11 +92,11 @@ def test_a_failed_fetch_refuses_the_lease_and_holds_nothing():
     store, writer = _written(tokens)
     reader = _server(store)
     before = reader.pool.capacity()
-    store.bad.add(writer.store_tier.key(hash_blocks(tokens, BS)[2]))
+    store.bad.add(writer.tiers.store.key(hash_blocks(tokens, BS)[2]))
     hint, result = _admit(reader, 2, tokens, 4)
     assert hint.num_blocks == 4 and not result.ok and "store" in result.reason
     assert reader.pool.capacity() == before and not reader.requests
-    assert reader.store_tier.num_refused_loads == 1 and not store.loads
+    assert reader.tiers.store.num_refused_loads == 1 and not store.loads
     reader.pool.check_integrity()
 
 
@@ -143,7 +143,7 @@ def test_a_lease_uses_the_bytes_prefetched_before_the_lock():
     _run(other, 3, 0, 9, True)
     other.probe(ProbeMsg(1, (ProbeItem(4, hashes, 25),)))
     msg = LeaseMsg(1, (LeaseItem(4, 6, 1),))
-    stale = {4: (0, 6, store.fetch([other.store_tier.key(h) for h in hashes[:6]]))}
+    stale = {4: (0, 6, store.fetch([other.tiers.store.key(h) for h in hashes[:6]]))}
     assert other.handle(msg, stale).results[0].ok
     assert len(store.loads[-1][1]) == 4  # fetched again: blocks [2, 6)
 
@@ -151,7 +151,7 @@ def test_a_lease_uses_the_bytes_prefetched_before_the_lock():
 def test_a_reset_clears_the_namespace():
     store, writer = _written(list(range(17)))
     store.held["ns/l2-4/0000000000000001"] = 0  # another stage's
-    writer.store_tier.clear()
+    writer.tiers.store.clear()
     assert list(store.held) == ["ns/l2-4/0000000000000001"]
 
 

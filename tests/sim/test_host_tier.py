@@ -236,6 +236,6 @@ def test_a_load_whose_blocks_the_tier_drops_while_room_is_made_is_refused():
     (result,) = stage.handle(LeaseMsg(1, (LeaseItem(7, 4, 1),))).results
     assert not result.ok and "left the host tier" in result.reason
     assert not pool.has_request(7) and tier.num_loaded == 0
-    assert stage.take_host_bytes() == S  # c's state, offloaded
+    assert stage.tiers.take_host_bytes() == S  # c's state, offloaded
     pool.check_integrity()
     tier.check_integrity()

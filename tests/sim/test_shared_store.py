@@ -95,10 +95,10 @@ def test_a_prefix_another_pipeline_computed_is_fetched_and_only_the_fetch_is_cha
     # the first wave puts its 4 full blocks beside the compute: neither it nor the next wave
     # there waits for them
     assert computed.cached_tokens == 0 and computed.seconds == pytest.approx(2 * T, rel=1e-12)
-    assert len(store) == 4 and first.servers[0].store_tier.num_published_blocks == 4
+    assert len(store) == 4 and first.servers[0].tiers.store.num_published_blocks == 4
     fetched = run_closed_loop(second, [prompt], 1)
     # one fetch of 4 blocks, then the last token computed
-    assert fetched.cached_tokens == 16 and second.servers[0].store_tier.num_loaded_blocks == 4
+    assert fetched.cached_tokens == 16 and second.servers[0].tiers.store.num_loaded_blocks == 4
     assert fetched.seconds == pytest.approx(T + LATENCY + 4 * BLOCK_BYTES / BW, rel=1e-12)
     assert len(store) == 4  # its one new block is the partial last one: nothing to put
     missed = run_closed_loop(other, [prompt], 1)  # another layer range: computes it all
@@ -167,14 +167,14 @@ def test_a_pipeline_of_another_layer_split_finds_nothing_in_the_store():
     first = build_system("wavepp", pp4, store=store)
     run_closed_loop(first, [prompt], 1)
     same, other = build_system("wavepp", pp4, store=store), build_system("wavepp", pp8, store=store)
-    spaces = [{sv.store_tier.namespace for sv in sim.servers} for sim in (first, same, other)]
+    spaces = [{sv.tiers.store.namespace for sv in sim.servers} for sim in (first, same, other)]
     assert spaces[0] == spaces[1] and not spaces[0] & spaces[2]
     assert all_stage_tokens(same, prompt, 16, hybrid=False) == 256  # every full block
     assert all_stage_tokens(other, prompt, 16, hybrid=False) == 0
     assert [sv.query((_probe(prompt),))[0].num_blocks for sv in other.servers] == [0] * 8
     report = run_closed_loop(other, [prompt], 1)
     assert report.cached_tokens == 0
-    assert sum(sv.store_tier.num_loaded_blocks for sv in other.servers) == 0
+    assert sum(sv.tiers.store.num_loaded_blocks for sv in other.servers) == 0
 
 
 def test_a_hybrid_model_is_refused_a_store():

@@ -71,8 +71,8 @@ class SimCosts:
         runtime copies the blocks out at `complete` and a writer thread stores them beside the
         compute loop, while a fetch runs on the thread answering the round, under the stage's
         lock, before the request's first wave there."""
-        seconds = self.host_seconds(server.take_host_bytes())
-        tier = server.store_tier
+        seconds = self.host_seconds(server.tiers.take_host_bytes())
+        tier = server.tiers.store
         if tier is not None:
             moved = tier.take_transferred_bytes()  # both directions since the last wave here
             num_fetches, put_bytes = cast(SimStoreLink, tier.store).take_counts()
@@ -364,5 +364,5 @@ class PipelineSim:
             server.pool.check_integrity()
             if server.pool.host_tier is not None:
                 server.pool.host_tier.check_integrity()
-            if server.store_tier is not None:
-                cast(SimStoreLink, server.store_tier.store).shared.check_integrity()
+            if server.tiers.store is not None:
+                cast(SimStoreLink, server.tiers.store.store).shared.check_integrity()

@@ -213,7 +213,7 @@ def _tier_hit_rates(sims: list[PipelineSim], hit_rate: float) -> dict[str, float
     servers = [sv for sim in sims for sv in sim.servers]
     reused = sum(sv.num_reused_blocks for sv in servers)
     host = sum(sv.pool.host_tier.num_loaded for sv in servers if sv.pool.host_tier is not None)
-    store = sum(sv.store_tier.num_loaded_blocks for sv in servers if sv.store_tier is not None)
+    store = sum(sv.tiers.store.num_loaded_blocks for sv in servers if sv.tiers.store is not None)
     if not reused:
         return {"pool": 0.0, "host": 0.0, "store": 0.0}
     return {
@@ -226,7 +226,7 @@ def _tier_hit_rates(sims: list[PipelineSim], hit_rate: float) -> dict[str, float
 def _store_traffic(sims: list[PipelineSim]) -> dict[str, int]:
     """Bytes the stages fetched from the shared store (charged to their waves) and put into it
     (counted, not charged), and the entries its LRU dropped; {} without a store."""
-    tiers = [sv.store_tier for sim in sims for sv in sim.servers if sv.store_tier is not None]
+    tiers = [sv.tiers.store for sim in sims for sv in sim.servers if sv.tiers.store is not None]
     if not tiers:
         return {}
     links = [cast(SimStoreLink, t.store) for t in tiers]

@@ -194,7 +194,7 @@ def run_setting(
     sim = build_system(system, setup, check_integrity=check_integrity)
     rep = drive(sim, workload, concurrency)
     tiers = [sv.pool.host_tier for sv in sim.servers if sv.pool.host_tier is not None]
-    stores = [sv.store_tier for sv in sim.servers if sv.store_tier is not None]
+    stores = [sv.tiers.store for sv in sim.servers if sv.tiers.store is not None]
     result = replace(
         to_result(rep, system, setup, workload, concurrency),
         host_offloaded_blocks=sum(t.num_offloaded for t in tiers),
