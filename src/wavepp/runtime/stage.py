@@ -275,7 +275,7 @@ class StageRuntime:
 
     def query(self, items) -> tuple:
         """A cache query's answer here: (hints, capacity, counters), under the stage lock; which
-        blocks the shared store holds is asked before, without it (StageServer.prefetch)."""
+        blocks the shared store holds is asked before, without it (StageTiers.prefetch)."""
         server = self.server
         held = server.prefetch(ProbeMsg(-1, tuple(items))) if items else None
         with self.lock:
@@ -284,7 +284,7 @@ class StageRuntime:
 
     def handle_round(self, msg):
         """Answer a rounds-plane message under the stage lock; a lease's store bytes are
-        fetched before, without it (StageServer.prefetch)."""
+        fetched before, without it (StageTiers.prefetch)."""
         server = self.server
         prefetched = server.prefetch(msg)
         with self.lock:
