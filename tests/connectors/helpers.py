@@ -37,11 +37,18 @@ def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 def start_vllm(
-    model: str, store: Path | None, log: Path, *args: str, env: dict | None = None
+    model: str,
+    store: Path | None,
+    log: Path,
+    *args: str,
+    env: dict | None = None,
+    eager: bool = True,
 ) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server on `model` with the connector (reading `store` too, when given; no
     prefix caching: a cached token is one the connector loaded); `args` are more of its
-    options, `env` more of its environment. -> (process, url)"""
+    options, `env` more of its environment. `eager`: --enforce-eager, no torch.compile at
+    start-up (40-60 s on a 2-core CPU; both sides of a test's comparison run in this one
+    server)."""
     port = free_port()
     config = {
         "kv_connector": "WavePPConnector",
@@ -60,6 +67,7 @@ def start_vllm(
             str(port),
             "--no-enable-prefix-caching",
             "--enable-prompt-tokens-details",
+            *(["--enforce-eager"] if eager else []),
             "--kv-transfer-config",
             json.dumps(config),
             *args,
@@ -124,11 +132,14 @@ def start_decode_and_route(
     tmp_path: Path,
     *vllm_args: str,
     env: dict | None = None,
+    eager: bool = True,
 ) -> tuple[list[subprocess.Popen], str, str]:
     """vLLM with the connector (start_vllm) and `wavepp route` in front of it and the prefill
     server, both healthy (their logs: tmp_path / vllm.log, route.log). -> (processes, vLLM's url,
     the router's url); the caller stops the processes."""
-    vllm, vllm_url = start_vllm(model, store, tmp_path / "vllm.log", *vllm_args, env=env)
+    vllm, vllm_url = start_vllm(
+        model, store, tmp_path / "vllm.log", *vllm_args, env=env, eager=eager
+    )
     procs = [vllm]
     try:
         route, route_url = start_route(prefill_url, vllm_url, tmp_path / "route.log")
