@@ -76,8 +76,8 @@ def test_deepseek_prefill_in_wavepp_decode_in_vllm_from_the_latents(tmp_path):
             "CPU_MLA",
             "--max-model-len",
             "512",
-            # compiled, as vLLM runs by default: eager, its CPU_MLA decode of this model gave
-            # other greedy tokens than its compiled one, from its own prefill as from ours
+            # compiled, as vLLM runs by default: eager (vLLM 0.32 CPU), the first greedy token
+            # of this model's decode differed between vLLM's own prefill, ours, and wavepp's
             eager=False,
         )
 
