@@ -97,6 +97,7 @@ class Engine:
         *,
         logprob_start: int | None = None,
         kv_transfer: bool | str = False,
+        priority: int = 0,
     ) -> Future:
         """Queue one prompt (text or token ids); the future resolves to a PrefillResult, and
         its `request_id` attribute is the request's id.
@@ -116,8 +117,13 @@ class Engine:
         has written its part, or failed to: then `kv_transfer["error"]` names the stage and
         why (the first token is still the answer; the transfer is marked failed and will not
         load). A store that cannot take the transfer (a full disk) is such an error too: the
-        prompt is prefilled without its hand-off."""
+        prompt is prefilled without its hand-off.
+
+        `priority`: lower is more urgent (vLLM's convention); an engine started with
+        `scheduling_policy="priority"` admits and packs by it (sched/waiting.py), one started
+        with "fcfs" takes only 0, as vLLM refuses a priority it does not schedule by."""
         token_ids = self.tokenize(prompt)
+        self._check_priority(priority)
         if request_id is not None and (
             not isinstance(request_id, int) or isinstance(request_id, bool)
         ):
@@ -131,30 +137,14 @@ class Engine:
                 f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
                 f"got {logprob_start!r}"
             )
-        export_id, refused = None, None
-        if kv_transfer is not False and kv_transfer is not None:
-            if self._handoff is None:
-                raise ValueError(
-                    "kv_transfer needs the KV hand-off: start the engine with kv_store=DIR or "
-                    "kv_transport='mooncake'"
-                )
-            try:
-                export_id = self._handoff.open(
-                    token_ids,
-                    kv_transfer,
-                    {
-                        "model": str(self.model_path),
-                        "num_stages": self.config.pp,
-                        "block_size": self.config.block_size,
-                        "dtype": self.config.dtype,
-                    },
-                )
-            except OSError as err:
-                refused = f"the KV store could not take the transfer: {err.strerror or err}"
-                log.warning("KV hand-off refused: %s", refused)
+        export_id, refused = self._open_transfer(token_ids, kv_transfer)
         try:
             fut = self._core.submit(
-                request_id, token_ids, logprob_start=logprob_start, export_id=export_id
+                request_id,
+                token_ids,
+                logprob_start=logprob_start,
+                export_id=export_id,
+                priority=priority,
             )
         except BaseException:
             if export_id is not None:
@@ -174,6 +164,42 @@ class Engine:
                 raise ValueError(f"prompt {i}: {exc}") from None
         futures = [self._core.submit(None, ids) for ids in token_lists]
         return [f.result() for f in futures]
+
+    def _open_transfer(self, token_ids, kv_transfer) -> tuple[str | None, str | None]:
+        """submit's hand-off: (the transfer id, None), (None, None) for no hand-off, or (None,
+        why the store refused it). No hand-off configured is a ValueError."""
+        if kv_transfer is False or kv_transfer is None:
+            return None, None
+        if self._handoff is None:
+            raise ValueError(
+                "kv_transfer needs the KV hand-off: start the engine with kv_store=DIR or "
+                "kv_transport='mooncake'"
+            )
+        try:
+            export_id = self._handoff.open(
+                token_ids,
+                kv_transfer,
+                {
+                    "model": str(self.model_path),
+                    "num_stages": self.config.pp,
+                    "block_size": self.config.block_size,
+                    "dtype": self.config.dtype,
+                },
+            )
+        except OSError as err:
+            refused = f"the KV store could not take the transfer: {err.strerror or err}"
+            log.warning("KV hand-off refused: %s", refused)
+            return None, refused
+        return export_id, None
+
+    def _check_priority(self, priority) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(
+                "priority scheduling is not enabled: start the engine with "
+                "scheduling_policy='priority' (--scheduling-policy priority)"
+            )
 
     def abort(self, request_id: int) -> None:
         """Abort a request at any step; its future resolves to a result with error "aborted".
@@ -348,8 +374,15 @@ class Engine:
     def _result(
         self, request_id: int, req, export_errors: dict[int, str] | None = None
     ) -> PrefillResult:
-        ttft = (req.finish_time - req.arrival_time) if req.finish_time is not None else None
-        adm = (req.admitted_time - req.arrival_time) if req.admitted_time is not None else None
+        def since_arrival(t: float | None) -> float | None:
+            return None if t is None else t - req.arrival_time
+
+        ttft, adm = since_arrival(req.finish_time), since_arrival(req.admitted_time)
+        phases = {
+            "queue_s": since_arrival(req.round_time),
+            "dispatch_s": since_arrival(req.dispatch_time),
+            "priority": req.priority,
+        }
         token = req.result
         if req.state != RequestState.DONE or token is None:
             if req.export_id is not None:
@@ -364,6 +397,7 @@ class Engine:
                 ttft,
                 adm,
                 error=req.failure or req.state.value,
+                **phases,
             )
         text = self._tokenizer.token_text_if_loaded(token.token_id)  # cached: never waits
         prompt_logprobs = None
@@ -393,6 +427,7 @@ class Engine:
             first_token_text=text,
             prompt_logprobs=prompt_logprobs,
             kv_transfer=transfer,
+            **phases,
         )
 
 

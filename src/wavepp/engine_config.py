@@ -72,6 +72,8 @@ class EngineConfig:
     model: str = DEFAULT_MODEL  # a built-in name or an HF-format directory
     pp: int = 2
     policy: str = "wavepp"
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority": the order of admission and packing
+    priority_aging_s: float = 10.0  # priority: a waiting request gains one level this often
     dtype: str = "bfloat16"  # "bfloat16" | "float32"
     block_size: int = 16
     stage_num_blocks: tuple[int, ...] = ()  # one per stage; empty: from kv_cache_gib or memory
@@ -132,6 +134,12 @@ class EngineConfig:
                 f"pp (the number of pipeline stages) must be a positive integer, got {self.pp!r}"
             )
         get_policy(self.policy, runtime=True)  # an unknown policy fails here, naming the valid ones
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
+        if not self.priority_aging_s > 0:
+            raise ValueError(f"priority_aging_s must be > 0, got {self.priority_aging_s!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
         if self.block_size < 1:

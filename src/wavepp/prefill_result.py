@@ -26,6 +26,12 @@ class PrefillResult:
     # (kv_transfer/handoff.py);
     # "error" in it: a stage's part failed ("stage i: why"), and the transfer will not load
     kv_transfer: dict | None = None
+    # where the time to the first token went, from arrival: to its first admission round
+    # (queue_s), to admitted on every stage (admission_s), to its first chunk sent in a wave
+    # (dispatch_s); None where it never got there
+    queue_s: float | None = None
+    dispatch_s: float | None = None
+    priority: int = 0
 
     @property
     def ok(self) -> bool:
@@ -42,6 +48,9 @@ class PrefillResult:
             "top_logprobs": [[i, lp] for i, lp in self.top_logprobs],
             "ttft_s": self.ttft_s,
             "admission_s": self.admission_s,
+            "queue_s": self.queue_s,
+            "dispatch_s": self.dispatch_s,
+            "priority": self.priority,
             "error": self.error,
             "kv_transfer": self.kv_transfer,
         }

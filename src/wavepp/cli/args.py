@@ -44,6 +44,23 @@ def add_pipeline_args(p) -> None:
         choices=names,
         help=f"admission and wave planning (default {policy}): {', '.join(names)}",
     )
+    order = engine_default("scheduling_policy")
+    p.add_argument(
+        "--scheduling-policy",
+        default=order,
+        choices=["fcfs", "priority"],
+        help=f"the order of admission and of packing waves (default {order}): fcfs, by arrival; "
+        "priority, by each request's `priority` (lower first, as vLLM's), then arrival, a "
+        "waiting request gaining one level every --priority-aging-s",
+    )
+    aging = engine_default("priority_aging_s")
+    p.add_argument(
+        "--priority-aging-s",
+        type=float,
+        default=aging,
+        help=f"under --scheduling-policy priority, seconds of waiting per level gained "
+        f"(default {aging:g}): no request starves",
+    )
 
 
 def add_stage_args(p) -> None:
@@ -144,6 +161,8 @@ def engine_config(args, model: str, **options):
         model,
         pp=args.pp,
         policy=args.policy,
+        scheduling_policy=args.scheduling_policy,
+        priority_aging_s=args.priority_aging_s,
         dtype=args.dtype,
         block_size=args.block_size,
         stage_num_blocks=stage_blocks(args.stage_num_blocks),

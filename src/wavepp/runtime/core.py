@@ -117,10 +117,11 @@ class EngineCore:
         *,
         logprob_start: int | None = None,
         export_id: str | None = None,
+        priority: int = 0,
     ) -> Future:
         """Queue a request under the caller's id (None: the next free automatic id), with its
         options: the request is created with them, so no round sees it without them.
-        `logprob_start`, `export_id`: see Leader.add_request. An id in use by an unfinished request, or an
+        `logprob_start`, `export_id`, `priority`: see Leader.add_request. An id in use by an unfinished request, or an
         option the prompt cannot take, is refused with ValueError, and nothing is queued."""
         with self.cond:
             self._raise_if_closed()
@@ -132,6 +133,7 @@ class EngineCore:
                     self.now(),
                     logprob_start=logprob_start,
                     export_id=export_id,
+                    priority=priority,
                 )
             except ValueError:
                 self._requests.pop(internal_id)
@@ -305,6 +307,8 @@ class EngineCore:
             snapshot_interval_blocks=self.stage.snapshot_interval_blocks,
             snapshot_align_frac=self.snapshot_align_frac,
             profile=self.profile,
+            scheduling_policy=self.config.engine.scheduling_policy,
+            priority_aging_s=self.config.engine.priority_aging_s,
         )
 
     def _wait_idle(self) -> None:

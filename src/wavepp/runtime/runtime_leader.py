@@ -22,8 +22,11 @@ def build_runtime_leader(
     snapshot_interval_blocks: int,
     snapshot_align_frac: float,
     profile: WaveProfile | None,
+    scheduling_policy: str = "fcfs",
+    priority_aging_s: float = 10.0,
 ) -> Leader:
-    """A new Leader (no request, no round) for `policy` over stages of `stage_num_blocks`."""
+    """A new Leader (no request, no round) for `policy` over stages of `stage_num_blocks`,
+    admitting and packing in `scheduling_policy`'s order (sched/waiting.py)."""
     loop = policy.loop  # an outside loop's budget, slots and serial chunks
     # MPU's paper budgets (16,384 / 8,192) in the ratio of this runtime's 512-token waves
     pcfg = PlannerConfig(
@@ -45,6 +48,8 @@ def build_runtime_leader(
             stage_num_blocks=stage_num_blocks,
             max_prompt_tokens=max_prompt_tokens,
             hybrid=hybrid,
+            scheduling_policy=scheduling_policy,
+            priority_aging_s=priority_aging_s,
             **loop_leader_args(loop, num_stages),
         ),
         make_planner(policy.planner, pcfg, **kwargs),

@@ -18,7 +18,6 @@ handed to the driver once by `take_finished()`.
 
 from __future__ import annotations
 
-import collections
 import itertools
 
 from wavepp.cache import CapacityView
@@ -29,6 +28,7 @@ from wavepp.sched.leader_rounds import LeaderRounds
 from wavepp.sched.messages import PromptLogprobs, TokenResult, Wave, WaveResult
 from wavepp.sched.planners import Admitting, Planner
 from wavepp.sched.request import Request, RequestState
+from wavepp.sched.waiting import WaitingQueue
 
 # waiting requests the planner is told of (Leader._admitting)
 _ADMITTING_SCAN = 256
@@ -39,7 +39,7 @@ class Leader:
         self.config = config
         self.planner = planner
         self.requests: dict[int, Request] = {}  # every request that has not ended
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.waiting = WaitingQueue(config.scheduling_policy, config.priority_aging_s)
         self.plannable: list[Request] = []  # admitted or running, in admission order
         self.rounds = LeaderRounds(config.num_stages, config.block_size, config.hybrid)
         self.waves_in_flight: dict[int, Wave] = {}
@@ -49,6 +49,7 @@ class Leader:
         self._retry_after_wave: dict[int, int] = {}  # request id -> waves that must finish first
         self._num_waves_done = 0
         self._next_wave_id = 0
+        self._next_seq = 0  # arrival order
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -60,12 +61,14 @@ class Leader:
         *,
         logprob_start: int | None = None,
         export_id: str | None = None,
+        priority: int = 0,
     ) -> Request:
         """Hash the prompt and queue it. A prompt that no stage could ever hold, or longer than
         the model's positions, fails at once (it is then among `take_finished()`).
         `logprob_start`: compute positions from there on (no reuse past its block) and return
         the logprob of each next prompt token (Request.prompt_logprobs). `export_id`: every
-        stage writes its layers' KV of the prompt under this id after the last chunk ran there."""
+        stage writes its layers' KV of the prompt under this id after the last chunk ran there.
+        `priority`: lower is more urgent, under the priority policy (sched/waiting.py)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id} is already in use")
         if logprob_start is not None and not 0 <= logprob_start < len(token_ids):
@@ -75,6 +78,8 @@ class Leader:
         req = Request.create(request_id, token_ids, self.config.block_size, arrival_time=now)
         req.logprob_start = logprob_start
         req.export_id = export_id
+        req.priority = priority
+        req.seq, self._next_seq = self._next_seq, self._next_seq + 1
         self.requests[request_id] = req
         bs = self.config.block_size
         smallest = min(self.config.stage_num_blocks) if self.config.stage_num_blocks else None
@@ -94,7 +99,7 @@ class Leader:
                 now,
             )
         else:
-            self.waiting.append(req)
+            self.waiting.push(req)
         return req
 
     def abort(self, request_id: int, now: float = 0.0) -> None:
@@ -139,21 +144,20 @@ class Leader:
         at most one round at a time): the step that sends its ProbeMsg, or None."""
         if self.round is not None:
             return None
-        batch: list[Request] = []
-        rest: collections.deque[Request] = collections.deque()
-        while self.waiting and len(batch) < self.config.max_round_requests:
-            req = self.waiting.popleft()
-            (batch if self._retry_ready(req) else rest).append(req)
-        self.waiting.extendleft(reversed(rest))
+        batch = self.waiting.take(self.config.max_round_requests, self._retry_ready, now)
         if not batch:
             return None
+        for req in batch:
+            if req.round_time is None:
+                req.round_time = now
         return self.rounds.open(batch, now)
 
     def advance_round(self, replies, now: float) -> RoundStep:
         """The replies of every stage to the round's last message: the next step."""
         if self.rounds.phase == "probe":
             step, deferred = self.rounds.agree(replies, self._leased_dead)
-            self.waiting.extendleft(reversed(deferred))
+            for req in deferred:  # back to their places
+                self.waiting.push(req)
             return step
         return self._on_lease_replies(replies, now)
 
@@ -166,6 +170,8 @@ class Leader:
         ]
         if self.config.serial_chunks:
             ready = [r for r in ready if r.num_computed_tokens == r.num_scheduled_tokens]
+        # the waiting queue's order: arrival (fcfs), or priority with aging, then arrival
+        ready.sort(key=lambda r: self.waiting.key(r, now))
         chunks = self.planner.plan(ready, self._admitting(now)) if ready else []
         if not chunks and not self._pending_releases:
             return None
@@ -178,6 +184,8 @@ class Leader:
                     f"{req.num_scheduled_tokens}"
                 )
             req.state = RequestState.RUNNING
+            if req.dispatch_time is None:
+                req.dispatch_time = now
             req.num_scheduled_tokens = chunk.end
             self.inflight.dispatched(req, chunk.start // bs, chunk.end // bs)
         wave = Wave(self._next_wave_id, tuple(chunks), tuple(self._pending_releases))
@@ -285,7 +293,7 @@ class Leader:
             if dead > self._num_waves_done or req.request_id in rnd.tainted:
                 # it leased blocks a withdrawn request will not compute: retry once the release ran
                 release.append(req.request_id)
-                self._requeue(req, max(dead, self._num_waves_done), front=True)
+                self._requeue(req, max(dead, self._num_waves_done))
                 continue
             self._admit(req, now)
             admitted.append(req)
@@ -335,24 +343,21 @@ class Leader:
         )
         if busy:
             req.num_idle_failures = 0
-            self._requeue(req, self._num_waves_done + 1, front=False)
+            self._requeue(req, self._num_waves_done + 1)
             return
         req.num_idle_failures += 1
         if req.num_idle_failures >= 2:
             self._fail(req, f"cannot be admitted on an idle pipeline: {reason}", now)
         else:
-            self._requeue(req, self._num_waves_done, front=False)
+            self._requeue(req, self._num_waves_done)
 
-    def _requeue(self, req: Request, retry_after_wave: int, *, front: bool) -> None:
-        """Back to waiting, holding nothing; it enters a round once `retry_after_wave` waves
-        have finished."""
+    def _requeue(self, req: Request, retry_after_wave: int) -> None:
+        """Back to waiting at its place, holding nothing; it enters a round once
+        `retry_after_wave` waves have finished."""
         req.reset_progress()
         req.state = RequestState.WAITING
         self._retry_after_wave[req.request_id] = retry_after_wave
-        if front:
-            self.waiting.appendleft(req)
-        else:
-            self.waiting.append(req)
+        self.waiting.push(req)
 
     def _withdraw(self, req: Request) -> None:
         """An admitted request leaves execution: the stages release it with the next wave, the
@@ -369,7 +374,7 @@ class Leader:
                 for d in dep.dependencies
             ):
                 self._withdraw(dep)
-                self._requeue(dep, release_done, front=True)
+                self._requeue(dep, release_done)
 
     def _fail(self, req: Request, reason: str, now: float) -> None:
         self._finish(req, RequestState.FAILED, reason, now)

@@ -17,6 +17,10 @@ class LeaderConfig:
     # a request's next chunk waits until its chunk in flight has come back (TensorRT-LLM's and
     # SGLang's in-flight request ids); False: chunks of one request may be in flight together
     serial_chunks: bool = False
+    # the order of admission and of packing (sched/waiting.py): "fcfs" or "priority", and how
+    # fast a waiting request's priority improves under "priority" (one step per aging_s)
+    scheduling_policy: str = "fcfs"
+    priority_aging_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.num_stages <= 0:
@@ -29,6 +33,13 @@ class LeaderConfig:
             raise ValueError("LeaderConfig.max_round_requests must be positive")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
             raise ValueError("LeaderConfig.max_prompt_tokens must be positive")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                "LeaderConfig.scheduling_policy must be 'fcfs' or 'priority', got "
+                f"{self.scheduling_policy!r}"
+            )
+        if not self.priority_aging_s > 0:
+            raise ValueError("LeaderConfig.priority_aging_s must be positive")
         if self.stage_num_blocks is not None and len(self.stage_num_blocks) != self.num_stages:
             raise ValueError(
                 f"LeaderConfig.stage_num_blocks has {len(self.stage_num_blocks)} "

@@ -60,6 +60,10 @@ class Request:
     failure: str | None = None
     admitted_time: float | None = None
     finish_time: float | None = None
+    round_time: float | None = None  # when it first entered an admission round
+    dispatch_time: float | None = None  # when its first chunk went out in a wave
+    priority: int = 0  # lower is more urgent (vLLM's); used under the priority policy
+    seq: int = 0  # arrival order at the leader (its waiting queue's tie-break)
     result: TokenResult | None = None  # the first token, once DONE
     # prompt logprobs: positions [logprob_start, num_tokens - 1) are computed (never reused from
     # the cache) and the logprob of each next prompt token comes back, chunk by chunk

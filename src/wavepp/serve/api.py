@@ -83,7 +83,10 @@ class API:
         slot = self.streams.take() if req.stream else None
         try:
             submission = await self.runner.submit(
-                token_lists, [0 if wants_prompt else None] * len(token_lists), req.kv_transfer
+                token_lists,
+                [0 if wants_prompt else None] * len(token_lists),
+                req.kv_transfer,
+                req.priority,
             )
         except BaseException:
             if slot is not None:
@@ -109,7 +112,7 @@ class API:
         )
         slot = self.streams.take() if req.stream else None
         try:
-            submission = await self.runner.submit([ids], [None], req.kv_transfer)
+            submission = await self.runner.submit([ids], [None], req.kv_transfer, req.priority)
         except BaseException:
             if slot is not None:
                 slot.release()

@@ -16,6 +16,7 @@ from wavepp.serve.completion_request import (
     optional_bool,
     parse_kv_transfer,
     parse_max_tokens,
+    parse_priority,
     parse_stream,
 )
 from wavepp.serve.sampling import check_sampling
@@ -33,6 +34,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     kv_transfer: bool = False
+    priority: int = 0  # vLLM's: lower is more urgent (--scheduling-policy priority)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ def parse_chat(body, model_names: tuple[str, ...], max_top_k: int) -> ChatReques
         stream,
         include_usage,
         parse_kv_transfer(body, stream),
+        parse_priority(body),
     )
 
 

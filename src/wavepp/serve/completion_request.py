@@ -26,6 +26,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     kv_transfer: bool = False  # kv_transfer_params {"do_remote_decode": true}: hand the KV on
+    priority: int = 0  # vLLM's: lower is more urgent (--scheduling-policy priority)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,19 @@ def parse_completion(body, model_names: tuple[str, ...], max_top_k: int) -> Comp
         stream,
         include_usage,
         kv_transfer,
+        parse_priority(body),
     )
+
+
+def parse_priority(body: dict) -> int:
+    """vLLM's `priority`: an integer, lower first, default 0 (the server refuses one other
+    than 0 unless it schedules by priority)."""
+    priority = body.get("priority", 0)
+    if priority is None:
+        return 0
+    if not _is_int(priority) or not -(2**31) <= priority < 2**31:
+        raise APIError(400, f"priority must be a 32-bit integer, got {short(priority)}", "priority")
+    return priority
 
 
 def parse_kv_transfer(body: dict, stream: bool) -> bool:

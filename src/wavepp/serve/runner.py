@@ -70,14 +70,24 @@ class Runner:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.work_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, token_lists, logprob_start, kv_transfer: bool = False) -> Submission:
+    async def submit(
+        self, token_lists, logprob_start, kv_transfer: bool = False, priority: int = 0
+    ) -> Submission:
         """Check the pipeline is up (503) and has room (429), then queue every prompt, off the
         loop. logprob_start: one position (or None) per prompt; kv_transfer: every prompt's KV
-        to the engine's store. An option the engine refuses is a 400 and queues nothing. A
-        handler cancelled while the submit runs aborts what the submit queued."""
+        to the engine's store; priority: every prompt's (vLLM's: lower first). An option the
+        engine refuses is a 400 and queues nothing. A handler cancelled while the submit runs
+        aborts what the submit queued."""
+        if priority != 0 and self.engine.config.scheduling_policy != "priority":
+            raise APIError(
+                400,
+                "priority scheduling is not enabled: start the server with "
+                "--scheduling-policy priority",
+                "priority",
+            )
         loop = asyncio.get_running_loop()
         task = loop.run_in_executor(
-            self.pool, self._submit_all, token_lists, logprob_start, kv_transfer
+            self.pool, self._submit_all, token_lists, logprob_start, kv_transfer, priority
         )
         try:
             return self._submission(loop, await asyncio.shield(task))
@@ -116,7 +126,9 @@ class Runner:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _submit_all(self, token_lists, logprob_start, kv_transfer: bool) -> list[Future]:
+    def _submit_all(
+        self, token_lists, logprob_start, kv_transfer: bool, priority: int
+    ) -> list[Future]:
         """On the pool: the admission checks, then every prompt queued (all or none)."""
         load = self.engine.load()
         if load.error:
@@ -135,7 +147,9 @@ class Runner:
         try:
             for ids, start in zip(token_lists, logprob_start):
                 futures.append(
-                    self.engine.submit(ids, logprob_start=start, kv_transfer=kv_transfer)
+                    self.engine.submit(
+                        ids, logprob_start=start, kv_transfer=kv_transfer, priority=priority
+                    )
                 )
         except (EngineError, ValueError) as exc:
             for f in futures:

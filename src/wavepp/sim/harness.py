@@ -108,18 +108,17 @@ def build_sim(
     sglang=None,
     host_tiers: Sequence[HostTier] | None = None,
     store_tiers: Sequence[StoreTier] | None = None,
+    scheduling_policy: str = "fcfs",
 ) -> PipelineSim:
     """S stages, each with its own pool of `stage_num_blocks` blocks; or, with `central_pool`,
     one scheduler-side pool (its size: the smallest entry) and S execution stages. With
     `loop` (trtllm | sglang), every rank runs that outside executor loop
-    (sim/loops/loop_sim.py) with `loop_costs`, S microbatch slots. `planner`: a planner object
-    instead of the policy's; `serial_chunks`: a request's next chunk waits for its chunk in flight
-    (default: under the trtllm loop); `trtllm`: TensorRT-LLM's mechanisms in that loop
-    (sim/loops/trtllm.py `TrtllmScheduling`); `sglang`: SGLang's mechanisms in its loop
-    (sim/loops/sglang.py `SglangScheduling`); `host_tiers`: one host KV tier per stage pool, which
-    keeps what the pool evicts (cache/host_tier.py); `store_tiers`: one view per stage of a KV
-    store the stages of other pipelines may share (cache/store_tier.py,
-    sim/core/shared_store.py)."""
+    (sim/loops/loop_sim.py) with `loop_costs`, S microbatch slots. `planner`: instead of the
+    policy's; `serial_chunks`: a request's next chunk waits for its chunk in flight (default:
+    under the trtllm loop); `trtllm`, `sglang`: those frameworks' mechanisms in their loops
+    (sim/loops/trtllm.py, sglang.py); `host_tiers`: one host KV tier per stage pool
+    (cache/host_tier.py); `store_tiers`: one view per stage of a KV store other pipelines may
+    share (cache/store_tier.py); `scheduling_policy`: "fcfs" or "priority" (sched/waiting.py)."""
     pol = policy if isinstance(policy, Policy) else get_policy(policy)
     if isinstance(stage_num_blocks, int):
         stage_num_blocks = [stage_num_blocks] * num_stages
@@ -144,6 +143,7 @@ def build_sim(
         stage_num_blocks=tuple(stage_num_blocks),
         hybrid=hybrid,
         serial_chunks=loop == "trtllm" if serial_chunks is None else serial_chunks,
+        scheduling_policy=scheduling_policy,
     )
     leader = Leader(config, planner or make_planner(pol.planner, pcfg, **kwargs))
     if loop is not None:

@@ -146,9 +146,11 @@ class PipelineSim:
 
     # ---- driving -----------------------------------------------------------------------------
 
-    def submit(self, request_id: int, token_ids, at: float | None = None) -> None:
+    def submit(
+        self, request_id: int, token_ids, at: float | None = None, priority: int = 0
+    ) -> None:
         def arrive():
-            req = self.leader.add_request(request_id, token_ids, self.loop.now)
+            req = self.leader.add_request(request_id, token_ids, self.loop.now, priority=priority)
             self.records[request_id] = SimRecord(self.loop.now, num_tokens=req.num_tokens)
             self._record_finished()
             self._kick()
