@@ -58,7 +58,7 @@ def test_a_child_held_everywhere_waits_for_its_parent_and_comes_back_with_it():
 
 
 def test_tokens_outlive_a_prompt_until_the_apply_after_its_end_and_while_stage_0_holds_them():
-    blocks = AllStageBlocks(2, B)
+    blocks = AllStageBlocks(2, B, max_recent_blocks=0)
     blocks.note_prompt(H[:1], PROMPT)
     blocks.end_prompt(H[:1])  # it ended before its stage-0 change was drained
     blocks.apply([(0, stored(0))], blocks.mark())
@@ -69,6 +69,17 @@ def test_tokens_outlive_a_prompt_until_the_apply_after_its_end_and_while_stage_0
     assert blocks.take_events() == [RemovedBlock(H[0]), announced(0)]
     blocks.apply([(1, removed(0)), (0, removed(0))], blocks.mark())
     assert blocks.state_size() == 0  # nothing held, no prompt: nothing kept
+
+
+def test_a_chunk_published_after_its_request_ended_is_announced_from_the_recent_tokens():
+    blocks = AllStageBlocks(2, B, max_recent_blocks=2)
+    blocks.note_prompt(H, PROMPT)
+    blocks.end_prompt(H)  # aborted: its chunk is still in flight
+    blocks.apply([], blocks.mark())  # its tokens go to the recent ones
+    blocks.apply([(0, stored(0, 1)), (1, stored(0, 1))], blocks.mark())
+    assert blocks.take_events() == [announced(0), announced(1)]  # H[2]'s went: two are kept
+    blocks.apply([(0, stored(2)), (1, stored(2))], blocks.mark())
+    assert blocks.take_events() == [] and blocks.num_without_tokens == 1
 
 
 def test_a_block_whose_tokens_are_unknown_waits_for_a_prompt_that_has_them():

@@ -19,14 +19,16 @@ and is announced right after it; withdrawing a parent withdraws its announced ch
 and they come back with it (the chain is announced again from where it is whole).
 
 Tokens are kept while a live prompt has the block or stage 0 holds it (every block held on all
-stages is held on stage 0): bounded by stage 0's pool and the prompts in flight. A prompt's
-tokens outlive it until the next apply, which carries stage 0's changes up to then.
+stages is held on stage 0), and then among the last `max_recent_blocks` let go: a request that
+ended (aborted) while a chunk of it was in flight still has that chunk published by the stages
+after its end. Bounded by stage 0's pool, the prompts in flight and `max_recent_blocks`.
 
 Pure: no lock, no thread, no clock; `KVEventsFeed` (feed.py) holds it under its lock.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from wavepp.cache.block_log import REMOVED, STORED, BlockChanges
@@ -49,11 +51,20 @@ class AllCleared:
     pass
 
 
+MAX_RECENT_BLOCKS = 16384  # tokens of blocks let go, kept for the stages' late changes
+
+
 class AllStageBlocks:
-    def __init__(self, num_stages: int, block_size: int) -> None:
-        if num_stages < 1 or block_size < 1:
-            raise ValueError(f"num_stages and block_size must be >= 1: {num_stages}, {block_size}")
+    def __init__(
+        self, num_stages: int, block_size: int, max_recent_blocks: int = MAX_RECENT_BLOCKS
+    ) -> None:
+        if num_stages < 1 or block_size < 1 or max_recent_blocks < 0:
+            raise ValueError(
+                f"num_stages and block_size must be >= 1, max_recent_blocks >= 0: {num_stages}, "
+                f"{block_size}, {max_recent_blocks}"
+            )
         self.num_stages, self.block_size = num_stages, block_size
+        self.max_recent_blocks = max_recent_blocks
         self.num_without_tokens = 0  # blocks held everywhere whose tokens were not known
         self._empty()
 
@@ -64,6 +75,7 @@ class AllStageBlocks:
         self._kids: dict[int | None, set[int]] = {}  # parent -> its held children
         self._announced: set[int] = set()
         self._tokens: dict[int, tuple[int, ...]] = {}
+        self._recent: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # let go, oldest first
         self._refs: dict[int, int] = {}  # hash -> live prompts that have it
         self._ended: list[list[int]] = []  # ended prompts' hashes, let go at the next apply
         self._events: list[StoredBlock | RemovedBlock | AllCleared] = []
@@ -77,7 +89,8 @@ class AllStageBlocks:
         for i, block_hash in enumerate(block_hashes):
             self._refs[block_hash] = self._refs.get(block_hash, 0) + 1
             if block_hash not in self._tokens:
-                self._tokens[block_hash] = tuple(token_ids[i * bs : (i + 1) * bs])
+                tokens = self._recent.pop(block_hash, None)
+                self._tokens[block_hash] = tokens or tuple(token_ids[i * bs : (i + 1) * bs])
                 if self._count.get(block_hash) == self.num_stages:
                     self._announce(block_hash)
 
@@ -105,12 +118,11 @@ class AllStageBlocks:
                     self._removed(stage_id, block_hash)
         ended, self._ended = self._ended[:mark], self._ended[mark:]
         for block_hashes in ended:
-            for block_hash in block_hashes:
-                refs = self._refs[block_hash] - 1
+            for block_hash in reversed(block_hashes):  # the root let go last, kept longest
+                refs = self._refs.pop(block_hash, 1) - 1
                 if refs:
                     self._refs[block_hash] = refs
                 else:
-                    del self._refs[block_hash]
                     self._maybe_forget_tokens(block_hash)
 
     def clear(self) -> None:
@@ -129,9 +141,19 @@ class AllStageBlocks:
     def announced(self) -> frozenset[int]:
         return frozenset(self._announced)
 
+    @property
+    def num_announced(self) -> int:
+        return len(self._announced)
+
     def state_size(self) -> int:
         """Entries of every structure: bounded by the pools and the prompts in flight."""
-        return len(self._count) + len(self._tokens) + len(self._refs) + len(self._ended)
+        return (
+            len(self._count)
+            + len(self._tokens)
+            + len(self._recent)
+            + len(self._refs)
+            + len(self._ended)
+        )
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken invariant (see the module docstring)."""
@@ -153,6 +175,8 @@ class AllStageBlocks:
         if block_hash in held:
             return
         held.add(block_hash)
+        if stage_id == 0 and block_hash in self._recent:  # kept while stage 0 holds it
+            self._tokens[block_hash] = self._recent.pop(block_hash)
         count = self._count.get(block_hash, 0) + 1
         self._count[block_hash] = count
         if count == 1:
@@ -220,9 +244,14 @@ class AllStageBlocks:
             self._maybe_forget_tokens(gone)
 
     def _maybe_forget_tokens(self, block_hash: int) -> None:
+        """Tokens nothing keeps any more go to the recent ones (the oldest of those go)."""
         if (
-            block_hash not in self._refs
-            and block_hash not in self._held[0]
-            and block_hash not in self._announced
+            block_hash in self._refs
+            or block_hash in self._held[0]
+            or block_hash in self._announced
+            or block_hash not in self._tokens
         ):
-            self._tokens.pop(block_hash, None)
+            return
+        self._recent[block_hash] = self._tokens.pop(block_hash)
+        while len(self._recent) > self.max_recent_blocks:
+            self._recent.popitem(last=False)
