@@ -53,3 +53,42 @@ def test_vllm_decodes_our_batches():
         {"type": "cleared"},
     ]
     assert batches[1]["events"] == []
+
+
+VLLM_ENCODE = """
+import msgspec, sys
+from vllm.distributed.kv_events import (
+    AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch,
+)
+events = [
+    BlockStored(block_hashes=[2**64 - 3, 7], parent_block_hash=None,
+                token_ids=[1, 2, 3, 4, 5, 6, 7, 8], block_size=4, lora_id=None,
+                medium="GPU", lora_name=None),
+    BlockRemoved(block_hashes=[7], medium="GPU"),
+    AllBlocksCleared(),
+]
+sys.stdout.write(msgspec.msgpack.Encoder().encode(KVEventBatch(ts=2.25, events=events,
+                                                               data_parallel_rank=0)).hex())
+"""
+
+
+@needs_vllm
+def test_our_bytes_are_the_bytes_vllm_encodes():
+    out = subprocess.run(
+        [str(VLLM_PYTHON), "-c", VLLM_ENCODE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    ours = encode_batch(
+        2.25,
+        [
+            StoredBlock(2**64 - 3, None, (1, 2, 3, 4)),
+            StoredBlock(7, 2**64 - 3, (5, 6, 7, 8)),
+            RemovedBlock(7),
+            AllCleared(),
+        ],
+        4,
+    )
+    assert ours.hex() == out.stdout.strip().splitlines()[-1]
