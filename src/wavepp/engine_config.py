@@ -15,6 +15,7 @@ Torch-free: the command line reads the defaults without loading torch.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,7 @@ class EngineConfig:
         self._check_stages()
         self._check_kv_tier()
         self._check_hand_off()
+        self._check_kv_events()
 
     @property
     def handoff_transport(self) -> str:
@@ -205,6 +207,22 @@ class EngineConfig:
                 f"kv_tier_segment_gib must be at least 1/64 (16 MiB, Mooncake's smallest "
                 f"segment), got {self.kv_tier_segment_gib}"
             )
+
+    def _check_kv_events(self) -> None:
+        """KV cache events: a KVEventsConfig, or its JSON text or dict (made one here)."""
+        events = self.kv_events
+        if events is None or isinstance(events, KVEventsConfig):
+            return
+        try:
+            if isinstance(events, str):
+                events = KVEventsConfig.from_json(events)
+            elif isinstance(events, dict):
+                events = KVEventsConfig.from_json(json.dumps(events))
+            else:
+                raise ValueError(f"takes a KVEventsConfig, its JSON or a dict, got {events!r}")
+        except ValueError as exc:
+            raise ValueError(f"kv_events: {exc}") from None
+        object.__setattr__(self, "kv_events", events)
 
     def _check_hand_off(self) -> None:
         """The KV hand-off: its transport (the registry, kv_transfer/transports.py) and bounds."""

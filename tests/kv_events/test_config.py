@@ -50,3 +50,21 @@ def test_the_command_line_refuses_a_bad_config_before_starting(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--kv-events-config" in err and "unknown field(s) 'port'" in err
+
+
+def test_the_engine_options_take_the_config_its_json_or_a_dict():
+    from wavepp.engine_config import EngineConfig
+
+    text = '{"enable_kv_cache_events": true, "topic": "kv"}'
+    for given in (
+        KVEventsConfig.from_json(text),
+        text,
+        {"enable_kv_cache_events": True, "topic": "kv"},
+    ):
+        config = EngineConfig(kv_events=given)
+        assert config.kv_events.topic == "kv" and config.publishes_kv_events
+    assert not EngineConfig().publishes_kv_events
+    with pytest.raises(ValueError, match="kv_events: unknown field"):
+        EngineConfig(kv_events={"enable": True})
+    with pytest.raises(ValueError, match="kv_events: takes a KVEventsConfig"):
+        EngineConfig(kv_events=5)
