@@ -43,7 +43,7 @@ class EventPublisher:
         self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._topic = config.topic.encode()
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context = zmq.Context.instance()
         self._pub = self._context.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket | None = None
@@ -111,16 +111,16 @@ class EventPublisher:
 
     def _answer_replay(self) -> None:
         """One replay request: [identity, b"", first sequence number]; anything else is ignored."""
-        frames = self._replay.recv_multipart()  # type: ignore[union-attr]
+        replay = self._replay
+        assert replay is not None
+        frames = replay.recv_multipart()
         if len(frames) != 3 or len(frames[2]) != 8:
             return
         identity, first = frames[0], int.from_bytes(frames[2], "big")
         for seq, payload in list(self._buffer):
             if seq >= first:
-                self._replay.send_multipart(  # type: ignore[union-attr]
-                    (identity, b"", self._topic, seq.to_bytes(8, "big"), payload)
-                )
-        self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))  # type: ignore[union-attr]
+                replay.send_multipart((identity, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        replay.send_multipart((identity, b"", b"", END_SEQ, b""))
 
     def _close_sockets(self) -> None:
         for sock in (self._pub, self._replay):

@@ -33,13 +33,13 @@ MEDIUM_HOST = "CPU"  # and for blocks kept in host memory beside it
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # ends a replay
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
 
 
-class _Event(msgspec.Struct, tag=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class _Event(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     pass
 
 
