@@ -24,7 +24,7 @@ def config(**fields) -> KVEventsConfig:
 
 def subscriber(endpoint: str) -> zmq.Socket:
     sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.connect(endpoint.replace("0.0.0.0", "127.0.0.1"))
+    sub.connect(endpoint.replace("0.0.0.0", "127.0.0.1"))  # (a bound wildcard reads 0.0.0.0)
     sub.setsockopt_string(zmq.SUBSCRIBE, "t")
     time.sleep(0.3)  # the subscription reaches the publisher
     return sub
@@ -35,34 +35,52 @@ def test_the_queue_bound_holds_and_drops_are_counted(monkeypatch):
     real = publisher_module.encode_batch
 
     def stuck(*args, **kwargs):
-        gate.wait(10)
+        gate.wait(30)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(publisher_module, "encode_batch", stuck)
-    pub = EventPublisher(config(max_queue_size=3), block_size=4)
-    sub = subscriber(pub.endpoint)
+    replay = f"tcp://*:{free_port()}"
+    pub = EventPublisher(config(max_queue_size=3, replay_endpoint=replay), block_size=4)
     try:
         assert pub.publish([RemovedBlock(0)])
-        deadline = time.monotonic() + 5
-        while pub.num_queued and time.monotonic() < deadline:  # the thread took it, and waits
-            time.sleep(0.01)
+        wait_until(lambda: pub.num_queued == 0)  # the thread took it, and waits
         t0 = time.perf_counter()
         accepted = [pub.publish([RemovedBlock(i)]) for i in range(1, 11)]
-        assert time.perf_counter() - t0 < 0.5  # never waits for the stuck thread
+        assert time.perf_counter() - t0 < 2  # never waits for the stuck thread
         assert accepted == [True] * 3 + [False] * 7
         assert (pub.num_queued, pub.num_dropped, pub.num_published) == (3, 7, 0)
         gate.set()
-        got = []
-        while len(got) < 4 and sub.poll(5000):
-            topic, seq, payload = sub.recv_multipart()
-            got.append((int.from_bytes(seq, "big"), msgspec.msgpack.decode(payload)[1]))
+        wait_until(lambda: pub.num_published == 4)
+        got = [(seq, msgspec.msgpack.decode(payload)[1]) for seq, payload in ask_replay(replay, 0)]
         assert [seq for seq, _ in got] == [0, 1, 2, 3]  # sequence numbers count batches sent
         assert [events[0]["block_hashes"] for _, events in got] == [[0], [1], [2], [3]]
         assert (pub.num_published, pub.num_events, pub.num_dropped) == (4, 4, 7)
     finally:
         gate.set()
         pub.close()
-        sub.close(linger=0)
+
+
+def wait_until(condition, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def ask_replay(replay: str, first: int) -> list[tuple[int, bytes]]:
+    """The batches the replay socket resends from `first` (the end marker checked, dropped)."""
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.connect(replay.replace("*", "127.0.0.1"))
+    client.send_multipart((b"", first.to_bytes(8, "big")))
+    frames = []
+    while client.poll(10000):
+        frames.append(client.recv_multipart())
+        if frames[-1][2] == END_SEQ:
+            break
+    client.close(linger=0)
+    assert frames and frames[-1] == [b"", b"", END_SEQ, b""]
+    assert all(f[1] == b"t" for f in frames[:-1])
+    return [(int.from_bytes(f[2], "big"), f[3]) for f in frames[:-1]]
 
 
 def test_a_subscriber_that_never_reads_holds_nothing_up():
@@ -88,22 +106,10 @@ def test_replay_sends_the_buffered_batches_from_the_number_asked_then_the_end_ma
     try:
         for i in range(5):
             pub.publish([RemovedBlock(i)])
-        deadline = time.monotonic() + 5
-        while pub.num_published < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        client = zmq.Context.instance().socket(zmq.DEALER)
-        client.connect(replay.replace("*", "127.0.0.1"))
-        client.send_multipart((b"", (1).to_bytes(8, "big")))
-        frames = []
-        while client.poll(5000):
-            frames.append(client.recv_multipart())
-            if frames[-1][2] == END_SEQ:
-                break
-        client.close(linger=0)
+        wait_until(lambda: pub.num_published == 5)
         # batches 0 and 1 left the buffer (3 kept); 2, 3, 4 come back, then the marker
-        assert [int.from_bytes(f[2], "big") for f in frames[:-1]] == [2, 3, 4]
-        assert all(f[1] == b"t" for f in frames[:-1])
-        assert frames[-1] == [b"", b"", END_SEQ, b""]
+        assert [seq for seq, _ in ask_replay(replay, 1)] == [2, 3, 4]
+        assert [seq for seq, _ in ask_replay(replay, 4)] == [4]
     finally:
         pub.close()
 

@@ -135,6 +135,19 @@ class AllStageBlocks:
         events, self._events = self._events, []
         return events
 
+    def restatement(self) -> list[StoredBlock | AllCleared]:
+        """The whole announced set as events: AllCleared, then every announced block, parents
+        first (what a subscriber that missed a batch needs to be right again). Takes the events
+        not taken yet: the restatement covers them."""
+        self._events = []
+        out: list[StoredBlock | AllCleared] = [AllCleared()]
+        todo = sorted(h for h in self._kids.get(None, ()) if h in self._announced)
+        while todo:
+            block_hash = todo.pop()
+            out.append(StoredBlock(block_hash, self._parent[block_hash], self._tokens[block_hash]))
+            todo.extend(k for k in self._kids.get(block_hash, ()) if k in self._announced)
+        return out
+
     # ---- views -------------------------------------------------------------------------------
 
     @property

@@ -12,7 +12,10 @@ The stages' changes come back on the cache queries' plane pair (runtime/cache_qu
 each stage's QUERY thread drains its pool's BlockLog into its answer, so the compute loops
 send nothing and wait for nothing; any cache query (a router's, /metrics') carries them, and the
 FEED thread asks when nobody else did. Everything here runs under one lock of its own, never
-the engine's, and publishing never blocks (publisher.py).
+the engine's, and publishing never blocks (publisher.py). A batch the publisher dropped (its
+queue was full) is made good by the next one: AllBlocksCleared and the whole announced set,
+parents first (what vLLM's stream leaves to the subscriber's replay, which cannot give back a
+batch that never went out).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class KVEventsFeed:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._restate = False  # a batch was dropped: the next one restates the whole set
+        self.num_restatements = 0
 
     def start(self, poll: Callable[[], object]) -> None:
         """Start the FEED thread: `poll()` (a cache query of no prompt) every interval; it ends
@@ -98,6 +103,14 @@ class KVEventsFeed:
                 return
 
     def _publish(self) -> None:
-        events = self.blocks.take_events()
-        if events:
-            self.publisher.publish(events)
+        if self._restate:
+            events: list = self.blocks.restatement()
+        else:
+            events = self.blocks.take_events()
+            if not events:
+                return
+        if self.publisher.publish(events):
+            self.num_restatements += self._restate
+            self._restate = False
+        else:
+            self._restate = True
