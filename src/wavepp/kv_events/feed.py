@@ -21,12 +21,18 @@ batch that never went out).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from wavepp.cache.block_log import BlockChanges
 from wavepp.kv_events.all_stage_blocks import AllStageBlocks
 
 POLL_INTERVAL_S = 0.05  # how stale an event may be, at most, beside the query's own time
+# An idle engine changes no pool (blocks are published and evicted only for requests, or for
+# a chunk still in flight after its request ended): it is asked this often, and at every
+# interval while a request is live or for SETTLE_S after the last one ended.
+IDLE_POLL_INTERVAL_S = 1.0
+SETTLE_S = 2.0
 
 
 class KVEventsFeed:
@@ -39,6 +45,8 @@ class KVEventsFeed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._restate = False  # a batch was dropped: the next one restates the whole set
+        self._num_live = 0  # prompts noted and not ended
+        self._last_end = 0.0  # time.monotonic() of the last end
         self.num_restatements = 0
 
     def start(self, poll: Callable[[], object]) -> None:
@@ -53,11 +61,14 @@ class KVEventsFeed:
         """A request arrived (a sched Request: its block hashes and token ids)."""
         with self._lock:
             self.blocks.note_prompt(req.block_hashes, req.token_ids)
+            self._num_live += 1
             self._publish()
 
     def end_prompt(self, req) -> None:
         with self._lock:
             self.blocks.end_prompt(req.block_hashes)
+            self._num_live -= 1
+            self._last_end = time.monotonic()
 
     def mark(self) -> int:
         """Before a cache query drains the stages (AllStageBlocks.mark)."""
@@ -96,7 +107,14 @@ class KVEventsFeed:
         self.publisher.close()
 
     def _run(self, poll: Callable[[], object]) -> None:
+        last_poll = 0.0
         while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            with self._lock:
+                busy = self._num_live > 0 or now - self._last_end < SETTLE_S
+            if not busy and now - last_poll < IDLE_POLL_INTERVAL_S:
+                continue
+            last_poll = now
             try:
                 poll()
             except Exception:  # the engine stopped (EngineError) or a stage is gone
