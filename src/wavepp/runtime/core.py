@@ -261,12 +261,15 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Stop every thread and stage; requests not finished by then fail with EngineError.
-        The order: WAVE and LOOP (nothing new reaches the stages), then the stages are told
+        The order: WAVE and LOOP (nothing new reaches the stages), then the KV events' FEED
+        thread and publisher (its queries end before the stages do), then the stages are told
         (rounds plane, then the headers plane, whose shutdown comes back on the results plane),
         then RESULTS, then stage 0's own writer and pool."""
         with self.cond:
             if self._loops.stopping and not self._loops.alive:
                 self._fail_all("the engine was shut down before the request finished")
+                if self._kv_events is not None:  # (closing twice is harmless)
+                    self._kv_events.close()
                 return
             self._loops.stop()
         self._loops.join_drivers(timeout=10)
