@@ -68,18 +68,6 @@ class AllStageBlocks:
         self.num_without_tokens = 0  # blocks held everywhere whose tokens were not known
         self._empty()
 
-    def _empty(self) -> None:
-        self._held: list[set[int]] = [set() for _ in range(self.num_stages)]
-        self._count: dict[int, int] = {}  # hash -> stages that hold it (> 0)
-        self._parent: dict[int, int | None] = {}  # of each hash some stage holds
-        self._kids: dict[int | None, set[int]] = {}  # parent -> its held children
-        self._announced: set[int] = set()
-        self._tokens: dict[int, tuple[int, ...]] = {}
-        self._recent: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # let go, oldest first
-        self._refs: dict[int, int] = {}  # hash -> live prompts that have it
-        self._ended: list[list[int]] = []  # ended prompts' hashes, let go at the next apply
-        self._events: list[StoredBlock | RemovedBlock | AllCleared] = []
-
     # ---- inputs ------------------------------------------------------------------------------
 
     def note_prompt(self, block_hashes, token_ids) -> None:
@@ -182,6 +170,18 @@ class AllStageBlocks:
             assert block_hash in self._tokens, f"{block_hash}: announced without tokens"
 
     # ---- helpers -----------------------------------------------------------------------------
+
+    def _empty(self) -> None:
+        self._held: list[set[int]] = [set() for _ in range(self.num_stages)]
+        self._count: dict[int, int] = {}  # hash -> stages that hold it (> 0)
+        self._parent: dict[int, int | None] = {}  # of each hash some stage holds
+        self._kids: dict[int | None, set[int]] = {}  # parent -> its held children
+        self._announced: set[int] = set()
+        self._tokens: dict[int, tuple[int, ...]] = {}
+        self._recent: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # let go, oldest first
+        self._refs: dict[int, int] = {}  # hash -> live prompts that have it
+        self._ended: list[list[int]] = []  # ended prompts' hashes, let go at the next apply
+        self._events: list[StoredBlock | RemovedBlock | AllCleared] = []
 
     def _stored(self, stage_id: int, block_hash: int, parent_hash: int | None) -> None:
         held = self._held[stage_id]
