@@ -55,6 +55,17 @@ MAX_RECENT_BLOCKS = 16384  # tokens of blocks let go, kept for the stages' late 
 
 
 class AllStageBlocks:
+    _held: list[set[int]]  # each stage's computed blocks, as its changes so far say
+    _count: dict[int, int]  # hash -> stages that hold it (> 0)
+    _parent: dict[int, int | None]  # of each hash some stage holds
+    _kids: dict[int | None, set[int]]  # parent -> its held children
+    _announced: set[int]  # held on every stage, parent announced, tokens known
+    _tokens: dict[int, tuple[int, ...]]
+    _recent: OrderedDict[int, tuple[int, ...]]  # let go, oldest first
+    _refs: dict[int, int]  # hash -> live prompts that have it
+    _ended: list[list[int]]  # ended prompts' hashes, let go at the next apply
+    _events: list[StoredBlock | RemovedBlock | AllCleared]
+
     def __init__(
         self, num_stages: int, block_size: int, max_recent_blocks: int = MAX_RECENT_BLOCKS
     ) -> None:
@@ -172,16 +183,16 @@ class AllStageBlocks:
     # ---- helpers -----------------------------------------------------------------------------
 
     def _empty(self) -> None:
-        self._held: list[set[int]] = [set() for _ in range(self.num_stages)]
-        self._count: dict[int, int] = {}  # hash -> stages that hold it (> 0)
-        self._parent: dict[int, int | None] = {}  # of each hash some stage holds
-        self._kids: dict[int | None, set[int]] = {}  # parent -> its held children
-        self._announced: set[int] = set()
-        self._tokens: dict[int, tuple[int, ...]] = {}
-        self._recent: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # let go, oldest first
-        self._refs: dict[int, int] = {}  # hash -> live prompts that have it
-        self._ended: list[list[int]] = []  # ended prompts' hashes, let go at the next apply
-        self._events: list[StoredBlock | RemovedBlock | AllCleared] = []
+        self._held = [set() for _ in range(self.num_stages)]
+        self._count = {}
+        self._parent = {}
+        self._kids = {}
+        self._announced = set()
+        self._tokens = {}
+        self._recent = OrderedDict()
+        self._refs = {}
+        self._ended = []
+        self._events = []
 
     def _stored(self, stage_id: int, block_hash: int, parent_hash: int | None) -> None:
         held = self._held[stage_id]
