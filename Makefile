@@ -7,6 +7,10 @@ STAMP := $(VENV)/.wavepp-installed
 # packages); torch==2.13.0 first for the same reason as below.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# Dynamo's standalone KV indexer (a KV-aware router's index, tests/serve/test_kv_events_dynamo.py)
+# in a venv of its own too: ai-dynamo-runtime pins its own packages (it pulls no torch).
+DYNAMO_VENV ?= .venv-dynamo
+DYNAMO_STAMP := $(DYNAMO_VENV)/.installed
 
 # Mooncake's transfer engine (the KV hand-off across hosts, kv_transfer/mooncake/engine.py),
 # its CPU build, in both venvs; it loads Debian's libibverbs1 and libnuma1 even over TCP. A GPU
@@ -14,7 +18,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 MOONCAKE := mooncake-transfer-engine-non-cuda==0.3.13.post1
 SYSTEM_LIBS := libibverbs1 libnuma1
 
-.PHONY: bench test venv vllm-venv system-libs clean
+.PHONY: bench test venv vllm-venv dynamo-venv system-libs clean
 
 venv: $(STAMP)
 
@@ -51,14 +55,22 @@ $(VLLM_STAMP): Makefile | system-libs
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+dynamo-venv: $(DYNAMO_STAMP)
+
+$(DYNAMO_STAMP): Makefile
+	test -x $(DYNAMO_VENV)/bin/python || $(PYTHON) -m venv $(DYNAMO_VENV)
+	$(DYNAMO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DYNAMO_VENV)/bin/python -m pip install -q ai-dynamo-runtime==1.6.1
+	touch $(DYNAMO_STAMP)
+
 bench: $(STAMP)
 	$(VENV)/bin/wavepp bench
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(DYNAMO_STAMP)
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(DYNAMO_VENV)

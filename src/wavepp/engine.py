@@ -66,9 +66,15 @@ class Engine:
                 f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
                 f"{model_config.model_type} runs on device='cpu'"
             )
-        self._cluster = LocalCluster(
-            pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus)
-        )
+        publisher = open_kv_events_publisher(opts)  # before any process: a taken port fails here
+        try:
+            self._cluster = LocalCluster(
+                pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus)
+            )
+        except BaseException:
+            if publisher is not None:
+                publisher.close()
+            raise
         try:
             root = None if self._handoff is None else self._handoff.root
             kv_store = None if root is None else str(root)
@@ -76,9 +82,15 @@ class Engine:
                 opts, str(self.model_path), device, backend, self._cluster.run_dir, kv_store
             )
             self._core = EngineCore(
-                self.runtime_config, self._cluster.channels, self._cluster.dead_stage, self._handoff
+                self.runtime_config,
+                self._cluster.channels,
+                self._cluster.dead_stage,
+                self._handoff,
+                publisher,
             )
         except BaseException:
+            if publisher is not None:
+                publisher.close()
             self._cluster.close(timeout_s=2)
             raise
         self._closed = False
@@ -298,6 +310,11 @@ class Engine:
         """KV parts the stages reported since the start: (written, failed), ended requests' too."""
         return (0, 0) if self._handoff is None else self._handoff.counts()
 
+    def kv_events_counts(self) -> dict[str, int] | None:
+        """The KV cache events published and dropped since start, the batches queued and the
+        blocks announced now (None: the engine publishes none; kv_events/)."""
+        return self._core.kv_events_counts()
+
     def kv_transfer_usage(self) -> HandoffUsage | None:
         """What the KV hand-off holds (kv_transfer/usage.py), read at its last sweep; or None."""
         return None if self._handoff is None else self._handoff.usage()
@@ -429,6 +446,25 @@ class Engine:
             kv_transfer=transfer,
             **phases,
         )
+
+
+def open_kv_events_publisher(config: EngineConfig):
+    """The KV cache events' publisher of `config` (its sockets open), or None without events; an
+    address that cannot be bound or connected is a ValueError naming the option."""
+    if not config.publishes_kv_events:
+        return None
+    import zmq
+
+    from wavepp.kv_events.publisher import EventPublisher
+
+    events = config.kv_events
+    assert events is not None
+    try:
+        return EventPublisher(events, config.block_size)
+    except zmq.ZMQError as exc:
+        raise ValueError(
+            f"kv_events: cannot open {events.endpoint} (or replay {events.replay_endpoint}): {exc}"
+        ) from None
 
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineLoad", "PrefillResult"]

@@ -15,9 +15,11 @@ Torch-free: the command line reads the defaults without loading torch.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepp.kv_events.config import KVEventsConfig
 from wavepp.kv_transfer.mooncake.engine import check_host
 from wavepp.kv_transfer.transports import TRANSPORTS, transport_names
 from wavepp.model_store import DEFAULT_MODEL
@@ -64,6 +66,9 @@ class EngineConfig:
     `kv_transport_protocol` ("tcp" or "rdma"), until the decode side pulled them, `kv_ttl_s`
     passed or newer parts needed the room (kv_transfer/mooncake/).
 
+    `kv_events`: rank 0 publishes the blocks every stage holds as vLLM's KV cache events, over
+    ZeroMQ, for a KV-aware router (kv_events/, vLLM's option of the same name).
+
     `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also runs
     the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of
     its own (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is one per
@@ -100,6 +105,12 @@ class EngineConfig:
     kv_export_wait_s: float = 60.0
     layer_split: tuple[int, ...] = ()  # layers per stage; empty: balanced
     pin_cpus: bool | None = None  # None: pinned on the CPU where there is a CPU per stage
+    kv_events: KVEventsConfig | None = None  # KV cache events for routers; None: none
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Whether rank 0 publishes KV cache events (and so the stages record their blocks)."""
+        return self.kv_events is not None and self.kv_events.publishes
 
     def __post_init__(self) -> None:
         """Normalize the sequences (any sequence or None -> a tuple) and the model (a Path -> a
@@ -114,6 +125,7 @@ class EngineConfig:
         self._check_stages()
         self._check_kv_tier()
         self._check_hand_off()
+        self._check_kv_events()
 
     @property
     def handoff_transport(self) -> str:
@@ -203,6 +215,22 @@ class EngineConfig:
                 f"kv_tier_segment_gib must be at least 1/64 (16 MiB, Mooncake's smallest "
                 f"segment), got {self.kv_tier_segment_gib}"
             )
+
+    def _check_kv_events(self) -> None:
+        """KV cache events: a KVEventsConfig, or its JSON text or dict (made one here)."""
+        events = self.kv_events
+        if events is None or isinstance(events, KVEventsConfig):
+            return
+        try:
+            if isinstance(events, str):
+                events = KVEventsConfig.from_json(events)
+            elif isinstance(events, dict):
+                events = KVEventsConfig.from_json(json.dumps(events))
+            else:
+                raise ValueError(f"takes a KVEventsConfig, its JSON or a dict, got {events!r}")
+        except ValueError as exc:
+            raise ValueError(f"kv_events: {exc}") from None
+        object.__setattr__(self, "kv_events", events)
 
     def _check_hand_off(self) -> None:
         """The KV hand-off: its transport (the registry, kv_transfer/transports.py) and bounds."""

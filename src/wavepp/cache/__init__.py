@@ -7,6 +7,7 @@ blocks eviction takes, in host memory, for a later request to load back (its byt
 `HostBlockStore`, the runtime's); `hash_blocks` names full blocks of a prompt. The leader (`wavepp.sched`) and the simulator drive the same pool.
 """
 
+from wavepp.cache.block_log import BlockChanges, BlockLog
 from wavepp.cache.errors import (
     AlreadyReleasedError,
     CacheError,
@@ -34,6 +35,8 @@ from wavepp.cache.snapshots import SnapshotPool
 
 __all__ = [
     "AlreadyReleasedError",
+    "BlockChanges",
+    "BlockLog",
     "BlockPool",
     "CacheError",
     "CapacityView",

@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Sequence
 
 from wavepp.cache.block import BlockEntry, LeafQueue
+from wavepp.cache.block_log import BlockLog
 from wavepp.cache.errors import InvalidArgumentError
 from wavepp.cache.escrow import Victim, forget_victim_child, num_cached, unmark_victim
 from wavepp.cache.host_tier import HostTier
@@ -49,6 +50,8 @@ class PrefixIndex:
         self._num_escrowed = 0
         self._num_in_use = 0
         self._num_pending = 0
+        # where its computed blocks' changes are recorded, for KV cache events (None: nowhere)
+        self.block_log: BlockLog | None = None
 
     def match(self, block_hashes: Sequence[int]) -> MatchResult:
         """Longest prefix of `block_hashes` in the index (COMPUTED or PENDING). Mutates nothing.
@@ -99,6 +102,15 @@ class PrefixIndex:
             if block_hash not in self._index:
                 return num_found
         return len(block_hashes)
+
+    def computed_blocks(self) -> list[tuple[int, int | None]]:
+        """Every computed block in the index as (hash, parent hash), parents first. O(n)."""
+        held = [e for e in self._index.values() if e.computed]
+        held.sort(key=lambda e: e.depth)
+        return [
+            (e.block_hash, None if e.parent is None else e.parent.block_hash)  # type: ignore[misc]
+            for e in held
+        ]
 
     def capacity(self) -> CapacityView:
         return CapacityView(
@@ -183,6 +195,12 @@ class PrefixIndex:
         entry.computed = True
         self._num_pending -= 1
         self._touch(entry)
+        if self.block_log is not None and entry.linked:
+            parent = entry.parent
+            self.block_log.stored(
+                entry.block_hash,  # type: ignore[arg-type]
+                None if parent is None else parent.block_hash,
+            )
 
     def _settle_unreferenced(self, entry: BlockEntry) -> None:
         """An entry with a block just lost its last ref: cache it, or free its block."""
@@ -223,6 +241,8 @@ class PrefixIndex:
         entry.linked = False
         if not entry.computed:
             self._num_pending -= 1
+        elif self.block_log is not None:
+            self.block_log.removed(entry.block_hash)  # type: ignore[arg-type]
         parent = entry.parent
         if parent is not None:
             parent.num_children -= 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 from wavepp.cli.args import add_engine_args, add_pipeline_args, engine_config, engine_default
 from wavepp.engine_config import KV_PROTOCOLS
+from wavepp.kv_events.config import KVEventsConfig
 from wavepp.kv_transfer.transports import TRANSPORTS
 
 
@@ -24,6 +27,15 @@ def add_parser(sub) -> None:
         "--top-k", type=int, default=20, help="most top logprobs a request may ask (default 20)"
     )
     _add_kv_args(p)
+    p.add_argument(
+        "--kv-events-config",
+        type=_kv_events_config,
+        default=None,
+        metavar="JSON",
+        help="publish KV cache events of the blocks every stage holds, as vLLM does with the "
+        'same option, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+        '"topic": "kv@pod-1"}\' (docs/serving.md, "Behind a KV-aware router")',
+    )
     p.add_argument(
         "--debug",
         action="store_true",
@@ -54,6 +66,7 @@ def run(args) -> int:
         kv_store_max_gib=args.kv_store_max_gib,
         kv_ttl_s=args.kv_ttl_s,
         kv_export_wait_s=args.kv_export_wait_s,
+        kv_events=args.kv_events_config,
     )
     limits = {
         name: getattr(args, name)
@@ -166,3 +179,11 @@ def _add_kv_args(p) -> None:
         help="with --kv-store: seconds an answer waits for the stages' KV parts after the "
         "prefill; parts not written by then are named failed (default %(default)s)",
     )
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    """The option's JSON, checked (argparse names the option in its error)."""
+    try:
+        return KVEventsConfig.from_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -20,6 +20,7 @@ request the caches may change; the request's own admission round is what decides
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -50,9 +51,20 @@ class StageCacheCounters:
 
 
 class CacheQueries:
-    def __init__(self, channels, stage, num_stages: int, block_size: int, hybrid: bool = False):
+    def __init__(
+        self,
+        channels,
+        stage,
+        num_stages: int,
+        block_size: int,
+        hybrid: bool = False,
+        block_changes=None,
+    ):
+        """`block_changes`: where the stages' block changes go (a KVEventsFeed: mark() before a
+        query, apply() with its answers, under this object's lock); None: no KV cache events."""
         self.channels, self.stage = channels, stage
         self.num_stages, self.block_size, self.hybrid = num_stages, block_size, hybrid
+        self.block_changes = block_changes
         self._lock = threading.Lock()
         self._next_id = 0
         self._closed = False
@@ -81,12 +93,26 @@ class CacheQueries:
         """Every stage's cache counters now (a query with no prompt: /metrics asks it)."""
         return [StageCacheCounters(a.stage_id, a.counters, a.capacity) for a in self._exchange(())]
 
+    def poll(self) -> None:
+        """A query of no prompt, for the stages' block changes alone (KV cache events)."""
+        self._exchange(())
+
+    @contextlib.contextmanager
+    def held(self):
+        """No query runs inside (a reset: no answer spans it, so no change of a pool it
+        replaced arrives after the events were cleared)."""
+        with self._lock:
+            yield
+
     def _exchange(self, items: tuple) -> list[CacheAnswer]:
-        """Every stage's answer to one query, stage 0's first."""
+        """Every stage's answer to one query, stage 0's first; their block changes go to
+        `block_changes` before the lock is let go (so in each stage's order)."""
         with self._lock:
             if self._closed:
                 raise EngineError("the engine was shut down")
             query_id, self._next_id = self._next_id, self._next_id + 1
+            sink = self.block_changes
+            mark = sink.mark() if sink is not None else 0  # before stage 0's pool is drained
             try:
                 for s in range(1, self.num_stages):
                     self.channels.send_obj(CacheQuery(query_id, items), s, "queries")
@@ -98,6 +124,8 @@ class CacheQueries:
                     answers.append(answer)
             except PeerLostError as err:
                 raise EngineError(f"a stage did not answer the cache query: {err}") from None
+            if sink is not None:
+                sink.apply([(a.stage_id, a.block_changes) for a in answers], mark)
         return answers
 
     def close(self) -> None:

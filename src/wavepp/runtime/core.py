@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from wavepp.cache import CapacityView
+from wavepp.kv_events.feed import KVEventsFeed
 from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.runtime.cache_queries import CachedView, CacheQueries
 from wavepp.runtime.channels import Channels, PeerLostError, Shutdown
@@ -51,21 +52,30 @@ class EngineCore:
         channels: Channels,
         check_alive: Callable[[float], str | None] = lambda wait_s: None,
         handoff: KVHandoff | None = None,
+        kv_events_publisher=None,
     ):
         """Load stage 0 here and wait for every other stage to load. Threads start in start().
-        `handoff`: the KV hand-off (with a store) the stages' export reports go to."""
+        `handoff`: the KV hand-off (with a store) the stages' export reports go to.
+        `kv_events_publisher`: where the KV cache events of the blocks every stage holds go (an
+        EventPublisher, opened by the caller; kv_events/); None: no events."""
         self.config = config
         self.channels = channels
         self.num_stages = config.engine.pp
         self._check_alive = check_alive
         self.stage, self.stage_num_blocks, self._worker_kernels = start_stages(config, channels)
         self._plane = RoundsPlane(channels, self.stage, self.num_stages)
+        self._kv_events: KVEventsFeed | None = None
+        if kv_events_publisher is not None:
+            self._kv_events = KVEventsFeed(
+                self.num_stages, config.engine.block_size, kv_events_publisher
+            )
         self._queries = CacheQueries(
             channels,
             self.stage,
             self.num_stages,
             config.engine.block_size,
             hybrid=self.stage.layout.is_hybrid,
+            block_changes=self._kv_events,
         )
         self.max_prompt_tokens = self.stage.model_config.max_position_embeddings
         self.vocab_size = self.stage.model_config.vocab_size
@@ -104,6 +114,8 @@ class EngineCore:
         its value (export_errors: {stage: why} of the request's KV parts that failed)."""
         self._on_done = on_done
         self._loops.start()
+        if self._kv_events is not None:
+            self._kv_events.start(self._queries.poll)
 
     # ---- API (any thread) --------------------------------------------------------------------
 
@@ -138,6 +150,8 @@ class EngineCore:
             except ValueError:
                 self._requests.pop(internal_id)
                 raise
+            if self._kv_events is not None:  # the events carry its blocks' tokens
+                self._kv_events.note_prompt(self.leader.requests[internal_id])
             if export_id is not None:
                 self._handoff.expect(internal_id)
             self._deliver()
@@ -194,12 +208,15 @@ class EngineCore:
             raise ValueError(f"snapshot_align_frac must be in [0, 1), got {snapshot_align_frac}")
         with self.cond:
             self._wait_idle()
-            self.stage.reset(policy, snapshot_interval_blocks)
-            if snapshot_align_frac is not None:
-                self.snapshot_align_frac = snapshot_align_frac
-            self._build_leader(policy)
-            self._loops.reset(self.leader, self.policy)
-            self._plane.ask_workers(Reset(policy, snapshot_interval_blocks))
+            with self._queries.held():  # no cache query spans the reset
+                self.stage.reset(policy, snapshot_interval_blocks)
+                if snapshot_align_frac is not None:
+                    self.snapshot_align_frac = snapshot_align_frac
+                self._build_leader(policy)
+                self._loops.reset(self.leader, self.policy)
+                self._plane.ask_workers(Reset(policy, snapshot_interval_blocks))
+                if self._kv_events is not None:  # AllBlocksCleared
+                    self._kv_events.clear()
 
     def check_integrity(self) -> list[IntegrityReport]:
         """Every stage's check_integrity() and capacity, once the pipeline is idle."""
@@ -227,6 +244,10 @@ class EngineCore:
         """Every stage's cache counters now (StageCacheCounters), asked of every stage."""
         return self._queries.stage_counters()
 
+    def kv_events_counts(self) -> dict[str, int] | None:
+        """The KV cache events' publisher counters (None: no events)."""
+        return None if self._kv_events is None else self._kv_events.counts()
+
     @property
     def kv_writer(self):
         """Stage 0's KV writer (a StageWriter, in this process), or None without a hand-off:
@@ -242,15 +263,20 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Stop every thread and stage; requests not finished by then fail with EngineError.
-        The order: WAVE and LOOP (nothing new reaches the stages), then the stages are told
+        The order: WAVE and LOOP (nothing new reaches the stages), then the KV events' FEED
+        thread and publisher (its queries end before the stages do), then the stages are told
         (rounds plane, then the headers plane, whose shutdown comes back on the results plane),
         then RESULTS, then stage 0's own writer and pool."""
         with self.cond:
             if self._loops.stopping and not self._loops.alive:
                 self._fail_all("the engine was shut down before the request finished")
+                if self._kv_events is not None:  # (closing twice is harmless)
+                    self._kv_events.close()
                 return
             self._loops.stop()
         self._loops.join_drivers(timeout=10)
+        if self._kv_events is not None:  # its thread's queries end before the stages do
+            self._kv_events.close()
         if self.num_stages > 1 and not self.error:
             self._queries.close()
             try:
@@ -284,6 +310,8 @@ class EngineCore:
         """Under cond: resolve the future of every request the leader finished (one that exports
         its KV: once every stage reported its part, kv_transfer/handoff.py)."""
         for req in self.leader.take_finished():
+            if self._kv_events is not None:
+                self._kv_events.end_prompt(req)
             if self._handoff is None:
                 self._resolve(req, {})
             elif not self._handoff.finished(req):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from wavepp.cache import CapacityView
+from wavepp.cache import BlockChanges, CapacityView
 from wavepp.kv_transfer.export import ExportOutcome
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.sched import TokenResult, Wave
@@ -133,10 +133,12 @@ class CacheQuery:
 @dataclass(frozen=True)
 class CacheAnswer:
     """A stage's answer to a CacheQuery (stage s -> rank 0 on the answers plane): one Hint per
-    item, and its blocks by state now."""
+    item, and its blocks by state now; with KV cache events, what its pool did to its computed
+    blocks since the last query (its BlockLog drained)."""
 
     query_id: int
     stage_id: int
     hints: tuple
     capacity: CapacityView
     counters: StageCounters = StageCounters()  # StageServer.counters()
+    block_changes: BlockChanges = BlockChanges()

@@ -18,7 +18,7 @@ from typing import cast
 
 import torch
 
-from wavepp.cache import HostTier
+from wavepp.cache import BlockChanges, BlockLog, HostTier
 from wavepp.cache.store_tier import StoreTier
 from wavepp.kv_transfer.export import StageExporter
 from wavepp.kv_transfer.mooncake.engine import local_host_for
@@ -45,6 +45,9 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # 1 GiB and within a quarter of the machine's available memory shared by the stages.
 DEFAULT_KV_FULL_PROMPTS = 32
 DEFAULT_KV_MAX_BYTES = 2**30
+# a pool's record of block changes between two cache queries: 4 x its blocks, at least this;
+# past it the next query carries the pool's whole set instead (cache/block_log.py)
+MIN_BLOCK_LOG_CHANGES = 4096
 
 
 def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
@@ -198,6 +201,10 @@ class StageRuntime:
                 )
                 self._num_state_slots = slots
             pool.host_tier = self._host_tier()
+            if self.config.engine.publishes_kv_events:  # drained by each cache query
+                pool.block_log = BlockLog(
+                    max(4 * self.num_blocks, MIN_BLOCK_LOG_CHANGES), pool.computed_blocks
+                )
             self.server = StageServer(self.stage_id, pool, self._store_tier())
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
@@ -274,13 +281,21 @@ class StageRuntime:
             return IntegrityReport(self.server.pool.capacity(), len(self.server.requests))
 
     def query(self, items) -> tuple:
-        """A cache query's answer here: (hints, capacity, counters), under the stage lock; which
-        blocks the shared store holds is asked before, without it (StageTiers.prefetch)."""
+        """A cache query's answer here: (hints, capacity, counters, block changes), under the
+        stage lock; which blocks the shared store holds is asked before, without it
+        (StageTiers.prefetch). The block changes are the pool's BlockLog drained (KV cache
+        events; empty without them)."""
         server = self.server
         held = server.prefetch(ProbeMsg(-1, tuple(items))) if items else None
         with self.lock:
             server = self.server  # (a reset may have come between: its server answers)
-            return server.query(items, held), server.pool.capacity(), server.counters()
+            log = server.pool.block_log
+            return (
+                server.query(items, held),
+                server.pool.capacity(),
+                server.counters(),
+                BlockChanges() if log is None else log.drain(),
+            )
 
     def handle_round(self, msg):
         """Answer a rounds-plane message under the stage lock; a lease's store bytes are

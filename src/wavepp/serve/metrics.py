@@ -38,6 +38,17 @@ Read from the engine at each scrape:
     wavepp_kv_arena_parts_freed_total{stage,reason}   arena holds and has freed (released |
                                                expired | evicted | refused), read at the last
                                                sweep
+    wavepp_kv_events_published_total{unit}     with --kv-events-config: KV cache events sent
+                                               (unit: batches | events), since the engine
+                                               started
+    wavepp_kv_events_dropped_total             batches dropped: the publisher's queue was full
+    wavepp_kv_events_queued, wavepp_kv_events_announced_blocks   batches waiting to be sent;
+                                               blocks announced (held on every stage) now
+The names load-aware routers read from vLLM (llm-d's scorers, the Gateway API Inference
+Extension), with vLLM's meaning:
+    vllm:num_requests_waiting, vllm:num_requests_running   = wavepp_requests_waiting / _running
+    vllm:kv_cache_usage_perc                   the fullest stage's blocks neither free nor
+                                               evictable, over its blocks (0..1, as vLLM's)
 
 "Since start" is since the server started or since the last POST /debug/reset, which empties
 the caches and restarts the engine's own measurements: the per-stage counters and the wave and
@@ -157,7 +168,10 @@ class _EngineCollector:
     def collect(self):
         m = self.metrics
         engine = m.engine
-        yield from _load(engine.load())
+        load = engine.load()
+        yield from _load(load)
+        capacities = engine.stage_capacity()
+        yield from _vllm_load(load, capacities)
         prompt = m.num_prompt_tokens
         yield _gauge(
             "wavepp_prefix_hit_rate",
@@ -166,9 +180,12 @@ class _EngineCollector:
         )
         if m.last_stats is not None:
             yield from _stage_times(m.last_stats, max(1e-9, time.monotonic() - m.t0))
-        yield _stage_blocks(engine.stage_capacity())
+        yield _stage_blocks(capacities)
         yield from _stage_cache(engine)
         yield _kv_exports(*engine.kv_export_counts())
+        events = engine.kv_events_counts()
+        if events is not None:
+            yield from _kv_events(events)
         store = engine.kv_transfer_usage()
         if store is not None:
             yield from _kv_transfer_usage(store)
@@ -184,6 +201,45 @@ def _load(load):
         load.num_running,
     )
     yield _gauge("wavepp_up", "1 while every stage is alive", 0 if load.error else 1)
+
+
+def _vllm_load(load, capacities):
+    """vLLM's names of the load, for routers that score replicas by them."""
+    yield _gauge("vllm:num_requests_waiting", "requests waiting to be admitted", load.num_waiting)
+    yield _gauge("vllm:num_requests_running", "requests computing", load.num_running)
+    usage = [
+        (cap.num_blocks - cap.num_free - cap.num_evictable) / cap.num_blocks
+        for cap in capacities
+        if cap is not None and cap.num_blocks
+    ]
+    yield _gauge(
+        "vllm:kv_cache_usage_perc",
+        "KV cache usage of the fullest stage (1 = every block held by a request)",
+        max(usage, default=0.0),
+    )
+
+
+def _kv_events(counts: dict[str, int]):
+    """The KV cache events' publisher (kv_events/publisher.py)."""
+    published = CounterMetricFamily(
+        "wavepp_kv_events_published", "KV cache events sent", labels=["unit"]
+    )
+    published.add_metric(["batches"], counts["published_batches"])
+    published.add_metric(["events"], counts["published_events"])
+    yield published
+    yield CounterMetricFamily(
+        "wavepp_kv_events_dropped",
+        "KV cache event batches dropped: the publisher's queue was full",
+        value=counts["dropped_batches"],
+    )
+    yield _gauge(
+        "wavepp_kv_events_queued", "event batches waiting to be sent", counts["queued_batches"]
+    )
+    yield _gauge(
+        "wavepp_kv_events_announced_blocks",
+        "blocks announced as held on every stage",
+        counts["announced_blocks"],
+    )
 
 
 def _stage_times(stats, elapsed_s: float):

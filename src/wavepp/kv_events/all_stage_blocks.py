@@ -1,0 +1,281 @@
+"""Which blocks the pipeline holds on ALL of its stages: the prefix a request could reuse, as
+the KV cache events a router reads announce it.
+
+Each stage's pool records its computed blocks' changes (cache/block_log.py); rank 0 applies
+every stage's, in each stage's order, and announces a block when the last stage holds it and
+withdraws it when the first stage lets it go:
+
+    apply(stage, changes)     a stage's STORED / REMOVED changes (or its whole set, a resync)
+    note_prompt(req)          a prompt's block hashes and token ids (the events carry tokens;
+                              the stages know only hashes)
+    end_prompt(req)           the prompt ended: its tokens are let go after the next apply
+    clear()                   every cache was emptied (a reset)
+    take_events() -> [...]    StoredBlock / RemovedBlock / AllCleared, in order, once each
+
+What must hold (`check_integrity`): an announced block is held on every stage and its parent
+is announced, so a router's tree never has a block without its parent. A parent is announced
+before its children; a child waits (held everywhere, not announced) while its parent is not,
+and is announced right after it; withdrawing a parent withdraws its announced children first,
+and they come back with it (the chain is announced again from where it is whole).
+
+Tokens are kept while a live prompt has the block or stage 0 holds it (every block held on all
+stages is held on stage 0), and then among the last `max_recent_blocks` let go: a request that
+ended (aborted) while a chunk of it was in flight still has that chunk published by the stages
+after its end. Bounded by stage 0's pool, the prompts in flight and `max_recent_blocks`.
+
+Pure: no lock, no thread, no clock; `KVEventsFeed` (feed.py) holds it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from wavepp.cache.block_log import REMOVED, STORED, BlockChanges
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    block_hash: int
+    parent_hash: int | None
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RemovedBlock:
+    block_hash: int
+
+
+@dataclass(frozen=True)
+class AllCleared:
+    pass
+
+
+MAX_RECENT_BLOCKS = 16384  # tokens of blocks let go, kept for the stages' late changes
+
+
+class AllStageBlocks:
+    _held: list[set[int]]  # each stage's computed blocks, as its changes so far say
+    _count: dict[int, int]  # hash -> stages that hold it (> 0)
+    _parent: dict[int, int | None]  # of each hash some stage holds
+    _kids: dict[int | None, set[int]]  # parent -> its held children
+    _announced: set[int]  # held on every stage, parent announced, tokens known
+    _tokens: dict[int, tuple[int, ...]]
+    _recent: OrderedDict[int, tuple[int, ...]]  # let go, oldest first
+    _refs: dict[int, int]  # hash -> live prompts that have it
+    _ended: list[list[int]]  # ended prompts' hashes, let go at the next apply
+    _events: list[StoredBlock | RemovedBlock | AllCleared]
+
+    def __init__(
+        self, num_stages: int, block_size: int, max_recent_blocks: int = MAX_RECENT_BLOCKS
+    ) -> None:
+        if num_stages < 1 or block_size < 1 or max_recent_blocks < 0:
+            raise ValueError(
+                f"num_stages and block_size must be >= 1, max_recent_blocks >= 0: {num_stages}, "
+                f"{block_size}, {max_recent_blocks}"
+            )
+        self.num_stages, self.block_size = num_stages, block_size
+        self.max_recent_blocks = max_recent_blocks
+        self.num_without_tokens = 0  # blocks held everywhere whose tokens were not known
+        self._empty()
+
+    # ---- inputs ------------------------------------------------------------------------------
+
+    def note_prompt(self, block_hashes, token_ids) -> None:
+        """A prompt arrived: keep its full blocks' tokens (and announce any block that waited
+        only for them)."""
+        bs = self.block_size
+        for i, block_hash in enumerate(block_hashes):
+            self._refs[block_hash] = self._refs.get(block_hash, 0) + 1
+            if block_hash not in self._tokens:
+                tokens = self._recent.pop(block_hash, None)
+                self._tokens[block_hash] = tokens or tuple(token_ids[i * bs : (i + 1) * bs])
+                if self._count.get(block_hash) == self.num_stages:
+                    self._announce(block_hash)
+
+    def end_prompt(self, block_hashes) -> None:
+        """A prompt ended; its tokens go at the next apply's end (`mark` / `apply`)."""
+        self._ended.append(list(block_hashes))
+
+    def mark(self) -> int:
+        """Taken before the stages' changes are asked: the prompts ended so far are let go by
+        the apply that follows (stage 0's changes drained after this point include every block
+        those prompts computed)."""
+        return len(self._ended)
+
+    def apply(self, stage_changes: list[tuple[int, BlockChanges]], mark: int) -> None:
+        """Every stage's changes (stage id, BlockChanges), then let go of the prompts ended
+        before `mark`."""
+        for stage_id, changes in stage_changes:
+            if changes.resync:
+                self._resync(stage_id, changes.held)
+                continue
+            for kind, block_hash, parent_hash in changes.changes:
+                if kind == STORED:
+                    self._stored(stage_id, block_hash, parent_hash)
+                elif kind == REMOVED:
+                    self._removed(stage_id, block_hash)
+        ended, self._ended = self._ended[:mark], self._ended[mark:]
+        for block_hashes in ended:
+            for block_hash in reversed(block_hashes):  # the root let go last, kept longest
+                refs = self._refs.pop(block_hash, 1) - 1
+                if refs:
+                    self._refs[block_hash] = refs
+                else:
+                    self._maybe_forget_tokens(block_hash)
+
+    def clear(self) -> None:
+        """Every stage's cache was emptied (no prompt is in flight): forget all, say so once."""
+        events = self._events  # (those not taken yet go out first)
+        self._empty()
+        self._events = events + [AllCleared()]
+
+    def take_events(self) -> list[StoredBlock | RemovedBlock | AllCleared]:
+        events, self._events = self._events, []
+        return events
+
+    def restatement(self) -> list[StoredBlock | AllCleared]:
+        """The whole announced set as events: AllCleared, then every announced block, parents
+        first (what a subscriber that missed a batch needs to be right again). Takes the events
+        not taken yet: the restatement covers them."""
+        self._events = []
+        out: list[StoredBlock | AllCleared] = [AllCleared()]
+        todo = sorted(h for h in self._kids.get(None, ()) if h in self._announced)
+        while todo:
+            block_hash = todo.pop()
+            out.append(StoredBlock(block_hash, self._parent[block_hash], self._tokens[block_hash]))
+            todo.extend(k for k in self._kids.get(block_hash, ()) if k in self._announced)
+        return out
+
+    # ---- views -------------------------------------------------------------------------------
+
+    @property
+    def announced(self) -> frozenset[int]:
+        return frozenset(self._announced)
+
+    @property
+    def num_announced(self) -> int:
+        return len(self._announced)
+
+    def state_size(self) -> int:
+        """Entries of every structure: bounded by the pools and the prompts in flight."""
+        return (
+            len(self._count)
+            + len(self._tokens)
+            + len(self._recent)
+            + len(self._refs)
+            + len(self._ended)
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first broken invariant (see the module docstring)."""
+        counts: dict[int, int] = {}
+        for held in self._held:
+            for block_hash in held:
+                counts[block_hash] = counts.get(block_hash, 0) + 1
+        assert counts == self._count, "per-hash stage counts differ from the stages' sets"
+        for block_hash in self._announced:
+            assert self._count.get(block_hash) == self.num_stages, f"{block_hash} not held by all"
+            parent = self._parent[block_hash]
+            assert parent is None or parent in self._announced, f"{block_hash}: parent missing"
+            assert block_hash in self._tokens, f"{block_hash}: announced without tokens"
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _empty(self) -> None:
+        self._held = [set() for _ in range(self.num_stages)]
+        self._count = {}
+        self._parent = {}
+        self._kids = {}
+        self._announced = set()
+        self._tokens = {}
+        self._recent = OrderedDict()
+        self._refs = {}
+        self._ended = []
+        self._events = []
+
+    def _stored(self, stage_id: int, block_hash: int, parent_hash: int | None) -> None:
+        held = self._held[stage_id]
+        if block_hash in held:
+            return
+        held.add(block_hash)
+        if stage_id == 0 and block_hash in self._recent:  # kept while stage 0 holds it
+            self._tokens[block_hash] = self._recent.pop(block_hash)
+        count = self._count.get(block_hash, 0) + 1
+        self._count[block_hash] = count
+        if count == 1:
+            self._parent[block_hash] = parent_hash
+            self._kids.setdefault(parent_hash, set()).add(block_hash)
+        if count == self.num_stages:
+            self._announce(block_hash)
+
+    def _removed(self, stage_id: int, block_hash: int) -> None:
+        held = self._held[stage_id]
+        if block_hash not in held:
+            return
+        held.discard(block_hash)
+        if block_hash in self._announced:
+            self._withdraw(block_hash)
+        count = self._count[block_hash] - 1
+        if count:
+            self._count[block_hash] = count
+        else:
+            del self._count[block_hash]
+            parent = self._parent.pop(block_hash)
+            kids = self._kids[parent]
+            kids.discard(block_hash)
+            if not kids:
+                del self._kids[parent]
+        if stage_id == 0:
+            self._maybe_forget_tokens(block_hash)
+
+    def _resync(self, stage_id: int, held: tuple[tuple[int, int | None], ...]) -> None:
+        """The stage's whole set replaces what was known of it: the difference is applied."""
+        now = {block_hash for block_hash, _ in held}
+        for block_hash in list(self._held[stage_id] - now):
+            self._removed(stage_id, block_hash)
+        for block_hash, parent_hash in held:  # parents first
+            self._stored(stage_id, block_hash, parent_hash)
+
+    def _announce(self, block_hash: int) -> None:
+        """Announce a block held on every stage once its parent is, then the children that
+        waited for it."""
+        todo = [block_hash]
+        while todo:
+            block_hash = todo.pop()
+            if block_hash in self._announced or self._count.get(block_hash) != self.num_stages:
+                continue
+            parent = self._parent[block_hash]
+            if parent is not None and parent not in self._announced:
+                continue  # it comes with its parent
+            tokens = self._tokens.get(block_hash)
+            if tokens is None:
+                self.num_without_tokens += 1
+                continue
+            self._announced.add(block_hash)
+            self._events.append(StoredBlock(block_hash, parent, tokens))
+            todo.extend(self._kids.get(block_hash, ()))
+
+    def _withdraw(self, block_hash: int) -> None:
+        """Withdraw an announced block, its announced descendants first (deepest first)."""
+        order, i = [block_hash], 0
+        while i < len(order):
+            order.extend(k for k in self._kids.get(order[i], ()) if k in self._announced)
+            i += 1
+        for gone in reversed(order):
+            self._announced.discard(gone)
+            self._events.append(RemovedBlock(gone))
+            self._maybe_forget_tokens(gone)
+
+    def _maybe_forget_tokens(self, block_hash: int) -> None:
+        """Tokens nothing keeps any more go to the recent ones (the oldest of those go)."""
+        if (
+            block_hash in self._refs
+            or block_hash in self._held[0]
+            or block_hash in self._announced
+            or block_hash not in self._tokens
+        ):
+            return
+        self._recent[block_hash] = self._tokens.pop(block_hash)
+        while len(self._recent) > self.max_recent_blocks:
+            self._recent.popitem(last=False)
