@@ -28,7 +28,8 @@ def load(path: str) -> dict[tuple, dict]:
 
 
 def changed(before: dict, after: dict) -> list[tuple]:
-    """The rows both runs hold whose input tok/s or TTFT p50 differ, in `before`'s order."""
+    """The rows both runs hold whose input tok/s or TTFT p50 (or p99, where both have it)
+    differ, in `before`'s order."""
     return [
         k
         for k in before
@@ -36,6 +37,8 @@ def changed(before: dict, after: dict) -> list[tuple]:
         and (
             before[k]["input_tok_s"] != after[k]["input_tok_s"]
             or before[k]["ttft_p50_s"] != after[k]["ttft_p50_s"]
+            or before[k].get("ttft_p99_s", after[k].get("ttft_p99_s"))
+            != after[k].get("ttft_p99_s", before[k].get("ttft_p99_s"))
         )
     ]
 
@@ -88,15 +91,19 @@ def summary_lines(before: dict, after: dict) -> list[str]:
 def markdown(before: dict, after: dict) -> str:
     out = [
         "| model | workload | c | policy | input tok/s before | after | after / before "
-        "| TTFT p50 s before | after |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| TTFT p50 s before | after | TTFT p99 s before | after |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def p99(row: dict) -> str:  # runs before the grids kept their p99 have none
+        return f"{row['ttft_p99_s']:.2f}" if "ttft_p99_s" in row else "-"
+
     for k in changed(before, after):
         b, a = before[k], after[k]
         out.append(
             f"| {k[1]} | {k[2]} | {k[3]} | {k[4]} | {b['input_tok_s']:,.0f} | "
             f"{a['input_tok_s']:,.0f} | {a['input_tok_s'] / b['input_tok_s']:.3f} | "
-            f"{b['ttft_p50_s']:.2f} | {a['ttft_p50_s']:.2f} |"
+            f"{b['ttft_p50_s']:.2f} | {a['ttft_p50_s']:.2f} | {p99(b)} | {p99(a)} |"
         )
     return "\n".join(out) + "\n"
 

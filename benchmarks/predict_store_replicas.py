@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from wavepp.sim import CpuHardware, StageSample  # noqa: E402
 from wavepp.sim.core.shared_store import SimSharedStore  # noqa: E402
+from wavepp.sim.studies.calibrate import link_latency_s  # noqa: E402
 from wavepp.sim.studies.replicas import run_replicas_closed  # noqa: E402
 
 
@@ -63,8 +64,9 @@ def timed_copy_bytes_s(config: dict, num_stages: int, block_size: int, repeat: i
 def fit_hardware(
     rows: list[dict], num_stages: int, block_bytes: list[int], host_link_bytes_s: float
 ) -> CpuHardware:
-    """Stage costs from the runs without a tier; the hop from their wave spans; the store link
-    from the store runs' load time per block."""
+    """Stage costs from the runs without a tier; the hop from their wave spans (the median of
+    each replica's `link_latency_s`); the store link from the store runs' load time per
+    block."""
     samples, hops = [], []
     for row in rows:
         if row["tier"] != "none":
@@ -74,7 +76,7 @@ def fit_hardware(
                 StageSample(s, tuple(map(tuple, ch)), sec)
                 for s, ch, sec in replica["stage_samples"]
             ]
-            hops += _hops(replica["wave_spans"])
+            hops.append(link_latency_s(replica["wave_spans"]))
     if not samples:
         raise SystemExit("no runs without a tier to fit the machine to (--tier none,store)")
     loads = [r["store_load_s"] / r["store_hit_blocks"] for r in rows if r.get("store_hit_blocks")]
@@ -88,12 +90,6 @@ def fit_hardware(
         host_link_bytes_s=host_link_bytes_s,
         store_link_bytes_s=max(block_bytes) / per_block if per_block else 0.0,
     )
-
-
-def _hops(spans: list[list]) -> list[float]:
-    """Stage 0's end to stage 1's start of each wave both ran."""
-    ends = {w: end for stage, w, _, end in spans if stage == 0}
-    return [start - ends[w] for stage, w, start, _ in spans if stage == 1 and w in ends]
 
 
 def predict(data: dict) -> list[dict]:

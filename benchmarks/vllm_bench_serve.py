@@ -64,6 +64,8 @@ def main() -> None:
                 runs[(system, c)] = _bench(args, model_dir, url, args.num_prompts, c, args.seed,
                                            out=Path(args.result_dir) / f"{system}-c{c}.json")
                 print(f"{system} c={c}: {_summary(runs[(system, c)])}", flush=True)
+                if system == "wavepp":
+                    _tail(url, Path(args.result_dir) / f"{system}-c{c}")
         finally:
             _stop(proc)
     _print_table(args, runs)
@@ -75,7 +77,8 @@ def _start(system: str, args, model_dir: str, port: int) -> subprocess.Popen:
     log = open(Path(args.result_dir) / f"{system}-server.log", "w")
     if system == "wavepp":
         cmd = [sys.executable, "-m", "wavepp.cli", "serve", "--model", args.model, "--pp", str(args.pp),
-               "--port", str(port), "--debug", "--served-model-name", args.served_name]
+               "--port", str(port), "--debug", "--served-model-name", args.served_name,
+               "--scheduling-policy", args.scheduling_policy]
         env = os.environ
     else:
         cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
@@ -110,6 +113,26 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
             pass
         time.sleep(1)
     raise RuntimeError(f"{url}/health did not answer within {timeout_s:.0f} s")
+
+
+def _tail(url: str, stem: Path) -> None:
+    """wavepp's own view of the run just measured: each request's phases (GET /debug/requests),
+    the median and p99 requests' breakdown, and a Perfetto trace of those two beside the stages'
+    waves and the admission rounds (stem.requests.json, stem.trace.json)."""
+    from wavepp.bench.tail import at_quantile, breakdown, markdown, trace_events
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"{url}{path}", timeout=120) as r:
+            return json.loads(r.read())
+
+    records = get("/debug/requests")["requests"]
+    stats = get("/debug/stage_samples")
+    stem.with_suffix(".requests.json").write_text(json.dumps(records))
+    chosen = [("median request", at_quantile(records, 0.5)), ("p99 request", at_quantile(records, 0.99))]
+    events = trace_events(chosen, stats["wave_spans"], stats["round_spans"])
+    stem.with_suffix(".trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    print(f"wavepp's own view (server side; trace: {stem.with_suffix('.trace.json')}):")
+    print(markdown(breakdown(records)), flush=True)
 
 
 def _reset(system: str, url: str) -> None:
@@ -218,6 +241,7 @@ def _parse_args():
     p.add_argument("--model", default="smollm2")
     p.add_argument("--served-name", default="smollm2", help="the model's name in both APIs")
     p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--scheduling-policy", default="fcfs", help="wavepp serve's (default fcfs)")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32])
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--prefix-len", type=int, default=512)

@@ -399,6 +399,7 @@ class Engine:
             "queue_s": since_arrival(req.round_time),
             "dispatch_s": since_arrival(req.dispatch_time),
             "priority": req.priority,
+            "arrival_unix_s": self._core.unix_at(req.arrival_time),
         }
         token = req.result
         if req.state != RequestState.DONE or token is None:

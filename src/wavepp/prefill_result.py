@@ -32,6 +32,7 @@ class PrefillResult:
     queue_s: float | None = None
     dispatch_s: float | None = None
     priority: int = 0
+    arrival_unix_s: float | None = None  # when it arrived, on the wall clock
 
     @property
     def ok(self) -> bool:

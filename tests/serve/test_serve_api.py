@@ -298,3 +298,22 @@ def test_stage_samples_cover_a_request_on_every_stage(server):
         assert all(seconds > 0 for _, _, seconds in mine)
     spans = after["wave_spans"][len(before["wave_spans"]) :]
     assert len(spans) == len(new) and all(end >= start for _, _, start, end in spans)
+
+
+def test_request_times_priority_and_vllm_histograms(server):
+    """GET /debug/requests: the last request's phases, in order; vLLM's `priority` field is
+    refused (400 naming it) where the server schedules first come, first served; the TTFT and
+    queue histograms under vLLM's names, by priority."""
+    prompt = [random.Random(12).randrange(VOCAB) for _ in range(40)]
+    assert _post(server, {"prompt": prompt, "max_tokens": 1, "priority": 0}).status_code == 200
+    last = httpx.get(f"{server.url}/debug/requests", timeout=60).json()["requests"][-1]
+    assert last["prompt_tokens"] == 40 and last["priority"] == 0
+    assert 0 <= last["queue_s"] <= last["admission_s"] <= last["dispatch_s"] <= last["ttft_s"]
+    assert last["answer_s"] >= 0 and last["arrival_unix_s"] > 1.7e9
+    for bad, words in ((1, "priority scheduling is not enabled"), ("high", "32-bit integer")):
+        r = _post(server, {"prompt": prompt, "max_tokens": 1, "priority": bad})
+        assert r.status_code == 400, r.text
+        assert words in r.json()["error"]["message"] and r.json()["error"]["param"] == "priority"
+    text = httpx.get(f"{server.url}/metrics").text
+    assert _metric(text, 'vllm:time_to_first_token_seconds_count{priority="0"}') >= 1
+    assert _metric(text, 'vllm:request_queue_time_seconds_count{priority="0"}') >= 1

@@ -11,19 +11,16 @@ from wavepp.engine import Engine
 from wavepp.random_checkpoint import make_model
 from wavepp.sim import CpuHardware, StageSample
 from wavepp.sim.harness import run_closed_loop as run_sim
+from wavepp.sim.studies.calibrate import link_latency_s
 from wavepp.workloads import make_workload
 
 
 def runtime_hardware(stage_samples, wave_spans) -> CpuHardware:
-    """Fit per-stage costs; take the link and result latencies from the measured wave spans."""
+    """Fit per-stage costs; take the link and result latencies from the measured wave spans
+    (`link_latency_s`: the waves that found stage 1 idle, of each run; their median)."""
     samples = [StageSample(s, shapes, sec) for s, shapes, sec in stage_samples]
-    hops = []
-    for run in _runs(wave_spans):
-        spans = {(stage, wave): (start, end) for stage, wave, start, end in run}
-        hops += [
-            spans[(1, w)][0] - spans[(0, w)][1] for (s, w) in spans if s == 0 and (1, w) in spans
-        ]
-    link = max(0.0, statistics.median(hops)) if hops else 0.0
+    hops = [link_latency_s(run) for run in _runs(wave_spans)]
+    link = statistics.median(hops) if hops else 0.0
     return CpuHardware.fit(samples, num_stages=2, transfer_latency_s=link, result_latency_s=link)
 
 

@@ -87,6 +87,7 @@ class EngineCore:
         self.cond = threading.Condition(threading.RLock())
         self.error: str | None = None
         self._t0 = time.perf_counter()
+        self._t0_unix = time.time()  # the same instant on the wall clock (unix_at)
         self._requests = LiveRequests()
         self._handoff = handoff
         self._on_done: Callable = lambda request_id, req, export_errors: (request_id, req)
@@ -121,6 +122,10 @@ class EngineCore:
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
+
+    def unix_at(self, t: float) -> float:
+        """The wall-clock (unix) time of `now()`'s `t`, as the wave spans are recorded."""
+        return self._t0_unix + t
 
     def submit(
         self,

@@ -158,7 +158,14 @@ def _add_debug_routes(app: FastAPI, api: API, engine: Engine) -> None:
             "num_stages": len(stats.stages),
             "stage_samples": [list(s) for s in stats.stage_samples],
             "wave_spans": [list(s) for s in stats.wave_spans],
+            "round_spans": [list(s) for s in stats.round_spans],
         }
+
+    @app.get("/debug/requests")
+    async def requests():
+        """The last served requests' times (at most serve/metrics.py RECENT_REQUESTS, since the
+        last reset), oldest first: where each one's time to its first token went."""
+        return {"requests": list(api.metrics.recent)}
 
     @app.post("/debug/reset")
     async def reset():

@@ -7,6 +7,9 @@ Per request (updated when a request ends):
     wavepp_computed_tokens_total               of which computed
     wavepp_ttft_seconds                        histogram: arrival -> first token
     wavepp_queue_seconds                       histogram: arrival -> admitted on every stage
+    vllm:time_to_first_token_seconds{priority}, vllm:request_queue_time_seconds{priority}
+                                               the same two by the request's priority, under
+                                               vLLM's names
 Read from the engine at each scrape:
     wavepp_requests_waiting, wavepp_requests_running, wavepp_up
     wavepp_prefix_hit_rate                     cached / prompt tokens since the server started
@@ -58,6 +61,7 @@ per-request counters and the hit rate count from the server's start.
 
 from __future__ import annotations
 
+import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -70,6 +74,29 @@ from wavepp.serve.tier_metrics import tier_families
 _ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OUTCOMES = ("ok", "aborted", "rejected", "failed", "unavailable", "bad_request")
+RECENT_REQUESTS = 4096  # requests GET /debug/requests keeps
+
+
+def _request_record(result, answered_unix_s: float) -> dict:
+    """A served request's times for /debug/requests: its arrival (unix seconds) and, from
+    there, its first round, admission, first chunk sent and first token; `answer_s`: from the
+    first token to its result reaching the HTTP layer."""
+    ttft = result.ttft_s
+    arrival = result.arrival_unix_s
+    answer = None
+    if arrival is not None and ttft is not None:
+        answer = max(0.0, answered_unix_s - arrival - ttft)
+    return {
+        "arrival_unix_s": arrival,
+        "queue_s": result.queue_s,
+        "admission_s": result.admission_s,
+        "dispatch_s": result.dispatch_s,
+        "ttft_s": ttft,
+        "answer_s": answer,
+        "prompt_tokens": result.num_prompt_tokens,
+        "cached_tokens": result.num_cached_tokens,
+        "priority": result.priority,
+    }
 
 
 class ServeMetrics:
@@ -103,6 +130,23 @@ class ServeMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # vLLM's names, by the request's priority (--scheduling-policy priority)
+        self.ttft_by_priority = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "arrival to first token, by priority",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_by_priority = Histogram(
+            "vllm:request_queue_time_seconds",
+            "arrival to admitted on every stage, by priority",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        # the last requests' times (GET /debug/requests): where the time to a first token went
+        self.recent = collections.deque(maxlen=RECENT_REQUESTS)
         self.rounds = Histogram(
             "wavepp_admission_round_seconds",
             "admission round latency",
@@ -125,18 +169,24 @@ class ServeMetrics:
             self.num_prompt_tokens += result.num_prompt_tokens
             self.num_cached_tokens += result.num_cached_tokens
             self.computed_tokens.inc(result.num_prompt_tokens - result.num_cached_tokens)
+            priority = str(result.priority)
             if result.ttft_s is not None:
                 self.ttft.observe(result.ttft_s)
+                self.ttft_by_priority.labels(priority).observe(result.ttft_s)
             if result.admission_s is not None:
                 self.queue.observe(result.admission_s)
+                self.queue_by_priority.labels(priority).observe(result.admission_s)
+            self.recent.append(_request_record(result, time.time()))
         elif result.error == "aborted":
             self.requests.labels("aborted").inc()
         else:
             self.requests.labels("failed").inc()
 
     def restart_engine_figures(self) -> None:
-        """The engine's measurements were reset (Engine.reset): count time and rounds from now."""
+        """The engine's measurements were reset (Engine.reset): count time and rounds from now,
+        and keep the requests' times from now."""
         self.t0 = time.monotonic()
+        self.recent.clear()
         self._rounds_seen = 0
         self.last_stats = None
 

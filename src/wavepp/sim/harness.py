@@ -34,6 +34,7 @@ class SimReport:
     cached_tokens: int
     ttft_p50_s: float
     ttft_p95_s: float
+    ttft_p99_s: float
     stage_utilization: tuple[float, ...]
     idle_admission_frac: tuple[float, ...]
     round_latency_p50_s: float
@@ -203,6 +204,7 @@ def report(sim: PipelineSim, policy: str, end: float) -> SimReport:
         cached_tokens=sum(r.num_cached_tokens for r in done),
         ttft_p50_s=quantile(ttft, 0.5),
         ttft_p95_s=quantile(ttft, 0.95),
+        ttft_p99_s=quantile(ttft, 0.99),
         stage_utilization=util,
         idle_admission_frac=adm,
         round_latency_p50_s=quantile(rounds, 0.5),

@@ -17,6 +17,7 @@ under that policy (its round spans), and `cpu.build("trtllm-pp", loop_costs=...)
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -208,6 +209,23 @@ class CpuHardware:
             host_tiers=host_tiers,
             store_tiers=store_tiers,
         )
+
+
+def link_latency_s(wave_spans: Iterable[Sequence]) -> float:
+    """The hop between two stages, from the runtime's wave spans (stage, wave id, start, end)
+    of one run: the median, over the waves that found stage 1 idle (its wave before had ended
+    by the time stage 0 finished this one), of stage 0's end to stage 1's start. A wave that
+    queued behind stage 1's last one would count the queue as link; 0 when no wave found it
+    idle."""
+    spans = list(wave_spans)
+    ends = {w: end for stage, w, _, end in spans if stage == 0}
+    s1 = sorted((w, start, end) for stage, w, start, end in spans if stage == 1)
+    hops = [
+        start - ends[w]
+        for (_, _, before_end), (w, start, _) in zip(s1, s1[1:])
+        if w in ends and before_end <= ends[w]
+    ]
+    return max(0.0, statistics.median(hops)) if hops else 0.0
 
 
 def loop_costs_from_rounds(round_spans: Iterable[tuple[int, float, float]]) -> LoopCosts:

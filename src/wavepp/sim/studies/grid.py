@@ -319,6 +319,7 @@ def run_one(setting: GridSetting) -> list[dict]:
                 "ideal_hit_rate": result.ideal_hit_rate,
                 "ttft_p50_s": result.ttft_p50_s,
                 "ttft_p95_s": result.ttft_p95_s,
+                "ttft_p99_s": result.ttft_p99_s,
                 "stage_utilization": result.stage_utilization,
                 "idle_admission_frac": result.idle_admission_frac,
                 "num_waves": result.num_waves,

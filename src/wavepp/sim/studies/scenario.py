@@ -233,6 +233,7 @@ def to_result(
         ideal_hit_rate=workload.ideal_hit_rate,
         ttft_p50_s=rep.ttft_p50_s,
         ttft_p95_s=rep.ttft_p95_s,
+        ttft_p99_s=rep.ttft_p99_s,
         stage_utilization=sum(rep.stage_utilization) / n,
         idle_admission_frac=sum(rep.idle_admission_frac) / n,
         num_waves=rep.num_waves,

@@ -174,6 +174,7 @@ class SimResult:
     ideal_hit_rate: float
     ttft_p50_s: float
     ttft_p95_s: float
+    ttft_p99_s: float
     stage_utilization: float  # mean over execution stages
     idle_admission_frac: float  # mean over stages: idle or blocked waiting for admission
     num_waves: int
