@@ -332,13 +332,16 @@ class Engine:
         """Stop the pipeline. Requests still in flight fail with EngineError; later calls
         (submit, reset, check_integrity) raise EngineError. Safe to call twice. The order: the
         core (its threads, then the stages are told), the stage processes, the hand-off (its
-        thread, then what this engine wrote in the store)."""
+        thread, then what this engine wrote in the store). A pipeline in error cannot tell its
+        stages to stop: they are killed first, so that nothing waits for them to time out."""
         if self._closed:
             return
         self._closed = True
         self._cluster.unwatch()  # the stages exit on purpose from here on
         if self._handoff is not None:
             self._handoff.detach()  # before stage 0's transfer engine goes with the core
+        if self._core.error:
+            self._cluster.kill()
         try:
             self._core.shutdown()
         finally:

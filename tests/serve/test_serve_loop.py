@@ -53,7 +53,7 @@ class LockedEngine:
     def apply_chat_template(self, messages, **kwargs):
         return self.tokenize("".join(m["content"] for m in messages))
 
-    def submit(self, ids, logprob_start=None, kv_transfer=False):
+    def submit(self, ids, logprob_start=None, kv_transfer=False, priority=0):
         with self.lock:
             fut = Future()
             fut.request_id = len(self.submitted)

@@ -282,6 +282,15 @@ class LocalCluster:
             self._stop.close()
             del self._stop
 
+    def kill(self) -> None:
+        """Kill the stage processes now: a pipeline in error cannot tell them to stop, and
+        close() would wait for each to time out first."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(2)
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait for the stage processes to exit (kill them after `timeout_s`), leave the
         process group, and remove the run directory. Safe to call twice."""
