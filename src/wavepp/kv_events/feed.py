@@ -27,7 +27,7 @@ from collections.abc import Callable
 from wavepp.cache.block_log import BlockChanges
 from wavepp.kv_events.all_stage_blocks import AllStageBlocks
 
-POLL_INTERVAL_S = 0.05  # how stale an event may be, at most, beside the query's own time
+POLL_INTERVAL_S = 0.25  # how stale an event may be, at most, beside the query's own time
 # An idle engine changes no pool (blocks are published and evicted only for requests, or for
 # a chunk still in flight after its request ended): it is asked this often, and at every
 # interval while a request is live or for SETTLE_S after the last one ended.
