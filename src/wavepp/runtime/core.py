@@ -138,8 +138,9 @@ class EngineCore:
     ) -> Future:
         """Queue a request under the caller's id (None: the next free automatic id), with its
         options: the request is created with them, so no round sees it without them.
-        `logprob_start`, `export_id`, `priority`: see Leader.add_request. An id in use by an unfinished request, or an
-        option the prompt cannot take, is refused with ValueError, and nothing is queued."""
+        `logprob_start`, `export_id`, `priority`: see Leader.add_request. An id in use by an
+        unfinished request, or an option the prompt cannot take, is refused with ValueError,
+        and nothing is queued."""
         with self.cond:
             self._raise_if_closed()
             internal_id, fut = self._requests.add(request_id)
