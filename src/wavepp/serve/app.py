@@ -163,9 +163,9 @@ def _add_debug_routes(app: FastAPI, api: API, engine: Engine) -> None:
 
     @app.get("/debug/requests")
     async def requests():
-        """The last served requests' times (at most serve/metrics.py RECENT_REQUESTS, since the
+        """The last served requests' times (at most serve/request_log.py RECENT_REQUESTS, since the
         last reset), oldest first: where each one's time to its first token went."""
-        return {"requests": list(api.metrics.recent)}
+        return {"requests": api.metrics.recent.records()}
 
     @app.post("/debug/reset")
     async def reset():

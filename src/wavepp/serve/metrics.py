@@ -61,42 +61,19 @@ per-request counters and the hit rate count from the server's start.
 
 from __future__ import annotations
 
-import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from wavepp.runtime.protocol import EngineError
+from wavepp.serve.request_log import RequestLog
 from wavepp.serve.tier_metrics import tier_families
 
 # admission rounds on loopback take well under a millisecond to a few: finer buckets below 5 ms
 _ROUND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 OUTCOMES = ("ok", "aborted", "rejected", "failed", "unavailable", "bad_request")
-RECENT_REQUESTS = 4096  # requests GET /debug/requests keeps
-
-
-def _request_record(result, answered_unix_s: float) -> dict:
-    """A served request's times for /debug/requests: its arrival (unix seconds) and, from
-    there, its first round, admission, first chunk sent and first token; `answer_s`: from the
-    first token to its result reaching the HTTP layer."""
-    ttft = result.ttft_s
-    arrival = result.arrival_unix_s
-    answer = None
-    if arrival is not None and ttft is not None:
-        answer = max(0.0, answered_unix_s - arrival - ttft)
-    return {
-        "arrival_unix_s": arrival,
-        "queue_s": result.queue_s,
-        "admission_s": result.admission_s,
-        "dispatch_s": result.dispatch_s,
-        "ttft_s": ttft,
-        "answer_s": answer,
-        "prompt_tokens": result.num_prompt_tokens,
-        "cached_tokens": result.num_cached_tokens,
-        "priority": result.priority,
-    }
 
 
 class ServeMetrics:
@@ -146,7 +123,7 @@ class ServeMetrics:
             registry=self.registry,
         )
         # the last requests' times (GET /debug/requests): where the time to a first token went
-        self.recent = collections.deque(maxlen=RECENT_REQUESTS)
+        self.recent = RequestLog()
         self.rounds = Histogram(
             "wavepp_admission_round_seconds",
             "admission round latency",
@@ -176,7 +153,7 @@ class ServeMetrics:
             if result.admission_s is not None:
                 self.queue.observe(result.admission_s)
                 self.queue_by_priority.labels(priority).observe(result.admission_s)
-            self.recent.append(_request_record(result, time.time()))
+            self.recent.add(result, time.time())
         elif result.error == "aborted":
             self.requests.labels("aborted").inc()
         else:
