@@ -1,6 +1,6 @@
 """Where a served request's time to its first token went, and a trace of the slow ones.
 
-From `GET /debug/requests` (serve/metrics.py: each request's arrival and, from there, its first
+From `GET /debug/requests` (serve/request_log.py: each request's arrival and, from there, its first
 admission round, its admission on every stage, its first chunk sent and its first token; then
 the answer's way back to the HTTP layer) a request's time splits into five phases:
 
