@@ -1,14 +1,16 @@
 """AllStageBlocks with tiny numbers (two stages, block size 4): the exact events of the blocks
 held on every stage, parents before children, a chain announced again once it is whole, the
-tokens kept while they may be needed; and the same driven by two real pools (hypothesis)."""
+tokens kept while they may be needed, the medium following a block into a host tier and back;
+and the same driven by two real pools, with and without host tiers (hypothesis)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.cache.test_cache_pool_basics import run_request
-from wavepp.cache import BlockChanges, BlockLog, BlockPool, hash_blocks
-from wavepp.cache.block_log import REMOVED, STORED
+from wavepp.cache import BlockChanges, BlockLog, BlockPool, HostTier, hash_blocks
+from wavepp.cache.block_log import HOST_REMOVED, HOST_STORED, REMOVED, STORED
 from wavepp.kv_events import AllCleared, AllStageBlocks, RemovedBlock, StoredBlock
+from wavepp.kv_events.all_stage_blocks import CPU, GPU
 
 B = 4
 PROMPT = list(range(3 * B))
@@ -24,8 +26,59 @@ def removed(*indices: int) -> BlockChanges:
     return BlockChanges(tuple((REMOVED, H[i], None) for i in indices))
 
 
-def announced(i: int) -> StoredBlock:
-    return StoredBlock(H[i], H[i - 1] if i else None, TOKENS[i])
+def host_stored(*indices: int) -> BlockChanges:
+    return BlockChanges(tuple((HOST_STORED, H[i], H[i - 1] if i else None) for i in indices))
+
+
+def host_removed(*indices: int) -> BlockChanges:
+    return BlockChanges(tuple((HOST_REMOVED, H[i], None) for i in indices))
+
+
+def announced(i: int, medium: str = GPU) -> StoredBlock:
+    return StoredBlock(H[i], H[i - 1] if i else None, TOKENS[i], medium)
+
+
+def test_a_block_in_a_host_tier_is_announced_as_cpu_and_moves_back_to_gpu_when_loaded():
+    blocks = AllStageBlocks(2, B)
+    blocks.note_prompt(H, PROMPT)
+    blocks.apply([(0, stored(0, 1, 2)), (1, stored(0, 1, 2))], blocks.mark())
+    assert blocks.take_events() == [announced(0), announced(1), announced(2)]
+    # stage 1 evicts the chain's tail into its host tier (stored there before the pool lets go)
+    evict = BlockChanges(((HOST_STORED, H[2], H[1]), (REMOVED, H[2], None)))
+    blocks.apply([(1, evict)], blocks.mark())
+    assert blocks.take_events() == [RemovedBlock(H[2], GPU), announced(2, CPU)]
+    evict = BlockChanges(((HOST_STORED, H[1], H[0]), (REMOVED, H[1], None)))
+    blocks.apply([(1, evict)], blocks.mark())  # its parent too: the child stays announced
+    assert blocks.take_events() == [RemovedBlock(H[1], GPU), announced(1, CPU)]
+    assert [blocks.medium(h) for h in H] == [GPU, CPU, CPU]
+    blocks.check_integrity()
+    # a load puts H[1] back in stage 1's pool (the host tier keeps its copy): GPU again
+    blocks.apply([(1, stored(1))], blocks.mark())
+    assert blocks.take_events() == [RemovedBlock(H[1], CPU), announced(1, GPU)]
+    # the host tier lets H[1] go (the pool still has it: nothing changes), then H[2]
+    blocks.apply([(1, host_removed(1))], blocks.mark())
+    assert blocks.take_events() == []
+    blocks.apply([(1, host_removed(2))], blocks.mark())
+    assert blocks.take_events() == [RemovedBlock(H[2], CPU)]
+    assert blocks.announced == {H[0], H[1]}
+    blocks.check_integrity()
+
+
+def test_a_block_in_one_stages_pool_and_the_others_host_tier_only_is_announced_as_cpu():
+    blocks = AllStageBlocks(2, B)
+    blocks.note_prompt(H, PROMPT)
+    blocks.apply([(0, stored(0, 1)), (1, host_stored(0, 1))], blocks.mark())
+    assert blocks.take_events() == [announced(0, CPU), announced(1, CPU)]
+    # stage 0's host tier lets the root go while its pool keeps it: nothing; stage 1's does:
+    # the chain is withdrawn from the leaf up
+    blocks.apply([(1, host_removed(0))], blocks.mark())
+    assert blocks.take_events() == [RemovedBlock(H[1], CPU), RemovedBlock(H[0], CPU)]
+    # a resync of stage 1 with the root in its pool: the chain is announced again
+    resync = BlockChanges(resync=True, held=((H[0], None),), host_held=((H[1], H[0]),))
+    blocks.apply([(1, resync)], 0)
+    assert blocks.take_events() == [announced(0, GPU), announced(1, CPU)]
+    assert blocks.restatement() == [AllCleared(), announced(0, GPU), announced(1, CPU)]
+    blocks.check_integrity()
 
 
 def test_a_block_is_announced_when_the_last_stage_holds_it_and_withdrawn_when_one_lets_go():
@@ -126,3 +179,56 @@ def test_the_announced_blocks_are_the_prefixes_both_real_pools_hold(steps):
         }
         assert seen == both == blocks.announced
         blocks.check_integrity()
+
+
+def reusable(pool: BlockPool, host: HostTier) -> dict[int, int | None]:
+    """A stage's blocks in its pool or host tier: hash -> parent."""
+    return dict(pool.computed_blocks()) | dict(host.held_blocks())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 5), st.integers(1, 4)), max_size=30))
+def test_with_host_tiers_the_announced_blocks_and_media_are_what_each_stage_can_reuse(steps):
+    """As above with a host tier under each pool: the announced set is the chains every stage
+    holds in its pool or host tier (each block's parent announced), each block's medium GPU
+    exactly when both pools hold it."""
+    pools = [BlockPool(12, B), BlockPool(7, B)]
+    hosts = [HostTier(6, 1), HostTier(9, 1)]
+    for pool, host in zip(pools, hosts):
+        pool.host_tier = host
+        host.block_log = pool.block_log = BlockLog(8, pool.computed_blocks, host.held_blocks)
+    blocks, seen = AllStageBlocks(2, B), {}
+    for n, (first, stem, num_blocks) in enumerate(steps):
+        prompt = [stem * 100 + t for t in range(num_blocks * B)] + [1]
+        blocks.note_prompt(hash_blocks(prompt, B), prompt)
+        for stage in (first, 1 - first):
+            run_request(pools[stage], n, prompt)
+        blocks.end_prompt(hash_blocks(prompt, B))
+        blocks.apply([(s, pools[s].block_log.drain()) for s in (0, 1)], blocks.mark())
+        for event in blocks.take_events():
+            if isinstance(event, StoredBlock):
+                assert event.parent_hash is None or event.parent_hash in seen
+                seen[event.block_hash] = event.medium
+            else:
+                assert seen.pop(event.block_hash) == event.medium
+        held = [reusable(pool, host) for pool, host in zip(pools, hosts)]
+        both = {h: p for h, p in held[0].items() if h in held[1]}
+        whole: set[int] = set()  # held by both, with every ancestor
+        for h in sorted(both, key=lambda h: len(list(chain_of(h, both)))):
+            if both[h] is None or both[h] in whole:
+                whole.add(h)
+        in_pools = {h for h, _ in pools[0].computed_blocks()} & {
+            h for h, _ in pools[1].computed_blocks()
+        }
+        assert set(seen) == whole == blocks.announced
+        assert all((medium == GPU) == (h in in_pools) for h, medium in seen.items())
+        blocks.check_integrity()
+        for host in hosts:
+            host.check_integrity()
+
+
+def chain_of(block_hash, parents):
+    """A block's ancestors present in `parents` (itself first)."""
+    while block_hash in parents:
+        yield block_hash
+        block_hash = parents[block_hash]

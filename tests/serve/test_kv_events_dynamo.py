@@ -3,7 +3,9 @@ in the index of a real KV router: Dynamo's standalone KV indexer (`python -m dyn
 PyPI ai-dynamo-runtime, in its own venv .venv-dynamo), which subscribes to each replica's
 stream and hashes the token ids itself. After prompts go to one replica, the indexer's matched
 tokens for each replica are that replica's /v1/cache_query answer; when stage 1 of a replica
-evicts a prefix that its stage 0 still holds, the indexer's score for it drops to 0 there."""
+evicts a prefix that its stage 0 still holds, the indexer's score for it drops to 0 there. With
+a host tier under the pools, the indexer's GPU match is the part every stage's pool holds and
+its CPU match (the GPU one continued through blocks announced as CPU) all that is reusable."""
 
 from __future__ import annotations
 
@@ -68,16 +70,24 @@ class DynamoIndexer:
         scores = r.json()["scores"]
         return {int(i): sum(by_rank.values()) for i, by_rank in scores.items()}
 
+    def tiered(self, prompt: list[int]) -> dict[int, tuple[int, int]]:
+        """Tokens of `prompt` each instance holds as the indexer walks its tiers: (GPU only, GPU
+        then CPU)."""
+        body = {"token_ids": prompt, "model_name": MODEL}
+        r = httpx.post(f"{self.url}/query", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        return {int(i): (m["gpu"], m["cpu"]) for i, m in r.json().get("instances", {}).items()}
+
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
 
 
-def replica(tiny_model) -> tuple[ServerProcess, str]:
+def replica(tiny_model, *args: str) -> tuple[ServerProcess, str]:
     port = free_port()
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "topic": "kv"}
     server = ServerProcess(
-        tiny_model, "--stage-num-blocks", "96,24", "--kv-events-config", json.dumps(config)
+        tiny_model, "--stage-num-blocks", "96,24", "--kv-events-config", json.dumps(config), *args
     )
     return server, f"tcp://127.0.0.1:{port}"
 
@@ -134,4 +144,47 @@ def test_dynamos_index_of_two_replicas_is_what_every_stage_of_each_holds(tiny_mo
     finally:
         for server in replicas:
             server.stop()
+        indexer.close()
+
+
+def test_with_a_host_tier_dynamo_walks_gpu_then_cpu_to_what_the_leader_would_reuse(tiny_model):
+    indexer = DynamoIndexer()
+    server, endpoint = replica(tiny_model, "--host-kv-gib", "0.05")
+    try:
+        indexer.register(1, endpoint)
+        time.sleep(1.0)  # its subscription reaches the publisher
+        rng = random.Random(5455)
+        prompts = [[rng.randrange(VOCAB) for _ in range(8 * BS)] for _ in range(4)]
+
+        def agree(sent: list[list[int]]) -> list[tuple[int, int]]:
+            """Wait until the indexer's (GPU, GPU+CPU) for every prompt is the replica's
+            (pool, pool + host) tokens."""
+            settle(server.url)
+            want = []
+            for prompt in sent:
+                r = httpx.post(f"{server.url}/v1/cache_query", json={"prompt": prompt + [1]})
+                tiers = r.json()["tiers"]
+                want.append((tiers["pool"], tiers["pool"] + tiers["host"]))
+            deadline = time.monotonic() + 30
+            while True:
+                got = [indexer.tiered(p + [1]).get(1, (0, 0)) for p in sent]
+                if got == want or time.monotonic() > deadline:
+                    assert got == want
+                    return got
+                time.sleep(0.2)
+
+        def run(prompt: list[int]) -> None:
+            r = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt}, timeout=120)
+            assert r.status_code == 200
+
+        for prompt in prompts:  # stage 1 (24 blocks) sends the first chain to its host tier
+            run(prompt)
+        tiers = agree(prompts)
+        assert tiers[0] == (0, 128) and tiers[3] == (128, 128)
+        run(prompts[0])  # loaded back: every pool holds it again, another chain goes down
+        tiers = agree(prompts)
+        assert tiers[0] == (128, 128)
+        assert any(gpu < cpu for gpu, cpu in tiers[1:]), tiers
+    finally:
+        server.stop()
         indexer.close()

@@ -20,6 +20,9 @@ consecutive run of keys whose block is present.
 A copy stays in the tier after it is loaded back (a second eviction of that block moves no
 bytes). `transferred_bytes` counts every byte that crossed the host link, both directions;
 `take_transferred_bytes` hands the count to whoever charges it and starts it again.
+With a `block_log` (KV cache events), the blocks it starts and stops holding are recorded
+there with their parents (`BlockLog.host_stored` / `host_removed`); `held_blocks` is its
+whole set.
 Pure Python, no tensors, deterministic.
 
 With a `HostBlockStore` (the runtime's) the tier also moves the bytes: it puts a block when it
@@ -34,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from wavepp.cache.block_log import BlockLog
 from wavepp.cache.errors import IntegrityError, InvalidArgumentError
 from wavepp.cache.host_store import HostBlockStore
 
@@ -71,6 +75,8 @@ class HostTier:
         self.store = store  # the blocks' bytes (the runtime's); None: bookkeeping only
         # block hash -> (block held, snapshot held); least recently used first
         self._blocks: OrderedDict[int, tuple[bool, bool]] = OrderedDict()
+        self._parents: dict[int, int | None] = {}  # of each block held
+        self.block_log: BlockLog | None = None  # what it starts and stops holding (events)
         self.used_bytes = 0
         self.transferred_bytes = 0
         self.num_offloaded = 0  # blocks copied in
@@ -90,10 +96,11 @@ class HostTier:
         has_snapshot: bool = False,
         block_id: int | None = None,
         snapshot_slot: int | None = None,
+        parent_hash: int | None = None,
     ) -> None:
         """Keep a copy of an evicted block (and its snapshot); `block_id`, `snapshot_slot`: the
         stage's block and state slot it leaves (a store copies their bytes from there before
-        anything overwrites them). Mutates: the LRU order; copies and counts the bytes of what
+        anything overwrites them); `parent_hash`: its parent's (None: a root). Mutates: the LRU order; copies and counts the bytes of what
         the tier does not hold yet; drops the least recently used entries past capacity (an
         entry larger than the whole tier is not kept)."""
         if self.store is not None and (
@@ -102,7 +109,7 @@ class HostTier:
             raise InvalidArgumentError(
                 f"offload: block {block_hash} needs its block_id and its snapshot's slot (a store)"
             )
-        self._add(block_hash, True, has_snapshot, block_id, snapshot_slot)
+        self._add(block_hash, True, has_snapshot, block_id, snapshot_slot, parent_hash)
 
     def offload_snapshot(self, block_hash: int, slot: int | None = None) -> None:
         """Keep a copy of a snapshot the GPU pool evicted alone (its block stays there);
@@ -115,6 +122,10 @@ class HostTier:
         """Whether the tier holds the snapshot after block `block_hash` (with the block or
         alone). Mutates nothing."""
         return self._blocks.get(block_hash, (False, False))[1]
+
+    def held_blocks(self) -> list[tuple[int, int | None]]:
+        """Every block held, as (hash, parent hash). Mutates nothing."""
+        return list(self._parents.items())
 
     def match(self, block_hashes: Sequence[int], start: int) -> int:
         """How many consecutive blocks from `start` the tier holds. Mutates nothing."""
@@ -202,6 +213,8 @@ class HostTier:
         used = sum(self._size(*held) for held in self._blocks.values())
         if used != self.used_bytes:
             raise IntegrityError(f"host tier: {self.used_bytes} bytes counted, {used} held")
+        if set(self._parents) != {h for h, (block, _) in self._blocks.items() if block}:
+            raise IntegrityError("host tier: the parents kept are not those of the blocks held")
         if used > self.capacity_bytes:
             raise IntegrityError(
                 f"host tier: {used} bytes held past a capacity of {self.capacity_bytes}"
@@ -219,6 +232,7 @@ class HostTier:
         snapshot: bool,
         block_id: int | None = None,
         snapshot_slot: int | None = None,
+        parent_hash: int | None = None,
     ) -> None:
         old = self._blocks.pop(block_hash, (False, False))
         new = (old[0] or block, old[1] or snapshot)
@@ -235,10 +249,18 @@ class HostTier:
             dropped, held = self._blocks.popitem(last=False)
             self.used_bytes -= self._size(*held)
             self.num_dropped += held[0]
+            if held[0]:
+                del self._parents[dropped]
+                if self.block_log is not None:
+                    self.block_log.host_removed(dropped)
             if self.store is not None and held[0]:
                 self.store.drop(dropped)
             if self.store is not None and held[1]:
                 self.store.drop_state(dropped)
+        if new[0] and not old[0]:
+            self._parents[block_hash] = parent_hash
+            if self.block_log is not None:
+                self.block_log.host_stored(block_hash, parent_hash)
         if self.store is not None and new[0] and not old[0]:
             # after the drops: the store never holds more blocks than the tier has room for
             self.store.put(block_hash, block_id)  # type: ignore[arg-type]

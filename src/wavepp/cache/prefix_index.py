@@ -231,6 +231,7 @@ class PrefixIndex:
                     self._has_snapshot(node),
                     node.block_id,  # still this entry's: the copy is taken before reuse
                     self._snapshot_slot_of(node),
+                    None if node.parent is None else node.parent.block_hash,
                 )
             self._unlink(node)
 

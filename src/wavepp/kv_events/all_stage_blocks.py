@@ -1,9 +1,15 @@
 """Which blocks the pipeline holds on ALL of its stages: the prefix a request could reuse, as
 the KV cache events a router reads announce it.
 
-Each stage's pool records its computed blocks' changes (cache/block_log.py); rank 0 applies
-every stage's, in each stage's order, and announces a block when the last stage holds it and
-withdraws it when the first stage lets it go:
+Each stage's pool records its computed blocks' changes, and its host tier's (cache/block_log.py);
+rank 0 applies every stage's, in each stage's order, and announces a block when the last stage
+holds it and withdraws it when the first stage lets it go. A stage holds a block in its pool or
+in its host tier; the medium announced says where the slowest stage has it, as vLLM's names
+go: GPU when every stage's pool holds it (reused as it is), CPU when some stage holds it only
+in its host tier (reused after that stage loads it back). A block whose medium changes is
+withdrawn under the old medium and announced under the new one, alone (its children stay):
+Dynamo's KV router keeps a tree per medium and walks the GPU one, then the CPU one from where
+the first ended, which is the prefix the leader agrees on (GPU part, then host part).
 
     apply(stage, changes)     a stage's STORED / REMOVED changes (or its whole set, a resync)
     note_prompt(req)          a prompt's block hashes and token ids (the events carry tokens;
@@ -12,14 +18,14 @@ withdraws it when the first stage lets it go:
     clear()                   every cache was emptied (a reset)
     take_events() -> [...]    StoredBlock / RemovedBlock / AllCleared, in order, once each
 
-What must hold (`check_integrity`): an announced block is held on every stage and its parent
-is announced, so a router's tree never has a block without its parent. A parent is announced
+What must hold (`check_integrity`): an announced block is held on every stage, under the
+medium that says where, and its parent is announced, so a router's tree never has a block without its parent. A parent is announced
 before its children; a child waits (held everywhere, not announced) while its parent is not,
 and is announced right after it; withdrawing a parent withdraws its announced children first,
 and they come back with it (the chain is announced again from where it is whole).
 
-Tokens are kept while a live prompt has the block or stage 0 holds it (every block held on all
-stages is held on stage 0), and then among the last `max_recent_blocks` let go: a request that
+Tokens are kept while a live prompt has the block or stage 0 holds it, in its pool or its host
+tier (every block held on all stages is held on stage 0), and then among the last `max_recent_blocks` let go: a request that
 ended (aborted) while a chunk of it was in flight still has that chunk published by the stages
 after its end. Bounded by stage 0's pool, the prompts in flight and `max_recent_blocks`.
 
@@ -31,7 +37,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from wavepp.cache.block_log import REMOVED, STORED, BlockChanges
+from wavepp.cache.block_log import HOST_REMOVED, HOST_STORED, REMOVED, STORED, BlockChanges
+
+GPU = "GPU"  # vLLM's medium of the engine's own block pool, on any device: every stage's pool
+CPU = "CPU"  # and of host memory beside it: some stage's host tier
 
 
 @dataclass(frozen=True)
@@ -39,11 +48,13 @@ class StoredBlock:
     block_hash: int
     parent_hash: int | None
     token_ids: tuple[int, ...]
+    medium: str = GPU
 
 
 @dataclass(frozen=True)
 class RemovedBlock:
     block_hash: int
+    medium: str = GPU
 
 
 @dataclass(frozen=True)
@@ -55,11 +66,13 @@ MAX_RECENT_BLOCKS = 16384  # tokens of blocks let go, kept for the stages' late 
 
 
 class AllStageBlocks:
-    _held: list[set[int]]  # each stage's computed blocks, as its changes so far say
-    _count: dict[int, int]  # hash -> stages that hold it (> 0)
+    _held: list[set[int]]  # each stage's computed blocks in its pool, as its changes so far say
+    _host: list[set[int]]  # and in its host tier
+    _count: dict[int, int]  # hash -> stages that hold it in their pool (> 0)
+    _reach: dict[int, int]  # hash -> stages that hold it in their pool or host tier (> 0)
     _parent: dict[int, int | None]  # of each hash some stage holds
     _kids: dict[int | None, set[int]]  # parent -> its held children
-    _announced: set[int]  # held on every stage, parent announced, tokens known
+    _announced: dict[int, str]  # held on every stage, parent announced, tokens known -> medium
     _tokens: dict[int, tuple[int, ...]]
     _recent: OrderedDict[int, tuple[int, ...]]  # let go, oldest first
     _refs: dict[int, int]  # hash -> live prompts that have it
@@ -90,7 +103,7 @@ class AllStageBlocks:
             if block_hash not in self._tokens:
                 tokens = self._recent.pop(block_hash, None)
                 self._tokens[block_hash] = tokens or tuple(token_ids[i * bs : (i + 1) * bs])
-                if self._count.get(block_hash) == self.num_stages:
+                if self._reach.get(block_hash) == self.num_stages:
                     self._announce(block_hash)
 
     def end_prompt(self, block_hashes) -> None:
@@ -108,13 +121,13 @@ class AllStageBlocks:
         before `mark`."""
         for stage_id, changes in stage_changes:
             if changes.resync:
-                self._resync(stage_id, changes.held)
+                self._resync(stage_id, changes.held, changes.host_held)
                 continue
             for kind, block_hash, parent_hash in changes.changes:
-                if kind == STORED:
-                    self._stored(stage_id, block_hash, parent_hash)
-                elif kind == REMOVED:
-                    self._removed(stage_id, block_hash)
+                if kind == STORED or kind == HOST_STORED:
+                    self._stored(stage_id, block_hash, parent_hash, kind == HOST_STORED)
+                elif kind == REMOVED or kind == HOST_REMOVED:
+                    self._removed(stage_id, block_hash, kind == HOST_REMOVED)
         ended, self._ended = self._ended[:mark], self._ended[mark:]
         for block_hashes in ended:
             for block_hash in reversed(block_hashes):  # the root let go last, kept longest
@@ -143,7 +156,8 @@ class AllStageBlocks:
         todo = sorted(h for h in self._kids.get(None, ()) if h in self._announced)
         while todo:
             block_hash = todo.pop()
-            out.append(StoredBlock(block_hash, self._parent[block_hash], self._tokens[block_hash]))
+            parent, tokens = self._parent[block_hash], self._tokens[block_hash]
+            out.append(StoredBlock(block_hash, parent, tokens, self._announced[block_hash]))
             todo.extend(k for k in self._kids.get(block_hash, ()) if k in self._announced)
         return out
 
@@ -152,6 +166,10 @@ class AllStageBlocks:
     @property
     def announced(self) -> frozenset[int]:
         return frozenset(self._announced)
+
+    def medium(self, block_hash: int) -> str | None:
+        """Where an announced block is (GPU, CPU); None: not announced."""
+        return self._announced.get(block_hash)
 
     @property
     def num_announced(self) -> int:
@@ -170,12 +188,16 @@ class AllStageBlocks:
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken invariant (see the module docstring)."""
         counts: dict[int, int] = {}
-        for held in self._held:
+        reach: dict[int, int] = {}
+        for held, host in zip(self._held, self._host):
             for block_hash in held:
                 counts[block_hash] = counts.get(block_hash, 0) + 1
+            for block_hash in held | host:
+                reach[block_hash] = reach.get(block_hash, 0) + 1
         assert counts == self._count, "per-hash stage counts differ from the stages' sets"
-        for block_hash in self._announced:
-            assert self._count.get(block_hash) == self.num_stages, f"{block_hash} not held by all"
+        assert reach == self._reach, "per-hash stage reach differs from the stages' sets"
+        for block_hash, medium in self._announced.items():
+            assert self._desired(block_hash) == medium, f"{block_hash} announced as {medium}"
             parent = self._parent[block_hash]
             assert parent is None or parent in self._announced, f"{block_hash}: parent missing"
             assert block_hash in self._tokens, f"{block_hash}: announced without tokens"
@@ -184,43 +206,65 @@ class AllStageBlocks:
 
     def _empty(self) -> None:
         self._held = [set() for _ in range(self.num_stages)]
+        self._host = [set() for _ in range(self.num_stages)]
         self._count = {}
+        self._reach = {}
         self._parent = {}
         self._kids = {}
-        self._announced = set()
+        self._announced = {}
         self._tokens = {}
         self._recent = OrderedDict()
         self._refs = {}
         self._ended = []
         self._events = []
 
-    def _stored(self, stage_id: int, block_hash: int, parent_hash: int | None) -> None:
-        held = self._held[stage_id]
+    def _holds(self, stage_id: int, block_hash: int) -> bool:
+        return block_hash in self._held[stage_id] or block_hash in self._host[stage_id]
+
+    def _desired(self, block_hash: int) -> str | None:
+        """The medium a block held on every stage is announced under (None: not held by all)."""
+        if self._count.get(block_hash) == self.num_stages:
+            return GPU
+        return CPU if self._reach.get(block_hash) == self.num_stages else None
+
+    def _stored(self, stage_id: int, block_hash: int, parent_hash: int | None, host: bool) -> None:
+        held = (self._host if host else self._held)[stage_id]
         if block_hash in held:
             return
+        had = self._holds(stage_id, block_hash)
         held.add(block_hash)
         if stage_id == 0 and block_hash in self._recent:  # kept while stage 0 holds it
             self._tokens[block_hash] = self._recent.pop(block_hash)
-        count = self._count.get(block_hash, 0) + 1
-        self._count[block_hash] = count
-        if count == 1:
-            self._parent[block_hash] = parent_hash
-            self._kids.setdefault(parent_hash, set()).add(block_hash)
-        if count == self.num_stages:
-            self._announce(block_hash)
+        if not host:
+            self._count[block_hash] = self._count.get(block_hash, 0) + 1
+        if not had:
+            reach = self._reach.get(block_hash, 0) + 1
+            self._reach[block_hash] = reach
+            if reach == 1:
+                self._parent[block_hash] = parent_hash
+                self._kids.setdefault(parent_hash, set()).add(block_hash)
+        self._settle(block_hash)
 
-    def _removed(self, stage_id: int, block_hash: int) -> None:
-        held = self._held[stage_id]
+    def _removed(self, stage_id: int, block_hash: int, host: bool) -> None:
+        held = (self._host if host else self._held)[stage_id]
         if block_hash not in held:
             return
         held.discard(block_hash)
-        if block_hash in self._announced:
-            self._withdraw(block_hash)
-        count = self._count[block_hash] - 1
-        if count:
-            self._count[block_hash] = count
-        else:
-            del self._count[block_hash]
+        if not host:
+            count = self._count[block_hash] - 1
+            if count:
+                self._count[block_hash] = count
+            else:
+                del self._count[block_hash]
+        reach = self._reach[block_hash]
+        if not self._holds(stage_id, block_hash):
+            reach -= 1
+            if reach:
+                self._reach[block_hash] = reach
+            else:
+                del self._reach[block_hash]
+        self._settle(block_hash)
+        if not reach:
             parent = self._parent.pop(block_hash)
             kids = self._kids[parent]
             kids.discard(block_hash)
@@ -229,13 +273,34 @@ class AllStageBlocks:
         if stage_id == 0:
             self._maybe_forget_tokens(block_hash)
 
-    def _resync(self, stage_id: int, held: tuple[tuple[int, int | None], ...]) -> None:
-        """The stage's whole set replaces what was known of it: the difference is applied."""
+    def _resync(self, stage_id: int, held, host_held) -> None:
+        """The stage's whole sets replace what was known of it: the difference is applied (what
+        it gained first, so a block that only moved between its pool and host tier stays)."""
+        for block_hash, parent_hash in held:  # parents first
+            self._stored(stage_id, block_hash, parent_hash, False)
+        for block_hash, parent_hash in host_held:
+            self._stored(stage_id, block_hash, parent_hash, True)
         now = {block_hash for block_hash, _ in held}
         for block_hash in list(self._held[stage_id] - now):
-            self._removed(stage_id, block_hash)
-        for block_hash, parent_hash in held:  # parents first
-            self._stored(stage_id, block_hash, parent_hash)
+            self._removed(stage_id, block_hash, False)
+        now = {block_hash for block_hash, _ in host_held}
+        for block_hash in list(self._host[stage_id] - now):
+            self._removed(stage_id, block_hash, True)
+
+    def _settle(self, block_hash: int) -> None:
+        """A block's stages changed: announce it, withdraw it, or move it to its new medium."""
+        medium, now = self._desired(block_hash), self._announced.get(block_hash)
+        if medium == now:
+            return
+        if medium is None:
+            self._withdraw(block_hash)
+        elif now is None:
+            self._announce(block_hash)
+        else:  # it moved (a stage evicted it to its host tier, or loaded it back)
+            self._announced[block_hash] = medium
+            self._events.append(RemovedBlock(block_hash, now))
+            parent, tokens = self._parent[block_hash], self._tokens[block_hash]
+            self._events.append(StoredBlock(block_hash, parent, tokens, medium))
 
     def _announce(self, block_hash: int) -> None:
         """Announce a block held on every stage once its parent is, then the children that
@@ -243,7 +308,8 @@ class AllStageBlocks:
         todo = [block_hash]
         while todo:
             block_hash = todo.pop()
-            if block_hash in self._announced or self._count.get(block_hash) != self.num_stages:
+            medium = self._desired(block_hash)
+            if block_hash in self._announced or medium is None:
                 continue
             parent = self._parent[block_hash]
             if parent is not None and parent not in self._announced:
@@ -252,8 +318,8 @@ class AllStageBlocks:
             if tokens is None:
                 self.num_without_tokens += 1
                 continue
-            self._announced.add(block_hash)
-            self._events.append(StoredBlock(block_hash, parent, tokens))
+            self._announced[block_hash] = medium
+            self._events.append(StoredBlock(block_hash, parent, tokens, medium))
             todo.extend(self._kids.get(block_hash, ()))
 
     def _withdraw(self, block_hash: int) -> None:
@@ -263,15 +329,14 @@ class AllStageBlocks:
             order.extend(k for k in self._kids.get(order[i], ()) if k in self._announced)
             i += 1
         for gone in reversed(order):
-            self._announced.discard(gone)
-            self._events.append(RemovedBlock(gone))
+            self._events.append(RemovedBlock(gone, self._announced.pop(gone)))
             self._maybe_forget_tokens(gone)
 
     def _maybe_forget_tokens(self, block_hash: int) -> None:
         """Tokens nothing keeps any more go to the recent ones (the oldest of those go)."""
         if (
             block_hash in self._refs
-            or block_hash in self._held[0]
+            or self._holds(0, block_hash)
             or block_hash in self._announced
             or block_hash not in self._tokens
         ):

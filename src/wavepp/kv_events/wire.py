@@ -10,8 +10,9 @@ Each event is a msgpack map tagged by its class name under "type" (msgspec's tag
 fields without a default are always written (None as nil), fields with one only when set.
 
     BlockStored       block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-                      lora_name: consecutive blocks of one chain, their token ids end to end
-    BlockRemoved      block_hashes, medium
+                      lora_name: consecutive blocks of one chain and one medium, their token
+                      ids end to end
+    BlockRemoved      block_hashes, medium (blocks of one medium)
     AllBlocksCleared  (no field)
 
 A block hash is only an identity here (a router hashes the token ids itself): ours are the
@@ -28,8 +29,6 @@ import msgspec
 
 from wavepp.kv_events.all_stage_blocks import AllCleared, RemovedBlock, StoredBlock
 
-MEDIUM_POOL = "GPU"  # vLLM's name for the engine's own block pool, on any device
-MEDIUM_HOST = "CPU"  # and for blocks kept in host memory beside it
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # ends a replay
 
 
@@ -69,16 +68,20 @@ def encode_batch(
     ts: float,
     events: list[StoredBlock | RemovedBlock | AllCleared],
     block_size: int,
-    medium: str = MEDIUM_POOL,
     data_parallel_rank: int = 0,
 ) -> bytes:
-    """The third frame of one batch: `events` in order, a run of stored blocks where each is
-    the previous one's child sent as one BlockStored, a run of removed ones as one BlockRemoved."""
+    """The third frame of one batch: `events` in order, a run of stored blocks of one medium
+    where each is the previous one's child sent as one BlockStored, a run of removed ones of one
+    medium as one BlockRemoved."""
     out: list[_Event] = []
     for event in events:
         last = out[-1] if out else None
         if isinstance(event, StoredBlock):
-            if isinstance(last, BlockStored) and event.parent_hash == last.block_hashes[-1]:
+            if (
+                isinstance(last, BlockStored)
+                and event.parent_hash == last.block_hashes[-1]
+                and event.medium == last.medium
+            ):
                 last.block_hashes.append(event.block_hash)
                 last.token_ids.extend(event.token_ids)
                 continue
@@ -89,15 +92,15 @@ def encode_batch(
                     list(event.token_ids),
                     block_size,
                     None,
-                    medium,
+                    event.medium,
                     None,
                 )
             )
         elif isinstance(event, RemovedBlock):
-            if isinstance(last, BlockRemoved):
+            if isinstance(last, BlockRemoved) and event.medium == last.medium:
                 last.block_hashes.append(event.block_hash)
                 continue
-            out.append(BlockRemoved([event.block_hash], medium))
+            out.append(BlockRemoved([event.block_hash], event.medium))
         else:
             out.append(AllBlocksCleared())
     return _ENCODER.encode(EventBatch(ts, out, data_parallel_rank))

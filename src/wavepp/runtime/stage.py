@@ -200,11 +200,15 @@ class StageRuntime:
                     **({"num_state_slots": slots} if slots else {}),
                 )
                 self._num_state_slots = slots
-            pool.host_tier = self._host_tier()
+            host = pool.host_tier = self._host_tier()
             if self.config.engine.publishes_kv_events:  # drained by each cache query
                 pool.block_log = BlockLog(
-                    max(4 * self.num_blocks, MIN_BLOCK_LOG_CHANGES), pool.computed_blocks
+                    max(4 * self.num_blocks, MIN_BLOCK_LOG_CHANGES),
+                    pool.computed_blocks,
+                    None if host is None else host.held_blocks,
                 )
+                if host is not None:  # the host tier's blocks go in the same record
+                    host.block_log = pool.block_log
             self.server = StageServer(self.stage_id, pool, self._store_tier())
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
