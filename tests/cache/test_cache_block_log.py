@@ -46,6 +46,10 @@ def test_an_overflowed_log_sends_the_whole_set_once():
     drained = pool.block_log.drain()
     hashes = hash_blocks(tokens(0, 3), B)
     assert drained.resync and drained.changes == ()
-    assert drained.held == ((hashes[0], None), (hashes[1], hashes[0]), (hashes[2], hashes[1]))
+    assert drained.held == (
+        (STORED, hashes[0], None),
+        (STORED, hashes[1], hashes[0]),
+        (STORED, hashes[2], hashes[1]),
+    )
     assert pool.block_log.num_resyncs == 1
     assert pool.block_log.drain() == type(drained)()  # then nothing, as a plain drain

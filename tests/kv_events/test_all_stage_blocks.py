@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.cache.test_cache_pool_basics import run_request
-from wavepp.cache import BlockChanges, BlockLog, BlockPool, HostTier, hash_blocks
-from wavepp.cache.block_log import HOST_REMOVED, HOST_STORED, REMOVED, STORED
+from tests.cache.test_cache_snapshots import B as SB
+from tests.cache.test_cache_snapshots import serve
+from wavepp.cache import BlockChanges, BlockLog, BlockPool, HostTier, SnapshotPool, hash_blocks
+from wavepp.cache.block_log import HOST_REMOVED, HOST_STORED, REMOVED, STORED, attach_block_log
 from wavepp.kv_events import AllCleared, AllStageBlocks, RemovedBlock, StoredBlock
 from wavepp.kv_events.all_stage_blocks import CPU, GPU
 
@@ -74,7 +76,7 @@ def test_a_block_in_one_stages_pool_and_the_others_host_tier_only_is_announced_a
     blocks.apply([(1, host_removed(0))], blocks.mark())
     assert blocks.take_events() == [RemovedBlock(H[1], CPU), RemovedBlock(H[0], CPU)]
     # a resync of stage 1 with the root in its pool: the chain is announced again
-    resync = BlockChanges(resync=True, held=((H[0], None),), host_held=((H[1], H[0]),))
+    resync = BlockChanges(resync=True, held=((STORED, H[0], None), (HOST_STORED, H[1], H[0])))
     blocks.apply([(1, resync)], 0)
     assert blocks.take_events() == [announced(0, GPU), announced(1, CPU)]
     assert blocks.restatement() == [AllCleared(), announced(0, GPU), announced(1, CPU)]
@@ -100,12 +102,16 @@ def test_a_child_held_everywhere_waits_for_its_parent_and_comes_back_with_it():
     # stage 1 resyncs with a set that has the child and not the parent (its view is whole
     # only with both): nothing past the parent is announced
     blocks.apply([(0, stored(0, 1, 2))], blocks.mark())
-    blocks.apply([(1, BlockChanges(resync=True, held=((H[0], None), (H[2], H[1]))))], 0)
+    blocks.apply(
+        [(1, BlockChanges(resync=True, held=((STORED, H[0], None), (STORED, H[2], H[1]))))], 0
+    )
     assert blocks.take_events() == [announced(0)]
     blocks.apply([(1, stored(1))], blocks.mark())  # the parent: the child follows it
     assert blocks.take_events() == [announced(1), announced(2)]
     # the parent withdrawn alone (a resync without it): its announced child goes first
-    blocks.apply([(1, BlockChanges(resync=True, held=((H[0], None), (H[2], H[1]))))], 0)
+    blocks.apply(
+        [(1, BlockChanges(resync=True, held=((STORED, H[0], None), (STORED, H[2], H[1]))))], 0
+    )
     assert blocks.take_events() == [RemovedBlock(H[2]), RemovedBlock(H[1])]
     blocks.check_integrity()
 
@@ -196,7 +202,7 @@ def test_with_host_tiers_the_announced_blocks_and_media_are_what_each_stage_can_
     hosts = [HostTier(6, 1), HostTier(9, 1)]
     for pool, host in zip(pools, hosts):
         pool.host_tier = host
-        host.block_log = pool.block_log = BlockLog(8, pool.computed_blocks, host.held_blocks)
+        attach_block_log(pool, 8)
     blocks, seen = AllStageBlocks(2, B), {}
     for n, (first, stem, num_blocks) in enumerate(steps):
         prompt = [stem * 100 + t for t in range(num_blocks * B)] + [1]
@@ -232,3 +238,76 @@ def chain_of(block_hash, parents):
     while block_hash in parents:
         yield block_hash
         block_hash = parents[block_hash]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 4), st.integers(1, 9)), max_size=25),
+    st.booleans(),
+)
+def test_hybrid_blocks_are_announced_only_on_the_way_to_a_snapshot_every_stage_holds(steps, host):
+    """Two hybrid pools (snapshots every 2 blocks, few slots: snapshots are evicted alone too),
+    with or without host tiers: the announced blocks are those held on every stage on a path,
+    held on every stage, from the root to a block whose snapshot every stage holds; and a
+    prompt's announced chain reaches at least the boundary a request of it would resume at, and
+    no further than the blocks every stage holds."""
+    b = SB
+    pools = [
+        SnapshotPool(24, b, num_slots=7, interval_blocks=2),
+        SnapshotPool(14, b, num_slots=9, interval_blocks=2),
+    ]
+    hosts = [HostTier(8, 1, 1), HostTier(5, 1, 1)] if host else [None, None]
+    for pool, tier in zip(pools, hosts):
+        pool.host_tier = tier
+        attach_block_log(pool, 8)
+    blocks, seen = AllStageBlocks(2, b, hybrid=True), set()
+    prompts = []
+    for n, (first, stem, num_blocks) in enumerate(steps):
+        prompt = [stem * 100 + t for t in range(num_blocks * b)] + [1]
+        prompts.append(prompt)
+        blocks.note_prompt(hash_blocks(prompt, b), prompt)
+        for stage in (first, 1 - first):
+            serve(pools[stage], n, prompt)
+        blocks.end_prompt(hash_blocks(prompt, b))
+        blocks.apply([(s, pools[s].block_log.drain()) for s in (0, 1)], blocks.mark())
+        for event in blocks.take_events():
+            if isinstance(event, StoredBlock):
+                assert event.parent_hash is None or event.parent_hash in seen
+                seen.add(event.block_hash)
+            else:
+                seen.discard(event.block_hash)
+        held = [
+            dict(pool.computed_blocks()) | (dict(tier.held_blocks()) if tier is not None else {})
+            for pool, tier in zip(pools, hosts)
+        ]
+        snaps = [
+            {h for h, _ in pool.computed_snapshots()}
+            | ({h for h, _ in tier.held_snapshots()} if tier is not None else set())
+            for pool, tier in zip(pools, hosts)
+        ]
+        both = {h: p for h, p in held[0].items() if h in held[1]}
+        whole = {h for h in both if all(a in both for a in chain_of(h, both))}
+        whole = {h for h in whole if set(chain_of(h, both)) <= whole and root_of(h, both)}
+        anchors = {h for h in whole if h in snaps[0] and h in snaps[1]}
+        want = {a for anchor in anchors for a in chain_of(anchor, both)}
+        assert seen == want == blocks.announced
+        blocks.check_integrity()
+        for prompt in prompts:  # a router's count: the resume point <= it <= the blocks held
+            hashes = hash_blocks(prompt, b)
+            counted, held_all = run_in(hashes, seen), run_in(hashes, whole)
+            resume = max([k for k in range(1, held_all + 1) if hashes[k - 1] in anchors], default=0)
+            assert resume <= counted <= held_all
+
+
+def run_in(hashes, present) -> int:
+    """How many of `hashes`, from the first, are in `present`."""
+    n = 0
+    while n < len(hashes) and hashes[n] in present:
+        n += 1
+    return n
+
+
+def root_of(block_hash, parents) -> bool:
+    """Whether a block's ancestors in `parents` reach a root (parent None)."""
+    *_, top = chain_of(block_hash, parents)
+    return parents[top] is None

@@ -1,10 +1,11 @@
 """KV cache events of a hybrid model (Kimi-Linear at test size: KDA layers with recurrent state,
-latent attention, MoE) at PP=2, decoded by vLLM's own classes: a request resumes only at a
-block boundary where every stage holds a state snapshot, and the events carry blocks, not
-snapshots, so what a router counts may run past what a request reuses (a stage may evict a
-snapshot alone and keep its blocks), never short of it: a router never passes over a replica
-that holds a prefix. Checked against /v1/cache_query, prompt by prompt, after every prompt;
-how far past is printed (`-s`)."""
+latent attention, MoE) at PP=2, decoded by vLLM's own classes. A request resumes only at a
+block boundary where every stage holds a state snapshot; the events carry blocks, so a block is
+announced only on the way to such a boundary (kv_events/anchors.py). What a router counts is
+then never short of what a request reuses (it never passes over a replica that holds a
+prefix), and equal to it for most prompts: checked against /v1/cache_query, prompt by prompt,
+after every prompt (how far past is printed with `-s`). Announcing every block held on all
+stages instead counted exactly in 43 of these 78 checks and up to 44 tokens more."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_a_router_counts_at_least_what_a_hybrid_request_reuses(tmp_path):
                 assert counted >= reused, (n, sent[:4], counted, reused)
                 over.append(counted - reused)
         print("tokens counted past the reuse:", sorted(over))
-        assert 0 in over
+        assert over.count(0) >= 0.9 * len(over), over
     finally:
         subscriber.close()
         server.stop()

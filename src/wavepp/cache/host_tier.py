@@ -21,8 +21,8 @@ A copy stays in the tier after it is loaded back (a second eviction of that bloc
 bytes). `transferred_bytes` counts every byte that crossed the host link, both directions;
 `take_transferred_bytes` hands the count to whoever charges it and starts it again.
 With a `block_log` (KV cache events), the blocks it starts and stops holding are recorded
-there with their parents (`BlockLog.host_stored` / `host_removed`); `held_blocks` is its
-whole set.
+there with their parents, and its snapshots (HOST_STORED ... HOST_SNAP_REMOVED);
+`held_blocks` and `held_snapshots` are its whole sets.
 Pure Python, no tensors, deterministic.
 
 With a `HostBlockStore` (the runtime's) the tier also moves the bytes: it puts a block when it
@@ -37,7 +37,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wavepp.cache.block_log import BlockLog
+from wavepp.cache.block_log import (
+    HOST_REMOVED,
+    HOST_SNAP_REMOVED,
+    HOST_SNAP_STORED,
+    HOST_STORED,
+    BlockLog,
+)
 from wavepp.cache.errors import IntegrityError, InvalidArgumentError
 from wavepp.cache.host_store import HostBlockStore
 
@@ -126,6 +132,10 @@ class HostTier:
     def held_blocks(self) -> list[tuple[int, int | None]]:
         """Every block held, as (hash, parent hash). Mutates nothing."""
         return list(self._parents.items())
+
+    def held_snapshots(self) -> list[tuple[int, None]]:
+        """Every snapshot held (with its block or alone), as (hash of its block, None)."""
+        return [(block_hash, None) for block_hash, (_, snap) in self._blocks.items() if snap]
 
     def match(self, block_hashes: Sequence[int], start: int) -> int:
         """How many consecutive blocks from `start` the tier holds. Mutates nothing."""
@@ -222,6 +232,22 @@ class HostTier:
 
     # ---- private helpers --------------------------------------------------------------------
 
+    def _log(
+        self,
+        block_hash: int,
+        old: tuple[bool, bool],
+        new: tuple[bool, bool],
+        parent_hash: int | None = None,
+    ) -> None:
+        """What an entry's change starts or stops holding, to the block log (if any)."""
+        log = self.block_log
+        if log is None:
+            return
+        if old[0] != new[0]:
+            log.add(HOST_STORED if new[0] else HOST_REMOVED, block_hash, parent_hash)
+        if old[1] != new[1]:
+            log.add(HOST_SNAP_STORED if new[1] else HOST_SNAP_REMOVED, block_hash)
+
     def _size(self, block: bool, snapshot: bool) -> int:
         return self.block_bytes * block + self.snapshot_bytes * snapshot
 
@@ -251,16 +277,14 @@ class HostTier:
             self.num_dropped += held[0]
             if held[0]:
                 del self._parents[dropped]
-                if self.block_log is not None:
-                    self.block_log.host_removed(dropped)
+            self._log(dropped, held, (False, False))
             if self.store is not None and held[0]:
                 self.store.drop(dropped)
             if self.store is not None and held[1]:
                 self.store.drop_state(dropped)
         if new[0] and not old[0]:
             self._parents[block_hash] = parent_hash
-            if self.block_log is not None:
-                self.block_log.host_stored(block_hash, parent_hash)
+        self._log(block_hash, old, new, parent_hash)
         if self.store is not None and new[0] and not old[0]:
             # after the drops: the store never holds more blocks than the tier has room for
             self.store.put(block_hash, block_id)  # type: ignore[arg-type]

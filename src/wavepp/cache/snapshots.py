@@ -45,6 +45,7 @@ import heapq
 from collections.abc import Hashable, Sequence
 
 from wavepp.cache.block import BlockEntry
+from wavepp.cache.block_log import SNAP_REMOVED, SNAP_STORED
 from wavepp.cache.errors import InvalidArgumentError
 from wavepp.cache.host_tier import HostTier
 from wavepp.cache.pool import BlockPool
@@ -205,6 +206,7 @@ class SnapshotPool(BlockPool):
             snapshot = plan.pending.pop(boundary)
             snapshot.computed = True
             self._touch_snapshot(snapshot)
+            self._log_snapshot(SNAP_STORED, snapshot)
         if not plan.slots:
             return
         request = self._requests[request_id]
@@ -222,6 +224,10 @@ class SnapshotPool(BlockPool):
     def release(self, request_id: Hashable) -> None:
         super().release(request_id)
         self._retire_plan(request_id)
+
+    def computed_snapshots(self) -> list[tuple[int, None]]:
+        """Every computed snapshot, as (hash of its block, None) (BlockLog's whole set)."""
+        return [(h, None) for h, snapshot in self._snapshots.items() if snapshot.computed]
 
     @property
     def num_snapshots(self) -> int:
@@ -263,6 +269,7 @@ class SnapshotPool(BlockPool):
             parent.num_grid_children += 1
         self._snapshots[block_hash] = snapshot
         self._touch_snapshot(snapshot)
+        self._log_snapshot(SNAP_STORED, snapshot)
         return True
 
     def _touch_snapshot(self, snapshot: Snapshot) -> None:
@@ -300,9 +307,14 @@ class SnapshotPool(BlockPool):
 
     def _drop_snapshot(self, snapshot: Snapshot) -> None:
         del self._snapshots[snapshot.block_hash]
+        self._log_snapshot(SNAP_REMOVED, snapshot)
         if snapshot.parent is not None:
             snapshot.parent.num_grid_children -= 1
         heapq.heappush(self._free_slots, snapshot.slot)
+
+    def _log_snapshot(self, kind: int, snapshot: Snapshot) -> None:
+        if self.block_log is not None:  # KV cache events: a computed snapshot came or went
+            self.block_log.add(kind, snapshot.block_hash)
 
     def _has_snapshot(self, entry: BlockEntry) -> bool:
         snapshot = self._snapshots.get(entry.block_hash)  # type: ignore[arg-type]

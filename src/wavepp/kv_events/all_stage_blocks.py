@@ -11,6 +11,9 @@ withdrawn under the old medium and announced under the new one, alone (its child
 Dynamo's KV router keeps a tree per medium and walks the GPU one, then the CPU one from where
 the first ended, which is the prefix the leader agrees on (GPU part, then host part).
 
+With `hybrid` (a model that resumes only at recurrent-state snapshots), a block held on every
+stage is announced only if it leads to a snapshot every stage holds (anchors.py).
+
     apply(stage, changes)     a stage's STORED / REMOVED changes (or its whole set, a resync)
     note_prompt(req)          a prompt's block hashes and token ids (the events carry tokens;
                               the stages know only hashes)
@@ -37,7 +40,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from wavepp.cache.block_log import HOST_REMOVED, HOST_STORED, REMOVED, STORED, BlockChanges
+from wavepp.cache.block_log import (
+    HOST_REMOVED,
+    HOST_SNAP_REMOVED,
+    HOST_SNAP_STORED,
+    HOST_STORED,
+    REMOVED,
+    SNAP_REMOVED,
+    SNAP_STORED,
+    STORED,
+    BlockChanges,
+)
+from wavepp.kv_events.anchors import Anchors
 
 GPU = "GPU"  # vLLM's medium of the engine's own block pool, on any device: every stage's pool
 CPU = "CPU"  # and of host memory beside it: some stage's host tier
@@ -73,6 +87,7 @@ class AllStageBlocks:
     _parent: dict[int, int | None]  # of each hash some stage holds
     _kids: dict[int | None, set[int]]  # parent -> its held children
     _announced: dict[int, str]  # held on every stage, parent announced, tokens known -> medium
+    _anchors: Anchors  # the stages' snapshots, and which blocks lead to one all hold (hybrid)
     _tokens: dict[int, tuple[int, ...]]
     _recent: OrderedDict[int, tuple[int, ...]]  # let go, oldest first
     _refs: dict[int, int]  # hash -> live prompts that have it
@@ -80,7 +95,11 @@ class AllStageBlocks:
     _events: list[StoredBlock | RemovedBlock | AllCleared]
 
     def __init__(
-        self, num_stages: int, block_size: int, max_recent_blocks: int = MAX_RECENT_BLOCKS
+        self,
+        num_stages: int,
+        block_size: int,
+        max_recent_blocks: int = MAX_RECENT_BLOCKS,
+        hybrid: bool = False,
     ) -> None:
         if num_stages < 1 or block_size < 1 or max_recent_blocks < 0:
             raise ValueError(
@@ -89,6 +108,7 @@ class AllStageBlocks:
             )
         self.num_stages, self.block_size = num_stages, block_size
         self.max_recent_blocks = max_recent_blocks
+        self.hybrid = hybrid  # blocks are announced only on the way to an anchor
         self.num_without_tokens = 0  # blocks held everywhere whose tokens were not known
         self._empty()
 
@@ -121,13 +141,10 @@ class AllStageBlocks:
         before `mark`."""
         for stage_id, changes in stage_changes:
             if changes.resync:
-                self._resync(stage_id, changes.held, changes.host_held)
+                self._resync(stage_id, changes.held)
                 continue
             for kind, block_hash, parent_hash in changes.changes:
-                if kind == STORED or kind == HOST_STORED:
-                    self._stored(stage_id, block_hash, parent_hash, kind == HOST_STORED)
-                elif kind == REMOVED or kind == HOST_REMOVED:
-                    self._removed(stage_id, block_hash, kind == HOST_REMOVED)
+                self._change(stage_id, kind, block_hash, parent_hash)
         ended, self._ended = self._ended[:mark], self._ended[mark:]
         for block_hashes in ended:
             for block_hash in reversed(block_hashes):  # the root let go last, kept longest
@@ -179,6 +196,7 @@ class AllStageBlocks:
         """Entries of every structure: bounded by the pools and the prompts in flight."""
         return (
             len(self._count)
+            + self._anchors.state_size()
             + len(self._tokens)
             + len(self._recent)
             + len(self._refs)
@@ -196,6 +214,7 @@ class AllStageBlocks:
                 reach[block_hash] = reach.get(block_hash, 0) + 1
         assert counts == self._count, "per-hash stage counts differ from the stages' sets"
         assert reach == self._reach, "per-hash stage reach differs from the stages' sets"
+        self._anchors.check_integrity(list(self._parent.items()), self._whole)
         for block_hash, medium in self._announced.items():
             assert self._desired(block_hash) == medium, f"{block_hash} announced as {medium}"
             parent = self._parent[block_hash]
@@ -212,6 +231,7 @@ class AllStageBlocks:
         self._parent = {}
         self._kids = {}
         self._announced = {}
+        self._anchors = Anchors(self.num_stages)
         self._tokens = {}
         self._recent = OrderedDict()
         self._refs = {}
@@ -222,7 +242,10 @@ class AllStageBlocks:
         return block_hash in self._held[stage_id] or block_hash in self._host[stage_id]
 
     def _desired(self, block_hash: int) -> str | None:
-        """The medium a block held on every stage is announced under (None: not held by all)."""
+        """The medium a block held on every stage is announced under (None: not held by all,
+        or, hybrid, leading to no anchor)."""
+        if self.hybrid and not self._anchors.covered(block_hash):
+            return None
         if self._count.get(block_hash) == self.num_stages:
             return GPU
         return CPU if self._reach.get(block_hash) == self.num_stages else None
@@ -243,6 +266,7 @@ class AllStageBlocks:
             if reach == 1:
                 self._parent[block_hash] = parent_hash
                 self._kids.setdefault(parent_hash, set()).add(block_hash)
+        self._recover(block_hash)
         self._settle(block_hash)
 
     def _removed(self, stage_id: int, block_hash: int, host: bool) -> None:
@@ -263,6 +287,7 @@ class AllStageBlocks:
                 self._reach[block_hash] = reach
             else:
                 del self._reach[block_hash]
+        self._recover(block_hash)
         self._settle(block_hash)
         if not reach:
             parent = self._parent.pop(block_hash)
@@ -273,19 +298,43 @@ class AllStageBlocks:
         if stage_id == 0:
             self._maybe_forget_tokens(block_hash)
 
-    def _resync(self, stage_id: int, held, host_held) -> None:
+    def _change(self, stage_id: int, kind: int, block_hash: int, parent_hash) -> None:
+        if kind == STORED or kind == HOST_STORED:
+            self._stored(stage_id, block_hash, parent_hash, kind == HOST_STORED)
+        elif kind == REMOVED or kind == HOST_REMOVED:
+            self._removed(stage_id, block_hash, kind == HOST_REMOVED)
+        elif kind == SNAP_STORED or kind == HOST_SNAP_STORED:
+            if self._anchors.stored(stage_id, block_hash, kind == HOST_SNAP_STORED):
+                self._recover(block_hash)
+        elif kind == SNAP_REMOVED or kind == HOST_SNAP_REMOVED:
+            if self._anchors.removed(stage_id, block_hash, kind == HOST_SNAP_REMOVED):
+                self._recover(block_hash)
+
+    def _resync(self, stage_id: int, held: tuple[tuple[int, int, int | None], ...]) -> None:
         """The stage's whole sets replace what was known of it: the difference is applied (what
         it gained first, so a block that only moved between its pool and host tier stays)."""
-        for block_hash, parent_hash in held:  # parents first
-            self._stored(stage_id, block_hash, parent_hash, False)
-        for block_hash, parent_hash in host_held:
-            self._stored(stage_id, block_hash, parent_hash, True)
-        now = {block_hash for block_hash, _ in held}
-        for block_hash in list(self._held[stage_id] - now):
-            self._removed(stage_id, block_hash, False)
-        now = {block_hash for block_hash, _ in host_held}
-        for block_hash in list(self._host[stage_id] - now):
-            self._removed(stage_id, block_hash, True)
+        for kind, block_hash, parent_hash in held:  # the pool's blocks parents first
+            self._change(stage_id, kind, block_hash, parent_hash)
+        now = {(kind, block_hash) for kind, block_hash, _ in held}
+        had = [
+            *((STORED, h) for h in self._held[stage_id]),
+            *((HOST_STORED, h) for h in self._host[stage_id]),
+            *self._anchors.held(stage_id),
+        ]
+        # each REMOVED kind is its STORED kind + 1
+        gone = [(kind + 1, h) for kind, h in had if (kind, h) not in now]
+        for kind, block_hash in gone:
+            self._change(stage_id, kind, block_hash, None)
+
+    def _whole(self, block_hash: int) -> bool:
+        """Held on every stage (in its pool or host tier)."""
+        return self._reach.get(block_hash) == self.num_stages
+
+    def _recover(self, block_hash: int) -> None:
+        """Hybrid: a block's holding or snapshots changed; the blocks whose way to an anchor
+        changed are announced or withdrawn (Anchors.recover)."""
+        if self.hybrid:
+            self._anchors.recover(block_hash, self._whole, self._parent.__getitem__, self._settle)
 
     def _settle(self, block_hash: int) -> None:
         """A block's stages changed: announce it, withdraw it, or move it to its new medium."""

@@ -36,9 +36,17 @@ SETTLE_S = 2.0
 
 
 class KVEventsFeed:
-    def __init__(self, num_stages: int, block_size: int, publisher, interval_s=POLL_INTERVAL_S):
-        """`publisher`: an EventPublisher (or anything with publish(events) -> bool)."""
-        self.blocks = AllStageBlocks(num_stages, block_size)
+    def __init__(
+        self,
+        num_stages: int,
+        block_size: int,
+        publisher,
+        interval_s: float = POLL_INTERVAL_S,
+        hybrid: bool = False,
+    ):
+        """`publisher`: an EventPublisher (or anything with publish(events) -> bool); `hybrid`:
+        the model resumes only at state snapshots (AllStageBlocks)."""
+        self.blocks = AllStageBlocks(num_stages, block_size, hybrid=hybrid)
         self.publisher = publisher
         self.interval_s = interval_s
         self._lock = threading.Lock()

@@ -67,7 +67,10 @@ class EngineCore:
         self._kv_events: KVEventsFeed | None = None
         if kv_events_publisher is not None:
             self._kv_events = KVEventsFeed(
-                self.num_stages, config.engine.block_size, kv_events_publisher
+                self.num_stages,
+                config.engine.block_size,
+                kv_events_publisher,
+                hybrid=self.stage.layout.is_hybrid,
             )
         self._queries = CacheQueries(
             channels,

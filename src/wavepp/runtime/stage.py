@@ -18,7 +18,8 @@ from typing import cast
 
 import torch
 
-from wavepp.cache import BlockChanges, BlockLog, HostTier
+from wavepp.cache import BlockChanges, HostTier
+from wavepp.cache.block_log import attach_block_log
 from wavepp.cache.store_tier import StoreTier
 from wavepp.kv_transfer.export import StageExporter
 from wavepp.kv_transfer.mooncake.engine import local_host_for
@@ -200,15 +201,9 @@ class StageRuntime:
                     **({"num_state_slots": slots} if slots else {}),
                 )
                 self._num_state_slots = slots
-            host = pool.host_tier = self._host_tier()
+            pool.host_tier = self._host_tier()
             if self.config.engine.publishes_kv_events:  # drained by each cache query
-                pool.block_log = BlockLog(
-                    max(4 * self.num_blocks, MIN_BLOCK_LOG_CHANGES),
-                    pool.computed_blocks,
-                    None if host is None else host.held_blocks,
-                )
-                if host is not None:  # the host tier's blocks go in the same record
-                    host.block_log = pool.block_log
+                attach_block_log(pool, max(4 * self.num_blocks, MIN_BLOCK_LOG_CHANGES))
             self.server = StageServer(self.stage_id, pool, self._store_tier())
             # idle time is counted from here, not across the reset
             self.epoch = time.perf_counter()
