@@ -8,6 +8,8 @@ every other request's tokenizing, and the engine's result thread (which decodes 
 under the engine's lock), for 14 s. Each thread now encodes and decodes on its own copy
 (a deep copy of the loaded one: about 0.1 s, once per thread; the engine's threads are a fixed
 pool), and the Rust encoder releases the GIL, so a long prompt holds nobody but its own thread.
+The copy itself holds the GIL while it is made: the server's pools make theirs when they start
+(`prepare`), not at a request.
 
 `token_text` (one token decoded alone) is asked for every token an answer shows; its results are
 kept in a dict (at most one entry per vocabulary token), read without a lock.
@@ -76,6 +78,14 @@ class Tokenizer:
             )
         except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
             raise ValueError(f"the chat template refused the messages: {exc}") from None
+
+    def prepare(self) -> None:
+        """Make this thread's copy now (a thread pool's initializer: serve/runner.py), so that
+        no request pays for it; nothing when the model has no usable tokenizer."""
+        try:
+            self._own()
+        except ValueError:
+            pass
 
     @property
     def loaded(self) -> bool:

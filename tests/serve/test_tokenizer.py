@@ -84,3 +84,39 @@ def test_answers_match_one_instance(byte_tokenizer):
         assert text == ref.decode(list(range(40 + i, 60 + i)))
         assert token_texts == [ref.decode([t]) for t in range(32, 40)]
     assert tok.max_token_chars() == 1  # one character per byte-level token
+
+
+def test_the_servers_pools_make_their_copies_when_they_start_not_at_a_request(
+    byte_tokenizer, monkeypatch
+):
+    """A copy made at a request holds the GIL for about 0.1 s (the leader's admission round and
+    the event loop with it): Runner.start_threads makes every pool thread's copy up front, and
+    a burst of encodes after it makes none."""
+    from wavepp.serve import runner as runner_mod
+
+    tok = Tokenizer(byte_tokenizer)
+    copies = []
+    real_own = Tokenizer._own
+
+    def counting_own(self):
+        if getattr(self._local, "hf", None) is None:
+            copies.append(threading.current_thread().name)
+        return real_own(self)
+
+    monkeypatch.setattr(Tokenizer, "_own", counting_own)
+
+    class FakeEngine:
+        tokenizer = tok
+
+    runner = runner_mod.Runner(FakeEngine(), metrics=None, max_waiting=1, retry_after_s=1)
+    try:
+        runner.start_threads()
+        made = len(copies)
+        assert made == runner_mod.ENGINE_THREADS + runner_mod.WORK_THREADS
+        assert len(set(copies)) == made  # one per thread
+        burst = [runner.work_pool.submit(tok.encode, "a burst " * 50) for _ in range(32)]
+        burst += [runner.pool.submit(tok.token_text, 65) for _ in range(32)]
+        assert all(f.result() for f in burst)
+        assert len(copies) == made
+    finally:
+        runner.close()

@@ -59,6 +59,7 @@ def build_app(engine: Engine, config: ServeConfig, on_shutdown=None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app):
+        await asyncio.to_thread(api.runner.start_threads)  # no request starts a thread
         yield
         if on_shutdown is not None:
             await asyncio.to_thread(on_shutdown)
