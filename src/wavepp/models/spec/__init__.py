@@ -2,6 +2,12 @@
 how checkpoint tensors become parameters. The runtime's models and the simulator read it."""
 
 from wavepp.models.spec.attention import AttentionSpec, GQASpec, IndexSpec, KDASpec, MLASpec
+from wavepp.models.spec.layer_split import (
+    LayerCosts,
+    StageSplit,
+    balanced_split,
+    stage_costs,
+)
 from wavepp.models.spec.mlp import DenseMLPSpec, MLPSpec, MoESpec
 from wavepp.models.spec.model import LayerSpec, ModelSpec, StageSpec, split_layers, stage_specs
 from wavepp.models.spec.page_layout import (
@@ -24,6 +30,7 @@ __all__ = [
     "IndexSpec",
     "KDASpec",
     "LM_HEAD",
+    "LayerCosts",
     "LayerSpec",
     "Llama3RopeScaling",
     "MLASpec",
@@ -35,10 +42,13 @@ __all__ = [
     "Param",
     "RopeSpec",
     "StageSpec",
+    "StageSplit",
     "StatePool",
     "YarnScaling",
+    "balanced_split",
     "page_layout",
     "rope_parameters",
     "split_layers",
+    "stage_costs",
     "stage_specs",
 ]
