@@ -18,7 +18,7 @@ from wavepp.engine_config import EngineConfig
 from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.kv_transfer.usage import HandoffUsage
 from wavepp.model_store import DEFAULT_MODEL, resolve_model
-from wavepp.models import load_model_config, page_layout, stage_specs
+from wavepp.models import load_model_config, page_layout
 from wavepp.prefill_result import PrefillResult, with_transfer_error
 from wavepp.prompts import Prompt, prompt_token_ids
 from wavepp.runtime.config import RuntimeConfig
@@ -27,6 +27,7 @@ from wavepp.runtime.core_stats import CoreStats, EngineLoad
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
+from wavepp.runtime.stage_split import choose_stage_split
 from wavepp.sched import RequestState
 from wavepp.tokenizer import Tokenizer
 
@@ -54,9 +55,9 @@ class Engine:
         self.model_path = resolve_model(opts.model)
         self._tokenizer = Tokenizer(self.model_path)
         model_config = load_model_config(self.model_path)
-        stage_specs(
-            model_config.num_layers, pp, opts.layer_split
-        )  # the layers split into pp stages
+        # the layers split into pp stages ("auto": measured here, before any stage process)
+        self.stage_split = choose_stage_split(opts, model_config, str(self.model_path), device)
+        log.info("%s", self.stage_split.describe())
         hybrid = page_layout(model_config).is_hybrid
         self._handoff = KVHandoff.for_engine(
             opts, hybrid=model_config.model_type if hybrid else None
@@ -79,7 +80,13 @@ class Engine:
             root = None if self._handoff is None else self._handoff.root
             kv_store = None if root is None else str(root)
             self.runtime_config = RuntimeConfig(
-                opts, str(self.model_path), device, backend, self._cluster.run_dir, kv_store
+                opts,
+                str(self.model_path),
+                device,
+                backend,
+                self._cluster.run_dir,
+                kv_store,
+                self.stage_split.sizes,
             )
             self._core = EngineCore(
                 self.runtime_config,

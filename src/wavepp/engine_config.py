@@ -23,6 +23,7 @@ from wavepp.kv_events.config import KVEventsConfig
 from wavepp.kv_transfer.mooncake.engine import check_host
 from wavepp.kv_transfer.transports import TRANSPORTS, transport_names
 from wavepp.model_store import DEFAULT_MODEL
+from wavepp.models.spec.layer_split import SPLIT_SETTINGS
 from wavepp.sched.policy import get_policy
 
 DEVICES = ("cpu", "cuda", "auto")  # a setting; runtime/device.py resolves it
@@ -69,8 +70,11 @@ class EngineConfig:
     `kv_events`: rank 0 publishes the blocks every stage holds as vLLM's KV cache events, over
     ZeroMQ, for a KV-aware router (kv_events/, vLLM's option of the same name).
 
-    `layer_split`: each stage's number of layers, in order (default: balanced; rank 0 also runs
-    the leader: the README's "Against the peers"). `pin_cpus`: each stage's process on CPUs of
+    `layer_split`: each stage's number of layers, in order (rank 0 also runs the leader: the
+    README's "Against the peers"); "even", the count split (sizes differing by at most one);
+    "auto", the split whose slowest stage is the fastest, from each layer's cost measured at
+    start-up (or the cost model's: runtime/stage_split.py). Default: "auto" where the model's
+    layers differ, else "even". `pin_cpus`: each stage's process on CPUs of
     its own (runtime/launch.py `pinned_cpu_sets`; default: on the CPU where there is one per
     stage)."""
 
@@ -103,7 +107,7 @@ class EngineConfig:
     kv_store_max_gib: float | None = None  # None: half the store's file system's free space
     kv_ttl_s: float = 600.0
     kv_export_wait_s: float = 60.0
-    layer_split: tuple[int, ...] = ()  # layers per stage; empty: balanced
+    layer_split: tuple[int, ...] | str = ()  # counts | "auto" | "even"; (): auto if layers differ
     pin_cpus: bool | None = None  # None: pinned on the CPU where there is a CPU per stage
     kv_events: KVEventsConfig | None = None  # KV cache events for routers; None: none
 
@@ -115,8 +119,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         """Normalize the sequences (any sequence or None -> a tuple) and the model (a Path -> a
         str), then check every option; a bad one raises ValueError naming it."""
-        for name in ("stage_num_blocks", "layer_split"):
-            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        object.__setattr__(self, "stage_num_blocks", tuple(self.stage_num_blocks or ()))
+        if not isinstance(self.layer_split, str):  # "auto" | "even" stay words
+            object.__setattr__(self, "layer_split", tuple(self.layer_split or ()))
         if isinstance(self.model, Path):
             object.__setattr__(self, "model", str(self.model))
         if not isinstance(self.model, str) or not self.model:
@@ -171,11 +176,7 @@ class EngineConfig:
             raise ValueError(
                 f"stage_num_blocks has {len(self.stage_num_blocks)} entries for {self.pp} stages"
             )
-        if self.layer_split and (len(self.layer_split) != self.pp or min(self.layer_split) < 1):
-            raise ValueError(
-                f"layer_split {list(self.layer_split)} needs one positive layer count per stage "
-                f"({self.pp} stages)"
-            )
+        self._check_layer_split()
         if any(n < 1 for n in self.stage_num_blocks):
             raise ValueError(f"stage_num_blocks must be positive, got {self.stage_num_blocks}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
@@ -189,6 +190,26 @@ class EngineConfig:
         if not 0 <= self.snapshot_align_frac < 1:
             raise ValueError(
                 f"snapshot_align_frac must be in [0, 1), got {self.snapshot_align_frac}"
+            )
+
+    def _check_layer_split(self) -> None:
+        """ "auto", "even", or one positive layer count per stage (their sum is checked against
+        the model's layers where the model is read: engine.py)."""
+        split = self.layer_split
+        if isinstance(split, str):
+            if split not in SPLIT_SETTINGS:
+                raise ValueError(
+                    f"layer_split must be 'auto', 'even' or one layer count per stage, "
+                    f"got {split!r}"
+                )
+            return
+        if split and (
+            len(split) != self.pp
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in split)
+        ):
+            raise ValueError(
+                f"layer_split {list(split)} needs one positive layer count per stage "
+                f"({self.pp} stages), or 'auto' or 'even'"
             )
 
     def _check_kv_tier(self) -> None:

@@ -38,8 +38,9 @@ class TinyModelSpec:
     max_position_embeddings: int = 8192
     seed: int = 0
     # MoE families: 8 experts of width 32, top 2; DeepSeek/GLM route within 1 of 2 groups, add
-    # one shared expert and keep layer 0 dense
+    # one shared expert and keep the first `first_k_dense` layers dense (DeepSeek-V3: 3)
     num_experts: int = 8
+    first_k_dense: int = 1
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 32
     # MLA (deepseek_v3, glm_moe_dsa); q_lora_rank 0: q projected straight from the hidden state

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from wavepp.engine_config import DEVICES, DTYPES, KV_TIERS, EngineConfig
+from wavepp.models.spec.layer_split import SPLIT_SETTINGS
 from wavepp.sched.policy import runtime_policies
 
 
@@ -19,10 +20,21 @@ def comma_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def layer_split(text: str | None) -> list[int] | None:
-    """--layer-split "14,16" -> [14, 16]; None or "" -> None (balanced). A non-integer is a
-    ValueError naming the option."""
-    return _counts(text, "--layer-split", "layer counts", "14,16") if text else None
+def layer_split(text: str | None) -> list[int] | str | None:
+    """--layer-split "14,16" -> [14, 16]; "auto" or "even" as they are; None or "" -> None
+    (EngineConfig's default: auto where the model's layers differ). Anything else (a word
+    among counts: "auto,3") is a ValueError naming the option."""
+    if not text:
+        return None
+    if text.strip() in SPLIT_SETTINGS:
+        return text.strip()
+    try:
+        return [int(t) for t in comma_list(text)]
+    except ValueError:
+        raise ValueError(
+            f"--layer-split takes auto, even, or layer counts separated by commas, e.g. 14,16; "
+            f"got {text!r}"
+        ) from None
 
 
 def add_pipeline_args(p) -> None:
@@ -68,8 +80,10 @@ def add_stage_args(p) -> None:
     p.add_argument(
         "--layer-split",
         default=None,
-        metavar="N,N,...",
-        help="layers per stage, comma separated (default: balanced)",
+        metavar="auto|even|N,N,...",
+        help="layers per stage, comma separated; even: the count split; auto: the split whose "
+        "slowest stage is fastest, from each layer's cost measured at start-up (default: auto "
+        "where the model's layers differ, else even)",
     )
     p.add_argument(
         "--no-pin-cpus",

@@ -93,15 +93,12 @@ class LocalRuns:
         first = self.plan.workloads[self.plan.concurrencies[0]]
         for name, engine in engines.items():
             engine.prefill([wl.prompts[0][:256] for wl in first])
+            console.print(f"  {name}: {engine.stage_split.describe()}")
             if engine.profile is not None:
                 console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
         for name, engine in engines.items():
             self.kernels[name] = list(engine.stage_kernels)
-            split = (
-                f" (layers per stage {','.join(map(str, engine.config.layer_split))})"
-                if engine.config.layer_split
-                else ""
-            )
+            split = f" (layers per stage {','.join(map(str, engine.stage_split.sizes))})"
             cpus = engine.stage_cpus
             console.print(
                 f"  kernels ({name}){split}: "

@@ -157,7 +157,7 @@ class StageModel(nn.Module):
         cos, sin = self.rotary(batch.positions) if self.rotary is not None else (None, None)
         ctx = ForwardContext(batch, kv_cache, kernels, cos, sin)
         if self.stage.is_first:
-            hidden = F.embedding(input_ids, self.embed)
+            hidden = self.embed_tokens(input_ids)
         else:
             hidden = hidden_states[:, : spec.hidden_size]
             if self.input_width > spec.hidden_size:
@@ -176,6 +176,15 @@ class StageModel(nn.Module):
             hidden = hidden.index_select(0, output_indices)
         elif not all_logits:
             hidden = hidden.index_select(0, batch.last_token_indices)
+        return self.logits(hidden, kernels)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first stage's embedding: input_ids [num_tokens] -> hidden [num_tokens, hidden_size]."""
+        return F.embedding(input_ids, self.embed)
+
+    def logits(self, hidden: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+        """The last stage's final norm and LM head: hidden [num_rows, hidden_size] -> fp32
+        logits [num_rows, vocab_size]."""
         return kernels.project(self.norm(hidden, kernels), self.lm_head).float()
 
     def _boundary_width(self, layer: int) -> int:

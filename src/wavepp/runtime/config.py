@@ -2,7 +2,8 @@
 
 It carries the engine's options whole (`engine`, an EngineConfig, checked where it was built)
 and adds only what a started engine knows: the model's resolved path, the resolved device and
-data-plane backend, the run directory, the directory store's root.
+data-plane backend, the run directory, the directory store's root, the layer split chosen
+(runtime/stage_split.py: "auto" is measured once, on rank 0, so every stage builds the same).
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ class RuntimeConfig:
     backend: str = "gloo"  # the data plane's (activations), resolved; objects go over gloo
     run_dir: str = ""  # where stage processes leave error reports
     kv_store: str | None = None  # the directory store's root, resolved; None without one
+    layer_split: tuple[int, ...] = ()  # layers per stage as chosen; (): engine's counts or even
 
     def __post_init__(self) -> None:
+        given = self.engine.layer_split
+        if not self.layer_split and isinstance(given, tuple):
+            object.__setattr__(self, "layer_split", given)
+        object.__setattr__(self, "layer_split", tuple(self.layer_split))
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda' here (resolved), got {self.device!r}")

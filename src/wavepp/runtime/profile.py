@@ -125,40 +125,39 @@ def time_stage_waves(
         return ()
     gen = torch.Generator().manual_seed(seed)
     bs = stage.config.engine.block_size
-    model, mc = stage.model, stage.model_config
-    hidden = mc.hidden_size
+    kernels = stage.kernel_choice.kernels
 
     def run(chunks: Shape) -> float:
-        specs, next_block = [], 0
-        for i, (L, x) in enumerate(chunks):
-            n = -(-(L + x) // bs)
-            specs.append(
-                ChunkSpec(L, x, tuple(range(next_block, next_block + n)), request_id=f"profile-{i}")
-            )
-            next_block += n
-        device = stage.device
-        batch = StageBatch.build(specs, bs).to(device)
-        num_tokens = sum(x for _, x in chunks)
-        if stage.spec.is_first:
-            inputs = {
-                "input_ids": torch.randint(0, mc.vocab_size, (num_tokens,), generator=gen).to(
-                    device
-                )
-            }
-        else:
-            h = torch.zeros(num_tokens, model.input_width, dtype=model.dtype)
-            # the residual stream; columns past it (DSA's top-k positions) stay 0: position 0
-            h[:, :hidden] = torch.randn(num_tokens, hidden, generator=gen).to(model.dtype)
-            inputs = {"hidden_states": h.to(device)}
-        synchronize(device)  # a GPU's queue holds only this wave's work when the clock starts
-        t0 = time.perf_counter()
-        model(batch, stage.kv, kernels=stage.kernel_choice.kernels, **inputs)
-        synchronize(device)
-        return time.perf_counter() - t0
+        return time_wave(stage.model, stage.kv, chunks, bs, gen, kernels)
 
     with stage.lock:
         run(shapes[0])
         return tuple(min(run(chunks) for _ in range(max(1, repeat))) for chunks in shapes)
+
+
+def time_wave(
+    model, kv, chunks: Shape, block_size: int, gen: torch.Generator, kernels=None
+) -> float:
+    """Seconds of one forward of `model` (a StageModel) over the wave `chunks` on synthetic
+    inputs (random token ids on a first stage, a random residual stream on the others), its
+    cache rows written into `kv` from block 0 on (which must hold them). A hybrid model's
+    chunks after a prefix start from state slot 0."""
+    specs, next_block = [], 0
+    hybrid = model.layout.is_hybrid
+    for i, (L, x) in enumerate(chunks):
+        n = -(-(L + x) // block_size)
+        blocks = tuple(range(next_block, next_block + n))
+        state_in = 0 if hybrid and L else None
+        specs.append(ChunkSpec(L, x, blocks, request_id=f"profile-{i}", state_in=state_in))
+        next_block += n
+    device = model.device
+    batch = StageBatch.build(specs, block_size).to(device)
+    inputs = _wave_inputs(model, sum(x for _, x in chunks), gen)
+    synchronize(device)  # a GPU's queue holds only this wave's work when the clock starts
+    t0 = time.perf_counter()
+    model(batch, kv, kernels=kernels, **inputs)
+    synchronize(device)
+    return time.perf_counter() - t0
 
 
 def profile_pipeline(
@@ -179,3 +178,17 @@ def profile_pipeline(
     seconds = [time_stage_waves(stage, shapes)]
     seconds += [channels.recv_obj(rank, "replies").detail.seconds for rank in range(1, num_stages)]
     return fit_profile(shapes, seconds, time.perf_counter() - t0)
+
+
+def _wave_inputs(model, num_tokens: int, gen: torch.Generator) -> dict:
+    """A first stage's input ids, or another stage's hidden states: [num_tokens, input_width],
+    the residual stream random, the columns past it (DSA's top-k positions) 0: position 0."""
+    config = model.config
+    if model.stage.is_first:
+        ids = torch.randint(0, config.vocab_size, (num_tokens,), generator=gen)
+        return {"input_ids": ids.to(model.device)}
+    h = torch.zeros(num_tokens, model.input_width, dtype=model.dtype)
+    h[:, : config.hidden_size] = torch.randn(num_tokens, config.hidden_size, generator=gen).to(
+        model.dtype
+    )
+    return {"hidden_states": h.to(model.device)}

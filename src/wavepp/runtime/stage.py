@@ -57,9 +57,7 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
     the available memory over the stages)."""
     if config.engine.stage_num_blocks:
         return config.engine.stage_num_blocks[stage_id]
-    spec = stage_specs(model_config.num_layers, config.engine.pp, config.engine.layer_split)[
-        stage_id
-    ]
+    spec = stage_specs(model_config.num_layers, config.engine.pp, config.layer_split)[stage_id]
     layout = page_layout(model_config)
     dtype_bytes = _DTYPES[config.engine.dtype].itemsize
     bytes_per_token = layout.bytes_per_block(spec.start_layer, spec.end_layer, 1, dtype_bytes)
@@ -116,9 +114,9 @@ class StageRuntime:
         self.stage_id = stage_id
         self.device = torch.device(device)
         self.model_config = load_model_config(config.model_path)
-        self.spec = stage_specs(
-            self.model_config.num_layers, config.engine.pp, config.engine.layer_split
-        )[stage_id]
+        self.spec = stage_specs(self.model_config.num_layers, config.engine.pp, config.layer_split)[
+            stage_id
+        ]
         self.model = load_stage_model(
             config.model_path, self.spec, _DTYPES[config.engine.dtype]
         ).to(self.device)

@@ -46,7 +46,7 @@ def run_server(
         server = uvicorn.Server(config)
         print(
             f"wavepp serve: {serve_config.model_name} pp={engine_config.pp} "
-            f"policy={engine.policy} on http://{host}:{port}",
+            f"policy={engine.policy} on http://{host}:{port}; {engine.stage_split.describe()}",
             file=sys.stderr,
             flush=True,
         )

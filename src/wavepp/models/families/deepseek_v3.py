@@ -173,7 +173,7 @@ def tiny_hf_config(spec):
 
 def tiny_mla_kwargs(spec) -> dict:
     """The tiny MLA + MoE fields DeepSeek-V3, GLM-5 and Kimi-Linear share: one shared expert,
-    layer 0 dense."""
+    the first `spec.first_k_dense` layers dense."""
     return dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -189,7 +189,7 @@ def tiny_mla_kwargs(spec) -> dict:
         moe_intermediate_size=spec.moe_intermediate_size,
         n_routed_experts=spec.num_experts,
         n_shared_experts=1,
-        first_k_dense_replace=1,
+        first_k_dense_replace=spec.first_k_dense,
         q_lora_rank=spec.q_lora_rank or None,
         kv_lora_rank=spec.kv_lora_rank,
         qk_nope_head_dim=spec.qk_nope_head_dim,

@@ -67,6 +67,13 @@ class GQASpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def chunk_flops(self, num_cached: int, num_tokens: int, hidden: int) -> float:
+        """FLOPs of `num_tokens` new tokens after `num_cached` (the cost model, spec/layer_cost.py):
+        the q | k | v and o projections, then scores and values over each token's context."""
+        q, kv, x = self.q_size, self.kv_size, num_tokens
+        projections = 2 * x * hidden * (2 * q + 2 * kv)
+        return projections + 4 * x * q * _mean_context(num_cached, num_tokens)
+
     def cache_pools(self) -> tuple[tuple[str, int], ...]:
         return (("key", self.kv_size), ("value", self.kv_size))
 
@@ -155,6 +162,31 @@ class MLASpec:
         """This layer attends over the top-k of the layer before it."""
         return self.index is not None and self.index.shared
 
+    def chunk_flops(self, num_cached: int, num_tokens: int, hidden: int) -> float:
+        """FLOPs of `num_tokens` new tokens after `num_cached`, in "MHA form" as layers/mla.py
+        runs it: the projections, the context's latents expanded by kv_b_proj once per chunk,
+        scores and values over each token's context (at most `topk` keys under DSA), and the
+        indexer's own projections and scores where this layer runs one."""
+        heads, rank, x = self.num_heads, self.kv_lora_rank, num_tokens
+        q = hidden * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
+        weights = (q if self.q_lora_rank else hidden * heads * self.qk_head_dim) + hidden * (
+            rank + self.qk_rope_head_dim
+        )
+        weights += heads * self.v_head_dim * hidden
+        expand = 2 * (num_cached + x) * rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        context = _mean_context(num_cached, num_tokens)
+        keys = min(context, self.index.topk) if self.index is not None else context
+        flops = (
+            2 * x * weights + expand + 2 * x * heads * (self.qk_head_dim + self.v_head_dim) * keys
+        )
+        if self.runs_indexer:
+            i = self.index
+            indexer = self.q_lora_rank * i.num_heads * i.head_dim + hidden * (
+                i.head_dim + i.num_heads
+            )
+            flops += 2 * x * indexer + 2 * x * i.num_heads * i.head_dim * context
+        return flops
+
     def cache_pools(self) -> tuple[tuple[str, int], ...]:
         latent = ("latent", self.kv_lora_rank + self.qk_rope_head_dim)
         return (latent, ("index_key", self.index.head_dim)) if self.runs_indexer else (latent,)
@@ -228,6 +260,14 @@ class KDASpec:
     def qkv_size(self) -> int:
         return self.num_heads * self.head_dim
 
+    def chunk_flops(self, num_cached: int, num_tokens: int, hidden: int) -> float:
+        """FLOPs of `num_tokens` new tokens (a state, so `num_cached` costs nothing): q | k | v,
+        the low-rank decay and output gates, beta and o; then the chunked scan
+        (layers/kda_scan.py, chunks of 64: about 10 * 64 * d + 4 * d^2 per token and head)."""
+        heads, d, qkv, x = self.num_heads, self.head_dim, self.qkv_size, num_tokens
+        weights = 3 * hidden * qkv + 2 * (hidden * d + d * qkv) + hidden * heads + qkv * hidden
+        return 2 * x * weights + x * heads * (10 * 64 * d + 4 * d * d)
+
     def cache_pools(self) -> tuple:
         return ()
 
@@ -266,3 +306,9 @@ class KDASpec:
 
 
 AttentionSpec = GQASpec | MLASpec | KDASpec
+
+
+def _mean_context(num_cached: int, num_tokens: int) -> float:
+    """The keys a new token attends to, on average over a causal chunk: the cached ones and
+    half of its own chunk."""
+    return num_cached + (num_tokens + 1) / 2

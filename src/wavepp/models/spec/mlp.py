@@ -30,6 +30,10 @@ class DenseMLPSpec:
                 f"DenseMLPSpec.intermediate_size must be positive, got {self.intermediate_size}"
             )
 
+    def flops_per_token(self, hidden: int) -> float:
+        """gate, up and down projections (the cost model, spec/layer_cost.py)."""
+        return 6 * hidden * self.intermediate_size
+
     def params(self, hf_layer: str, ours: str, hidden: int, names: MlpNames) -> list[Param]:
         return swiglu(ours, f"{hf_layer}{names.dense_block}.", hidden, self.intermediate_size)
 
@@ -66,6 +70,12 @@ class MoESpec:
                 f"num_experts_per_tok={self.top_k} is more than the experts of "
                 f"{self.topk_group} groups"
             )
+
+    def flops_per_token(self, hidden: int) -> float:
+        """The router, then each token's `top_k` experts and the shared ones (the active
+        parameters only: the cost model, spec/layer_cost.py)."""
+        active = self.top_k + self.num_shared_experts
+        return 2 * hidden * self.num_experts + 6 * hidden * self.intermediate_size * active
 
     def params(self, hf_layer: str, ours: str, hidden: int, names: MlpNames) -> list[Param]:
         block, experts, inter = (
