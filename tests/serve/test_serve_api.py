@@ -107,6 +107,11 @@ def test_models_health_metrics(server):
         'wavepp_stage_blocks{stage="1",state="leased"}',
     ):
         assert name in text, name
+    # the tiny Llama's 4 uniform layers: the count split, 2 | 2; the last stage also runs the
+    # LM head, so its predicted share is the larger
+    assert [_metric(text, f'wavepp_stage_layers{{stage="{i}"}}') for i in (0, 1)] == [2, 2]
+    shares = [_metric(text, f'wavepp_stage_predicted_share{{stage="{i}"}}') for i in (0, 1)]
+    assert math.isclose(sum(shares), 1.0) and 0.5 > shares[0] > 0.45
     ok = _metric(text, 'wavepp_requests_total{outcome="ok"}')
     _post(server, {"prompt": [4, 5, 6]})
     assert (

@@ -19,6 +19,10 @@ Read from the engine at each scrape:
     wavepp_stage_round_seconds_total{stage}    answering admission rounds on the compute loop
     wavepp_waves_total, wavepp_admission_rounds_total
     wavepp_admission_round_seconds             histogram: one admission round's latency
+    wavepp_stage_layers{stage}                 the layers each stage holds (--layer-split)
+    wavepp_stage_predicted_share{stage}        its predicted share of the pipeline's work (sum
+                                               1; from the costs the split was chosen on:
+                                               measured at start, or the cost model's)
     wavepp_stage_blocks{stage,state}           used | free | leased | escrowed | in_use | evictable
                                                (stage 0 now, the others' last report)
     wavepp_stage_cache_blocks_total{stage,kind}  probe_hit | reused | evicted: each stage's own
@@ -207,6 +211,7 @@ class _EngineCollector:
         )
         if m.last_stats is not None:
             yield from _stage_times(m.last_stats, max(1e-9, time.monotonic() - m.t0))
+        yield from _stage_split(getattr(engine, "stage_split", None))
         yield _stage_blocks(capacities)
         yield from _stage_cache(engine)
         yield _kv_exports(*engine.kv_export_counts())
@@ -304,6 +309,24 @@ def _stage_times(stats, elapsed_s: float):
     yield CounterMetricFamily(
         "wavepp_admission_rounds", "admission rounds run", value=stats.num_rounds
     )
+
+
+def _stage_split(split):
+    """The layer split the engine runs (runtime/stage_split.py): layers and predicted share of
+    each stage."""
+    if split is None:
+        return
+    layers = GaugeMetricFamily("wavepp_stage_layers", "layers a stage holds", labels=["stage"])
+    shares = GaugeMetricFamily(
+        "wavepp_stage_predicted_share",
+        "a stage's predicted share of the pipeline's work (the costs its split was chosen on)",
+        labels=["stage"],
+    )
+    for stage, (num_layers, share) in enumerate(zip(split.sizes, split.shares)):
+        layers.add_metric([str(stage)], num_layers)
+        shares.add_metric([str(stage)], share)
+    yield layers
+    yield shares
 
 
 def _stage_blocks(capacities) -> GaugeMetricFamily:
