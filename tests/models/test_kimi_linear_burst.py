@@ -111,6 +111,7 @@ def test_a_burst_reuses_the_ideal_on_the_grid_as_transformers_computes(
         block_size=BS,
         stage_num_blocks=blocks,
         snapshot_interval_blocks=INTERVAL,
+        layer_split="even",  # PP = 3: a stage of MLA only and one of KDA only (not auto's)
     ) as engine:
         results = engine.prefill(prompts)
         check_tokens(results, reference, range(32))

@@ -33,7 +33,12 @@ def test_engine_pp2_first_tokens_match_transformers(tmp_path, arch):
     with stable_topk():  # wavepp's tie rule for DSA (see test_moe_families)
         reference = [reference_logits(path, p)[-1].log_softmax(-1) for p in prompts]
     with Engine(
-        str(path), pp=2, dtype="float32", block_size=4, stage_num_blocks=[64, 64]
+        str(path),
+        pp=2,
+        dtype="float32",
+        block_size=4,
+        stage_num_blocks=[64, 64],
+        layer_split="even",  # GLM-5's boundary before layer 2, a shared one (not auto's)
     ) as engine:
         first = engine.prefill(prompts)
         again = engine.prefill(prompts)
