@@ -57,7 +57,7 @@ def run(args) -> int:
         from wavepp.sim.studies.grid import get_grid, run_grid, with_overrides
 
         settings = get_grid(args.grid, paper_setup=args.setup)
-        names = ("weights", "attention_dtype", "kv_dtype", "budget_tokens")
+        names = ("weights", "attention_dtype", "kv_dtype", "budget_tokens", "layer_split")
         for name in names + ("trtllm", "sglang", "vllm"):  # the grid's unless given
             if getattr(args, name):
                 settings = with_overrides(settings, **{name: getattr(args, name)})
@@ -177,14 +177,19 @@ def _setup(args):
         vllm=get_vllm(args.vllm or "legacy"),
         snapshot_interval_blocks=args.snapshot_interval_blocks,
         budget_tokens=args.budget_tokens,
+        layer_split=args.layer_split or "auto",
     )
 
 
 def _run_settings(args) -> tuple[list[dict], list]:
+    from wavepp.sim.cost.stages import compare_splits
     from wavepp.sim.studies.grid import precision_columns
     from wavepp.sim.studies.scenario import run_setting
 
     setup = _setup(args)
+    if args.pp <= setup.model.num_layers:
+        for line in compare_splits(setup.model, setup.hardware, args.pp):
+            print(line)
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
@@ -331,6 +336,13 @@ def _add_setting_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="B300", help="H100, H200, B200, B300, GB200, GB300")
     p.add_argument(
         "--pp", type=int, default=4, help="pipeline stages (tp-ep, dp-ep: the devices of the group)"
+    )
+    p.add_argument(
+        "--layer-split",
+        choices=("auto", "even"),
+        default=None,
+        help="a pipeline's layers per stage: auto, balanced on the layers' modeled costs (the "
+        "default), or even, by count; the split of each is printed beside the other",
     )
     p.add_argument(
         "--workload",

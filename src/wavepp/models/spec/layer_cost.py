@@ -48,4 +48,6 @@ def modeled_costs(spec: ModelSpec, chunks: Sequence[Chunk] = REFERENCE_CHUNKS) -
         )
         for layer in spec.layers
     )
-    return LayerCosts(layers, 0.0, 2.0 * hidden * spec.vocab_size * len(chunks), unit="flop")
+    return LayerCosts(
+        layers, 0.0, 2.0 * hidden * spec.vocab_size * len(chunks), unit="flop", source="cost model"
+    )

@@ -129,13 +129,15 @@ def stage_costs(
 class LayerCosts:
     """What each part of a model costs on a reference workload: `layers[i]` layer i, `first`
     what only the first stage runs (the token embedding), `last` what only the last stage runs
-    (the final norm and the LM head). `unit`: "s" (measured: runtime/layer_timing.py) or
-    "flop" (the cost model: spec/layer_cost.py); only ratios matter to a split."""
+    (the final norm and the LM head). `unit`: "s" or "flop"; only ratios matter to a split.
+    `source`: where they come from, "measured" (runtime/layer_timing.py), "cost model"
+    (spec/layer_cost.py) or "simulator" (sim/cost/stages.py)."""
 
     layers: tuple[float, ...]
     first: float = 0.0
     last: float = 0.0
     unit: str = "s"
+    source: str = "measured"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(float(c) for c in self.layers))
@@ -146,10 +148,6 @@ class LayerCosts:
             )
         if self.unit not in ("s", "flop"):
             raise ValueError(f"LayerCosts.unit must be 's' or 'flop', got {self.unit!r}")
-
-    @property
-    def source(self) -> str:
-        return "measured" if self.unit == "s" else "cost model"
 
     def fixed_costs(self, num_stages: int) -> tuple[float, ...]:
         """Each stage's cost besides its layers: the embedding on the first, the head on the last

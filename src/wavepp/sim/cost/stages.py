@@ -1,7 +1,8 @@
 """Stage layout on real hardware: which layers each stage holds, and how many KV blocks fit.
 
 Layers are split into contiguous stages that minimize the slowest stage's time on a
-reference wave (dynamic programming over the cut points), as a deployment would balance them.
+reference wave (the runtime's `balanced_split`, models/spec/layer_split.py), as a deployment
+would balance them, or by count (`SimSetup.layer_split="even"`, as vLLM's default).
 The pool of a stage is what HBM leaves after its weights and an activation reserve, divided
 by the KV bytes a token adds to the stage's layers.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from wavepp.models.spec import LayerCosts, StageSplit, split_layers
 from wavepp.sim.cost.hardware import HardwareSpec
 from wavepp.sim.cost.model_shapes import ModelShape
 from wavepp.sim.cost.stage_cost import ExecOverheads, StageCostModel, kv_split
@@ -34,36 +36,48 @@ class MemoryBudget:
             raise ValueError("MemoryBudget.activation_reserve_gb must be >= 0")
 
 
-def partition_layers(model: ModelShape, hw: HardwareSpec, num_stages: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) per stage minimizing the largest stage cost."""
+def partition_layers(
+    model: ModelShape, hw: HardwareSpec, num_stages: int, method: str = "auto"
+) -> list[tuple[int, int]]:
+    """Contiguous [start, end) per stage: "auto" (the runtime's `layer_split="auto"`), the
+    split whose largest stage cost on `REFERENCE_WAVE` is the smallest (`balanced_split`: each
+    layer's cost, the LM head counted on the last stage); "even", the count split."""
     n = model.num_layers
     if not 1 <= num_stages <= n:
         raise ValueError(f"cannot split {n} layers into {num_stages} stages")
+    if method == "even":
+        return split_layers(n, num_stages)
+    if method != "auto":
+        raise ValueError(f"layer split method must be 'auto' or 'even', got {method!r}")
+    sizes = layer_costs(model, hw).balanced(num_stages)
+    starts = [sum(sizes[:i]) for i in range(num_stages)]
+    return [(start, start + size) for start, size in zip(starts, sizes)]
+
+
+def layer_costs(model: ModelShape, hw: HardwareSpec) -> LayerCosts:
+    """Each layer's seconds on `REFERENCE_WAVE` (no wave or chunk overheads: every stage has
+    them) and the LM head's on the last stage."""
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0)
-    cost = [
+    n = model.num_layers
+    layers = [
         StageCostModel(model, hw, i, i + 1, overheads=none).wave_seconds(REFERENCE_WAVE)
         for i in range(n)
     ]
-    prefix = [0.0]
-    for c in cost:
-        prefix.append(prefix[-1] + c)
-    inf = float("inf")
-    # best[s][j]: the smallest max stage cost splitting layers [0, j) into s stages
-    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, num_stages + 1):
-        for j in range(s, n - (num_stages - s) + 1):
-            for i in range(s - 1, j):
-                value = max(best[s - 1][i], prefix[j] - prefix[i])
-                if value < best[s][j] - 1e-15:
-                    best[s][j], cut[s][j] = value, i
-    bounds, j = [], n
-    for s in range(num_stages, 0, -1):
-        i = cut[s][j]
-        bounds.append((i, j))
-        j = i
-    return bounds[::-1]
+    last = StageCostModel(model, hw, n - 1, n, last=True, overheads=none).breakdown(REFERENCE_WAVE)
+    return LayerCosts(tuple(layers), 0.0, last.get("lm_head", 0.0), "s", "simulator")
+
+
+def compare_splits(model: ModelShape, hw: HardwareSpec, num_stages: int) -> list[str]:
+    """The balanced split beside the even one, one line each, with each stage's predicted
+    share of the work on `REFERENCE_WAVE` and the slowest stage over the mean."""
+    costs = layer_costs(model, hw)
+    return [
+        f"{model.name} on {num_stages} x {hw.name}: "
+        + StageSplit(
+            tuple(b - a for a, b in partition_layers(model, hw, num_stages, method)), method, costs
+        ).describe()
+        for method in ("auto", "even")
+    ]
 
 
 DEFAULT_OVERHEADS = ExecOverheads()  # frozen: one shared default

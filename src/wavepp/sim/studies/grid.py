@@ -91,6 +91,7 @@ class GridSetting:
     host_kv_gib: float = 0.0  # a host KV tier per rank (0: none)
     sglang: str = "legacy"  # SGLang's mechanisms in sglang-pp (sim/loops/sglang.py presets)
     vllm: str = "legacy"  # vLLM's mechanisms in vllm-pp (sim/loops/vllm_pp.py presets)
+    layer_split: str = "auto"  # auto: balanced on the layers' costs | even: by count
 
     def setup(self) -> SimSetup:
         return SimSetup(
@@ -112,6 +113,7 @@ class GridSetting:
             sglang=get_sglang(self.sglang),
             vllm=get_vllm(self.vllm),
             budget_tokens=self.budget_tokens,
+            layer_split=self.layer_split,
         )
 
     @property

@@ -255,13 +255,13 @@ def _stage_layout(
     spec: SystemSpec, setup: SimSetup
 ) -> tuple[list[tuple[int, int]], int, list[StageCostModel]]:
     """(layers [start, end) per stage, devices per stage, the stages' cost models): one stage of
-    every layer over all the devices for a "tp" topology, else the balanced split, one device a
-    stage."""
+    every layer over all the devices for a "tp" topology, else `setup.layer_split` (auto: the
+    balanced split; even: by count), one device a stage."""
     m, hw = setup.model, setup.hardware
     if spec.topology == "tp":
         bounds, degree = [(0, m.num_layers)], setup.num_devices
     else:
-        bounds, degree = partition_layers(m, hw, setup.num_devices), 1
+        bounds, degree = partition_layers(m, hw, setup.num_devices, setup.layer_split), 1
     stages = stage_models(
         m,
         hw,

@@ -89,8 +89,15 @@ class SimSetup:
     # real tokens: the fixed budget of static, trtllm-pp, vllm-pp, tp-ep and dp-ep (per device)
     # in place of each one's default (sim/studies/systems.py BUDGETED); 0: the defaults
     budget_tokens: int = 0
+    # the pipeline's layers per stage: "auto", balanced on each layer's cost (the runtime's
+    # layer_split="auto"); "even", the count split (sim/cost/stages.py partition_layers)
+    layer_split: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.layer_split not in ("auto", "even"):
+            raise ValueError(
+                f"SimSetup.layer_split must be 'auto' or 'even', got {self.layer_split!r}"
+            )
         if self.max_wave_tokens < 0:
             raise ValueError(f"SimSetup.max_wave_tokens must be >= 0, got {self.max_wave_tokens}")
         if self.budget_tokens < 0:
