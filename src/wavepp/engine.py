@@ -39,7 +39,9 @@ class Engine:
         """Start a pipeline of `pp` stage processes for `model` (a built-in name or an HF-format
         directory), with `options` as EngineConfig names and documents them; or `Engine(config)`
         with an EngineConfig. Everything is validated before a process is spawned; a start that
-        fails leaves no stage process, no process group and no run directory behind."""
+        fails leaves no stage process, no process group and no run directory behind.
+        `stage_split` is the layer split it runs (runtime/stage_split.py: each stage's layers,
+        how they were chosen, each stage's predicted share of the work)."""
         self._closed = True
         if isinstance(model, EngineConfig):
             if options:

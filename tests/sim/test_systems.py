@@ -90,7 +90,8 @@ def test_topologies_and_rings_of_the_baselines():
     setup = small_setup()
     per_stage = [
         stage_kv_tokens(setup.model, setup.hardware, a, b, first=i == 0, last=i == 3)
-        for i, (a, b) in enumerate([(0, 20), (20, 39), (39, 58), (58, 78)])
+        # GLM-5's 78 layers balanced with the LM head on the last stage: 20, 20, 19, 19
+        for i, (a, b) in enumerate([(0, 20), (20, 40), (40, 59), (59, 78)])
     ]
     vllm = build_system("vllm-pp", setup)
     assert len(vllm.servers) == 1 and vllm.num_stages == 4
