@@ -98,10 +98,9 @@ class LocalRuns:
                 console.print(f"  start-up profile ({name}): {engine.profile.describe()}")
         for name, engine in engines.items():
             self.kernels[name] = list(engine.stage_kernels)
-            split = f" (layers per stage {','.join(map(str, engine.stage_split.sizes))})"
-            cpus = engine.stage_cpus
+            cpus = engine.stage_cpus  # (the split is on its own line above)
             console.print(
-                f"  kernels ({name}){split}: "
+                f"  kernels ({name}): "
                 + "; ".join(
                     f"stage {i} {k}" + (f" cpus {','.join(map(str, cpus[i]))}" if cpus else "")
                     for i, k in enumerate(self.kernels[name])
