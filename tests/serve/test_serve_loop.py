@@ -38,7 +38,7 @@ class LockedEngine:
         self.submitted = []
         self.aborted = []
         self.tokenizer = SimpleNamespace(
-            token_text=lambda t: self.decode([t]), max_token_chars=lambda: 1
+            token_text=lambda t: self.decode([t]), max_token_chars=lambda: 1, prepare=lambda: None
         )
 
     def tokenize(self, prompt, *, add_special_tokens=True):
