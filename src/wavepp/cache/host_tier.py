@@ -106,9 +106,9 @@ class HostTier:
     ) -> None:
         """Keep a copy of an evicted block (and its snapshot); `block_id`, `snapshot_slot`: the
         stage's block and state slot it leaves (a store copies their bytes from there before
-        anything overwrites them); `parent_hash`: its parent's (None: a root). Mutates: the LRU order; copies and counts the bytes of what
-        the tier does not hold yet; drops the least recently used entries past capacity (an
-        entry larger than the whole tier is not kept)."""
+        anything overwrites them); `parent_hash`: its parent's (None: a root). Mutates: the LRU
+        order; copies and counts the bytes of what the tier does not hold yet; drops the least
+        recently used entries past capacity (an entry larger than the whole tier is not kept)."""
         if self.store is not None and (
             block_id is None or (has_snapshot and snapshot_slot is None)
         ):

@@ -179,7 +179,7 @@ class StageModel(nn.Module):
         return self.logits(hidden, kernels)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The first stage's embedding: input_ids [num_tokens] -> hidden [num_tokens, hidden_size]."""
+        """The first stage's embedding: input_ids [num_tokens] -> hidden [num_tokens, hidden]."""
         return F.embedding(input_ids, self.embed)
 
     def logits(self, hidden: torch.Tensor, kernels: Kernels) -> torch.Tensor:
