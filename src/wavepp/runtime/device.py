@@ -18,6 +18,9 @@ import torch
 
 from wavepp.engine_config import DEVICES
 
+# the torch dtype of each EngineConfig.dtype (engine_config.DTYPES)
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
 
 def resolve_device(device: str) -> str:
     """ "cpu" or "cuda" for a `device` setting. Raises ValueError for an unknown name, and for

@@ -30,7 +30,7 @@ from wavepp.models.kernels import StageKernels, choose_kernels
 from wavepp.models.loader import checkpoint_fingerprint, load_stage_model
 from wavepp.models.stage_pool import stage_pool
 from wavepp.runtime.config import RuntimeConfig
-from wavepp.runtime.device import synchronize
+from wavepp.runtime.device import TORCH_DTYPES, synchronize
 from wavepp.runtime.host_kv import HostKVStore
 from wavepp.runtime.mooncake_store import MooncakeStoreClient
 from wavepp.runtime.protocol import IntegrityReport
@@ -38,9 +38,6 @@ from wavepp.runtime.store_kv import StoreKVBlocks
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.messages import ProbeMsg
 from wavepp.sched.policy import get_policy
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
 
 # The default cache of a stage: room for this many prompts of the model's full length, within
 # 1 GiB and within a quarter of the machine's available memory shared by the stages.
@@ -59,7 +56,7 @@ def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
         return config.engine.stage_num_blocks[stage_id]
     spec = stage_specs(model_config.num_layers, config.engine.pp, config.layer_split)[stage_id]
     layout = page_layout(model_config)
-    dtype_bytes = _DTYPES[config.engine.dtype].itemsize
+    dtype_bytes = TORCH_DTYPES[config.engine.dtype].itemsize
     bytes_per_token = layout.bytes_per_block(spec.start_layer, spec.end_layer, 1, dtype_bytes)
     if config.engine.kv_cache_gib is not None:
         budget = int(config.engine.kv_cache_gib * 2**30)
@@ -118,12 +115,12 @@ class StageRuntime:
             stage_id
         ]
         self.model = load_stage_model(
-            config.model_path, self.spec, _DTYPES[config.engine.dtype]
+            config.model_path, self.spec, TORCH_DTYPES[config.engine.dtype]
         ).to(self.device)
         # the kernel paths, measured on this model's shapes (CPUs differ) by the process's first
         # stage, passed to every forward of this stage
         self.kernel_choice: StageKernels = choose_kernels(
-            self.model, self.model_config, _DTYPES[config.engine.dtype], self.device
+            self.model, self.model_config, TORCH_DTYPES[config.engine.dtype], self.device
         )
         self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
         self.layout = page_layout(self.model_config)
@@ -133,7 +130,7 @@ class StageRuntime:
             self.spec,
             self.num_blocks,
             config.engine.block_size,
-            _DTYPES[config.engine.dtype].itemsize,
+            TORCH_DTYPES[config.engine.dtype].itemsize,
             config.engine.snapshot_interval_blocks,
         )
         self.kv = None
@@ -172,7 +169,7 @@ class StageRuntime:
         parts = [f"linear={paths.linear}"]
         if self.kernel_choice.attention is not None:
             parts.append(f"attention={paths.attention}")
-        if self.device.type == "cpu" and _DTYPES[self.config.engine.dtype] == torch.bfloat16:
+        if self.device.type == "cpu" and TORCH_DTYPES[self.config.engine.dtype] == torch.bfloat16:
             parts.append(f"elementwise={paths.elementwise_in_use()}")
         return " ".join(parts)
 

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from wavepp.engine_config import EngineConfig
 from wavepp.models.spec import LayerCosts, ModelSpec, StageSplit, split_layers
 from wavepp.models.spec.layer_cost import modeled_costs
+from wavepp.runtime.device import TORCH_DTYPES
 from wavepp.runtime.layer_timing import measure_layer_costs
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def choose_stage_split(
@@ -58,7 +55,7 @@ def auto_costs(config: EngineConfig, spec: ModelSpec, model_path: str, device: s
     costs = measure_layer_costs(
         model_path,
         spec,
-        _DTYPES[config.dtype],
+        TORCH_DTYPES[config.dtype],
         device,
         config.block_size,
         num_threads=config.num_threads,
