@@ -27,6 +27,7 @@ from wavepp.runtime.core_stats import CoreStats, EngineLoad
 from wavepp.runtime.device import check_backend, default_backend, resolve_device
 from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
+from wavepp.runtime.stage_blocks import stage_blocks
 from wavepp.runtime.stage_split import choose_stage_split
 from wavepp.sched import RequestState
 from wavepp.tokenizer import Tokenizer
@@ -89,6 +90,7 @@ class Engine:
                 self._cluster.run_dir,
                 kv_store,
                 self.stage_split.sizes,
+                stage_blocks(opts, model_config, self.stage_split.sizes),
             )
             self._core = EngineCore(
                 self.runtime_config,

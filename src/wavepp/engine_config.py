@@ -36,8 +36,9 @@ KV_TIERS = ("mooncake-store",)  # the shared KV tiers (runtime/mooncake_store.py
 @dataclass(frozen=True)
 class EngineConfig:
     """`pp` stage processes for `model`. `stage_num_blocks` sets each stage's cache size in
-    blocks (stages may differ); else each stage gets `kv_cache_gib` of KV blocks, or by default
-    room for 32 full-length prompts within 1 GiB and a quarter of the available memory. A
+    blocks (stages may differ); else every stage gets the same count, the most that fits each
+    stage's `kv_cache_gib` (by default 1 GiB and a quarter of the available memory, and at most
+    32 full-length prompts) with its own layers' bytes (runtime/stage_blocks.py). A
     hybrid model (Kimi-Linear) saves state snapshots every `snapshot_interval_blocks` blocks
     (default: from memory, `models.stage_pool`), and its planner moves chunk ends onto that grid
     when one is within `snapshot_align_frac` of the chunk (0: never; `PlannerConfig`).

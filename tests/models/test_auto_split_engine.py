@@ -84,6 +84,9 @@ def test_kimi_linear_auto_split_computes_transformers_first_tokens(kimi_linear, 
     assert sum(split.sizes) == 27 and len(split.sizes) == pp and min(split.sizes) >= 1
     assert split.sizes == split.costs.balanced(pp)
     assert engine.runtime_config.layer_split == split.sizes  # what the stages were built with
+    # the stages' blocks cost them differently (KDA snapshots, MLA rows), their counts do not
+    assert len(set(engine.stage_num_blocks)) == 1
+    assert engine.stage_num_blocks == engine.runtime_config.stage_blocks
 
 
 @pytest.mark.parametrize("pp", [2, 3])

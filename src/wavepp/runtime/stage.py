@@ -11,7 +11,6 @@ forward itself runs outside the lock.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from typing import cast
@@ -34,41 +33,15 @@ from wavepp.runtime.device import TORCH_DTYPES, synchronize
 from wavepp.runtime.host_kv import HostKVStore
 from wavepp.runtime.mooncake_store import MooncakeStoreClient
 from wavepp.runtime.protocol import IntegrityReport
+from wavepp.runtime.stage_blocks import stage_blocks
 from wavepp.runtime.store_kv import StoreKVBlocks
 from wavepp.sched import PromptLogprobs, StageServer, TokenResult, Wave
 from wavepp.sched.messages import ProbeMsg
 from wavepp.sched.policy import get_policy
 
-# The default cache of a stage: room for this many prompts of the model's full length, within
-# 1 GiB and within a quarter of the machine's available memory shared by the stages.
-DEFAULT_KV_FULL_PROMPTS = 32
-DEFAULT_KV_MAX_BYTES = 2**30
 # a pool's record of block changes between two cache queries: 4 x its blocks, at least this;
 # past it the next query carries the pool's whole set instead (cache/block_log.py)
 MIN_BLOCK_LOG_CHANGES = 4096
-
-
-def stage_num_blocks(config: RuntimeConfig, model_config, stage_id: int) -> int:
-    """Blocks of this stage: given, or what kv_cache_gib holds for its layers, or the default
-    (DEFAULT_KV_FULL_PROMPTS full-length prompts, at most DEFAULT_KV_MAX_BYTES and a quarter of
-    the available memory over the stages)."""
-    if config.engine.stage_num_blocks:
-        return config.engine.stage_num_blocks[stage_id]
-    spec = stage_specs(model_config.num_layers, config.engine.pp, config.layer_split)[stage_id]
-    layout = page_layout(model_config)
-    dtype_bytes = TORCH_DTYPES[config.engine.dtype].itemsize
-    bytes_per_token = layout.bytes_per_block(spec.start_layer, spec.end_layer, 1, dtype_bytes)
-    if config.engine.kv_cache_gib is not None:
-        budget = int(config.engine.kv_cache_gib * 2**30)
-    else:
-        budget = min(
-            DEFAULT_KV_MAX_BYTES,
-            available_memory_bytes() // (4 * config.engine.pp),
-            DEFAULT_KV_FULL_PROMPTS * model_config.max_position_embeddings * bytes_per_token,
-        )
-    return layout.num_blocks(
-        budget, spec.start_layer, spec.end_layer, config.engine.block_size, dtype_bytes
-    )
 
 
 def _output_rows(wave: Wave):
@@ -90,13 +63,6 @@ def _output_rows(wave: Wave):
 
 def rows_kwarg(rows) -> dict:
     return {} if rows is None else {"output_indices": rows[0]}
-
-
-def available_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 8 * 2**30
 
 
 CPU = torch.device("cpu")
@@ -122,7 +88,10 @@ class StageRuntime:
         self.kernel_choice: StageKernels = choose_kernels(
             self.model, self.model_config, TORCH_DTYPES[config.engine.dtype], self.device
         )
-        self.num_blocks = stage_num_blocks(config, self.model_config, stage_id)
+        sizes = config.stage_blocks or stage_blocks(
+            config.engine, self.model_config, config.layer_split
+        )
+        self.num_blocks = sizes[stage_id]
         self.layout = page_layout(self.model_config)
         self.pool_args = (
             self.layout,

@@ -11,7 +11,6 @@ from wavepp.models.spec.layer_split import (
 from wavepp.models.spec.mlp import DenseMLPSpec, MLPSpec, MoESpec
 from wavepp.models.spec.model import LayerSpec, ModelSpec, StageSpec, split_layers, stage_specs
 from wavepp.models.spec.page_layout import (
-    BOOKKEEPING_BLOCKS,
     CachePool,
     PageLayout,
     StatePool,
@@ -22,7 +21,6 @@ from wavepp.models.spec.weights import EMBED, LM_HEAD, MlpNames, Param
 
 __all__ = [
     "AttentionSpec",
-    "BOOKKEEPING_BLOCKS",
     "CachePool",
     "DenseMLPSpec",
     "EMBED",

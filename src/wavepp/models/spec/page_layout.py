@@ -16,15 +16,13 @@ resumed only where that state was saved, a *snapshot* taken at a block boundary.
 an attachment of its block with its own bytes (`bytes_per_snapshot`), in the same budget.
 
 Block ids are shared by all pools: block b of every pool belongs to the same tokens. The
-runtime sizes its pools from a memory budget with `num_blocks`; the simulator reads the same
-layout. Pure Python (no torch), so both sides import it.
+runtime sizes its pools from a memory budget (runtime/stage_blocks.py); the simulator reads
+the same layout. Pure Python (no torch), so both sides import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-BOOKKEEPING_BLOCKS = 1 << 12  # blocks of a stage whose layers keep no per-token rows
 
 
 @dataclass(frozen=True)
@@ -92,15 +90,6 @@ class PageLayout:
         return block_size * sum(
             self.bytes_per_token(i, dtype_bytes) for i in range(start_layer, end_layer)
         )
-
-    def num_blocks(
-        self, budget_bytes: int, start_layer: int, end_layer: int, block_size: int, dtype_bytes: int
-    ) -> int:
-        """Blocks a stage owning [start_layer, end_layer) can hold in `budget_bytes` (at least 1)."""
-        per_block = self.bytes_per_block(start_layer, end_layer, block_size, dtype_bytes)
-        if per_block == 0:  # a stage of linear-attention layers only: its blocks are bookkeeping
-            return BOOKKEEPING_BLOCKS
-        return max(1, int(budget_bytes) // per_block)
 
 
 def page_layout(spec) -> PageLayout:
