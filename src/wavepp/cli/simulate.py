@@ -184,17 +184,18 @@ def _setup(args):
 def _run_settings(args) -> tuple[list[dict], list]:
     from wavepp.sim.cost.stages import compare_splits
     from wavepp.sim.studies.grid import precision_columns
-    from wavepp.sim.studies.scenario import run_setting
+    from wavepp.sim.studies.scenario import balanced_on, run_setting
 
     setup = _setup(args)
-    if args.pp <= setup.model.num_layers:
-        for line in compare_splits(setup.model, setup.hardware, args.pp):
-            print(line)
     policies = _policies(args.policy or "wavepp,lockstep")
     concurrencies = [int(c) for c in comma_list(args.concurrency)]
     rows, traces = [], []
     for kind, conc in ((k, c) for k in comma_list(args.workload) for c in concurrencies):
         workload = _workload(kind, args, setup, args.num_requests or max(32, 4 * conc))
+        if conc == concurrencies[0] and args.pp <= setup.model.num_layers:
+            waves = balanced_on(setup, workload).balance_waves
+            for line in compare_splits(setup.model, setup.hardware, args.pp, waves):
+                print(f"{kind}: {line}")
         for policy in policies:
             result, sim = run_setting(
                 policy, setup, workload, conc, check_integrity=args.check_integrity

@@ -1,8 +1,12 @@
 """Stage layout on real hardware: which layers each stage holds, and how many KV blocks fit.
 
-Layers are split into contiguous stages that minimize the slowest stage's time on a
-reference wave (the runtime's `balanced_split`, models/spec/layer_split.py), as a deployment
-would balance them, or by count (`SimSetup.layer_split="even"`, as vLLM's default).
+Layers are split into contiguous stages that minimize the slowest stage's time (the runtime's
+`balanced_split`, models/spec/layer_split.py), as a deployment would balance them, or by count
+(`SimSetup.layer_split="even"`, as vLLM's default). A layer's time is taken on the workload's
+own waves where it is known (`packed_waves`: the workload's prompts, their reusable prefixes
+skipped, packed first come first served into waves of the planner's size: at 128K tokens an
+attention layer costs several times a linear-attention one, at 8K about the same), else on
+`REFERENCE_WAVE`.
 The pool of a stage is what HBM leaves after its weights and an activation reserve, divided
 by the KV bytes a token adds to the stage's layers.
 """
@@ -17,7 +21,34 @@ from wavepp.sim.cost.hardware import HardwareSpec
 from wavepp.sim.cost.model_shapes import ModelShape
 from wavepp.sim.cost.stage_cost import ExecOverheads, StageCostModel, kv_split
 
-REFERENCE_WAVE = ((8192, 8192),)  # the wave whose per-layer cost balances the stages
+# the waves whose per-layer cost balances the stages by default: one chunk of 8,192 new tokens
+# after 8,192 cached
+REFERENCE_WAVE = (((8192, 8192),),)
+Waves = Sequence[Sequence[tuple[int, int]]]  # per wave its chunks' (num_cached, num_new), real
+
+
+def packed_waves(prompts: Sequence[tuple[int, int]], wave_tokens: int) -> tuple:
+    """The waves a planner filling `wave_tokens` new tokens a wave, first come first served,
+    runs `prompts` as: each prompt (its tokens, its cached prefix) computes the tokens after
+    its prefix, in chunks cut where a wave fills. Each wave is a tuple of chunks
+    (num_cached, num_new), real tokens."""
+    if wave_tokens <= 0:
+        raise ValueError(f"packed_waves needs wave_tokens > 0, got {wave_tokens}")
+    waves, wave, room = [], [], wave_tokens
+    for tokens, cached in prompts:
+        if not 0 <= cached < tokens:
+            raise ValueError(f"packed_waves: a prompt of {tokens} tokens with {cached} cached")
+        start = cached
+        while start < tokens:
+            take = min(room, tokens - start)
+            wave.append((start, take))
+            start, room = start + take, room - take
+            if room == 0:
+                waves.append(tuple(wave))
+                wave, room = [], wave_tokens
+    if wave:
+        waves.append(tuple(wave))
+    return tuple(waves)
 
 
 @dataclass(frozen=True)
@@ -37,11 +68,15 @@ class MemoryBudget:
 
 
 def partition_layers(
-    model: ModelShape, hw: HardwareSpec, num_stages: int, method: str = "auto"
+    model: ModelShape,
+    hw: HardwareSpec,
+    num_stages: int,
+    method: str = "auto",
+    waves: Waves = REFERENCE_WAVE,
 ) -> list[tuple[int, int]]:
     """Contiguous [start, end) per stage: "auto" (the runtime's `layer_split="auto"`), the
-    split whose largest stage cost on `REFERENCE_WAVE` is the smallest (`balanced_split`: each
-    layer's cost, the LM head counted on the last stage); "even", the count split."""
+    split whose largest stage cost on `waves` is the smallest (`balanced_split`: each layer's
+    cost, the LM head counted on the last stage); "even", the count split."""
     n = model.num_layers
     if not 1 <= num_stages <= n:
         raise ValueError(f"cannot split {n} layers into {num_stages} stages")
@@ -49,32 +84,38 @@ def partition_layers(
         return split_layers(n, num_stages)
     if method != "auto":
         raise ValueError(f"layer split method must be 'auto' or 'even', got {method!r}")
-    sizes = layer_costs(model, hw).balanced(num_stages)
+    sizes = layer_costs(model, hw, waves).balanced(num_stages)
     starts = [sum(sizes[:i]) for i in range(num_stages)]
     return [(start, start + size) for start, size in zip(starts, sizes)]
 
 
-def layer_costs(model: ModelShape, hw: HardwareSpec) -> LayerCosts:
-    """Each layer's seconds on `REFERENCE_WAVE` (no wave or chunk overheads: every stage has
-    them) and the LM head's on the last stage."""
+def layer_costs(model: ModelShape, hw: HardwareSpec, waves: Waves = REFERENCE_WAVE) -> LayerCosts:
+    """Each layer's seconds over `waves`, each run alone (no wave or chunk overheads: every
+    stage has them), and the LM head's on the last stage."""
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0)
     n = model.num_layers
-    layers = [
-        StageCostModel(model, hw, i, i + 1, overheads=none).wave_seconds(REFERENCE_WAVE)
-        for i in range(n)
-    ]
-    last = StageCostModel(model, hw, n - 1, n, last=True, overheads=none).breakdown(REFERENCE_WAVE)
-    return LayerCosts(tuple(layers), 0.0, last.get("lm_head", 0.0), "s", "simulator")
+
+    def seconds(cost: StageCostModel) -> float:
+        return sum(cost.wave_seconds(tuple(w)) for w in waves)
+
+    layers = [seconds(StageCostModel(model, hw, i, i + 1, overheads=none)) for i in range(n)]
+    last = StageCostModel(model, hw, n - 1, n, last=True, overheads=none)
+    head = sum(last.breakdown(tuple(w)).get("lm_head", 0.0) for w in waves)
+    return LayerCosts(tuple(layers), 0.0, head, "s", "simulator")
 
 
-def compare_splits(model: ModelShape, hw: HardwareSpec, num_stages: int) -> list[str]:
+def compare_splits(
+    model: ModelShape, hw: HardwareSpec, num_stages: int, waves: Waves = REFERENCE_WAVE
+) -> list[str]:
     """The balanced split beside the even one, one line each, with each stage's predicted
-    share of the work on `REFERENCE_WAVE` and the slowest stage over the mean."""
-    costs = layer_costs(model, hw)
+    share of the work on `waves` and the slowest stage over the mean."""
+    costs = layer_costs(model, hw, waves)
     return [
         f"{model.name} on {num_stages} x {hw.name}: "
         + StageSplit(
-            tuple(b - a for a, b in partition_layers(model, hw, num_stages, method)), method, costs
+            tuple(b - a for a, b in partition_layers(model, hw, num_stages, method, waves)),
+            method,
+            costs,
         ).describe()
         for method in ("auto", "even")
     ]

@@ -32,7 +32,7 @@ from wavepp.sched.request import Request
 from wavepp.sched.stats import quantile
 from wavepp.sim.core.pipeline import PipelineSim
 from wavepp.sim.core.shared_store import SimStoreLink
-from wavepp.sim.studies.scenario import build_system, shared_store
+from wavepp.sim.studies.scenario import balanced_on, build_system, shared_store
 from wavepp.sim.studies.sim_setup import SimSetup
 
 
@@ -79,6 +79,7 @@ def run_replicas(
         raise ValueError(
             "--replicas simulates an open loop: use a workload with arrival times (trace)"
         )
+    setup = balanced_on(setup, workload)
     store = shared_store(setup) if setup.kv_tier_gib else None
     sims = [build_system(system, setup, store=store) for _ in range(replicas)]
     fleet = _Fleet(sims, routing, setup.block_size, setup.model.hybrid)

@@ -24,7 +24,12 @@ from wavepp.sched.planners.dynamic import fit_warmup, warmup_lengths
 from wavepp.sim.core.pipeline import PipelineSim, SimCosts
 from wavepp.sim.core.shared_store import SimSharedStore
 from wavepp.sim.cost.stage_cost import StageCostModel, transfer_seconds
-from wavepp.sim.cost.stages import partition_layers, stage_models
+from wavepp.sim.cost.stages import (
+    REFERENCE_WAVE,
+    packed_waves,
+    partition_layers,
+    stage_models,
+)
 from wavepp.sim.harness import SimReport, build_sim, report, run_closed_loop
 from wavepp.sim.loops.sglang import SglangScheduling, sglang_planner
 from wavepp.sim.loops.trtllm import MicroBatchPlanner, TrtllmScheduling
@@ -37,7 +42,7 @@ from wavepp.sim.studies.stage_memory import (
 )
 from wavepp.sim.studies.systems import BUDGETED, SystemSpec, get_system
 from wavepp.workloads import Workload
-from wavepp.workloads.workload import ideal_snapshot_hit_rate
+from wavepp.workloads.workload import ideal_snapshot_hit_rate, reusable_tokens
 
 PROFILE_MAX_TOKENS = 65536  # real tokens: the largest wave of the profiling pass
 
@@ -191,6 +196,7 @@ def run_setting(
 ) -> tuple[SimResult, PipelineSim]:
     """Run `workload` (prompts at the simulated scale) through `system`: closed loop with
     `concurrency` outstanding requests, or open loop at its arrival times if it has them."""
+    setup = balanced_on(setup, workload)
     sim = build_system(system, setup, check_integrity=check_integrity)
     rep = drive(sim, workload, concurrency)
     tiers = [sv.pool.host_tier for sv in sim.servers if sv.pool.host_tier is not None]
@@ -202,6 +208,21 @@ def run_setting(
         store_loaded_blocks=sum(t.num_loaded_blocks for t in stores),
     )
     return result, sim
+
+
+def balanced_on(setup: SimSetup, workload: Workload, max_prompts: int = 64) -> SimSetup:
+    """`setup` with its layers balanced on `workload` (unless it names waves of its own): the
+    waves its first `max_prompts` prompts run as, each prompt's ideally reused prefix skipped,
+    packed into waves of the balanced planner's M (or REFERENCE_WAVE's tokens). In real
+    tokens."""
+    if setup.balance_waves or not workload.prompts:
+        return setup
+    prompts = workload.prompts[:max_prompts]
+    scale = setup.token_scale
+    reused = reusable_tokens(prompts, setup.block_size)
+    shapes = [(len(p) * scale, min(len(p) - 1, r) * scale) for p, r in zip(prompts, reused)]
+    wave_tokens = setup.max_wave_tokens or sum(n for _, n in REFERENCE_WAVE[0])
+    return replace(setup, balance_waves=packed_waves(shapes, wave_tokens))
 
 
 def drive(sim: PipelineSim, workload: Workload, concurrency: int) -> SimReport:
@@ -261,7 +282,8 @@ def _stage_layout(
     if spec.topology == "tp":
         bounds, degree = [(0, m.num_layers)], setup.num_devices
     else:
-        bounds, degree = partition_layers(m, hw, setup.num_devices, setup.layer_split), 1
+        waves = setup.balance_waves or REFERENCE_WAVE
+        bounds, degree = partition_layers(m, hw, setup.num_devices, setup.layer_split, waves), 1
     stages = stage_models(
         m,
         hw,

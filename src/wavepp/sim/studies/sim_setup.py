@@ -92,6 +92,10 @@ class SimSetup:
     # the pipeline's layers per stage: "auto", balanced on each layer's cost (the runtime's
     # layer_split="auto"); "even", the count split (sim/cost/stages.py partition_layers)
     layer_split: str = "auto"
+    # the waves "auto" balances each layer's time on, per wave its chunks' (num_cached,
+    # num_new) in real tokens; (): sim/cost/stages.py REFERENCE_WAVE, or, through `run_setting`,
+    # the workload's prompts packed into waves (scenario.py `balanced_on`)
+    balance_waves: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer_split not in ("auto", "even"):
