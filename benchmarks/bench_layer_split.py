@@ -20,7 +20,8 @@ machine (nothing else running).
 
 --sim prints, for every model of the simulator's catalog at PP 2, 4 and 8 on B300, the count
 split and the auto split from the simulator's cost model (what `wavepp simulate` and its grids
-run), with the slowest stage's predicted share over the mean share.
+run), balanced on cold prompts of 8K and of 128K tokens in waves of 16,384 (the paper's M),
+with the slowest stage's predicted share over the mean share.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from wavepp.random_checkpoint import TinyModelSpec, make_model
 KIMI_FULL_ATTENTION = (3, 7, 11, 15, 19, 23, 26)
 VOCAB = 512
 EXPERT = 64  # the expert width; the dense MLP is 9 x this, as in both released models
+SIM_PROMPTS = (8192, 131072)  # --sim: cold prompts of these many tokens
+SIM_WAVE_TOKENS = 16384
 
 MODELS = {
     "deepseek": TinyModelSpec(
@@ -155,20 +158,22 @@ def sim_splits(hardware: str) -> None:
     from wavepp.models import split_layers
     from wavepp.sim.cost.hardware import get_hardware
     from wavepp.sim.cost.model_catalog import MODELS as CATALOG
-    from wavepp.sim.cost.stages import layer_costs
+    from wavepp.sim.cost.stages import layer_costs, packed_waves
 
     hw = get_hardware(hardware)
-    print(f"| model | PP | even | slowest / mean | auto | slowest / mean |   ({hardware})")
-    print("|---|---|---|---|---|---|")
+    print(f"| model | prompt | PP | even | slowest / mean | auto | slowest / mean |   ({hardware})")
+    print("|---|---|---|---|---|---|---|")
     for name, shape in CATALOG.items():
-        costs = layer_costs(shape, hw)
-        for pp in (2, 4, 8):
-            even = tuple(b - a for a, b in split_layers(shape.num_layers, pp))
-            auto = costs.balanced(pp)
-            print(
-                f"| {name} | {pp} | {','.join(map(str, even))} | {max(costs.shares(even)) * pp:.3f} "
-                f"| {','.join(map(str, auto))} | {max(costs.shares(auto)) * pp:.3f} |"
-            )
+        for prompt in SIM_PROMPTS:
+            costs = layer_costs(shape, hw, packed_waves([(prompt, 0)] * 4, SIM_WAVE_TOKENS))
+            for pp in (2, 4, 8):
+                even = tuple(b - a for a, b in split_layers(shape.num_layers, pp))
+                auto = costs.balanced(pp)
+                print(
+                    f"| {name} | {prompt // 1024}K | {pp} | {','.join(map(str, even))} | "
+                    f"{max(costs.shares(even)) * pp:.3f} | {','.join(map(str, auto))} | "
+                    f"{max(costs.shares(auto)) * pp:.3f} |"
+                )
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ projections it will run, at the row counts its waves have, and uses the fastest:
     packed   oneDNN with the weight reordered once into its blocked layout
              (`torch.ops.mkldnn._reorder_linear_weight`, `_linear_pointwise`): no per-call
              repacking, which on a CPU without AMX makes small waves (tens of rows) 20-45%
-             faster; a CPU build with oneDNN, fp32 or bf16 (elsewhere F.linear runs instead)
+             faster; a CPU build with oneDNN, fp32 or bf16 (elsewhere F.linear runs instead);
+             a view (an expert of stacked weights) runs as `matmul`, never reordered
     upcast   a bf16 (or fp16) projection in fp32: an fp32 copy of the weight kept beside it,
              x upcast, the product rounded back. On a CPU without bf16 arithmetic (AVX2 only:
              no AVX-512 BF16, no AMX) torch's bf16 GEMM falls back to a scalar loop: 10 GFLOP/s
@@ -46,7 +47,11 @@ def _matmul_t(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
 
 def _packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     # the reordered weight lives on the weight itself, with the version it was made from: an
-    # in-place update of the weight (loading a checkpoint into it) packs it again
+    # in-place update of the weight (loading a checkpoint into it) packs it again. A view (an
+    # expert of a stacked weight) is a new tensor at every call: packing it would reorder the
+    # weight at every call (an MoE stage ran 40% slower so), so it runs as `matmul` does
+    if w._base is not None:
+        return _matmul_t(x, w, b)
     cached = getattr(w, "_wavepp_packed", None)
     if cached is None or cached[0] != w._version:
         cached = (w._version, _reorder(w))
