@@ -114,8 +114,13 @@ def grouped_prompts(seed: int = 5) -> list[list[int]]:
     ]
 
 
+# the prefill servers skip the start-up profiling pass (about 15 s for SmolLM2): their
+# throughput is not what these tests check
+NO_PROFILE = ("--no-profile-waves",)
+
 # `wavepp serve` options of the transfer engine's hand-off, on loopback, with a small arena
 MOONCAKE_PREFILL = (
+    *NO_PROFILE,
     "--kv-transport",
     "mooncake",
     "--kv-host",

@@ -1,6 +1,6 @@
 """The three processes of disaggregated serving, over HTTP: `wavepp serve --pp 2 --kv-store`,
 vLLM's OpenAI server (its CPU build, in `.venv-vllm`) with the WavePPConnector, and `wavepp route`
-in front. 16 prompts sharing prefixes through the router decode the same 16 greedy tokens as vLLM
+in front. 16 prompts sharing prefixes through the router decode the same 8 greedy tokens as vLLM
 computing them itself; vLLM reports every prompt token but the last as loaded from outside (the
 last of its blocks partly filled), in each answer and in its metrics; a poisoned transfer changes
 vLLM's output; a transfer never written makes vLLM compute."""
@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.connectors.helpers import (
+    NO_PROFILE,
     grouped_prompts,
     loaded_tokens,
     needs_vllm,
@@ -28,6 +29,7 @@ from wavepp.kv_transfer.directory import DirectoryStore
 from wavepp.model_store import resolve_model
 
 VLLM_BLOCK = 32
+DECODE_TOKENS = 8  # greedy tokens decoded per prompt
 
 pytestmark = [pytest.mark.slow, needs_vllm]
 
@@ -35,7 +37,9 @@ pytestmark = [pytest.mark.slow, needs_vllm]
 def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
     model = str(resolve_model("smollm2"))
     store = tmp_path / "store"
-    prefill = ServerProcess(Path(model), "--kv-store", str(store), start_timeout_s=300, debug=False)
+    prefill = ServerProcess(
+        Path(model), *NO_PROFILE, "--kv-store", str(store), start_timeout_s=300, debug=False
+    )
     procs = []
     try:
         procs, vllm_url, route_url = start_decode_and_route(
@@ -60,7 +64,7 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
                     json={
                         "model": model,
                         "prompt": prompt,
-                        "max_tokens": 16,
+                        "max_tokens": DECODE_TOKENS,
                         "temperature": 0,
                         "logprobs": 1,
                     },
@@ -111,7 +115,7 @@ def test_prefill_in_wavepp_decode_in_vllm_through_the_router(tmp_path):
                     json={
                         "model": model,
                         "prompt": prompt,
-                        "max_tokens": 16,
+                        "max_tokens": DECODE_TOKENS,
                         "temperature": 0,
                         "logprobs": 1,
                         "kv_transfer_params": {"transfer_id": name},

@@ -4,7 +4,7 @@ own), vLLM's OpenAI server with the WavePPConnector and an empty `kv_connector_e
 path to any of the prefill's files: the two run with temp directories of their own, and the
 prefill writes no KV to a file at all), and `wavepp route` in front.
 
-16 prompts sharing prefixes decode the same 16 greedy tokens as vLLM computing them itself, at
+16 prompts sharing prefixes decode the same 8 greedy tokens as vLLM computing them itself, at
 vLLM's default block size (128 on the CPU); vLLM reports every prompt token but the last as
 loaded from outside (the last block partly filled); the stages' arenas are empty once vLLM's
 requests finished; a poisoned part (written into a stage's arena over the network) changes
@@ -71,7 +71,7 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(tmp_path):
         prompts = grouped_prompts()
         with httpx.Client(timeout=600) as client:
 
-            def complete(url, prompt, params=None, max_tokens=16):
+            def complete(url, prompt, params=None, max_tokens=8):
                 body = {
                     "model": model,
                     "prompt": prompt,

@@ -113,7 +113,7 @@ def test_exit_code_zero_after_a_killed_stage(tiny, tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED_STAGE_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
-    for _batch in range(5):  # two at a time
+    for _batch in range(3):  # two at a time
         procs = [
             subprocess.Popen(
                 [sys.executable, str(script), str(tiny)],

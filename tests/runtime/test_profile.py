@@ -85,3 +85,16 @@ def test_static_policy_and_small_pools_start_without_a_fit(tiny):
         assert engine.profile is None
         assert engine.prefill([[1, 2, 3, 4, 5]])[0].error is None
     assert MAX_POSITIONS < 5 * 512  # the tiny model: the pass shrinks to fit it
+
+
+def test_no_profile_waves_on_the_command_line_skips_the_pass():
+    import argparse
+
+    from wavepp.cli.args import add_engine_args, add_pipeline_args, engine_config
+
+    p = argparse.ArgumentParser()
+    add_pipeline_args(p)
+    add_engine_args(p)
+    p.add_argument("--top-k", type=int, default=5)
+    assert engine_config(p.parse_args([]), "m").profile_waves is True
+    assert engine_config(p.parse_args(["--no-profile-waves"]), "m").profile_waves is False

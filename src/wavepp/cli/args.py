@@ -96,8 +96,9 @@ def add_stage_args(p) -> None:
 
 
 def add_engine_args(p) -> None:
-    """--dtype, --block-size, --device, --stage-num-blocks and --host-kv-gib: the options that
-    `wavepp prefill` and `wavepp serve` share (see `engine_config`)."""
+    """--dtype, --block-size, --device, --stage-num-blocks, --host-kv-gib and
+    --no-profile-waves: the options that `wavepp prefill` and `wavepp serve` share (see
+    `engine_config`)."""
     p.add_argument("--dtype", default=engine_default("dtype"), choices=list(DTYPES))
     p.add_argument("--block-size", type=int, default=engine_default("block_size"))
     p.add_argument(
@@ -118,6 +119,15 @@ def add_engine_args(p) -> None:
         default=engine_default("host_kv_gib"),
         help="each stage's host KV tier in GiB: evicted blocks kept in host memory and loaded "
         "back for a later prompt, with a hybrid model's state snapshots (default 0: none)",
+    )
+    p.add_argument(
+        "--no-profile-waves",
+        dest="profile_waves",
+        action="store_false",
+        help="skip the start-up profiling pass (it times waves of varied shape on every stage "
+        "and starts the planner's cost model from their fit; about 15 s for SmolLM2 at pp 2 on "
+        "a 2-core CPU): the planner starts from its prior and learns from the waves it runs, "
+        "and --layer-split auto balances the layers' FLOPs instead of their measured times",
     )
     add_kv_tier_args(p)
 
@@ -185,6 +195,7 @@ def engine_config(args, model: str, **options):
         layer_split=layer_split(args.layer_split),
         pin_cpus=args.pin_cpus,
         host_kv_gib=args.host_kv_gib,
+        profile_waves=getattr(args, "profile_waves", True),
         **kv_tier_options(args),
         **options,
     )
