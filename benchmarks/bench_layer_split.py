@@ -44,25 +44,25 @@ EXPERT = 64  # the expert width; the dense MLP is 9 x this, as in both released 
 SIM_PROMPTS = (8192, 131072)  # --sim: cold prompts of these many tokens
 SIM_WAVE_TOKENS = 16384
 
+# what both models share: widths in the released proportions, scaled to hidden 256
+SHARED = dict(
+    hidden_size=256,
+    num_heads=4,
+    num_kv_heads=4,
+    intermediate_size=9 * EXPERT,
+    moe_intermediate_size=EXPERT,
+    num_experts=32,
+    num_experts_per_tok=8,
+    kv_lora_rank=32,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    vocab_size=VOCAB,
+    seed=1,
+)
 MODELS = {
     "deepseek": TinyModelSpec(
-        arch="deepseek_v3",
-        num_layers=61,
-        first_k_dense=3,
-        hidden_size=256,
-        num_heads=4,
-        num_kv_heads=4,
-        intermediate_size=9 * EXPERT,
-        moe_intermediate_size=EXPERT,
-        num_experts=32,
-        num_experts_per_tok=8,
-        q_lora_rank=64,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        vocab_size=VOCAB,
-        seed=1,
+        arch="deepseek_v3", num_layers=61, first_k_dense=3, q_lora_rank=64, **SHARED
     ),
     "kimi": TinyModelSpec(
         arch="kimi_linear",
@@ -71,21 +71,9 @@ MODELS = {
             "full_attention" if i in KIMI_FULL_ATTENTION else "linear_attention" for i in range(27)
         ),
         first_k_dense=1,
-        hidden_size=256,
-        num_heads=4,
-        num_kv_heads=4,
-        intermediate_size=9 * EXPERT,
-        moe_intermediate_size=EXPERT,
-        num_experts=32,
-        num_experts_per_tok=8,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
         linear_num_heads=4,
         linear_head_dim=64,
-        vocab_size=VOCAB,
-        seed=1,
+        **SHARED,
     ),
 }
 
