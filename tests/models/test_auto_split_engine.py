@@ -89,6 +89,14 @@ def test_kimi_linear_auto_split_computes_transformers_first_tokens(kimi_linear, 
     assert engine.stage_num_blocks == engine.runtime_config.stage_blocks
 
 
+def test_kimi_linear_count_split_computes_the_same_first_tokens(kimi_linear):
+    """The count split, which auto replaces where the layers differ, stays exact."""
+    engine = _check_against_transformers(
+        kimi_linear, 3, layer_split="even", snapshot_interval_blocks=2
+    )
+    assert engine.stage_split.method == "even" and engine.stage_split.sizes == (9, 9, 9)
+
+
 @pytest.mark.parametrize("pp", [2, 3])
 def test_deepseek_v3_default_split_is_auto_and_computes_transformers_first_tokens(deepseek_v3, pp):
     """Without the start-up profile auto balances the cost model's FLOPs, the same on every

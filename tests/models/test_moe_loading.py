@@ -19,6 +19,7 @@ from wavepp.models import (
     page_layout,
     stage_specs,
 )
+from wavepp.runtime.stage_blocks import blocks_within
 
 
 def _copy(src, dst):
@@ -100,7 +101,7 @@ def test_page_layouts_size_pools_from_a_budget(moe_models):
     assert [glm.bytes_per_token(i, 4) for i in range(4)] == [160, 160, 96, 160]
     # stage [2, 4) in fp32, blocks of 4: (96 + 160) * 4 = 1024 bytes a block
     assert glm.bytes_per_block(2, 4, 4, 4) == 1024
-    assert glm.num_blocks(10 * 1024 + 1023, 2, 4, 4, 4) == 10
+    assert blocks_within(10 * 1024 + 1023, glm.bytes_per_block(2, 4, 4, 4), 0, 1) == 10
     stage = load_stage_model(moe_models["glm_moe_dsa"], StageSpec(2, 4, 4), torch.float32)
     assert stage.new_kv_cache(10, 4).num_bytes == 10 * 1024
 

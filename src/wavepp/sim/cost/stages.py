@@ -13,6 +13,7 @@ by the KV bytes a token adds to the stage's layers.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -94,13 +95,14 @@ def layer_costs(model: ModelShape, hw: HardwareSpec, waves: Waves = REFERENCE_WA
     stage has them), and the LM head's on the last stage."""
     none = ExecOverheads(wave_s=0.0, chunk_s=0.0)
     n = model.num_layers
+    counts = Counter(tuple(w) for w in waves)  # a workload's waves repeat: each costed once
 
     def seconds(cost: StageCostModel) -> float:
-        return sum(cost.wave_seconds(tuple(w)) for w in waves)
+        return sum(k * cost.wave_seconds(w) for w, k in counts.items())
 
     layers = [seconds(StageCostModel(model, hw, i, i + 1, overheads=none)) for i in range(n)]
     last = StageCostModel(model, hw, n - 1, n, last=True, overheads=none)
-    head = sum(last.breakdown(tuple(w)).get("lm_head", 0.0) for w in waves)
+    head = sum(k * last.breakdown(w).get("lm_head", 0.0) for w, k in counts.items())
     return LayerCosts(tuple(layers), 0.0, head, "s", "simulator")
 
 
