@@ -89,12 +89,16 @@ def test_kimi_linear_auto_split_computes_transformers_first_tokens(kimi_linear, 
     assert engine.stage_num_blocks == engine.runtime_config.stage_blocks
 
 
-def test_kimi_linear_count_split_computes_the_same_first_tokens(kimi_linear):
+def test_the_count_split_computes_transformers_first_tokens_too(kimi_linear, deepseek_v3):
     """The count split, which auto replaces where the layers differ, stays exact."""
     engine = _check_against_transformers(
         kimi_linear, 3, layer_split="even", snapshot_interval_blocks=2
     )
     assert engine.stage_split.method == "even" and engine.stage_split.sizes == (9, 9, 9)
+    engine = _check_against_transformers(
+        deepseek_v3, 2, layer_split="even", stage_num_blocks=[96] * 2, profile_waves=False
+    )
+    assert engine.stage_split.method == "even" and engine.stage_split.sizes == (31, 30)
 
 
 @pytest.mark.parametrize("pp", [2, 3])
