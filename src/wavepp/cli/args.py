@@ -195,7 +195,7 @@ def engine_config(args, model: str, **options):
         layer_split=layer_split(args.layer_split),
         pin_cpus=args.pin_cpus,
         host_kv_gib=args.host_kv_gib,
-        profile_waves=getattr(args, "profile_waves", True),
+        profile_waves=args.profile_waves,
         **kv_tier_options(args),
         **options,
     )

@@ -28,10 +28,11 @@ not announced) while its parent is not, and is announced right after it; withdra
 withdraws its announced children first, and they come back with it (the chain is announced
 again from where it is whole).
 
-Tokens are kept while a live prompt has the block or stage 0 holds it, in its pool or its host
-tier (every block held on all stages is held on stage 0), and then among the last
-`max_recent_blocks` let go: a request that ended (aborted) while a chunk of it was in flight
-still has that chunk published by the stages after its end. Bounded by stage 0's pool, the prompts in flight and `max_recent_blocks`.
+Tokens are kept while a live prompt has the block or stage 0 holds it, in its pool or its host tier
+(every block held on all stages is held on stage 0), and then among the last `max_recent_blocks` let
+go: a request that ended (aborted) while a chunk of it was in flight still has that chunk published
+by the stages after its end. Bounded by stage 0's pool, the prompts in flight and
+`max_recent_blocks`.
 
 Pure: no lock, no thread, no clock; `KVEventsFeed` (feed.py) holds it under its lock.
 """

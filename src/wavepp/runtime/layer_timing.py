@@ -1,16 +1,16 @@
 """The layers' times, measured at start-up before the layers are split into stages (what
 `layer_split="auto"` balances: runtime/stage_split.py, models/spec/layer_split.py).
 
-Layers of one kind (an equal `LayerSpec`: the same attention and MLP) compute the same on the
-same shapes, so one layer of each kind is timed and stands for all of them: it is loaded alone,
-a one-layer slice read from the checkpoint (its own tensors only), on the device the stages use,
-and run over the reference chunks (spec/layer_cost.py: 512 new tokens after none and after 512
-cached, fitted to the model's positions), each the fastest of `repeat` runs after one warm-up
-wave (other work on the machine only ever adds time). The embedding and the final norm + LM
-head are timed on their own (`StageModel.embed_tokens`, `logits`) and taken out of the slice that carries
-them. So the pass loads one slice at a time, at most (kinds + 2) of them: about 0.2 s on the
-tiny test models. The kernels are the defaults (`Kernels()`), not the stage's measured choice:
-what the split needs is the layers' ratios.
+Layers of one kind (an equal `LayerSpec`: the same attention and MLP) compute the same on the same
+shapes, so one layer of each kind is timed and stands for all of them: it is loaded alone, a
+one-layer slice read from the checkpoint (its own tensors only), on the device the stages use, and
+run over the reference chunks (spec/layer_cost.py: 512 new tokens after none and after 512 cached,
+fitted to the model's positions), each the fastest of `repeat` runs after one warm-up wave (other
+work on the machine only ever adds time). The embedding and the final norm + LM head are timed on
+their own (`StageModel.embed_tokens`, `logits`) and taken out of the slice that carries them. So the
+pass loads one slice at a time, at most (kinds + 2) of them: about 0.2 s on the tiny test models.
+The kernels are the defaults (`Kernels()`), not the stage's measured choice: what the split needs is
+the layers' ratios.
 """
 
 from __future__ import annotations
