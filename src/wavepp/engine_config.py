@@ -51,7 +51,8 @@ class EngineConfig:
     (its master at `kv_tier_master`, HOST:PORT; its metadata server at `kv_tier_metadata`,
     default the master's on port 8080), lending it `kv_tier_segment_gib` of memory, and reuses
     what any replica with the same model, layer split and dtype put there, a hybrid model's
-    state snapshots too (cache/store_tier.py, runtime/store_kv.py).
+    state snapshots too (cache/store_tier.py, runtime/store_kv.py); a lookup unanswered for
+    `kv_tier_timeout_s` counts the store down for a while (runtime/mooncake_store.py).
 
     `device`: "cpu", "cuda" (stage i on its own GPU, cuda:LOCAL_RANK under torchrun) or "auto"
     (cuda when there is one). `backend`: the data plane's, for activations between stages
@@ -66,7 +67,8 @@ class EngineConfig:
     over Mooncake's transfer engine instead (no directory): each stage keeps its parts in an
     arena of `kv_arena_gib` registered with an engine of its own on `kv_host`, over
     `kv_transport_protocol` ("tcp" or "rdma"), until the decode side pulled them, `kv_ttl_s`
-    passed or newer parts needed the room (kv_transfer/mooncake/).
+    passed or newer parts needed the room (kv_transfer/mooncake/); a transfer of those engines
+    (rank 0's release writes) that makes no progress for `kv_transfer_timeout_s` fails.
 
     `kv_events`: rank 0 publishes the blocks every stage holds as vLLM's KV cache events, over
     ZeroMQ, for a KV-aware router (kv_events/, vLLM's option of the same name).
@@ -93,6 +95,7 @@ class EngineConfig:
     kv_tier_master: str | None = None  # its master's HOST:PORT
     kv_tier_metadata: str | None = None  # its metadata server (None: the master's, port 8080)
     kv_tier_segment_gib: float = 1.0  # the memory each stage lends to the shared store
+    kv_tier_timeout_s: float = 5.0  # a store lookup unanswered this long: the store counts down
     top_k: int = 5  # logprobs returned per first token
     num_threads: int = 1  # compute threads per stage process
     backend: str | None = None  # None: nccl when every stage has its own GPU, else gloo
@@ -108,6 +111,7 @@ class EngineConfig:
     kv_store_max_gib: float | None = None  # None: half the store's file system's free space
     kv_ttl_s: float = 600.0
     kv_export_wait_s: float = 60.0
+    kv_transfer_timeout_s: float = 10.0  # mooncake: a transfer with no progress this long fails
     layer_split: tuple[int, ...] | str = ()  # counts | "auto" | "even"; (): auto if layers differ
     pin_cpus: bool | None = None  # None: pinned on the CPU where there is a CPU per stage
     kv_events: KVEventsConfig | None = None  # KV cache events for routers; None: none
@@ -237,6 +241,8 @@ class EngineConfig:
                 f"kv_tier_segment_gib must be at least 1/64 (16 MiB, Mooncake's smallest "
                 f"segment), got {self.kv_tier_segment_gib}"
             )
+        if not self.kv_tier_timeout_s > 0:
+            raise ValueError(f"kv_tier_timeout_s must be positive, got {self.kv_tier_timeout_s}")
 
     def _check_kv_events(self) -> None:
         """KV cache events: a KVEventsConfig, or its JSON text or dict (made one here)."""
@@ -273,7 +279,7 @@ class EngineConfig:
             raise ValueError(
                 f"kv_transport_protocol must be 'tcp' or 'rdma', got {self.kv_transport_protocol!r}"
             )
-        for name in ("kv_arena_gib", "kv_ttl_s", "kv_export_wait_s"):
+        for name in ("kv_arena_gib", "kv_ttl_s", "kv_export_wait_s", "kv_transfer_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.kv_store_max_gib is not None and not self.kv_store_max_gib > 0:

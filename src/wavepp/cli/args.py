@@ -133,7 +133,8 @@ def add_engine_args(p) -> None:
 
 
 def add_kv_tier_args(p) -> None:
-    """--kv-tier, --kv-tier-master, --kv-tier-metadata, --kv-tier-segment-gib: the KV tier
+    """--kv-tier, --kv-tier-master, --kv-tier-metadata, --kv-tier-segment-gib,
+    --kv-tier-timeout-s: the KV tier
     every replica shares (engine_config.py `kv_tier`)."""
     p.add_argument(
         "--kv-tier",
@@ -160,6 +161,13 @@ def add_kv_tier_args(p) -> None:
         default=engine_default("kv_tier_segment_gib"),
         help="memory each stage lends to the shared store, in GiB (default %(default)s)",
     )
+    p.add_argument(
+        "--kv-tier-timeout-s",
+        type=float,
+        default=engine_default("kv_tier_timeout_s"),
+        help="seconds a store lookup may go unanswered (its master unreachable) before the "
+        "store counts as down and its hits are off for a while (default %(default)s)",
+    )
 
 
 def kv_tier_options(args) -> dict:
@@ -169,6 +177,7 @@ def kv_tier_options(args) -> dict:
         "kv_tier_master": args.kv_tier_master,
         "kv_tier_metadata": args.kv_tier_metadata,
         "kv_tier_segment_gib": args.kv_tier_segment_gib,
+        "kv_tier_timeout_s": args.kv_tier_timeout_s,
     }
 
 

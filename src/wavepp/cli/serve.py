@@ -66,6 +66,7 @@ def run(args) -> int:
         kv_store_max_gib=args.kv_store_max_gib,
         kv_ttl_s=args.kv_ttl_s,
         kv_export_wait_s=args.kv_export_wait_s,
+        kv_transfer_timeout_s=args.kv_transfer_timeout_s,
         kv_events=args.kv_events_config,
     )
     limits = {
@@ -171,6 +172,14 @@ def _add_kv_args(p) -> None:
         type=float,
         default=engine_default("kv_ttl_s"),
         help="seconds a KV transfer not taken lives (default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-transfer-timeout-s",
+        type=float,
+        default=engine_default("kv_transfer_timeout_s"),
+        help="with --kv-transport mooncake: seconds a transfer of the stages' engines may make "
+        "no progress before it fails (rank 0's release writes; the decode side has its own, "
+        "the connector's transfer_timeout_s) (default %(default)s)",
     )
     p.add_argument(
         "--kv-export-wait-s",

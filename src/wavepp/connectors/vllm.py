@@ -7,9 +7,11 @@ cache, over Mooncake's transfer engine or from the directory store.
 
 `kv_connector_extra_config` may hold `"host"` (the address this side's transfer engine uses;
 default: the one on the route to the prefill's stages), `"protocol"` ("tcp" or "rdma"),
-`"store": DIR` (to also read the directory transport), `"recompute_failed_loads": false` (keep
-vLLM's own `kv_load_failure_policy`; by default the connector sets it to "recompute", so a
-pull that fails is computed, never an error nor a wrong token).
+`"store": DIR` (to also read the directory transport), `"transfer_timeout_s"` (a pull that
+makes no progress for this long fails, and vLLM computes the prompt; default 10),
+`"recompute_failed_loads": false` (keep vLLM's own `kv_load_failure_policy`; by default the
+connector sets it to "recompute", so a pull that fails is computed, never an error nor a wrong
+token).
 
 A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
 returned ({"transfer_id", ...}). With the Mooncake transport they say, per stage, where its
@@ -61,6 +63,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
 from wavepp.kv_transfer.directory.store import DirectoryStore
+from wavepp.kv_transfer.mooncake.engine import DEFAULT_TIMEOUT_S
 from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
 
 log = logging.getLogger(__name__)
@@ -90,7 +93,11 @@ class WavePPConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.store = DirectoryStore(extra["store"]) if extra.get("store") else None
-        self.puller = ArenaPuller(extra.get("host"), extra.get("protocol", "tcp"))
+        self.puller = ArenaPuller(
+            extra.get("host"),
+            extra.get("protocol", "tcp"),
+            float(extra.get("transfer_timeout_s", DEFAULT_TIMEOUT_S)),
+        )
         if extra.get("recompute_failed_loads", True):
             # a part that cannot be pulled is computed by vLLM (the scheduler reads this policy
             # once, after it made its connector)

@@ -75,6 +75,7 @@ def _arena_writer(config, stage_id: int) -> StageWriter:
         protocol=opts.kv_transport_protocol,
         arena_bytes=int(opts.kv_arena_gib * 2**30),
         ttl_s=opts.kv_ttl_s,
+        timeout_s=opts.kv_transfer_timeout_s,
     )
 
 

@@ -11,15 +11,26 @@ Each stage process is a client of its own: it lends `segment_bytes` of its memor
 one error: the client answers "not held" to every call for `retry_s`, then tries again, so a
 dead store costs only its hits and at most one slow call per `retry_s`. The Mooncake client
 finds a restarted master itself; a client whose setup failed is set up again on the next try.
+
+A master that does not answer at all (its host's link cut) would hold a call for Mooncake's RPC
+timeout (30 s), and the lookups run on the stage's round thread, which every request waits on.
+So the lookups (`exists`, `get`) and the set-up again run on a thread of the client's own and
+are waited for `timeout_s` (`--kv-tier-timeout-s`) at most: past it the store counts as down
+(hits off for `retry_s`), and while that call is still stuck every lookup answers "not held"
+at once. The RPC timeout is set to `timeout_s` too, so a stuck call ends soon after. Puts run
+on the stage's store writer thread, which nothing waits on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +51,10 @@ class MooncakeStoreClient:
         segment_bytes: int = 1 << 30,
         buffer_bytes: int = 64 << 20,
         retry_s: float = 2.0,
+        timeout_s: float = 5.0,
     ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"the store's timeout must be positive, got {timeout_s} s")
         self.master = master
         # the master's own HTTP metadata server, on its usual port, unless named
         self.metadata = metadata or f"http://{master.rsplit(':', 1)[0]}:8080/metadata"
@@ -48,10 +62,16 @@ class MooncakeStoreClient:
         self.segment_bytes = segment_bytes
         self.buffer_bytes = buffer_bytes
         self.retry_s = retry_s
+        self.timeout_s = timeout_s
+        # read by the Mooncake client when it is set up: a call with no answer ends after this
+        os.environ["MC_RPC_TIMEOUT_MS"] = str(max(1, int(timeout_s * 1000)))
         self._lock = threading.Lock()  # guards the fields below, never held across a call
         self._store = None  # a MooncakeDistributedStore once set up
         self._down_until = 0.0  # no call before this time (monotonic)
         self.num_errors = 0  # calls that failed (the store unreachable or refusing)
+        self.num_timeouts = 0  # lookups given up after timeout_s
+        self._caller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-store")
+        self._pending: Future | None = None  # the lookup the caller thread runs
         self._connect()
 
     @property
@@ -61,10 +81,12 @@ class MooncakeStoreClient:
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is held; all False when the store cannot be reached."""
-        store = self._ready()
-        if store is None or not keys:
+        if not keys:
+            return []
+        store = self._bounded("setup", self._ready)
+        codes = self._bounded("batch_is_exist", store.batch_is_exist, list(keys)) if store else None
+        if codes is None:
             return [False] * len(keys)
-        codes = store.batch_is_exist(list(keys))
         if any(code in _RPC_ERRORS for code in codes):
             self._failed("batch_is_exist", min(codes))
             return [False] * len(keys)
@@ -73,13 +95,16 @@ class MooncakeStoreClient:
     def get(self, keys: Sequence[str], value_bytes: int) -> list[bytes | None]:
         """Each key's bytes (None: not held, or the store cannot be reached), fetched in
         batches whose values (about `value_bytes` each) fit half the transfer buffer."""
-        store = self._ready()
+        store = self._bounded("setup", self._ready)
         if store is None:
             return [None] * len(keys)
         per_batch = max(1, self.buffer_bytes // (2 * max(1, value_bytes)))
         values: list[bytes | None] = []
         for i in range(0, len(keys), per_batch):
-            values.extend(v if v else None for v in store.get_batch(list(keys[i : i + per_batch])))
+            batch = self._bounded("get_batch", store.get_batch, list(keys[i : i + per_batch]))
+            if batch is None:
+                return [None] * len(keys)
+            values.extend(v if v else None for v in batch)
         return values
 
     def put(self, keys: Sequence[str], values: Sequence[bytes]) -> bool:
@@ -107,10 +132,28 @@ class MooncakeStoreClient:
     def close(self) -> None:
         with self._lock:
             store, self._store = self._store, None
+        self._caller.shutdown(wait=False, cancel_futures=True)
         if store is not None:
             store.close()
 
     # ---- private helpers --------------------------------------------------------------------
+
+    def _bounded(self, call: str, fn: Callable, *args):
+        """`fn(*args)` on the caller thread, waited for `timeout_s`; None when it did not end
+        in time (the store then counts as down) or an earlier call is still stuck there."""
+        with self._lock:
+            if self._pending is not None and not self._pending.done():
+                return None
+            if time.monotonic() < self._down_until:
+                return None
+            future = self._pending = self._caller.submit(fn, *args)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            with self._lock:
+                self.num_timeouts += 1
+            self._failed(f"{call} (no answer within {self.timeout_s:g} s)", -1)
+            return None
 
     def _ready(self):
         """The store client, or None while the store is counted down."""

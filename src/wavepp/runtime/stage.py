@@ -201,6 +201,7 @@ class StageRuntime:
             engine.kv_tier_metadata,
             engine.kv_host or local_host_for(master.rsplit(":", 1)[0]),
             int(engine.kv_tier_segment_gib * 2**30),
+            timeout_s=engine.kv_tier_timeout_s,
         )
 
     def _store_tier(self) -> StoreTier | None:

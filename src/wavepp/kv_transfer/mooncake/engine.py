@@ -8,6 +8,11 @@ peer is named by its "host:port" session), over TCP or RDMA.
     engine.read(session, [(local, remote, n), ...])  a batch, synchronous; TransferFailed
     engine.write(session, local, remote, n)
 
+A read or write that makes no progress for `timeout_s` (a peer's link cut, a host gone) fails
+with TransferFailed: the engine drops the connection (Mooncake's TCP transport,
+`MC_TCP_PROGRESS_TIMEOUT_SEC`, which `start` sets for the process; its own default is 30 s).
+A transfer that progresses, however slowly, is never cut short.
+
 Only the standard library and mooncake are imported (torch tensors are what it registers): the
 decode side runs this inside vLLM's environment, and the engine's options check a host with it.
 The package is `mooncake-transfer-engine-non-cuda` (pinned by the Makefile); it needs Debian's
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import math
+import os
 import socket
 import threading
 from typing import TYPE_CHECKING
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
 PROTOCOLS = ("tcp", "rdma")
+DEFAULT_TIMEOUT_S = 10.0  # a transfer with no progress for this long fails
 INSTALL_HINT = (
     "pip install mooncake-transfer-engine-non-cuda==0.3.13.post1 (it needs the system "
     "libraries libibverbs1 and libnuma1: apt-get install libibverbs1 libnuma1)"
@@ -105,10 +113,18 @@ class TransferEngineHandle:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, host: str, protocol: str = "tcp") -> "TransferEngineHandle":
+    def start(
+        cls, host: str, protocol: str = "tcp", timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> "TransferEngineHandle":
+        """An engine on `host`; its transfers fail after `timeout_s` without progress (the
+        setting is the process's: every engine it starts later shares it)."""
         if protocol not in PROTOCOLS:
             raise ValueError(f"kv transport protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"the transfer timeout must be positive, got {timeout_s} s")
         host = check_host(host)
+        # read by the engine's TCP transport when it starts; whole seconds
+        os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = str(max(1, math.ceil(timeout_s)))
         engine = _import_engine()()
         # P2PHANDSHAKE: peers find each other by "host:port", no metadata service; "" lets the
         # engine pick the RDMA devices itself (unused over TCP)

@@ -3,7 +3,7 @@ part, straight from each stage's arena into one registered buffer of this proces
 part's sequence number read again (ledger.py: a part freed or replaced while it was read fails
 the pull, never loads).
 
-    puller = ArenaPuller(host=None, protocol="tcp")
+    puller = ArenaPuller(host=None, protocol="tcp", timeout_s=10.0)
     rows = puller.pull(stages, start, end)    # {model layer: {pool: [end - start, width]}}
                                               # or PullFailed
     puller.release(stages)                    # tell each stage it may free its part (best effort)
@@ -19,6 +19,7 @@ import logging
 import torch
 
 from wavepp.kv_transfer.mooncake.engine import (
+    DEFAULT_TIMEOUT_S,
     TransferEngineHandle,
     TransferFailed,
     local_host_for,
@@ -34,9 +35,15 @@ class PullFailed(Exception):
 
 
 class ArenaPuller:
-    def __init__(self, host: str | None = None, protocol: str = "tcp"):
+    """`timeout_s`: a read (or a release write) that makes no progress for this long fails
+    (TransferEngineHandle), and the pull with it: the decode side computes the prompt."""
+
+    def __init__(
+        self, host: str | None = None, protocol: str = "tcp", timeout_s: float = DEFAULT_TIMEOUT_S
+    ):
         self.host = host
         self.protocol = protocol
+        self.timeout_s = timeout_s
         self.engine: TransferEngineHandle | None = None
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._words = torch.zeros(64, dtype=torch.int64)  # seq read-backs and release words
@@ -45,7 +52,7 @@ class ArenaPuller:
     def _start(self, session: str) -> TransferEngineHandle:
         if self.engine is None:
             host = self.host or local_host_for(split_session(session)[0])
-            self.engine = TransferEngineHandle.start(host, self.protocol)
+            self.engine = TransferEngineHandle.start(host, self.protocol, self.timeout_s)
             self.engine.register(self._words)
         return self.engine
 

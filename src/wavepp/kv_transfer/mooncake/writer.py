@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from wavepp.kv_transfer.mooncake.engine import TransferEngineHandle
+from wavepp.kv_transfer.mooncake.engine import DEFAULT_TIMEOUT_S, TransferEngineHandle
 from wavepp.kv_transfer.mooncake.ledger import (
     DEFAULT_MAX_ENTRIES,
     HEADER_ROWS,
@@ -45,13 +45,14 @@ class ArenaWriter:
         protocol: str = "tcp",
         arena_bytes: int = int(DEFAULT_ARENA_GIB * 2**30),
         ttl_s: float = 600.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         clock=time.monotonic,
     ):
         self.stage_id = stage_id
         self.clock = clock
         self.ledger = ArenaLedger(arena_bytes, max_entries, ttl_s)
-        self.engine = TransferEngineHandle.start(host, protocol)
+        self.engine = TransferEngineHandle.start(host, protocol, timeout_s)
         # the entries' table and the data region, each registered: the table is what a decode
         # engine reads after its pull and writes to release a part
         self._table = torch.from_numpy(self.ledger.table.view("uint8").reshape(-1))

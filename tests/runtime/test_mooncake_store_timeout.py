@@ -1,0 +1,45 @@
+"""A store master that takes connections but never answers (its process stopped: what a master
+behind a cut link looks like to a client already connected) costs a stage's lookups at most
+`timeout_s`, once; then "not held" at once until `retry_s` passed; and the hits come back when
+the master does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tests.eventually import eventually
+from wavepp.runtime.mooncake_store import MooncakeStoreClient
+
+
+def test_an_unanswering_master_costs_one_timeout_then_nothing(mooncake_master):
+    client = MooncakeStoreClient(
+        mooncake_master.address,
+        mooncake_master.metadata,
+        segment_bytes=16 << 20,
+        buffer_bytes=4 << 20,
+        retry_s=1.0,
+        timeout_s=1.0,
+    )
+    try:
+        assert client.put(["k"], [b"v" * 512])
+        assert client.exists(["k", "missing"]) == [True, False]
+        os.kill(mooncake_master.process.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert client.exists(["k"]) == [False]
+            first = time.monotonic() - t0
+            t0 = time.monotonic()
+            assert client.get(["k"], 512) == [None]
+            assert client.exists(["k"]) == [False]
+            after = time.monotonic() - t0
+        finally:
+            os.kill(mooncake_master.process.pid, signal.SIGCONT)
+        assert 0.9 <= first <= 2.0, first  # the timeout, not Mooncake's 30 s RPC timeout
+        assert after < 0.1, after  # counted down: no second wait
+        assert client.num_timeouts == 1
+        # the master answers again: so does the store, after retry_s
+        assert eventually(lambda: client.exists(["k"]) == [True], timeout_s=20)
+    finally:
+        client.close()
