@@ -50,19 +50,43 @@ def start_vllm(
     start-up (40-60 s on a 2-core CPU; both sides of a test's comparison run in this one
     server)."""
     port = free_port()
+    cmd, vllm_env = vllm_command(
+        model,
+        port,
+        {} if store is None else {"store": str(store)},
+        *args,
+        env=env,
+        eager=eager,
+    )
+    return start(cmd, vllm_env, log), f"http://127.0.0.1:{port}"
+
+
+def vllm_command(
+    model: str,
+    port: int,
+    extra: dict,
+    *args: str,
+    env: dict | None = None,
+    eager: bool = True,
+    host: str = "127.0.0.1",
+) -> tuple[list[str], dict]:
+    """(command, environment) of vLLM's OpenAI server with the connector (its
+    `kv_connector_extra_config`: `extra`) on `host`:`port`; see start_vllm."""
     config = {
         "kv_connector": "WavePPConnector",
         "kv_connector_module_path": "wavepp.connectors.vllm",
         "kv_role": "kv_consumer",
-        "kv_connector_extra_config": {} if store is None else {"store": str(store)},
+        "kv_connector_extra_config": extra,
     }
-    proc = start(
+    return (
         [
             str(VLLM_PYTHON),
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
             model,
+            "--host",
+            host,
             "--port",
             str(port),
             "--no-enable-prefix-caching",
@@ -79,9 +103,7 @@ def start_vllm(
             "VLLM_CPU_KVCACHE_SPACE": "1",
             **(env or {}),
         },
-        log,
     )
-    return proc, f"http://127.0.0.1:{port}"
 
 
 def start_route(prefill_url: str, decode_url: str, log: Path) -> tuple[subprocess.Popen, str]:

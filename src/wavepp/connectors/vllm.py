@@ -210,7 +210,7 @@ class WavePPConnector(KVConnectorBase_V1):
         """model layer -> pool -> rows [end - start, width] of tokens [start, end)."""
         return self.puller.pull(list(load.stages), load.start, load.end)
 
-    def _fail_load(self, load: LoadSpec, err: Exception) -> None:
+    def _fail_load(self, load: LoadSpec, err: PullFailed) -> None:
         self.num_failed_pulls += 1
         first, last = load.start // load.block_size, (load.end - 1) // load.block_size
         self._load_errors.update(load.block_ids[first : last + 1])
@@ -221,7 +221,8 @@ class WavePPConnector(KVConnectorBase_V1):
             load.start,
             load.end,
         )
-        self.puller.release(list(load.stages))
+        # not to a host that just failed a read: the write would wait out the timeout again
+        self.puller.release(list(load.stages), skip_host=err.unreachable_host)
 
     def _write_rows(self, forward_context, load: LoadSpec, rows) -> None:
         """rows: model layer -> pool -> [end - start, width], tokens [start, end) of the

@@ -7,6 +7,7 @@ the pull, never loads).
     rows = puller.pull(stages, start, end)    # {model layer: {pool: [end - start, width]}}
                                               # or PullFailed
     puller.release(stages)                    # tell each stage it may free its part (best effort)
+    puller.release(stages, skip_host=err.unreachable_host)   # after a PullFailed
 
 The rows are views of the buffer: valid until the next `pull`. Only torch, numpy and mooncake are
 imported (it runs in vLLM's environment).
@@ -31,7 +32,12 @@ log = logging.getLogger(__name__)
 
 
 class PullFailed(Exception):
-    """A part that could not be pulled whole: its stage gone, its part freed, a read failed."""
+    """A part that could not be pulled whole: its stage gone, its part freed, a read failed.
+    `unreachable_host`: the host a read failed on (its link down, the host gone), else None."""
+
+    def __init__(self, message: str, unreachable_host: str | None = None):
+        super().__init__(message)
+        self.unreachable_host = unreachable_host
 
 
 class ArenaPuller:
@@ -82,7 +88,9 @@ class ArenaPuller:
                 engine.read(loc["session"], segments)
                 engine.read(loc["session"], [(words + 8 * i, loc["entry_addr"], 8)])
             except TransferFailed as err:
-                raise PullFailed(f"stage {loc['stage']}'s part: {err}") from None
+                raise PullFailed(
+                    f"stage {loc['stage']}'s part: {err}", split_session(loc["session"])[0]
+                ) from None
             if int(self._words[i]) != loc["seq"]:
                 raise PullFailed(
                     f"stage {loc['stage']}'s part was freed before the pull ended (its TTL, or "
@@ -94,13 +102,17 @@ class ArenaPuller:
         self.num_pulled_bytes += at
         return out
 
-    def release(self, stages: list[dict]) -> None:
+    def release(self, stages: list[dict], skip_host: str | None = None) -> None:
         """Write each part's seq into its `released` word; failures are logged (the stage's
-        TTL frees what is not released)."""
+        TTL frees what is not released). Parts on `skip_host` (one a read just failed on) are
+        left to their TTL: a write there would wait out the transfer timeout again, in the
+        decode step, for each of them."""
         if self.engine is None or len(stages) > self._words.numel():
             return
         words = self._words.data_ptr()
         for i, loc in enumerate(stages):
+            if skip_host is not None and split_session(loc["session"])[0] == skip_host:
+                continue
             self._words[i] = loc["seq"]
             try:
                 self.engine.write(
