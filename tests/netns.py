@@ -116,8 +116,8 @@ class Network:
         return proc
 
     def kill(self, proc: subprocess.Popen) -> None:
-        """`proc` and every process of its session: SIGTERM, then SIGKILL after 10 s."""
-        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        """`proc` and every process of its session: SIGTERM, then SIGKILL after 5 s."""
+        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:

@@ -13,7 +13,7 @@ then does one thing to the network and checks what must hold: every request answ
 greedy tokens transformers computes, or with a clear error within the path's documented
 timeouts (never a wrong token, never a hang); the prefill's arenas empty again; the router
 taking a dead side out and back in (`/health`, `wavepp_route_up`). The timeouts are set short
-here (the decode side's transfer timeout 3 s, the store's 2 s, the transfers' TTL 20 s) so
+here (the decode side's transfer timeout 3 s, the store's 2 s, the transfers' TTL 10 s) so
 that the module stays under three minutes; docs/disaggregation.md has the defaults.
 """
 
@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.slow, needs_vllm]
 PORT = 8000  # every host has ports of its own
 MASTER_PORT, METADATA_PORT = 50051, 8080
 TRANSFER_TIMEOUT_S = 3.0  # the decode side's: a pull without progress this long fails
-TTL_S = 20.0
+TTL_S = 10.0  # the prefill's arena gauges are read every TTL / 4
 MAX_TOKENS = 8
 NO_PROXY = {"NO_PROXY": "*", "no_proxy": "*"}  # every address here is on the test's own bridge
 
@@ -314,6 +314,7 @@ def test_the_prefill_link_cut_after_its_answer(hosts, expected):
     answer = hosts.complete(hosts.url["prefill"], prompt, {"do_remote_decode": True}, max_tokens=1)
     params = answer.json()["kv_transfer_params"]
     assert "error" not in params, params
+    assert eventually(lambda: not hosts.arenas_empty())  # the gauges show the part
     hosts.net.cut("prefill")
     try:
         t0 = time.monotonic()
@@ -374,6 +375,7 @@ def test_the_decode_host_gone_for_good(hosts):
     """Last: the decode host drops off the network and stays off. The router takes it out
     (503 at once, naming the decode side) and drops the transfers it prefilled for it."""
     route = hosts.url["route"]
+    assert eventually(hosts.arenas_empty, timeout_s=TTL_S + 5)  # nothing left from before
     hosts.net.cut("decode")
     t0 = time.monotonic()
     assert eventually(lambda: hosts.client.get(f"{route}/health").status_code == 503)
@@ -383,8 +385,8 @@ def test_the_decode_host_gone_for_good(hosts):
     assert answer.status_code == 503, answer.text
     assert "decode" in answer.json()["error"]["message"]
     # the prefill's part was dropped at once (the router's DELETE), not left to its TTL (the
-    # arena gauges are read at the hand-off's sweeps, every 5 s at most)
-    assert eventually(hosts.arenas_empty, timeout_s=8)
+    # arena gauges are read at the hand-off's sweeps, every TTL / 4)
+    assert eventually(hosts.arenas_empty, timeout_s=TTL_S / 2)
 
 
 def _metrics(hosts: Hosts) -> str:
