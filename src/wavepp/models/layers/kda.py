@@ -56,11 +56,11 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(linear(x, self.b_proj)).float()  # [n, heads]
         recurrent = pools.state_view("recurrent", self.layer)  # [slots, heads * d * d]
         conv_state = pools.state_view("conv", self.layer)  # [slots, (taps - 1) * 3qkv]
-        out = torch.empty(n, heads, d, dtype=x.dtype)
+        out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
             if chunk.state_in is None:
-                state = torch.zeros(heads, d, d)
+                state = torch.zeros(heads, d, d, device=x.device)
                 history = mixed.new_zeros(self.taps - 1, 3 * self.qkv)
             else:
                 state = recurrent[chunk.state_in].view(heads, d, d).clone()
