@@ -121,10 +121,11 @@ def shared_kv_sdpa(
 
         query [m, heads, d], keys [L, d], values [L, dv], visible [m, L] bool -> [m, heads, dv]
 
-    The shared head is an expanded view (stride 0 over heads): no copy per head, and SDPA's
-    memory-efficient CUDA kernel takes it with the mask and a head_dim past FlashAttention's
-    256 (576 for DeepSeek-V3's); `enable_gqa` would send it to the math kernel instead.
-    `visible` broadcasts over the heads: causal, and a DSA selection where there is one."""
+    The shared head is an expanded view (stride 0 over heads), no copy per head, rather than
+    `enable_gqa`, which not every SDPA kernel takes; with a mask and a head_dim past
+    FlashAttention's 256 (576 for DeepSeek-V3's) SDPA picks among its other kernels (the
+    memory-efficient one takes both; not measured on a GPU). `visible` broadcasts over the
+    heads: causal, and a DSA selection where there is one."""
     m, heads, _ = query.shape
     # q: [1, heads, m, d]; k, v: [1, heads, L, d | dv] views of the one head
     q = query.transpose(0, 1).unsqueeze(0)
