@@ -151,7 +151,8 @@ def choose_kernels(
 ) -> StageKernels:
     """This process's kernel paths for a stage of `spec` (its `model` gives the projections'
     shapes): measured by the first stage of the process on this device type and dtype, reused
-    by later ones, a pin in the environment always applied."""
+    by later ones, a pin in the environment always applied. On a CUDA device: the CUDA path
+    (`cuda_kernels`), nothing timed (`model` unused), a pin applied."""
     key = (torch.device(device).type, dtype)
     if key[0] == "cuda":
         return _cuda_stage_kernels(spec, dtype, torch.device(device))

@@ -76,7 +76,6 @@ class Experts(nn.Module):
         self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
             requires_grad=False,
