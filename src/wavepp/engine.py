@@ -65,11 +65,6 @@ class Engine:
         self._handoff = KVHandoff.for_engine(
             opts, hybrid=model_config.model_type if hybrid else None
         )
-        if device == "cuda" and not model_config.runs_on_cuda:
-            raise ValueError(
-                f"device='cuda' runs the Llama family (Llama, Qwen2, Qwen3) so far; "
-                f"{model_config.model_type} runs on device='cpu'"
-            )
         publisher = open_kv_events_publisher(opts)  # before any process: a taken port fails here
         try:
             self._cluster = LocalCluster(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wavepp.random_checkpoint import MOE_ARCHS, make_model
+from wavepp.random_checkpoint import HYBRID_ARCHS, MOE_ARCHS, make_model
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -72,6 +72,13 @@ def moe_models(tmp_path_factory) -> dict[str, object]:
         root / "glm_topk4", arch="glm_moe_dsa", seed=2, index_topk=4
     )
     return models
+
+
+@pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory) -> dict[str, Path]:
+    """arch -> 4-layer tiny checkpoint of each hybrid family (Kimi-Linear: KDA, KDA, MLA, KDA)."""
+    root = tmp_path_factory.mktemp("hybrid")
+    return {arch: make_model(root / arch, arch=arch, seed=5) for arch in HYBRID_ARCHS}
 
 
 _HF_CACHE: dict = {}

@@ -2,9 +2,11 @@
 
 Two checks run here what cannot run a CUDA kernel:
 - a stage model, its cache and its batch on the `meta` device run a forward through every
-  attention kernel, every op watched: an op that takes or makes a tensor anywhere but on the
-  model's device (an index, a mask, a buffer made on the host) fails the test, as it would
-  fail or copy on a GPU (meta kernels alone let some such mixes through);
+  attention kernel, and every family through the CUDA path's kernels (`cuda_kernels`), every
+  op watched: an op that takes or makes a tensor anywhere but on the model's device (an index,
+  a mask, a buffer made on the host) fails the test, as it would fail or copy on a GPU (meta
+  kernels alone let some such mixes through; and the meta device checks the grouped GEMM's
+  operands as its CUDA kernel does: bf16, widths of whole 16 bytes);
 - the varlen kernel's operands (packed contexts, cumulative lengths) fed to an attention
   written from torch.nn.attention.varlen's documented contract equal the reference attention
   of test_attention_kernels.py in fp32. tests/gpu/ runs the real kernel on CUDA.
@@ -12,6 +14,7 @@ Two checks run here what cannot run a CUDA kernel:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -25,9 +28,11 @@ from wavepp.models.kernels import (
     ATTENTION_KERNELS,
     CUDA_ATTENTION_KERNELS,
     Kernels,
+    cuda_kernels,
     paged_attention,
     varlen_operands,
 )
+from wavepp.random_checkpoint import HYBRID_ARCHS, MOE_ARCHS
 
 META = torch.device("meta")
 
@@ -80,6 +85,49 @@ def test_stage_forward_on_meta_makes_nothing_on_the_host(tiny_models, kernel, st
     width = config.vocab_size if spec.is_last else config.hidden_size
     rows = batch.num_chunks if spec.is_last else batch.num_tokens
     assert out.device == META and out.shape == (rows, width)
+
+
+@pytest.mark.parametrize("arch", [*MOE_ARCHS, *HYBRID_ARCHS])
+def test_every_family_on_meta_through_the_cuda_path_makes_nothing_on_the_host(
+    moe_models, hybrid_models, arch
+):
+    """Each family's middle and last stage of three (4 layers: [0, 2), [2, 3), [3, 4)) in bf16
+    through `cuda_kernels`' choice, GQA by SDPA and by varlen: MoE by the grouped GEMM, MLA
+    absorbed, DSA's indexer keeping 4 keys and a shared layer's selection from the stage
+    before, KDA's scan from a snapshot and into one."""
+    path = {**moe_models, **hybrid_models}["glm_moe_dsa/topk4" if arch == "glm_moe_dsa" else arch]
+    config = load_model_config(path)
+    kernels = cuda_kernels(config, torch.bfloat16, META)
+    assert (kernels.mla, kernels.moe, kernels.elementwise) == ("absorbed", "grouped", "torch")
+    gqa = any(layer.attention.kind == "gqa" for layer in config.layers)
+    # chunks after one shared 8-token prefix (its state in slot 0), one cold chunk
+    chunks = [
+        ChunkSpec(8, 3, (0, 1, 2), state_in=0, state_saves=((11, 1),)),
+        ChunkSpec(8, 4, (0, 1, 3), state_in=0),
+        ChunkSpec(0, 6, (4, 5), state_saves=((4, 2), (6, 3))),
+    ]
+    if not config.is_hybrid:
+        chunks = [dataclasses.replace(c, state_in=None, state_saves=()) for c in chunks]
+    batch = StageBatch.build(chunks, 4).to(META)
+    for spec in stage_specs(config.num_layers, 3)[1:]:
+        model = StageModel(config, spec, torch.bfloat16).to(META)
+        kv = model.new_kv_cache(num_blocks=16, block_size=4)
+        hidden = torch.empty(batch.num_tokens, model.input_width, dtype=torch.bfloat16, device=META)
+        for attention in ("sdpa", "varlen") if gqa else ("sdpa",):
+            with OffDevice(META) as watch:
+                out = model(
+                    batch,
+                    kv,
+                    hidden_states=hidden,
+                    kernels=dataclasses.replace(kernels, attention=attention),
+                )
+            assert watch.ops == [], (spec, attention)
+            rows, width = (
+                (batch.num_chunks, config.vocab_size)
+                if spec.is_last
+                else (batch.num_tokens, model.output_width)
+            )
+            assert out.device == META and out.shape == (rows, width)
 
 
 class OffDevice(TorchDispatchMode):

@@ -19,6 +19,7 @@ from wavepp.models import (
     page_layout,
     stage_specs,
 )
+from wavepp.models.kernels import Kernels
 from wavepp.random_checkpoint import make_model
 
 BLOCK = 16
@@ -47,21 +48,32 @@ def reference(kimi):
 class Chain:
     """The stages of one split, chained in-process; blocks and state slots given by the test."""
 
-    def __init__(self, path, num_stages: int) -> None:
+    def __init__(self, path, num_stages: int, kernels: Kernels | None = None) -> None:
         config = load_model_config(path)
         self.stages = [
             load_stage_model(path, spec, torch.float32)
             for spec in stage_specs(config.num_layers, num_stages)
         ]
         self.caches = [stage.new_kv_cache(32, BLOCK, num_state_slots=16) for stage in self.stages]
+        self.kernels = kernels  # None: the defaults
 
     def run(self, chunk: ChunkSpec, tokens: torch.Tensor) -> torch.Tensor:
         batch = StageBatch.build([chunk], BLOCK)
         hidden = self.stages[0](
-            batch, self.caches[0], input_ids=tokens, all_logits=len(self.stages) == 1
+            batch,
+            self.caches[0],
+            input_ids=tokens,
+            all_logits=len(self.stages) == 1,
+            kernels=self.kernels,
         )
         for i, (stage, cache) in enumerate(zip(self.stages[1:], self.caches[1:]), start=1):
-            hidden = stage(batch, cache, hidden_states=hidden, all_logits=i == len(self.stages) - 1)
+            hidden = stage(
+                batch,
+                cache,
+                hidden_states=hidden,
+                all_logits=i == len(self.stages) - 1,
+                kernels=self.kernels,
+            )
         return hidden
 
 

@@ -43,13 +43,16 @@ class Stages:
     """The stage slices of a model chained in-process, each with its own pools; the test
     chooses block tables, so requests can share cached prefix blocks."""
 
-    def __init__(self, path, num_stages: int, num_blocks: int = 32) -> None:
+    def __init__(
+        self, path, num_stages: int, num_blocks: int = 32, kernels: Kernels | None = None
+    ) -> None:
         config = load_model_config(path)
         self.models = [
             load_stage_model(path, spec, torch.float32)
             for spec in stage_specs(config.num_layers, num_stages)
         ]
         self.caches = [model.new_kv_cache(num_blocks, BLOCK_SIZE) for model in self.models]
+        self.kernels = kernels
 
     def run(self, chunks: list[ChunkSpec], token_ids: list[int]) -> torch.Tensor:
         """One wave; logits of every token of the batch [num_tokens, vocab]."""
@@ -59,18 +62,26 @@ class Stages:
             self.caches[0],
             input_ids=torch.tensor(token_ids),
             all_logits=len(self.models) == 1,
+            kernels=self.kernels,
         )
         for index, (model, cache) in enumerate(zip(self.models[1:], self.caches[1:]), start=2):
             assert out.shape[1] == model.input_width
-            out = model(batch, cache, hidden_states=out, all_logits=index == len(self.models))
+            out = model(
+                batch,
+                cache,
+                hidden_states=out,
+                all_logits=index == len(self.models),
+                kernels=self.kernels,
+            )
         return out
 
 
-def _prefix_reuse_scenario(path, num_stages: int) -> None:
+def _prefix_reuse_scenario(path, num_stages: int, kernels: Kernels | None = None) -> None:
     """Request a: 37 tokens in 4 chunks, each over a.'s cached prefix. Then one wave with
     b, which shares a's first 5 blocks (20 tokens, a cache hit) and computes 10 more, and c,
-    cold; then b's last 5 tokens. Every computed position is checked."""
-    stages = Stages(path, num_stages)
+    cold; then b's last 5 tokens. Every computed position is checked. `kernels`: the paths
+    every stage runs (None: the defaults)."""
+    stages = Stages(path, num_stages, kernels=kernels)
     a = random_prompt(37, seed=21)
     b = a[:20] + random_prompt(15, seed=22)
     c = random_prompt(9, seed=23)

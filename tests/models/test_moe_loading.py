@@ -170,3 +170,22 @@ def test_make_model_command_writes_a_loadable_checkpoint(tmp_path, capsys, arch)
     config = load_model_config(tmp_path / arch)
     assert (config.model_type, config.num_layers) == (arch, 3)
     assert len(load_stage_model(tmp_path / arch, dtype=torch.float32).layers) == 3
+
+
+def test_make_model_set_reaches_the_spec_fields_that_have_no_flag():
+    from wavepp.cli.make_model import spec_overrides
+
+    assert spec_overrides(
+        ["head_dim=128", "rope_theta=5e5", "indexer_types=full,shared", "q_lora_rank=0"]
+    ) == {
+        "head_dim": 128,
+        "rope_theta": 500000.0,
+        "indexer_types": ("full", "shared"),
+        "q_lora_rank": 0,
+    }
+    with pytest.raises(ValueError, match="FIELD one of .*kv_lora_rank"):
+        spec_overrides(["bogus=1"])
+    with pytest.raises(ValueError, match="flags of their own"):
+        spec_overrides(["num_layers=3"])
+    with pytest.raises(ValueError, match="not a value of num_experts"):
+        spec_overrides(["num_experts=many"])

@@ -9,8 +9,8 @@ fitted to the model's positions), each the fastest of `repeat` runs after one wa
 work on the machine only ever adds time). The embedding and the final norm + LM head are timed on
 their own (`StageModel.embed_tokens`, `logits`) and taken out of the slice that carries them. So the
 pass loads one slice at a time, at most (kinds + 2) of them: about 0.2 s on the tiny test models.
-The kernels are the defaults (`Kernels()`), not the stage's measured choice: what the split needs is
-the layers' ratios.
+The kernels are the defaults (`Kernels()`; on a GPU the CUDA path's, `cuda_kernels`), not the
+stage's measured choice: what the split needs is the layers' ratios.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from wavepp.models import StageSpec, load_stage_model
-from wavepp.models.kernels import Kernels
+from wavepp.models.kernels import Kernels, cuda_kernels
 from wavepp.models.spec import LayerCosts, ModelSpec
 from wavepp.models.spec.layer_cost import Chunk, reference_chunks
 from wavepp.runtime.device import synchronize
@@ -99,7 +99,11 @@ def time_slice(
     longest = max(cached + new for cached, new in chunks)
     kv = model.new_kv_cache(-(-longest // block_size), block_size)
     gen = torch.Generator().manual_seed(0)
-    kernels = Kernels()
+    kernels = (
+        cuda_kernels(model.config, dtype, model.device)
+        if model.device.type == "cuda"
+        else Kernels()
+    )
     time_wave(model, kv, chunks[:1], block_size, gen, kernels)  # warm-up: first-call costs
     forward_s = sum(
         min(time_wave(model, kv, ((c, x),), block_size, gen, kernels) for _ in range(repeat))

@@ -133,11 +133,17 @@ class StageRuntime:
 
     def kernels(self) -> str:
         """The kernel paths this stage runs, e.g. "linear=packed attention=chunked_cpp
-        elementwise=cpp" (attention: GQA models only; elementwise: bf16 on the CPU only)."""
+        elementwise=cpp" (attention: GQA models only; mla, moe: models with such layers;
+        elementwise: bf16 on the CPU only)."""
         paths = self.kernel_choice.kernels
         parts = [f"linear={paths.linear}"]
         if self.kernel_choice.attention is not None:
             parts.append(f"attention={paths.attention}")
+        layers = self.model_config.layers
+        if any(layer.attention.kind == "mla" for layer in layers):
+            parts.append(f"mla={paths.mla}")
+        if any(layer.mlp.kind == "moe" for layer in layers):
+            parts.append(f"moe={paths.moe}")
         if self.device.type == "cpu" and TORCH_DTYPES[self.config.engine.dtype] == torch.bfloat16:
             parts.append(f"elementwise={paths.elementwise_in_use()}")
         return " ".join(parts)

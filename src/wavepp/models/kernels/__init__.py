@@ -1,6 +1,7 @@
 """Kernels, apart from the model code: projections (`linear`), attention over the paged cache
-(`attention`, `attention_torch`), the C++ CPU kernels (`cpp`, sources in `csrc/`), and the
-per-process choice among them (`choice`: `Kernels`, `choose_kernels`)."""
+(`attention`, `attention_torch`), an MoE layer's routed experts (`experts`), the C++ CPU
+kernels (`cpp`, sources in `csrc/`), and the per-process choice among them (`choice`:
+`Kernels`, `choose_kernels`, and the CUDA path's `cuda_kernels`)."""
 
 from wavepp.models.kernels.attention import (
     ALL_ATTENTION_KERNELS,
@@ -18,6 +19,7 @@ from wavepp.models.kernels.choice import (
     choose_attention,
     choose_kernels,
     cpu_attention_kernels,
+    cuda_kernels,
 )
 from wavepp.models.kernels.linear import (
     LINEAR_KERNELS,
@@ -42,6 +44,7 @@ __all__ = [
     "choose_kernels",
     "choose_linear",
     "cpu_attention_kernels",
+    "cuda_kernels",
     "linear_shapes",
     "packed_available",
     "paged_attention",

@@ -106,3 +106,30 @@ def sdpa_attention(
         )
         out[t0:t1] = result[0].transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)
+
+
+def shared_kv_sdpa(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One chunk's attention over one KV head that every query head shares (MLA's latent
+    form: the keys are the latent rows with their RoPE part, the values the latents), by
+    F.scaled_dot_product_attention with an explicit mask:
+
+        query [m, heads, d], keys [L, d], values [L, dv], visible [m, L] bool -> [m, heads, dv]
+
+    The shared head is an expanded view (stride 0 over heads), no copy per head, rather than
+    `enable_gqa`, which not every SDPA kernel takes; with a mask and a head_dim past
+    FlashAttention's 256 (576 for DeepSeek-V3's) SDPA picks among its other kernels (the
+    memory-efficient one takes both; not measured on a GPU). `visible` broadcasts over the
+    heads: causal, and a DSA selection where there is one."""
+    m, heads, _ = query.shape
+    # q: [1, heads, m, d]; k, v: [1, heads, L, d | dv] views of the one head
+    q = query.transpose(0, 1).unsqueeze(0)
+    k = keys.unsqueeze(0).unsqueeze(0).expand(1, heads, *keys.shape)
+    v = values.unsqueeze(0).unsqueeze(0).expand(1, heads, *values.shape)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None, None], scale=scale)
+    return out[0].transpose(0, 1)

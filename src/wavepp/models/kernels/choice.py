@@ -1,10 +1,14 @@
 """The kernel paths a stage runs: one object, chosen once per process, passed to every forward.
 
-    Kernels(linear, attention, elementwise)
+    Kernels(linear, attention, elementwise, mla, moe)
         linear       the projections' path (`kernels/linear.py`: linear | matmul | packed)
         attention    the GQA attention kernel (`kernels/attention.py`)
         elementwise  "cpp": the fused C++ SiLU-and-mul, RMSNorm and RoPE where they run (bf16,
                      CPU, contiguous; `kernels/cpp.py`), else torch's ops; "torch": torch's always
+        mla          MLA's form (`layers/mla.py`): "expanded", each chunk's context expanded
+                     into per-head keys and values; "absorbed", SDPA over the latent rows as
+                     one KV head shared by every head (`kernels/attention_torch.py`)
+        moe          the routed experts' kernel (`kernels/experts.py`): sorted | grouped
 
 `choose_kernels` measures the linear paths and the attention kernels on the stage's own shapes
 (CPUs differ: AMX, AVX-512, neither) the first time a stage of this process starts on a device
@@ -13,12 +17,24 @@ type and dtype; a stage started later in the same process (rank 0 of a second En
 engines compared side by side in one process run the same kernels. A path pinned in the
 environment (`wavepp/env.py`) always wins. The model holds no choice: `StageModel.forward`
 takes the `Kernels` it runs with.
+
+On a CUDA device nothing is timed: `cuda_kernels` gives the CUDA path, made of torch's own
+GPU kernels only (no C++ extension of ours, no oneDNN, nothing CPU-only):
+
+    attention  varlen FlashAttention (bf16 / fp16, compute capability >= 8.0), else SDPA
+    mla        absorbed: SDPA over the latent cache, nothing expanded (DSA: its selection as
+               SDPA's mask; the indexer and its top-k are torch ops)
+    moe        grouped: torch's grouped GEMM (bf16, widths of whole 16 bytes), else sorted
+    KDA        its chunked scan (`layers/kda_scan.py`) is torch ops on any device
+
+`cuda_kernels` takes the device, so a test on the CPU (or the meta device) gets the same
+choices, less what needs the GPU itself (varlen: SDPA stands in).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -32,6 +48,7 @@ from wavepp.models.kernels.attention import (
     paged_attention,
 )
 from wavepp.models.kernels.attention_torch import varlen_applies
+from wavepp.models.kernels.experts import check_experts, grouped_applies, run_experts
 from wavepp.models.kernels.linear import (
     LINEAR_KERNELS,
     KernelChoice,
@@ -40,20 +57,27 @@ from wavepp.models.kernels.linear import (
     linear_shapes,
 )
 
+MLA_FORMS = ("expanded", "absorbed")
+
 
 @dataclass(frozen=True)
 class Kernels:
     linear: str = "linear"
     attention: str = "chunked"
     elementwise: str = field(default_factory=env.elementwise_kernel)
+    mla: str = "expanded"
+    moe: str = "sorted"
 
     def __post_init__(self) -> None:
         check_linear(self.linear)
         check_attention(self.attention)
+        check_experts(self.moe)
         if self.elementwise not in ("cpp", "torch"):
             raise ValueError(
                 f"unknown elementwise kernel {self.elementwise!r}; choose cpp or torch"
             )
+        if self.mla not in MLA_FORMS:
+            raise ValueError(f"unknown MLA form {self.mla!r}; choose one of {', '.join(MLA_FORMS)}")
 
     def project(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
@@ -71,6 +95,17 @@ class Kernels:
     ) -> torch.Tensor:
         """`paged_attention` by this kernel."""
         return paged_attention(query, key_cache, value_cache, batch, scale, kernel=self.attention)
+
+    def experts(
+        self,
+        routed: torch.Tensor,
+        sorted_experts: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> torch.Tensor:
+        """`run_experts` by this kernel: routed [num_pairs, hidden] rows sorted by expert ->
+        [num_pairs, hidden]."""
+        return run_experts(self.moe, routed, sorted_experts, gate_up, down, self.project)
 
     def fused(self, *tensors: torch.Tensor):
         """The C++ elementwise module where it runs these tensors (elementwise "cpp"; bf16, on
@@ -116,8 +151,11 @@ def choose_kernels(
 ) -> StageKernels:
     """This process's kernel paths for a stage of `spec` (its `model` gives the projections'
     shapes): measured by the first stage of the process on this device type and dtype, reused
-    by later ones, a pin in the environment always applied."""
+    by later ones, a pin in the environment always applied. On a CUDA device: the CUDA path
+    (`cuda_kernels`), nothing timed (`model` unused), a pin applied."""
     key = (torch.device(device).type, dtype)
+    if key[0] == "cuda":
+        return _cuda_stage_kernels(spec, dtype, torch.device(device))
     elementwise = env.elementwise_kernel()
     if key == ("cpu", torch.bfloat16) and elementwise == "cpp":
         cpp.elementwise_kernels()  # built (the first time on a machine) before any wave
@@ -143,6 +181,29 @@ def choose_kernels(
             attention = AttentionChoice(chosen["attention"], {}, {})
     kernels = Kernels(linear.name, attention.name if attention else "chunked", elementwise)
     return StageKernels(kernels, linear, attention)
+
+
+def cuda_kernels(spec, dtype: torch.dtype, device: torch.device | str | None = None) -> Kernels:
+    """The CUDA path's kernels for a stage of `spec` (a ModelSpec) in `dtype`, nothing timed:
+    F.linear, `varlen` (else `sdpa`) for GQA, MLA absorbed, the grouped GEMM for MoE where it
+    applies (else sorted), torch's elementwise ops. `device`: the stage's CUDA device, whose
+    compute capability decides varlen and the grouped GEMM; another device (a test on the CPU
+    or the meta device) gets the same choices, with SDPA where varlen needs the GPU."""
+    device = torch.device(device or "cpu")
+    gqa = next((layer.attention for layer in spec.layers if layer.attention.kind == "gqa"), None)
+    attention = "sdpa" if gqa is None else cuda_attention(gqa.head_dim, dtype, device)
+    moe = [layer.mlp for layer in spec.layers if layer.mlp.kind == "moe"]
+    grouped = all(
+        grouped_applies(spec.hidden_size, mlp.intermediate_size, dtype, device) for mlp in moe
+    )
+    return Kernels(
+        "linear", attention, "torch", mla="absorbed", moe="grouped" if moe and grouped else "sorted"
+    )
+
+
+def cuda_attention(head_dim: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The CUDA path's GQA kernel: `varlen` where `varlen_applies`, else `sdpa`."""
+    return "varlen" if varlen_applies(head_dim, dtype, device) else "sdpa"
 
 
 def choose_attention(
@@ -177,9 +238,7 @@ def choose_attention(
             )
         return AttentionChoice(pinned, {}, {})
     if device.type == "cuda":
-        return AttentionChoice(
-            "varlen" if varlen_applies(head_dim, dtype, device) else "sdpa", {}, {}
-        )
+        return AttentionChoice(cuda_attention(head_dim, dtype, device), {}, {})
     block_size, prefix, new = 16, 1024, 64
     shared = tuple(range(prefix // block_size))
     chunks = [
@@ -229,3 +288,18 @@ def attention_flops(num_heads: int, head_dim: int, chunks: list[tuple[int, int]]
     2 * head_dim each, per head and per visible (query, key) pair."""
     visible = sum(new * cached + new * (new + 1) / 2 for cached, new in chunks)
     return 4.0 * num_heads * head_dim * visible
+
+
+def _cuda_stage_kernels(spec, dtype: torch.dtype, device: torch.device) -> StageKernels:
+    """`cuda_kernels`, with the linear and attention paths pinned in the environment applied."""
+    kernels = cuda_kernels(spec, dtype, device)
+    linear = choose_linear((), dtype, device=device)  # the pin, else F.linear: nothing timed
+    has_gqa = any(layer.attention.kind == "gqa" for layer in spec.layers)
+    attention = None
+    if has_gqa:
+        attention = AttentionChoice(env.attention_kernel_pin() or kernels.attention, {}, {})
+        check_attention(attention.name)
+    kernels = replace(
+        kernels, linear=linear.name, attention=attention.name if attention else kernels.attention
+    )
+    return StageKernels(kernels, linear, attention)

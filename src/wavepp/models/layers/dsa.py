@@ -55,7 +55,7 @@ class Indexer(nn.Module):
         key_cache.index_copy_(0, batch.slot_mapping, k)
         # weights: [n, 1, heads]
         weights = (linear(x.float(), self.weights_proj) * self.num_heads**-0.5)[:, None, :]
-        topk = torch.full((n, self.topk), -1, dtype=torch.int64)
+        topk = torch.full((n, self.topk), -1, dtype=torch.int64, device=x.device)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
             context = batch.context_slots[
@@ -65,19 +65,18 @@ class Indexer(nn.Module):
             # per_head: [m, heads, end] -> scores: [m, end]
             per_head = torch.relu(torch.matmul(q[t0:t1], keys.t()) * self.head_dim**-0.5)
             scores = torch.bmm(weights[t0:t1], per_head)[:, 0]
-            positions = torch.arange(chunk.num_cached_tokens, chunk.end)
-            scores.masked_fill_(
-                torch.arange(chunk.end)[None, :] > positions[:, None], float("-inf")
-            )
-            causal = torch.arange(chunk.end)[None, :] <= positions[:, None]
+            # causal: [m, end], key j visible to new token i iff j <= num_cached + i
+            causal = batch.visible_mask(index)
+            scores.masked_fill_(~causal, float("-inf"))
             chosen = (
                 causal if self.topk >= chunk.end else _top_lowest_first(scores, self.topk) & causal
             )
             keep = min(self.topk, chunk.end)
             # rank of each chosen key among its row's chosen keys, in position order
             rank = torch.where(chosen, chosen.cumsum(-1) - 1, keep)
-            rows = torch.full((t1 - t0, keep + 1), -1, dtype=torch.int64)
-            rows.scatter_(1, rank, torch.arange(chunk.end).expand(t1 - t0, -1))
+            rows = torch.full((t1 - t0, keep + 1), -1, dtype=torch.int64, device=x.device)
+            positions = torch.arange(chunk.end, device=x.device)
+            rows.scatter_(1, rank, positions.expand(t1 - t0, -1))
             topk[t0:t1, :keep] = rows[:, :keep]
         return topk
 
@@ -92,7 +91,7 @@ def _top_lowest_first(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def selection_mask(topk: torch.Tensor, context_len: int) -> torch.Tensor:
     """topk: [m, k] positions (-1: none) -> [m, context_len] bool, True at the selected keys."""
-    mask = torch.zeros(topk.shape[0], context_len + 1, dtype=torch.bool)
+    mask = torch.zeros(topk.shape[0], context_len + 1, dtype=torch.bool, device=topk.device)
     mask.scatter_(1, torch.where(topk < 0, context_len, topk), True)
     return mask[:, :context_len]
 

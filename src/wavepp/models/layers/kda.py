@@ -56,11 +56,11 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(linear(x, self.b_proj)).float()  # [n, heads]
         recurrent = pools.state_view("recurrent", self.layer)  # [slots, heads * d * d]
         conv_state = pools.state_view("conv", self.layer)  # [slots, (taps - 1) * 3qkv]
-        out = torch.empty(n, heads, d, dtype=x.dtype)
+        out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
         for index, chunk in enumerate(batch.chunks):
             t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
             if chunk.state_in is None:
-                state = torch.zeros(heads, d, d)
+                state = torch.zeros(heads, d, d, device=x.device)
                 history = mixed.new_zeros(self.taps - 1, 3 * self.qkv)
             else:
                 state = recurrent[chunk.state_in].view(heads, d, d).clone()
@@ -98,9 +98,11 @@ class KimiDeltaAttention(nn.Module):
         return linear(o.view(n, heads * d), self.o_proj)
 
     def _conv(self, window: torch.Tensor) -> torch.Tensor:
-        # window: [taps - 1 + m, C] -> [m, C]: out[t] = silu(sum_j w[:, j] * window[t + j])
-        out = F.conv1d(window.t()[None], self.conv_weight[:, None, :], groups=window.shape[1])
-        return F.silu(out[0].t())
+        # window: [taps - 1 + m, C] -> [m, C]: out[t] = silu(sum_j w[:, j] * window[t + j]),
+        # as one contraction over the taps of each position's window ([m, C, taps], a view):
+        # a matmul on every device (F.conv1d on a GPU is cuDNN's, which may run fp32 as TF32)
+        out = torch.einsum("mct,ct->mc", window.unfold(0, self.taps, 1), self.conv_weight)
+        return F.silu(out)
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

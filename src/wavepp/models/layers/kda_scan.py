@@ -69,8 +69,8 @@ def _scan_chunk(q, k, v, g, beta, state):
     # q, k, g: [h, c, dk]; v: [h, c, dv]; beta: [h, c]; state: [h, dk, dv]
     c = k.shape[1]
     G = g.cumsum(dim=1)  # [h, c, dk]
-    strict = torch.ones(c, c, dtype=torch.bool).tril_(-1)  # s < t
-    causal = torch.ones(c, c, dtype=torch.bool).tril_()  # s <= t
+    strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril_(-1)  # s < t
+    causal = torch.ones(c, c, dtype=torch.bool, device=k.device).tril_()  # s <= t
     # decay[t, s] = e^(G_t - G_s) for s <= t (exponent <= 0), 0 above the diagonal
     diff = (G[:, :, None, :] - G[:, None, :, :]).masked_fill_(
         ~causal[None, :, :, None], float("-inf")
@@ -78,7 +78,7 @@ def _scan_chunk(q, k, v, g, beta, state):
     decay = diff.exp_()  # [h, c, c, dk]
     kk = torch.einsum("htc,hsc,htsc->hts", k, k, decay)  # [h, c, c]
     A = (beta[:, :, None] * kk).masked_fill_(~strict, 0.0)
-    eye = torch.eye(c, dtype=q.dtype).expand(A.shape[0], c, c)
+    eye = torch.eye(c, dtype=q.dtype, device=q.device).expand(A.shape[0], c, c)
     eG = G.exp()
     rhs = beta[:, :, None] * (v - (k * eG) @ state)  # [h, c, dv]
     u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)

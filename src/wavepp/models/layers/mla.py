@@ -13,9 +13,11 @@ per-head keys and values with kv_b_proj, then attends.
 With a DSA indexer (GLM-5) each query attends only to the keys its layer's top-k selects
 (`Indexer`); a "shared" layer takes the selection of the layer before it.
 
-With the `amx` attention kernel (bf16 on a CPU with AMX) a layer without a top-k selection
-attends in latent form instead (`_latent_attention`): nothing is expanded, the heads share one
-KV head of kv_lora_rank + rope dims read from the cache in place.
+In latent ("absorbed") form nothing is expanded: each head's q_nope is taken into the latent
+space by kv_b_proj's key half, the heads share one KV head of kv_lora_rank + rope dims read
+from the cache in place, and the value half brings each head's output back. Two kernels run it:
+the `amx` attention kernel (bf16 on a CPU with AMX; layers without a top-k selection), and SDPA
+where the stage's `Kernels.mla` is "absorbed" (the CUDA path; with a DSA selection as its mask).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from wavepp.models.kernels.attention_amx import amx_applies, amx_attention
+from wavepp.models.kernels.attention_torch import shared_kv_sdpa
 from wavepp.models.layers.context import ForwardContext
 from wavepp.models.layers.dsa import Indexer, selection_mask
 from wavepp.models.layers.norm import RMSNorm
@@ -73,21 +76,13 @@ class MLAttention(nn.Module):
         latent_cache.index_copy_(0, batch.slot_mapping, latent_rows)
         topk = self._select(x, q_resid, ctx)
         if topk is None and ctx.kernels.attention == "amx" and amx_applies(q):
-            return linear(
-                self._latent_attention(q, latent_cache, batch).reshape(n, heads * self.v_dim),
-                self.o_proj,
-            )
-        out = x.new_empty(n, heads, self.v_dim)
-        for index, chunk in enumerate(batch.chunks):
-            t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
-            context = batch.context_slots[
-                batch.context_starts[index] : batch.context_starts[index + 1]
-            ]
-            chunk_topk = topk[t0:t1] if topk is not None else None
-            out[t0:t1] = self._chunk_attention(
-                q[t0:t1], latent_cache.index_select(0, context), chunk, chunk_topk, linear
-            ).to(out.dtype)
-        return linear(out.view(n, heads * self.v_dim), self.o_proj)
+            out = self._latent_attention(q, latent_cache, batch)
+        elif ctx.kernels.mla == "absorbed":
+            out = self._absorbed_attention(q, latent_cache, batch, topk)
+        else:
+            out = self._expanded_attention(q, latent_cache, batch, topk, linear)
+        # out: [n, heads, v] -> [n, hidden]
+        return linear(out.reshape(n, heads * self.v_dim), self.o_proj)
 
     def _project(
         self, x: torch.Tensor, ctx: ForwardContext
@@ -131,66 +126,105 @@ class MLAttention(nn.Module):
             )
         return ctx.topk
 
+    def _expanded_attention(
+        self, q: torch.Tensor, latent_cache: torch.Tensor, batch, topk: torch.Tensor | None, linear
+    ) -> torch.Tensor:
+        """Attention in MHA form, chunk by chunk over each context's expanded latent rows.
+        q: [n, heads, nope + rope] -> [n, heads, v]."""
+        out = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
+        for index in range(batch.num_chunks):
+            t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
+            context = batch.context_slots[
+                batch.context_starts[index] : batch.context_starts[index + 1]
+            ]
+            rows = latent_cache.index_select(0, context)
+            visible = _visible(batch, index, topk)
+            out[t0:t1] = self._chunk_attention(q[t0:t1], rows, visible, linear).to(out.dtype)
+        return out
+
     def _chunk_attention(
-        self,
-        q: torch.Tensor,
-        rows: torch.Tensor,
-        chunk,
-        topk: torch.Tensor | None,
-        linear,
+        self, q: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor, linear
     ) -> torch.Tensor:
         """One chunk's attention in MHA form over its context's latent rows, in fp32.
-        q: [chunk_tokens, heads, nope + rope], rows: [end, kv_lora + rope] -> [chunk_tokens,
-        heads, v] (fp32)."""
+        q: [chunk_tokens, heads, nope + rope], rows: [end, kv_lora + rope], visible:
+        [chunk_tokens, end] -> [chunk_tokens, heads, v] (fp32)."""
         heads = self.num_heads
-        # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope], values [heads, end, v]
+        # rows: [end, kv_lora + rope] -> per-head keys [heads, end, nope + rope],
+        # values [heads, end, v]
         kv = linear(rows[:, : self.kv_lora_rank], self.kv_b_proj).view(
             -1, heads, self.nope + self.v_dim
         )
         keys = torch.cat(
             (kv[..., : self.nope], rows[:, None, self.kv_lora_rank :].expand(-1, heads, -1)), -1
         )
-        # allowed: [chunk_tokens, end], key j visible to query i iff j <= num_cached + i (and selected)
-        allowed = _causal(chunk.num_cached_tokens, chunk.num_tokens)
-        if topk is not None:
-            allowed &= selection_mask(topk, chunk.end)
         # scores: [heads, chunk_tokens, end], -inf where not visible. In fp32, as the
         # reference computes them: bf16 scores of 24-dim heads drift by ~0.1 in logprob
-        bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+        bias = torch.zeros(visible.shape, device=rows.device).masked_fill_(~visible, float("-inf"))
         scores = torch.baddbmm(
             bias, q.transpose(0, 1).float(), keys.permute(1, 2, 0).float(), alpha=self.scale
         )
         o = torch.bmm(torch.softmax(scores, dim=-1), kv[..., self.nope :].transpose(0, 1).float())
         return o.transpose(0, 1)
 
+    def _absorbed_attention(
+        self, q: torch.Tensor, latent_cache: torch.Tensor, batch, topk: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention in latent form by SDPA, chunk by chunk (`shared_kv_sdpa`): the context's
+        latent rows [c | k_rope] are the one KV head of every query head, read as they are
+        cached, the latents c its values; a DSA selection joins the causal mask. Nothing is
+        expanded, so a long cached prefix costs no kv_b_proj over it (the CUDA path).
+        q: [n, heads, nope + rope] -> [n, heads, v]."""
+        rank = self.kv_lora_rank
+        query = self._absorb(q)  # [n, heads, rank + rope]
+        o_lat = query.new_empty(q.shape[0], self.num_heads, rank)
+        for index in range(batch.num_chunks):
+            t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
+            context = batch.context_slots[
+                batch.context_starts[index] : batch.context_starts[index + 1]
+            ]
+            rows = latent_cache.index_select(0, context)  # [end, rank + rope]
+            o_lat[t0:t1] = shared_kv_sdpa(
+                query[t0:t1], rows, rows[:, :rank], _visible(batch, index, topk), self.scale
+            )
+        return self._unabsorb(o_lat)
+
     def _latent_attention(self, q: torch.Tensor, latent_cache: torch.Tensor, batch) -> torch.Tensor:
-        """Attention in latent form, on the AMX kernel: each head's q_nope taken into the
-        latent space by the key half of kv_b_proj (q_lat = q_nope W_UK), one KV head [c | k_rope]
-        for all heads read straight from the latent cache, the latents c as values, and each
-        head's output brought back by the value half (o = o_lat W_UV^T). The MHA form's result
-        up to rounding, without expanding any context. q: [n, heads, nope + rope] -> [n, heads, v]."""
+        """Attention in latent form on the AMX kernel: one KV head [c | k_rope] for all heads
+        read straight from the latent cache, the latents c as values. The MHA form's result
+        up to rounding, without expanding any context.
+        q: [n, heads, nope + rope] -> [n, heads, v]."""
         n, heads, rank = q.shape[0], self.num_heads, self.kv_lora_rank
-        w = self.kv_b_proj.view(heads, self.nope + self.v_dim, rank)
+        o_lat = amx_attention(
+            self._absorb(q), latent_cache[:, None], latent_cache[:, None, :rank], batch, self.scale
+        )
+        return self._unabsorb(o_lat.view(n, heads, rank))
+
+    def _absorb(self, q: torch.Tensor) -> torch.Tensor:
+        """Each head's q_nope taken into the latent space by the key half of kv_b_proj
+        (q_lat = q_nope W_UK), its RoPE part kept:
+        [n, heads, nope + rope] -> [n, heads, rank + rope]."""
+        w = self.kv_b_proj.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
         q_lat = torch.bmm(
             q[..., : self.nope].transpose(0, 1), w[:, : self.nope]
         )  # [heads, n, rank]
-        query = torch.cat(
-            (q_lat.transpose(0, 1), q[..., self.nope :]), -1
-        )  # [n, heads, rank + rope]
-        o_lat = amx_attention(
-            query, latent_cache[:, None], latent_cache[:, None, :rank], batch, self.scale
-        )
-        out = torch.bmm(
-            o_lat.view(n, heads, rank).transpose(0, 1), w[:, self.nope :].transpose(1, 2)
-        )
+        return torch.cat((q_lat.transpose(0, 1), q[..., self.nope :]), -1)
+
+    def _unabsorb(self, o_lat: torch.Tensor) -> torch.Tensor:
+        """Each head's latent output brought back by the value half (o = o_lat W_UV^T):
+        [n, heads, rank] -> [n, heads, v]."""
+        w = self.kv_b_proj.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
+        out = torch.bmm(o_lat.transpose(0, 1), w[:, self.nope :].transpose(1, 2))
         return out.transpose(0, 1)
 
 
-def _causal(num_cached: int, num_tokens: int) -> torch.Tensor:
-    #   [0, num_cached)  cached prefix, visible to all  |  [num_cached, end)  causal
-    keys = torch.arange(num_cached + num_tokens)
-    queries = torch.arange(num_cached, num_cached + num_tokens)
-    return keys[None, :] <= queries[:, None]
+def _visible(batch, index: int, topk: torch.Tensor | None) -> torch.Tensor:
+    """Which keys of its context [0, end) each new token of chunk `index` attends to:
+    [chunk_tokens, end] bool, on the batch's device; causal, and selected where DSA chose."""
+    visible = batch.visible_mask(index)
+    if topk is None:
+        return visible
+    t0, t1 = batch.token_starts[index], batch.token_starts[index + 1]
+    return visible & selection_mask(topk[t0:t1], batch.chunks[index].end)
 
 
 def _param(dtype: torch.dtype, *shape: int) -> nn.Parameter:

@@ -13,14 +13,14 @@ Routing (`spec/mlp.py` MoESpec.scoring), scores in fp32:
       normalized to sum 1 where norm_topk_prob
 
 Execution: the (token, expert) pairs are sorted by expert, so each active expert runs one
-gate/up matmul and one down matmul over all of its tokens; results scatter back with their
-weights. The loop is over active experts, never over tokens. Shared experts run densely.
+gate/up matmul and one down matmul over all of its tokens (the stage's experts kernel,
+`kernels/experts.py`: a loop over active experts, or one grouped GEMM), never a loop over
+tokens; results scatter back with their weights. Shared experts run densely.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from wavepp.models.kernels import Kernels
@@ -76,7 +76,6 @@ class Experts(nn.Module):
         self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
             requires_grad=False,
@@ -95,20 +94,9 @@ class Experts(nn.Module):
         # pairs sorted by expert: pair p is (token order[p] // top_k, expert flat[order[p]])
         order = torch.argsort(flat, stable=True)
         tokens = order // top_k
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
-        # routed: [num_tokens * top_k, H], rows grouped by expert
+        # routed: [num_tokens * top_k, H], rows grouped by expert, through the stage's kernel
         routed = x.index_select(0, tokens)
-        out = torch.empty_like(routed)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            rows = slice(start, start + count)
-            gate, up = kernels.project(routed[rows], self.gate_up_proj[expert]).split(
-                self.intermediate_size, -1
-            )
-            torch.mm(F.silu(gate).mul_(up), self.down_proj[expert].t(), out=out[rows])
-            start += count
+        out = kernels.experts(routed, flat[order], self.gate_up_proj, self.down_proj)
         out.mul_(weights.flatten()[order, None].to(out.dtype))
         return torch.zeros_like(x).index_add_(0, tokens, out)
 

@@ -64,13 +64,6 @@ class ModelSpec:
         """Layer `index` is linear attention (state snapshots, no per-token cache)."""
         return self.layers[index].attention.kind == "kda"
 
-    @property
-    def runs_on_cuda(self) -> bool:
-        """The CUDA path covers GQA attention with dense MLPs (the Llama family)."""
-        return all(
-            layer.attention.kind == "gqa" and layer.mlp.kind == "dense" for layer in self.layers
-        )
-
     def reuses_topk(self, index: int) -> bool:
         """Layer `index` attends over the previous layer's DSA selection (False past the end)."""
         return index < self.num_layers and self.layers[index].attention.reuses_topk
