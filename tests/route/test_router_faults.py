@@ -223,3 +223,42 @@ def test_numbers_json_has_not_are_a_400(number):
     )
     assert resp.status_code == 400, resp.text
     assert not up.seen
+
+
+def test_each_upstream_wait_takes_its_own_option():
+    """--health-timeout-s, --query-timeout-s, --drop-timeout-s and --timeout-s each bound
+    their own calls: a stand-in that answers after 0.5 s fails a call allowed less."""
+    up, waits = Upstreams(), {}
+    normal = up.__call__
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        read = request.extensions["timeout"]["read"]
+        waits.setdefault(request.url.path, set()).add(read)
+        if read < 0.5:
+            raise httpx.ReadTimeout("no answer", request=request)
+        if request.url.path == "/v1/cache_query":
+            return httpx.Response(200, json={"cached_tokens": 0, "num_tokens": 1})
+        return normal(request)
+
+    up.answer["decode"] = lambda r: httpx.Response(500, json={"error": {"message": "x"}})
+    config = RouteConfig(
+        f"{PREFILL},http://prefill2.internal:8000",
+        DECODE,
+        timeout_s=7.0,
+        health_timeout_s=0.25,
+        query_timeout_s=0.75,
+        drop_timeout_s=3.0,
+    )
+    router = RequestRouter(config, transport=httpx.MockTransport(slow))
+    with TestClient(router.app) as client:
+        assert client.get("/health").status_code == 503  # 0.25 s < 0.5 s: every server down
+        assert waits["/health"] == {0.25}
+        for table in (router.prefills, router.decodes):
+            for i in range(len(table.replicas)):
+                table.set_healthy(i, True)
+        assert client.post("/v1/completions", json={"prompt": "a"}).status_code == 500
+    assert waits["/v1/cache_query"] == {0.75}
+    assert waits["/v1/completions"] == {7.0}
+    assert waits["/v1/kv_transfers/wpp-1"] == {3.0}
+    with pytest.raises(ValueError, match="drop_timeout_s"):
+        RouteConfig(PREFILL, DECODE, drop_timeout_s=0)

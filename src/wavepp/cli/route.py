@@ -42,6 +42,27 @@ def add_parser(sub) -> None:
         default=2.0,
         help="seconds between the replicas' health checks (default 2)",
     )
+    p.add_argument(
+        "--health-timeout-s",
+        type=float,
+        default=2.0,
+        help="a health check unanswered this long fails: the server leaves the rotation "
+        "(default 2)",
+    )
+    p.add_argument(
+        "--query-timeout-s",
+        type=float,
+        default=1.0,
+        help="with --routing cache: a replica that does not say what it holds within this "
+        "counts as holding nothing (default 1)",
+    )
+    p.add_argument(
+        "--drop-timeout-s",
+        type=float,
+        default=5.0,
+        help="the wait for a prefill server to drop a transfer the decode side failed; past "
+        "it the transfer's TTL frees it (default 5)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument(
@@ -72,6 +93,9 @@ def run(args) -> int:
         args.max_body_bytes,
         routing=args.routing,
         health_interval_s=args.health_interval_s,
+        health_timeout_s=args.health_timeout_s,
+        query_timeout_s=args.query_timeout_s,
+        drop_timeout_s=args.drop_timeout_s,
     )
     app = RequestRouter(config).app
     print(

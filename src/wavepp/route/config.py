@@ -20,6 +20,9 @@ class RouteConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     routing: str = "cache"
     health_interval_s: float = 2.0
+    health_timeout_s: float = 2.0  # a health check unanswered this long fails
+    query_timeout_s: float = 1.0  # the cache policy's question: past it, the replica holds 0
+    drop_timeout_s: float = 5.0  # a transfer's drop at the prefill; past it, the TTL frees it
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode"):
@@ -30,8 +33,9 @@ class RouteConfig:
             raise ValueError(f"routing must be one of {', '.join(POLICIES)}, got {self.routing!r}")
         if not self.health_interval_s > 0:
             raise ValueError(f"the health interval must be positive, got {self.health_interval_s}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"the upstream timeout must be positive, got {self.timeout_s} s")
+        for name in ("timeout_s", "health_timeout_s", "query_timeout_s", "drop_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)} s")
         if self.max_body_bytes < 1:
             raise ValueError(f"the body limit must be >= 1 byte, got {self.max_body_bytes}")
 

@@ -72,9 +72,6 @@ from wavepp.route.upstream import (
 
 log = logging.getLogger(__name__)
 
-DROP_TIMEOUT_S = 5.0
-HEALTH_TIMEOUT_S = 2.0
-QUERY_TIMEOUT_S = 1.0
 # what a cache query carries of a request: its prompt or its messages (as /tokenize takes them)
 QUERY_FIELDS = ("prompt", "messages", "add_generation_prompt", "continue_final_message")
 
@@ -206,7 +203,7 @@ class RequestRouter:
 
     async def _answers_health(self, url: str) -> bool:
         try:
-            response = await self.client.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S)
+            response = await self.client.get(f"{url}/health", timeout=self.config.health_timeout_s)
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -299,7 +296,7 @@ class RequestRouter:
     async def _held_tokens(self, body: dict, headers) -> dict[int, float]:
         """The cache policy's question to every healthy replica: how many of this request's
         tokens it holds on all its stages (POST /v1/cache_query); 0 for one that does not
-        answer in QUERY_TIMEOUT_S (it is not marked down for that: its health check decides).
+        answer in `query_timeout_s` (it is not marked down for that: its health check decides).
         -> {replica: the share of the prompt it holds}; counts the query in the table."""
         query = {k: body[k] for k in QUERY_FIELDS if k in body}
         up = self.prefills.healthy()
@@ -311,7 +308,9 @@ class RequestRouter:
     async def _held_share(self, index: int, query: dict, headers) -> float:
         url = f"{self.prefills.replicas[index].url}/v1/cache_query"
         try:
-            r = await self.client.post(url, json=query, headers=headers, timeout=QUERY_TIMEOUT_S)
+            r = await self.client.post(
+                url, json=query, headers=headers, timeout=self.config.query_timeout_s
+            )
             if r.status_code != 200:
                 return 0.0
             answer = r.json()
@@ -336,7 +335,7 @@ class RequestRouter:
             return
         try:
             await self.client.delete(
-                f"{prefill_url}/v1/kv_transfers/{transfer_id}", timeout=DROP_TIMEOUT_S
+                f"{prefill_url}/v1/kv_transfers/{transfer_id}", timeout=self.config.drop_timeout_s
             )
         except httpx.HTTPError as err:
             log.warning(
