@@ -3,7 +3,8 @@ concurrencies, one server after the other, and both tables side by side.
 
     .venv/bin/python benchmarks/vllm_bench_serve.py --vllm-python .venv-vllm/bin/python \\
         [--model smollm2] [--pp 2] [--concurrency 8,32] [--num-prompts 256] \\
-        [--prefix-len 512] [--suffix-len 64] [--num-prefixes 4] [--output-len 1]
+        [--prefix-len 512] [--suffix-len 64] [--num-prefixes 4] [--output-len 1] \\
+        [--wavepp-args "--layer-split 14,16"]
 
 The harness is vLLM's serving benchmark (the one most serving numbers are published with), run
 from vLLM's own virtual environment (its CPU build; README "Against vLLM"): it streams every
@@ -78,7 +79,7 @@ def _start(system: str, args, model_dir: str, port: int) -> subprocess.Popen:
     if system == "wavepp":
         cmd = [sys.executable, "-m", "wavepp.cli", "serve", "--model", args.model, "--pp", str(args.pp),
                "--port", str(port), "--debug", "--served-model-name", args.served_name,
-               "--scheduling-policy", args.scheduling_policy]
+               "--scheduling-policy", args.scheduling_policy, *args.wavepp_args.split()]
         env = os.environ
     else:
         cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
@@ -242,6 +243,7 @@ def _parse_args():
     p.add_argument("--served-name", default="smollm2", help="the model's name in both APIs")
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--scheduling-policy", default="fcfs", help="wavepp serve's (default fcfs)")
+    p.add_argument("--wavepp-args", default="", help="more of wavepp serve's options, as one string")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32])
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--prefix-len", type=int, default=512)
