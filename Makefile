@@ -70,7 +70,7 @@ test: $(STAMP) $(VLLM_STAMP) $(DYNAMO_STAMP)
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(DYNAMO_VENV)
