@@ -31,13 +31,13 @@ top-2): computed tokens/s per chunk shape, with the cache pools filled with rand
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
 
+from wavepp.bench.report import cpu_name
 from wavepp.models import ChunkSpec, StageBatch, load_model_config, load_stage_model
 from wavepp.models.kernels import Kernels, attention_flops, choose_attention, choose_linear, linear_shapes, paged_attention
 from wavepp.models.kernels import cpp as cpu_kernels
@@ -71,7 +71,7 @@ def main() -> None:
         model = load_stage_model(path, dtype=torch.bfloat16)
     print(f"model: {label}  ({config.num_layers} layers, hidden {config.hidden_size}, "
           f"{config.num_heads}/{config.num_kv_heads} heads)  dtype bf16")
-    print(f"machine: {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    print(f"machine: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     max_tokens = max(PREFIXES) + max(CHUNKS) + max(n * (t + p) for n, t, p in BATCHES)
     cache = model.new_kv_cache(num_blocks=max_tokens // BLOCK_SIZE + 16, block_size=BLOCK_SIZE)
     for tensor in cache.tensors.values():
@@ -123,7 +123,7 @@ FAMILY_CASES = ((0, 128), (0, 512), (1024, 128), (1024, 512), (4096, 256))   # (
 def _bench_families(dtype: torch.dtype, runs: int) -> None:
     from wavepp.random_checkpoint import MOE_ARCHS, make_model
 
-    print(f"machine: {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {dtype}")
+    print(f"machine: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), {dtype}")
     print(f"\n{'family':>12} {'case':>16} {'ms':>9} {'tokens/s':>9} {'cpu/wall':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for arch in MOE_ARCHS:
@@ -285,17 +285,6 @@ def _model_path(name: str, tmp: str):
                           num_kv_heads=3, intermediate_size=1536, vocab_size=49152,
                           tie_word_embeddings=True)
         return path, "random SmolLM2-135M-shaped"
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

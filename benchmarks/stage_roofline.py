@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
+from wavepp.bench.report import cpu_name
 from wavepp.models import load_model_config, load_stage_model, stage_specs
 from wavepp.models.kernels import choose_kernels
 from wavepp.runtime.device import synchronize
@@ -138,14 +138,7 @@ def matmul_tflops(device: torch.device, size: int, runs: int = 10) -> float:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ Run: `.venv/bin/python -m pytest -q tests/gpu` on a machine with a CUDA build of
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
+from tests.gpu.conftest import assert_near_cpu
 from tests.models.test_moe_families import reference_logits, stable_topk
+from tests.prompts import two_prefix_prompts
 from wavepp.engine import Engine
 from wavepp.random_checkpoint import HYBRID_ARCHS, MOE_ARCHS, make_model
 
@@ -29,13 +29,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 VOCAB = 256
 FAMILIES = (*MOE_ARCHS, *HYBRID_ARCHS)
-
-
-@pytest.fixture(autouse=True)
-def cuda_kernel_choice(monkeypatch):
-    """The suite pins the CPU kernels (tests/conftest.py); on CUDA the stages choose their own."""
-    monkeypatch.delenv("WAVEPP_ATTENTION_KERNEL", raising=False)
-    monkeypatch.delenv("WAVEPP_LINEAR_KERNEL", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +44,7 @@ def families(tmp_path_factory):
 
 
 def _prompts(seed: int) -> list[list[int]]:
-    """Two prefixes of 20-40 tokens, three suffixes each, and an exact repeat."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randrange(20, 40))] for _ in range(2)]
-    prompts = [
-        p + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))]
-        for p in prefixes
-        for _ in range(3)
-    ]
-    return prompts + [list(prompts[0])]
+    return two_prefix_prompts(VOCAB, seed, per_prefix=3)
 
 
 def _engine(path, pp: int, dtype: str, device: str) -> Engine:
@@ -107,12 +92,4 @@ def test_engine_bf16_on_cuda_matches_the_cpu_engine(families, arch):
     assert all("moe=grouped" in k for k in kernels), kernels
     mla = arch not in ("minimax_m2", "qwen3_moe")
     assert all(("mla=absorbed" in k) == mla for k in kernels), kernels
-    checked = 0
-    for c, g in zip(cpu, gpu):
-        assert c.ok and g.ok, (c.error, g.error)
-        assert abs(c.first_token_logprob - g.first_token_logprob) < 0.1
-        (_, lp0), (_, lp1) = c.top_logprobs[:2]
-        if lp0 - lp1 > 0.1:  # bf16 may swap near-ties only
-            assert g.first_token_id == c.first_token_id
-            checked += 1
-    assert checked >= len(prompts) // 2
+    assert_near_cpu(cpu, gpu)

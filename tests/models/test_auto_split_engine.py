@@ -5,12 +5,11 @@ moves layers, not results: first tokens and logprobs as transformers computes th
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from tests.models.test_moe_families import reference_logits
+from tests.prompts import two_prefix_prompts
 from wavepp.engine import Engine
 from wavepp.models import split_layers
 from wavepp.random_checkpoint import make_model
@@ -48,14 +47,7 @@ def deepseek_v3(tmp_path_factory):
 
 
 def _prompts(seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randrange(20, 40))] for _ in range(2)]
-    prompts = [
-        p + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))]
-        for p in prefixes
-        for _ in range(2)
-    ]
-    return prompts + [list(prompts[0])]  # an exact repeat
+    return two_prefix_prompts(VOCAB, seed, per_prefix=2)
 
 
 def _check_against_transformers(path, pp: int, **options) -> Engine:

@@ -3,11 +3,10 @@ model: first tokens and their logprobs as transformers computes them, prefixes r
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.models.test_moe_families import reference_logits, stable_topk
+from tests.prompts import two_prefix_prompts
 from wavepp.engine import Engine
 from wavepp.random_checkpoint import MOE_ARCHS, make_model
 
@@ -15,14 +14,7 @@ VOCAB = 256
 
 
 def _prompts(seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randrange(20, 40))] for _ in range(2)]
-    prompts = [
-        p + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 12))]
-        for p in prefixes
-        for _ in range(3)
-    ]
-    return prompts + [list(prompts[0])]  # an exact repeat
+    return two_prefix_prompts(VOCAB, seed, per_prefix=3)
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)

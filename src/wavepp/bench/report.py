@@ -20,6 +20,18 @@ def machine() -> str:
     )
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo, as lscpu shows it), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def print_table(rows: list[dict], console, title: str) -> None:
     """One row per (workload, concurrency, policy); within a setting the fastest first (in
     bold), and each policy's input tok/s as a ratio to wavepp's (to the first policy's when
