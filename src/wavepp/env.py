@@ -20,6 +20,10 @@ started later) sees the environment as it is then.
     MC_LOG_LEVEL                  WARNING                 Mooncake's transfer engine's own log
                                                           level (its INFO lines are per peer);
                                                           set, it is left as it is
+    MC_TCP_PROGRESS_TIMEOUT_SEC   (written)               set from --kv-transfer-timeout-s (the
+                                                          stages) or the connector's
+                                                          transfer_timeout_s (the decode side)
+    MC_RPC_TIMEOUT_MS             (written)               set from --kv-tier-timeout-s
 
 A pinned kernel skips the start-up timing and runs in every process alike: the same numerics
 run after run (the test suite pins linear and chunked, `tests/conftest.py`).
@@ -27,6 +31,7 @@ run after run (the test suite pins linear and chunked, `tests/conftest.py`).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -64,3 +69,16 @@ def mooncake_trace(default: str) -> str:
 def quiet_transfer_engine_logs() -> None:
     """MC_LOG_LEVEL=WARNING for Mooncake's transfer engine unless set: called before it loads."""
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+
+
+def set_transfer_progress_timeout(seconds: float) -> None:
+    """MC_TCP_PROGRESS_TIMEOUT_SEC: a transfer of Mooncake's TCP transport with no progress
+    for this long fails (whole seconds, at least 1); read when an engine starts, for the whole
+    process."""
+    os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = str(max(1, math.ceil(seconds)))
+
+
+def set_store_rpc_timeout(seconds: float) -> None:
+    """MC_RPC_TIMEOUT_MS: a Mooncake Store RPC with no answer for this long fails; read when a
+    store client is set up, for the whole process."""
+    os.environ["MC_RPC_TIMEOUT_MS"] = str(max(1, int(seconds * 1000)))

@@ -24,13 +24,14 @@ on the stage's store writer thread, which nothing waits on.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+
+from wavepp.env import set_store_rpc_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,7 @@ class MooncakeStoreClient:
         self.buffer_bytes = buffer_bytes
         self.retry_s = retry_s
         self.timeout_s = timeout_s
-        # read by the Mooncake client when it is set up: a call with no answer ends after this
-        os.environ["MC_RPC_TIMEOUT_MS"] = str(max(1, int(timeout_s * 1000)))
+        set_store_rpc_timeout(timeout_s)  # read by the client at set-up: a stuck call ends
         self._lock = threading.Lock()  # guards the fields below, never held across a call
         self._store = None  # a MooncakeDistributedStore once set up
         self._down_until = 0.0  # no call before this time (monotonic)

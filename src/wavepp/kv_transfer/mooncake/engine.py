@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
-import math
-import os
 import socket
 import threading
 from typing import TYPE_CHECKING
 
-from wavepp.env import quiet_transfer_engine_logs
+from wavepp.env import quiet_transfer_engine_logs, set_transfer_progress_timeout
 
 if TYPE_CHECKING:
     import torch
@@ -123,8 +121,7 @@ class TransferEngineHandle:
         if not timeout_s > 0:
             raise ValueError(f"the transfer timeout must be positive, got {timeout_s} s")
         host = check_host(host)
-        # read by the engine's TCP transport when it starts; whole seconds
-        os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = str(max(1, math.ceil(timeout_s)))
+        set_transfer_progress_timeout(timeout_s)  # read by the engine's TCP transport at start
         engine = _import_engine()()
         # P2PHANDSHAKE: peers find each other by "host:port", no metadata service; "" lets the
         # engine pick the RDMA devices itself (unused over TCP)
