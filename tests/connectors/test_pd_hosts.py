@@ -371,9 +371,10 @@ def test_the_store_master_unreachable(hosts, expected):
     assert took < 30
 
 
-def test_the_decode_host_gone_for_good(hosts):
-    """Last: the decode host drops off the network and stays off. The router takes it out
-    (503 at once, naming the decode side) and drops the transfers it prefilled for it."""
+def test_the_decode_host_gone_then_back(hosts, expected):
+    """Last: the decode host drops off the network and stays off (a host gone for good, as the
+    router sees it). The router takes it out (503 at once, naming the decode side) and drops
+    the transfers it prefilled for it; once the host is back, the router takes it back in."""
     route = hosts.url["route"]
     assert eventually(hosts.arenas_empty, timeout_s=TTL_S + 5)  # nothing left from before
     hosts.net.cut("decode")
@@ -387,6 +388,13 @@ def test_the_decode_host_gone_for_good(hosts):
     # the prefill's part was dropped at once (the router's DELETE), not left to its TTL (the
     # arena gauges are read at the hand-off's sweeps, every TTL / 4)
     assert eventually(hosts.arenas_empty, timeout_s=TTL_S / 2)
+    hosts.net.restore("decode")
+    assert eventually(lambda: hosts.client.get(f"{route}/health").status_code == 200)
+    assert hosts.router_up("decode") == 1
+    prompt = grouped_prompts()[3]
+    answer = hosts.complete(route, prompt)
+    assert tokens(answer) == expected[tuple(prompt)]
+    assert cached(answer) == len(prompt) - 1
 
 
 def _metrics(hosts: Hosts) -> str:
