@@ -47,6 +47,7 @@ pytestmark = [pytest.mark.slow, needs_vllm]
 PORT = 8000  # every host has ports of its own
 MASTER_PORT, METADATA_PORT = 50051, 8080
 TRANSFER_TIMEOUT_S = 3.0  # the decode side's: a pull without progress this long fails
+ROUTE_TIMEOUT_S = 30.0  # the router's, per upstream request
 TTL_S = 10.0  # the prefill's arena gauges are read every TTL / 4
 MAX_TOKENS = 8
 NO_PROXY = {"NO_PROXY": "*", "no_proxy": "*"}  # every address here is on the test's own bridge
@@ -143,7 +144,7 @@ class Hosts:
                 "--port",
                 str(PORT),
                 "--timeout-s",
-                "30",
+                str(ROUTE_TIMEOUT_S),
                 "--health-interval-s",
                 "0.5",
             ],
@@ -260,16 +261,25 @@ def test_pd_under_a_bandwidth_cap(hosts, expected):
 
 def test_pd_with_latency_and_loss(hosts, expected):
     """100 ms each way and 5% of the packets lost on the prefill host's link (tc netem, where
-    the kernel has it: skipped with the reason where not)."""
-    prompts = grouped_prompts()[10:12]
+    the kernel has it: skipped with the reason where not). TCP at 5% loss and a 200 ms round
+    trip moves some tens of KB/s, so a pull of a prompt's KV (megabytes) crawls but progresses:
+    the answer has the right tokens, or is the router's 504 once its timeout passed; never a
+    wrong token, never a longer wait. Once the link is as it was the stalled pull ends."""
+    prompt = grouped_prompts()[10]
     hosts.net.delay("prefill", "100ms", loss="5%")
     try:
-        answers = [hosts.complete(hosts.url["route"], p) for p in prompts]
+        t0 = time.monotonic()
+        answer = hosts.complete(hosts.url["route"], prompt)
+        took = time.monotonic() - t0
     finally:
         hosts.net.uncap("prefill")
-    for prompt, answer in zip(prompts, answers):
+    print(f"one prompt at 100 ms and 5% loss: {answer.status_code} after {took:.1f} s")
+    assert took < ROUTE_TIMEOUT_S + 10
+    if answer.status_code == 200:
         assert tokens(answer) == expected[tuple(prompt)]
-        assert cached(answer) == len(prompt) - 1
+    else:
+        assert answer.status_code == 504, answer.text
+    assert eventually(hosts.arenas_empty, timeout_s=TTL_S + 30)
 
 
 def test_the_decode_link_cut_during_a_pull(hosts, expected):
