@@ -1,7 +1,7 @@
 """A store master that takes connections but never answers (its process stopped: what a master
 behind a cut link looks like to a client already connected) costs a stage's lookups at most
-`timeout_s`, once; then "not held" at once until `retry_s` passed; and the hits come back when
-the master does."""
+`timeout_s`, once; then "not held" at once until `retry_s` passed; the store is not called
+reachable until a call reaches it again; and the hits come back when the master does."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_an_unanswering_master_costs_one_timeout_then_nothing(mooncake_master):
     )
     try:
         assert client.put(["k"], [b"v" * 512])
-        assert client.exists(["k", "missing"]) == [True, False]
+        assert client.exists(["k", "missing"]) == [True, False] and client.reachable
         os.kill(mooncake_master.process.pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
@@ -39,7 +39,10 @@ def test_an_unanswering_master_costs_one_timeout_then_nothing(mooncake_master):
         assert 0.9 <= first <= 2.0, first  # the timeout, not Mooncake's 30 s RPC timeout
         assert after < 0.1, after  # counted down: no second wait
         assert client.num_timeouts == 1
+        time.sleep(1.2)  # past retry_s, with no call since: still not reached
+        assert not client.reachable
         # the master answers again: so does the store, after retry_s
         assert eventually(lambda: client.exists(["k"]) == [True], timeout_s=20)
+        assert client.reachable
     finally:
         client.close()

@@ -69,6 +69,7 @@ class MooncakeStoreClient:
         self._store = None  # a MooncakeDistributedStore once set up
         self._down_until = 0.0  # no call before this time (monotonic)
         self.num_errors = 0  # calls that failed (the store unreachable or refusing)
+        self._reached = False  # whether the last call reached the store
         self.num_timeouts = 0  # lookups given up after timeout_s
         self._caller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-store")
         self._pending: Future | None = None  # the lookup the caller thread runs
@@ -76,14 +77,15 @@ class MooncakeStoreClient:
 
     @property
     def reachable(self) -> bool:
-        """Whether the last call reached the store."""
-        return self._store is not None and time.monotonic() >= self._down_until
+        """Whether the last call reached the store (while the store is counted down, and after
+        it, until a call reaches it again)."""
+        return self._store is not None and self._reached
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is held; all False when the store cannot be reached."""
         if not keys:
             return []
-        store = self._bounded("setup", self._ready)
+        store = self._ready()
         codes = self._bounded("batch_is_exist", store.batch_is_exist, list(keys)) if store else None
         if codes is None:
             return [False] * len(keys)
@@ -95,7 +97,7 @@ class MooncakeStoreClient:
     def get(self, keys: Sequence[str], value_bytes: int) -> list[bytes | None]:
         """Each key's bytes (None: not held, or the store cannot be reached), fetched in
         batches whose values (about `value_bytes` each) fit half the transfer buffer."""
-        store = self._bounded("setup", self._ready)
+        store = self._ready()
         if store is None:
             return [None] * len(keys)
         per_batch = max(1, self.buffer_bytes // (2 * max(1, value_bytes)))
@@ -118,6 +120,8 @@ class MooncakeStoreClient:
             code = store.put_batch(list(keys[i : i + per_batch]), list(values[i : i + per_batch]))
             if code in _RPC_ERRORS:
                 self._failed("put_batch", code)
+            else:
+                self._reached = True  # answered, a refusal included
             if code != 0:
                 return False
         return True
@@ -148,20 +152,24 @@ class MooncakeStoreClient:
                 return None
             future = self._pending = self._caller.submit(fn, *args)
         try:
-            return future.result(timeout=self.timeout_s)
+            result = future.result(timeout=self.timeout_s)
         except FutureTimeout:
             with self._lock:
                 self.num_timeouts += 1
             self._failed(f"{call} (no answer within {self.timeout_s:g} s)", -1)
             return None
+        if result is not None:  # it answered (an error code in the answer calls _failed after;
+            self._reached = True  # a set-up that failed returns None, having called it)
+        return result
 
     def _ready(self):
-        """The store client, or None while the store is counted down."""
+        """The store client, or None while the store is counted down; set up again (on the
+        caller thread, bounded) where the last set-up failed."""
         with self._lock:
             if time.monotonic() < self._down_until:
                 return None
             store = self._store
-        return store if store is not None else self._connect()
+        return store if store is not None else self._bounded("setup", self._connect)
 
     def _connect(self):
         from mooncake.store import MooncakeDistributedStore
@@ -181,6 +189,7 @@ class MooncakeStoreClient:
             return None
         with self._lock:
             self._store = store
+            self._reached = True
         return store
 
     def _failed(self, call: str, code: int) -> None:
@@ -188,6 +197,7 @@ class MooncakeStoreClient:
             first = time.monotonic() >= self._down_until
             self._down_until = time.monotonic() + self.retry_s
             self.num_errors += 1
+            self._reached = False
         if first:
             logger.warning(
                 "Mooncake Store at %s: %s failed (%d); its hits are off for %.1f s",
