@@ -262,3 +262,31 @@ def test_each_upstream_wait_takes_its_own_option():
     assert waits["/v1/kv_transfers/wpp-1"] == {3.0}
     with pytest.raises(ValueError, match="drop_timeout_s"):
         RouteConfig(PREFILL, DECODE, drop_timeout_s=0)
+
+
+def test_a_stale_health_check_does_not_take_a_server_back_out():
+    """A check sent while a link was down answers after a newer check found the server back
+    (the periodic checks and GET /health run side by side): the newer answer stands."""
+    import asyncio
+
+    gate = asyncio.Event()
+    answers = iter([503, 200])  # the first check sent finds it down, the second up
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        if status == 503:
+            await gate.wait()  # the old check: still waiting on the dead link
+        return httpx.Response(status)
+
+    router = RequestRouter(RouteConfig(PREFILL), transport=httpx.MockTransport(upstream))
+
+    async def scenario():
+        old = asyncio.create_task(router.check_health())
+        await asyncio.sleep(0.01)
+        await router.check_health()  # the newer check: the server is up
+        assert router.prefills.healthy() == [0]
+        gate.set()
+        await old  # its answer comes last, and is older
+        return router.prefills.healthy()
+
+    assert asyncio.run(scenario()) == [0]

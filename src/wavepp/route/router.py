@@ -43,6 +43,7 @@ import contextlib
 import http.cookiejar
 import json
 import logging
+import math
 import time
 
 import httpx
@@ -93,6 +94,8 @@ class RequestRouter:
         self.prefills = ReplicaTable(config.prefill, config.routing)
         self.decodes = ReplicaTable(config.decode, "least-load") if config.decode else None
         self._health_task: asyncio.Task | None = None
+        # server URL -> when the health check whose answer stands was sent (one per server)
+        self._health_asked: dict[str, float] = {}
         self.app = self._build_app()
 
     # -- the routes
@@ -165,10 +168,17 @@ class RequestRouter:
     # -- health
 
     async def check_health(self) -> None:
-        """GET /health of every server; mutates the tables' health (a change is logged)."""
+        """GET /health of every server; mutates the tables' health (a change is logged). The
+        periodic checks and GET /health's run side by side: an answer to a check sent before
+        the one whose answer stands is dropped, so a check that waited out a dead link cannot
+        take out a server a newer check found back."""
         for table in (t for t in (self.prefills, self.decodes) if t is not None):
             for i, replica in enumerate(table.replicas):
+                asked = time.monotonic()
                 ok = await self._answers_health(replica.url)
+                if asked < self._health_asked.get(replica.url, -math.inf):
+                    continue  # a newer check's answer stands
+                self._health_asked[replica.url] = asked
                 if ok != replica.healthy:
                     log.warning("route: %s is %s", replica.url, "back" if ok else "down")
                 table.set_healthy(i, ok)
