@@ -228,8 +228,9 @@ def poison(store: DirectoryStore, transfer_id: str, pools: tuple[str, ...] = ("v
         store.write_part(transfer_id, part.stage_id, save(tensors), manifest)
 
 
-def arena_gauge(metrics: str, name: str) -> dict[str, float]:
-    """{stage: value} of a wavepp_kv_arena_* gauge in /metrics text."""
+def stage_gauge(metrics: str, name: str) -> dict[str, float]:
+    """{stage: value} of a per-stage gauge (wavepp_kv_arena_*, wavepp_kv_tier_store_reachable)
+    in /metrics text."""
     out = {}
     for line in metrics.splitlines():
         if line.startswith(name + "{"):
@@ -258,8 +259,8 @@ def arenas_empty(client, prefill_url: str, num_stages: int) -> bool:
     metrics = client.get(f"{prefill_url}/metrics").text
     empty = {str(stage): 0 for stage in range(num_stages)}
     return (
-        arena_gauge(metrics, "wavepp_kv_arena_transfers") == empty
-        and arena_gauge(metrics, "wavepp_kv_arena_bytes") == empty
+        stage_gauge(metrics, "wavepp_kv_arena_transfers") == empty
+        and stage_gauge(metrics, "wavepp_kv_arena_bytes") == empty
     )
 
 

@@ -31,10 +31,10 @@ import transformers
 
 from tests.connectors.helpers import (
     NO_PROFILE,
-    arena_gauge,
     arenas_empty,
     grouped_prompts,
     needs_vllm,
+    stage_gauge,
     vllm_command,
     wait_healthy,
 )
@@ -298,7 +298,7 @@ def test_the_decode_link_cut_during_a_pull(hosts, expected):
         worker.start()
         # the prefill answered: the part is in the arena, and vLLM pulls it
         assert eventually(
-            lambda: sum(arena_gauge(_metrics(hosts), "wavepp_kv_arena_transfers").values()) > 0,
+            lambda: sum(stage_gauge(_metrics(hosts), "wavepp_kv_arena_transfers").values()) > 0,
             timeout_s=30,
         )
         time.sleep(1.0)
@@ -371,7 +371,7 @@ def test_the_store_master_unreachable(hosts, expected):
         t0 = time.monotonic()
         answers = [hosts.complete(hosts.url["route"], p) for p in prompts]
         took = time.monotonic() - t0
-        reachable = _gauge(_metrics(hosts), "wavepp_kv_tier_store_reachable")
+        reachable = stage_gauge(_metrics(hosts), "wavepp_kv_tier_store_reachable")
     finally:
         hosts.net.restore("store")
     print(f"2 prompts with the store's master cut off: {took:.1f} s")
@@ -409,13 +409,3 @@ def test_the_decode_host_gone_then_back(hosts, expected):
 
 def _metrics(hosts: Hosts) -> str:
     return hosts.client.get(f"{hosts.url['prefill']}/metrics").text
-
-
-def _gauge(metrics: str, name: str) -> dict[str, float]:
-    """{labels: value} of a gauge in /metrics text."""
-    out = {}
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            labels, value = line.rsplit(" ", 1)
-            out[labels] = float(value)
-    return out
