@@ -190,6 +190,9 @@ class Network:
         for proc in self._procs:
             self.kill(proc)
         for host in self._hosts.values():
+            # the pair goes now (a namespace's own devices go with it later, asynchronously:
+            # the next network of this process would find the port's name taken)
+            _ip("link", "del", host["port"], check=False)
             _ip("netns", "del", host["ns"], check=False)
         _ip("link", "del", self.bridge, check=False)
 

@@ -78,6 +78,13 @@ def set_transfer_progress_timeout(seconds: float) -> None:
     os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = str(max(1, math.ceil(seconds)))
 
 
+def set_transfer_call_deadline(seconds: float) -> None:
+    """MC_TRANSFER_TIMEOUT: the most a synchronous call of Mooncake's Python engine waits
+    (plus a nanosecond a byte) before it returns failed with its transfer still running; read
+    when an engine is made, for the whole process."""
+    os.environ["MC_TRANSFER_TIMEOUT"] = str(max(5, math.ceil(seconds)))
+
+
 def set_store_rpc_timeout(seconds: float) -> None:
     """MC_RPC_TIMEOUT_MS: a Mooncake Store RPC with no answer for this long fails; read when a
     store client is set up, for the whole process."""

@@ -335,7 +335,10 @@ def test_the_prefill_link_cut_after_its_answer(hosts, expected):
     print(f"the decode side gave up the pull and computed the prompt in {took:.1f} s")
     assert tokens(decoded) == expected[tuple(prompt)]  # vLLM's usage counts them cached still
     assert hosts.pulls_failed() == failed_before + 1
-    assert took < 20  # ARP gives up on the host in about 3 s a try; the timeout bounds a read
+    # a read on a connection the engine holds fails at its progress deadline; a new connection
+    # at the probe after it (tests/runtime/test_transfer_unreachable.py): at most twice the
+    # timeout, then vLLM computes the prompt
+    assert took < 2 * TRANSFER_TIMEOUT_S + 10
     assert eventually(hosts.arenas_empty, timeout_s=TTL_S + 10)
 
 

@@ -8,7 +8,8 @@ cache, over Mooncake's transfer engine or from the directory store.
 `kv_connector_extra_config` may hold `"host"` (the address this side's transfer engine uses;
 default: the one on the route to the prefill's stages), `"protocol"` ("tcp" or "rdma"),
 `"store": DIR` (to also read the directory transport), `"transfer_timeout_s"` (a pull that
-makes no progress for this long fails, and vLLM computes the prompt; default 10),
+makes no progress for this long fails, one from a host that stopped answering within twice
+it, and vLLM computes the prompt; default 10),
 `"recompute_failed_loads": false` (keep vLLM's own `kv_load_failure_policy`; by default the
 connector sets it to "recompute", so a pull that fails is computed, never an error nor a wrong
 token).

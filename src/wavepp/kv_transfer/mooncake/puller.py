@@ -9,8 +9,10 @@ the pull, never loads).
     puller.release(stages)                    # tell each stage it may free its part (best effort)
     puller.release(stages, skip_host=err.unreachable_host)   # after a PullFailed
 
-The rows are views of the buffer: valid until the next `pull`. Only torch, numpy and mooncake are
-imported (it runs in vLLM's environment).
+The rows are views of the buffer: valid until the next `pull`. A read whose peer stopped
+answering fails with the engine's call still running (engine.py, PeerUnreachable): the buffer
+it reads into is set aside, not reused, until that call returns. Only torch, numpy and
+mooncake are imported (it runs in vLLM's environment).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 
 from wavepp.kv_transfer.mooncake.engine import (
     DEFAULT_TIMEOUT_S,
+    PeerUnreachable,
+    SetAside,
     TransferEngineHandle,
     TransferFailed,
     local_host_for,
@@ -53,6 +57,7 @@ class ArenaPuller:
         self.engine: TransferEngineHandle | None = None
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._words = torch.zeros(64, dtype=torch.int64)  # seq read-backs and release words
+        self._set_aside = SetAside()  # buffers a call still running may write into
         self.num_pulled_bytes = 0
 
     def _start(self, session: str) -> TransferEngineHandle:
@@ -61,6 +66,14 @@ class ArenaPuller:
             self.engine = TransferEngineHandle.start(host, self.protocol, self.timeout_s)
             self.engine.register(self._words)
         return self.engine
+
+    def _set_aside_buffers(self, engine: TransferEngineHandle, done) -> None:
+        """A call still running may write into the buffer and the words: new ones from here
+        on, those two unregistered once it returns."""
+        self._set_aside.add(done, [t for t in (self._buffer, self._words) if t.numel()])
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._words = torch.zeros_like(self._words)
+        engine.register(self._words)
 
     def _room(self, nbytes: int) -> torch.Tensor:
         if self._buffer.numel() < nbytes:
@@ -76,6 +89,7 @@ class ArenaPuller:
         if not stages or len(stages) > self._words.numel():
             raise PullFailed(f"{len(stages)} stages' parts cannot be pulled")
         engine = self._start(stages[0]["session"])
+        self._set_aside.reclaim(engine)
         sizes = [part_bytes(loc, start, end) for loc in stages]
         buffer = self._room(sum(sizes))
         out: dict[int, dict[str, torch.Tensor]] = {}
@@ -88,6 +102,8 @@ class ArenaPuller:
                 engine.read(loc["session"], segments)
                 engine.read(loc["session"], [(words + 8 * i, loc["entry_addr"], 8)])
             except TransferFailed as err:
+                if isinstance(err, PeerUnreachable):
+                    self._set_aside_buffers(engine, err.done)
                 raise PullFailed(
                     f"stage {loc['stage']}'s part: {err}", split_session(loc["session"])[0]
                 ) from None
@@ -120,6 +136,9 @@ class ArenaPuller:
                 )
             except TransferFailed as err:
                 log.info("stage %s's part could not be released: %s", loc.get("stage"), err)
+                if isinstance(err, PeerUnreachable):
+                    self._set_aside_buffers(self.engine, err.done)
+                    words = self._words.data_ptr()
 
     def close(self) -> None:
         if self.engine is not None:

@@ -23,7 +23,12 @@ import time
 
 import torch
 
-from wavepp.kv_transfer.mooncake.engine import DEFAULT_TIMEOUT_S, TransferEngineHandle
+from wavepp.kv_transfer.mooncake.engine import (
+    DEFAULT_TIMEOUT_S,
+    PeerUnreachable,
+    SetAside,
+    TransferEngineHandle,
+)
 from wavepp.kv_transfer.mooncake.ledger import (
     DEFAULT_MAX_ENTRIES,
     HEADER_ROWS,
@@ -62,10 +67,8 @@ class ArenaWriter:
         self._table_addr = self.engine.register(self._table)
         self._data_addr = self.engine.register(self._data)
         # rank 0's scratch: the word it writes to release a part, the header it reads for usage
-        self._word = torch.zeros(1, dtype=torch.int64)
-        self._word_addr = self.engine.register(self._word)
-        self._header = torch.zeros(8, dtype=torch.int64)
-        self._header_addr = self.engine.register(self._header)
+        self._set_aside = SetAside()  # scratch a call still running may use
+        self._new_scratch()
         self._lock = threading.Lock()  # the table: the writer thread and rank 0's hand-off
 
     @property
@@ -98,6 +101,23 @@ class ArenaWriter:
             self.ledger.commit(slot)
         _, shape, _ = next(iter(shapes.values()))
         return slot, layout, nbytes, shape[1] * shape[2]  # rows per layer: whole blocks
+
+    def _new_scratch(self) -> None:
+        self._word = torch.zeros(1, dtype=torch.int64)
+        self._word_addr = self.engine.register(self._word)
+        self._header = torch.zeros(8, dtype=torch.int64)
+        self._header_addr = self.engine.register(self._header)
+
+    def _remote(self, call, *args) -> None:
+        """An engine call with the scratch (under the lock): a PeerUnreachable's running call
+        keeps the scratch it has, and new scratch is used from here on."""
+        self._set_aside.reclaim(self.engine)
+        try:
+            call(*args)
+        except PeerUnreachable as err:
+            self._set_aside.add(err.done, [self._word, self._header])
+            self._new_scratch()
+            raise
 
     def put(self, transfer_id: str, staged, num_tokens: int, manifest: dict) -> dict:
         """The staged part's location (nothing left to copy); its ArenaFull raised."""
@@ -133,7 +153,8 @@ class ArenaWriter:
             return
         with self._lock:  # one word, one writer at a time
             self._word[0] = location["seq"]
-            self.engine.write(
+            self._remote(
+                self.engine.write,
                 location["session"],
                 self._word_addr,
                 location["entry_addr"] + RELEASED_OFFSET,
@@ -148,7 +169,9 @@ class ArenaWriter:
         else:
             table = location["entry_addr"] - location["entry"] * self.ledger.table.strides[0]
             with self._lock:
-                self.engine.read(location["session"], [(self._header_addr, table, 64)])
+                self._remote(
+                    self.engine.read, location["session"], [(self._header_addr, table, 64)]
+                )
                 header = self._header.numpy().copy()
         freed = dict(zip(("released", "expired", "evicted", "refused"), map(int, header[4:8])))
         return ArenaUsage(
