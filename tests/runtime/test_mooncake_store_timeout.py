@@ -8,9 +8,19 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 from tests.eventually import eventually
 from wavepp.runtime.mooncake_store import MooncakeStoreClient
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of `pid` in the stopped state (T)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        states.append(stat[stat.rindex(")") + 2])
+    return all(state == "T" for state in states)
 
 
 def test_an_unanswering_master_costs_one_timeout_then_nothing(mooncake_master):
@@ -27,6 +37,9 @@ def test_an_unanswering_master_costs_one_timeout_then_nothing(mooncake_master):
         assert client.exists(["k", "missing"]) == [True, False] and client.reachable
         os.kill(mooncake_master.process.pid, signal.SIGSTOP)
         try:
+            # every thread stopped before the call (kill only queues the signal: a thread
+            # running on the other core answered one more lookup, once)
+            assert eventually(lambda: _stopped(mooncake_master.process.pid), timeout_s=5)
             t0 = time.monotonic()
             assert client.exists(["k"]) == [False]
             first = time.monotonic() - t0
