@@ -57,6 +57,9 @@ class MooncakeMaster:
                 str(self.http_port),
                 "-metrics_port",
                 str(self.metrics_port),
+                # a read leases its entry (10 s by default): a test that replaces an entry it
+                # read waits that out
+                "-default_kv_lease_ttl=1000",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -16,7 +16,9 @@ from tests.kv_events.test_wire import DECODE, VLLM_PYTHON
 
 class VLLMSubscriber:
     """vLLM's decoder subscribed to `endpoint` under `topic`, in its venv; `batches` fills as
-    they come (the JSON vllm_decode.py prints)."""
+    they come (the JSON vllm_decode.py prints). Started before the publisher's server (its
+    imports take seconds: they overlap the server's start), then `ready()` once the server is
+    up, before anything is published."""
 
     def __init__(self, endpoint: str, topic: str):
         self.proc = subprocess.Popen(
@@ -28,8 +30,12 @@ class VLLMSubscriber:
         self.batches: list[dict] = []
         self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def ready(self) -> "VLLMSubscriber":
+        """Wait until it subscribed and its subscription reached the publisher."""
         assert self._ready.wait(300), "vLLM's decoder did not start"
-        time.sleep(1.0)  # its subscription reaches the publisher (ZeroMQ's slow joiner)
+        time.sleep(1.0)  # ZeroMQ's slow joiner (and a reconnect if it came up before the server)
+        return self
 
     def _read(self) -> None:
         for line in self.proc.stdout:

@@ -48,11 +48,18 @@ def complete(url: str, prompt, timeout_s: float = 120) -> httpx.Response:
 
 def test_announced_blocks_are_what_every_stage_holds(tiny_model):
     config, endpoint, replay_endpoint = events_config("kv@replica-0")
-    server = ServerProcess(tiny_model, "--stage-num-blocks", "96,24", "--kv-events-config", config)
+    subscriber = VLLMSubscriber(endpoint, "kv@replica-0")
+    try:
+        server = ServerProcess(
+            tiny_model, "--stage-num-blocks", "96,24", "--kv-events-config", config
+        )
+    except BaseException:
+        subscriber.close()
+        raise
+    subscriber.ready()
     rng = random.Random(54)
     sent: list[list[int]] = []
     announced = AnnouncedBlocks(BS)
-    subscriber = VLLMSubscriber(endpoint, "kv@replica-0")
 
     def send(*prompts: list[int]) -> None:
         for prompt in prompts:

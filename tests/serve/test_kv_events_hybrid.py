@@ -26,10 +26,21 @@ BS = 4
 def test_a_router_counts_at_least_what_a_hybrid_request_reuses(tmp_path):
     kimi = make_model(tmp_path / "kimi", arch="kimi_linear", num_layers=4, seed=3)
     config, endpoint, _ = events_config("kv")
-    server = ServerProcess(
-        kimi, "--block-size", str(BS), "--stage-num-blocks", "48,24", "--kv-events-config", config
-    )
     subscriber = VLLMSubscriber(endpoint, "kv")
+    try:
+        server = ServerProcess(
+            kimi,
+            "--block-size",
+            str(BS),
+            "--stage-num-blocks",
+            "48,24",
+            "--kv-events-config",
+            config,
+        )
+    except BaseException:
+        subscriber.close()
+        raise
+    subscriber.ready()
     try:
         rng = random.Random(60)
         stems = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(4)]  # 10 blocks
