@@ -20,6 +20,8 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -49,6 +51,7 @@ from wavepp.kv_transfer.mooncake.puller import ArenaPuller
 from wavepp.model_store import resolve_model
 
 DECODE_TOKENS = 8  # greedy tokens decoded per prompt
+TRANSFER_TIMEOUT_S = 6.0  # the decode side's: a pull without progress this long fails
 
 pytestmark = [pytest.mark.slow, needs_vllm]
 
@@ -70,6 +73,7 @@ class Decode:
             "--max-model-len",
             "1024",
             env={"TMPDIR": str(self.tmp)},
+            extra={"async_load": True, "transfer_timeout_s": TRANSFER_TIMEOUT_S},
         )
         self._healthy = False
 
@@ -140,6 +144,30 @@ def routed_equal_alone(decode: Decode, client, route_url: str, prompts) -> list[
         assert cached(a) == 0
     assert after - before == sum(len(p) - 1 for p in prompts)
     return alone
+
+
+def own_and_other(decode: Decode, client, params: dict, stage_pid: int) -> tuple:
+    """With `stage_pid` stopped (SIGSTOP), the prompt of `params` sent to vLLM (its pull of that
+    stage's part stalls), then, once its pull is under way, prompt 5 with nothing to load;
+    the stage goes on after. -> ((seconds, answer) of each) from the first's start."""
+    prompts = grouped_prompts()
+    done: dict = {}
+    t0 = time.monotonic()
+
+    def send(name, prompt, params=None):
+        answer = decode.complete(client, decode.url, prompt, params)
+        done[name] = (time.monotonic() - t0, answer)
+
+    os.kill(stage_pid, signal.SIGSTOP)
+    try:
+        worker = threading.Thread(target=send, args=("stalled", prompts[4], params))
+        worker.start()
+        time.sleep(0.5)  # scheduled, its pull started
+        send("other", prompts[5])
+        worker.join(timeout=60)
+    finally:
+        os.kill(stage_pid, signal.SIGCONT)
+    return done["stalled"], done["other"]
 
 
 def test_prefill_in_wavepp_decode_in_vllm_through_the_store(decode, tmp_path):
@@ -235,14 +263,25 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(decode, tmp_p
             assert eventually(lambda: set(seqs()) == {0})  # both stages freed their part
             freed = decode.complete(client, decode.url, prompts[2], params)
             assert tokens(freed) == tokens(alone[2])
+            # a pull that stalls (stage 1's process stopped: its connection open, nothing sent)
+            # holds up its own request only: one with nothing to load, sent meanwhile, is
+            # answered at once; the stalled pull fails at the transfer timeout, vLLM computes
+            (stage1,) = stage_pids(prefill.proc.pid)
+            stalled, other = own_and_other(decode, client, prefill_only(prompts[4]), stage1)
+            assert tokens(stalled[1]) == tokens(alone[4])
+            assert tokens(other[1]) == tokens(alone[5]) and cached(other[1]) == 0
+            print(
+                f"during a stalled pull: the other answered at {other[0]:.1f} s, the stalled at "
+                f"{stalled[0]:.1f} s"
+            )
+            assert other[0] + 2 < stalled[0], (other[0], stalled[0])
             # a stage process killed after the prefill: its session is gone, vLLM computes
             params = prefill_only(prompts[3])
-            (stage1,) = stage_pids(prefill.proc.pid)
             os.kill(stage1, signal.SIGKILL)
             killed = decode.complete(client, decode.url, prompts[3], params)
             assert tokens(killed) == tokens(alone[3])
             failed = decode.log.read_text().count("could not be pulled") - failed_before
-            assert failed == 2, decode.log.read_text()[-3000:]
+            assert failed == 3, decode.log.read_text()[-3000:]
             puller.close()
             engine.close()
     finally:

@@ -15,6 +15,7 @@ import transformers
 from tests.eventually import eventually
 from wavepp.engine import Engine
 from wavepp.kv_transfer.decode_plan import plan_arena
+from wavepp.kv_transfer.mooncake.background import BackgroundPulls
 from wavepp.kv_transfer.mooncake.part import prompt_digest
 from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
 from wavepp.kv_transfer.usage import ArenaUsage
@@ -108,3 +109,49 @@ def test_an_arena_frees_parts_past_their_ttl_and_refuses_one_larger_than_itself(
         with pytest.raises(PullFailed, match="freed"):
             puller.pull(kept.kv_transfer["stages"], 0, 19)
     puller.close()
+
+
+def test_background_pulls_equal_the_step_s_own_and_release_what_they_pulled(tiny):
+    """The decode side's pulls off vLLM's step (BackgroundPulls): the rows equal a pull inside
+    the step, bit for bit; three pulls whose rows are not written yet hold three pullers on one
+    engine; `done` releases the parts on both stages; a part freed before its pull fails it."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(VOCAB) for _ in range(40 + 7 * i)] for i in range(4)]
+    puller = ArenaPuller("127.0.0.1")
+    pulls = BackgroundPulls("127.0.0.1")
+    with mooncake_engine(tiny) as engine:
+        results = [engine.submit(p, kv_transfer=True).result(timeout=60) for p in prompts]
+        stages = [r.kv_transfer["stages"] for r in results]
+        for i in range(3):
+            pulls.submit(i, stages[i], 2, len(prompts[i]) - 1)
+        ended: dict = {}
+        assert eventually(lambda: len(ended.update(pulls.finished(0.1)) or ended) == 3)
+        assert pulls.num_pullers == 3 and pulls.num_pending == 0
+        engines = {id(p.engine) for p in pulls._pullers}
+        assert len(engines) == 1  # one transfer engine for all of them
+        for i in range(3):
+            expect = puller.pull(stages[i], 2, len(prompts[i]) - 1)
+            assert sorted(ended[i]) == sorted(expect)
+            for layer, pools in expect.items():
+                for pool, rows in pools.items():
+                    assert torch.equal(ended[i][layer][pool], rows), (i, layer, pool)
+        for i in range(3):
+            pulls.done(i, stages[i])
+        assert eventually(lambda: [a.num_entries for a in arenas(engine).values()] == [1, 1])
+        # a part released before its pull: the pull fails, no rows
+        puller.release(stages[3])
+        assert eventually(lambda: [a.num_entries for a in arenas(engine).values()] == [0, 0])
+        pulls.submit("late", stages[3], 0, 8)
+        (late,) = eventually_finished(pulls)
+        assert late[0] == "late" and isinstance(late[1], PullFailed) and "freed" in str(late[1])
+        pulls.done("late", stages[3])
+        assert pulls.num_pullers == 3  # a freed puller took the pull
+        assert_clean(engine)
+    pulls.close()
+    puller.close()
+
+
+def eventually_finished(pulls: BackgroundPulls, timeout_s: float = 20) -> list:
+    out: list = []
+    assert eventually(lambda: out.extend(pulls.finished(0.1)) or out, timeout_s=timeout_s)
+    return out

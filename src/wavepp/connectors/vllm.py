@@ -12,7 +12,29 @@ makes no progress for this long fails, one from a host that stopped answering wi
 it, and vLLM computes the prompt; default 10),
 `"recompute_failed_loads": false` (keep vLLM's own `kv_load_failure_policy`; by default the
 connector sets it to "recompute", so a pull that fails is computed, never an error nor a wrong
-token).
+token), `"async_load": true` (a pull runs off vLLM's step, below; by default it runs inside the
+step that schedules the request, holding up the whole batch meanwhile: see
+docs/disaggregation.md for why the default is still that).
+
+What vLLM calls, in order, for a request whose params name the stages' parts (async_load):
+1. scheduler, `get_num_new_matched_tokens`: the params checked (no network); (n, True): n
+   tokens will load, asynchronously;
+2. scheduler, `update_state_after_alloc` with the request's blocks: the load recorded; vLLM
+   parks the request in WAITING_FOR_REMOTE_KVS, its blocks held;
+3. scheduler, `build_connector_meta`: the load goes to the workers with the next step;
+4. worker, `start_load_kv` (after that step's forward): the pull is handed to a thread of its
+   own (`kv_transfer.mooncake.background`); the step goes on with the rest of the batch;
+5. worker, `start_load_kv` of a later step: a pull that ended has its rows written into the
+   request's blocks (a step with no forward waits up to 10 ms for one, so vLLM's loop does
+   not spin), its parts released on their stages;
+6. worker, `get_transfer_results` of that step: the request in `finished_recving` (and in
+   `failed_recving` if its pull failed: vLLM computes it whole);
+7. scheduler: the request is scheduled with every loaded token computed;
+   `request_finished` when it ends. A request that comes back (a failed load, a preemption)
+   is not pulled again: its parts were released.
+The store's transfers, and the stages' parts with async_load false, load inside the step that
+schedules the request (`start_load_kv` before its forward); a part that fails there marks its
+blocks in `get_block_ids_with_load_errors`.
 
 A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
 returned ({"transfer_id", ...}). With the Mooncake transport they say, per stage, where its
@@ -58,18 +80,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
 )
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
 from wavepp.kv_transfer.directory.store import DirectoryStore
+from wavepp.kv_transfer.mooncake.background import BackgroundPulls
 from wavepp.kv_transfer.mooncake.engine import DEFAULT_TIMEOUT_S
 from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
 
 log = logging.getLogger(__name__)
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# a step with no forward (every request waits for its KV) waits this long for a pull to end,
+# so that vLLM's engine loop does not spin meanwhile
+IDLE_WAIT_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,8 @@ class LoadSpec:
     block_ids: tuple[int, ...]  # the request's vLLM blocks, from its first token
     block_size: int
     stages: tuple = ()  # the Mooncake transport: each stage's location; empty: the store
+    request_id: str = ""
+    background: bool = False  # pulled off the step; the request waits for it (async load)
 
 
 @dataclass
@@ -94,11 +123,14 @@ class WavePPConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.store = DirectoryStore(extra["store"]) if extra.get("store") else None
-        self.puller = ArenaPuller(
+        transport = (
             extra.get("host"),
             extra.get("protocol", "tcp"),
             float(extra.get("transfer_timeout_s", DEFAULT_TIMEOUT_S)),
         )
+        self.puller = ArenaPuller(*transport)  # pulls inside the step (async_load false)
+        self.async_load = bool(extra.get("async_load", False))
+        self.pulls = BackgroundPulls(*transport)  # started by the first background pull
         if extra.get("recompute_failed_loads", True):
             # a part that cannot be pulled is computed by vLLM (the scheduler reads this policy
             # once, after it made its connector)
@@ -130,6 +162,12 @@ class WavePPConnector(KVConnectorBase_V1):
         # request id -> (transfer, start, end, stage locations)
         self._plans: dict[str, tuple[str, int, int, tuple]] = {}
         self._scheduled: dict[str, str] = {}  # request id -> transfer, until it ends
+        self._background: list[LoadSpec] = []  # allocated, for the next step's metadata
+        self._pulled: set[str] = set()  # requests whose parts were pulled, until they end
+        # worker side: background pulls under way, and those ended since the last step's report
+        self._loading: dict[str, LoadSpec] = {}
+        self._received: set[str] = set()
+        self._failed: set[str] = set()
 
     @property
     def num_misses(self) -> int:
@@ -139,8 +177,12 @@ class WavePPConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """Verified once per request (DecodePlanner); None while the stages are still writing."""
+        """Verified once per request (DecodePlanner); None while the stages are still writing.
+        A pull from the stages runs off the step (async_load): (n, True)."""
         params = request.kv_transfer_params
+        if request.request_id in self._pulled:
+            # back after a failed load or a preemption: its parts were released; computed
+            return 0, False
         n = self.planner.num_new_tokens(
             request.request_id, params, request.prompt_token_ids or (), num_computed_tokens
         )
@@ -153,14 +195,38 @@ class WavePPConnector(KVConnectorBase_V1):
             num_computed_tokens + n,
             tuple(params.get("stages") or ()),
         )
-        return n, False
+        return n, self.async_load and bool(params.get("stages"))
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        rid = request.request_id
         if num_external_tokens == 0:
-            self._plans.pop(request.request_id, None)
+            self._plans.pop(rid, None)
+            return
+        plan = self._plans.get(rid)
+        if plan is None or not plan[3] or not self.async_load:
+            return  # loaded inside the step that schedules it (build_connector_meta)
+        # an async load: vLLM keeps the request waiting with these blocks allocated and
+        # schedules it once the worker reported the pull ended
+        del self._plans[rid]
+        transfer_id, start, end, stages = plan
+        self._background.append(
+            LoadSpec(
+                transfer_id,
+                start,
+                end,
+                tuple(blocks.get_block_ids()[0]),
+                self.block_size,
+                stages,
+                request_id=rid,
+                background=True,
+            )
+        )
+        self._pulled.add(rid)
+        self.num_loaded_tokens += end - start
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        meta = WavePPConnectorMetadata()
+        meta = WavePPConnectorMetadata(loads=self._background)
+        self._background = []
         for new in scheduler_output.scheduled_new_reqs:
             self.planner.forget(new.req_id)  # scheduled: vLLM asks again only after a preemption
             plan = self._plans.pop(new.req_id, None)
@@ -170,7 +236,9 @@ class WavePPConnector(KVConnectorBase_V1):
             meta.loads.append(
                 LoadSpec(transfer_id, start, end, tuple(new.block_ids[0]), self.block_size, stages)
             )
-            if not stages:  # the store's transfer is removed when the request ends
+            if stages:
+                self._pulled.add(new.req_id)
+            else:  # the store's transfer is removed when the request ends
                 self._scheduled[new.req_id] = transfer_id
             self.num_loaded_tokens += end - start
         return meta
@@ -178,6 +246,7 @@ class WavePPConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         """The request ended: its transfer has been read; drop it from the store."""
         self._plans.pop(request.request_id, None)
+        self._pulled.discard(request.request_id)
         self.planner.forget(request.request_id)
         transfer_id = self._scheduled.pop(request.request_id, None)
         if transfer_id is not None and self.store is not None:
@@ -187,9 +256,12 @@ class WavePPConnector(KVConnectorBase_V1):
     # ---- worker side -------------------------------------------------------------------------
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if not isinstance(meta, WavePPConnectorMetadata) or not meta.loads:
-            return
-        for load in meta.loads:
+        loads = meta.loads if isinstance(meta, WavePPConnectorMetadata) else []
+        for load in loads:
+            if load.background:
+                self._loading[load.request_id] = load
+                self.pulls.submit(load.request_id, list(load.stages), load.start, load.end)
+                continue
             if load.stages:
                 try:
                     rows = self._pull(load)
@@ -201,6 +273,34 @@ class WavePPConnector(KVConnectorBase_V1):
             self._write_rows(forward_context, load, rows)
             if load.stages:
                 self.puller.release(list(load.stages))
+        if self._loading:
+            self._write_pulled(forward_context)
+
+    def _write_pulled(self, forward_context) -> None:
+        """The rows of the background pulls that ended, into vLLM's cache (the requests they are
+        for wait: no forward reads those blocks); reported in this step's transfer results."""
+        idle = getattr(forward_context, "attn_metadata", None) is None
+        for request_id, result in self.pulls.finished(IDLE_WAIT_S if idle else 0.0):
+            load = self._loading.pop(request_id)
+            if isinstance(result, PullFailed):
+                self._log_failure(load, result)
+                self._failed.add(request_id)
+                self.pulls.done(request_id, list(load.stages), result.unreachable_host)
+            else:
+                self._write_rows(forward_context, load, result)
+                self.pulls.done(request_id, list(load.stages))
+            self._received.add(request_id)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """The background pulls whose rows were written this step, and those that failed (in
+        both sets, as vLLM wants them: it computes the failed ones)."""
+        received, self._received = self._received, set()
+        failed, self._failed = self._failed, set()
+        return KVConnectorTransferResults(finished_recving=received, failed_recving=failed)
+
+    def shutdown(self) -> None:
+        self.pulls.close()
+        self.puller.close()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks of this step's loads whose pull failed: vLLM computes them."""
@@ -212,9 +312,14 @@ class WavePPConnector(KVConnectorBase_V1):
         return self.puller.pull(list(load.stages), load.start, load.end)
 
     def _fail_load(self, load: LoadSpec, err: PullFailed) -> None:
-        self.num_failed_pulls += 1
         first, last = load.start // load.block_size, (load.end - 1) // load.block_size
         self._load_errors.update(load.block_ids[first : last + 1])
+        self._log_failure(load, err)
+        # not to a host that just failed a read: the write would wait out the timeout again
+        self.puller.release(list(load.stages), skip_host=err.unreachable_host)
+
+    def _log_failure(self, load: LoadSpec, err: PullFailed) -> None:
+        self.num_failed_pulls += 1
         log.warning(
             "KV transfer %s could not be pulled (%s): vLLM computes tokens [%d, %d)",
             load.transfer_id,
@@ -222,8 +327,6 @@ class WavePPConnector(KVConnectorBase_V1):
             load.start,
             load.end,
         )
-        # not to a host that just failed a read: the write would wait out the timeout again
-        self.puller.release(list(load.stages), skip_host=err.unreachable_host)
 
     def _write_rows(self, forward_context, load: LoadSpec, rows) -> None:
         """rows: model layer -> pool -> [end - start, width], tokens [start, end) of the

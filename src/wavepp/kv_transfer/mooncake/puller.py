@@ -46,19 +46,28 @@ class PullFailed(Exception):
 
 class ArenaPuller:
     """`timeout_s`: a read (or a release write) that makes no progress for this long fails
-    (TransferEngineHandle), and the pull with it: the decode side computes the prompt."""
+    (TransferEngineHandle), and the pull with it: the decode side computes the prompt.
+    `engine`: one already started (another puller's) to register this one's buffers with;
+    by default the first pull starts one of its own, and `close` stops only that."""
 
     def __init__(
-        self, host: str | None = None, protocol: str = "tcp", timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        host: str | None = None,
+        protocol: str = "tcp",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        engine: TransferEngineHandle | None = None,
     ):
         self.host = host
         self.protocol = protocol
         self.timeout_s = timeout_s
-        self.engine: TransferEngineHandle | None = None
+        self.engine = engine
+        self._owns_engine = engine is None
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._words = torch.zeros(64, dtype=torch.int64)  # seq read-backs and release words
         self._set_aside = SetAside()  # buffers a call still running may write into
         self.num_pulled_bytes = 0
+        if engine is not None:
+            engine.register(self._words)
 
     def _start(self, session: str) -> TransferEngineHandle:
         if self.engine is None:
@@ -141,5 +150,12 @@ class ArenaPuller:
                     words = self._words.data_ptr()
 
     def close(self) -> None:
-        if self.engine is not None:
+        if self.engine is None:
+            return
+        if self._owns_engine:
             self.engine.close()
+            return
+        for tensor in (self._buffer, self._words):
+            if tensor.numel():
+                self.engine.unregister(tensor)
+        self._set_aside.reclaim(self.engine)
