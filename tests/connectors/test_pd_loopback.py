@@ -146,6 +146,20 @@ def routed_equal_alone(decode: Decode, client, route_url: str, prompts) -> list[
     return alone
 
 
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of `name` with `labels` (among others) in /metrics text; 0 if absent."""
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def pull_counts(client, url: str) -> tuple[float, float]:
+    """vLLM's count of the connector's pulls: (ok, failed)."""
+    metrics = client.get(f"{url}/metrics").text
+    return tuple(sample(metrics, "vllm:wavepp_kv_pulls_total", status=s) for s in ("ok", "failed"))
+
+
 def own_and_other(decode: Decode, client, params: dict, stage_pid: int) -> tuple:
     """With `stage_pid` stopped (SIGSTOP), the prompt of `params` sent to vLLM (its pull of that
     stage's part stalls), then, once its pull is under way, prompt 5 with nothing to load;
@@ -282,6 +296,12 @@ def test_prefill_in_wavepp_decode_in_vllm_over_the_transfer_engine(decode, tmp_p
             assert tokens(killed) == tokens(alone[3])
             failed = decode.log.read_text().count("could not be pulled") - failed_before
             assert failed == 3, decode.log.read_text()[-3000:]
+            # vLLM's /metrics: every pull timed (vllm_metrics.py), by outcome
+            assert eventually(lambda: pull_counts(client, decode.url) == (17, 3), timeout_s=10)
+            metrics = client.get(f"{decode.url}/metrics").text
+            for name in ("pull_wait", "pull", "load"):
+                assert sample(metrics, f"vllm:wavepp_kv_{name}_seconds_count") == 20, name
+            assert sample(metrics, "vllm:wavepp_kv_pulled_bytes_total") > 0
             puller.close()
             engine.close()
     finally:

@@ -125,7 +125,9 @@ def test_background_pulls_equal_the_step_s_own_and_release_what_they_pulled(tiny
         for i in range(3):
             pulls.submit(i, stages[i], 2, len(prompts[i]) - 1)
         ended: dict = {}
-        assert eventually(lambda: len(ended.update(pulls.finished(0.1)) or ended) == 3)
+        assert eventually(
+            lambda: len(ended.update((e.key, e.result) for e in pulls.finished(0.1)) or ended) == 3
+        )
         assert pulls.num_pullers == 3 and pulls.num_pending == 0
         engines = {id(p.engine) for p in pulls._pullers}
         assert len(engines) == 1  # one transfer engine for all of them
@@ -143,7 +145,8 @@ def test_background_pulls_equal_the_step_s_own_and_release_what_they_pulled(tiny
         assert eventually(lambda: [a.num_entries for a in arenas(engine).values()] == [0, 0])
         pulls.submit("late", stages[3], 0, 8)
         (late,) = eventually_finished(pulls)
-        assert late[0] == "late" and isinstance(late[1], PullFailed) and "freed" in str(late[1])
+        assert late.key == "late" and isinstance(late.result, PullFailed)
+        assert "freed" in str(late.result) and late.wait_s >= 0 and late.pull_s > 0
         pulls.done("late", stages[3])
         assert pulls.num_pullers == 3  # a freed puller took the pull
         assert_clean(engine)

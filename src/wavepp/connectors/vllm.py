@@ -34,7 +34,8 @@ What vLLM calls, in order, for a request whose params name the stages' parts (as
    is not pulled again: its parts were released.
 The store's transfers, and the stages' parts with async_load false, load inside the step that
 schedules the request (`start_load_kv` before its forward); a part that fails there marks its
-blocks in `get_block_ids_with_load_errors`.
+blocks in `get_block_ids_with_load_errors`. Each pull's wait, pull and load times, bytes and
+outcome are in vLLM's connector stats and on its /metrics (`connectors/vllm_metrics.py`).
 
 A completion request carries `kv_transfer_params` = the `kv_transfer` that wavepp's prefill
 returned ({"transfer_id", ...}). With the Mooncake transport they say, per stage, where its
@@ -71,6 +72,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from wavepp.connectors.vllm_metrics import PullPromMetrics, PullStats
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
 from wavepp.kv_transfer.directory.store import DirectoryStore
 from wavepp.kv_transfer.mooncake.background import BackgroundPulls
@@ -168,6 +171,7 @@ class WavePPConnector(KVConnectorBase_V1):
         self._loading: dict[str, LoadSpec] = {}
         self._received: set[str] = set()
         self._failed: set[str] = set()
+        self._stats = PullStats()  # since vLLM last took them (get_kv_connector_stats)
 
     @property
     def num_misses(self) -> int:
@@ -262,17 +266,18 @@ class WavePPConnector(KVConnectorBase_V1):
                 self._loading[load.request_id] = load
                 self.pulls.submit(load.request_id, list(load.stages), load.start, load.end)
                 continue
-            if load.stages:
-                try:
-                    rows = self._pull(load)
-                except PullFailed as err:
-                    self._fail_load(load, err)
-                    continue
-            else:
-                rows = self._read_rows(load.transfer_id, load.start, load.end)
-            self._write_rows(forward_context, load, rows)
-            if load.stages:
-                self.puller.release(list(load.stages))
+            if not load.stages:
+                self._write_rows(forward_context, load, self._read_rows(load))
+                continue
+            t0 = time.monotonic()
+            try:
+                rows = self._pull(load)
+            except PullFailed as err:
+                self._stats.record(0.0, time.monotonic() - t0, 0.0, 0, ok=False)
+                self._fail_load(load, err)
+                continue
+            self._load_pulled(forward_context, load, rows, 0.0, time.monotonic() - t0)
+            self.puller.release(list(load.stages))
         if self._loading:
             self._write_pulled(forward_context)
 
@@ -280,16 +285,40 @@ class WavePPConnector(KVConnectorBase_V1):
         """The rows of the background pulls that ended, into vLLM's cache (the requests they are
         for wait: no forward reads those blocks); reported in this step's transfer results."""
         idle = getattr(forward_context, "attn_metadata", None) is None
-        for request_id, result in self.pulls.finished(IDLE_WAIT_S if idle else 0.0):
-            load = self._loading.pop(request_id)
-            if isinstance(result, PullFailed):
-                self._log_failure(load, result)
-                self._failed.add(request_id)
-                self.pulls.done(request_id, list(load.stages), result.unreachable_host)
+        for end in self.pulls.finished(IDLE_WAIT_S if idle else 0.0):
+            load = self._loading.pop(end.key)
+            if isinstance(end.result, PullFailed):
+                self._stats.record(end.wait_s, end.pull_s, 0.0, 0, ok=False)
+                self._log_failure(load, end.result)
+                self._failed.add(end.key)
+                self.pulls.done(end.key, list(load.stages), end.result.unreachable_host)
             else:
-                self._write_rows(forward_context, load, result)
-                self.pulls.done(request_id, list(load.stages))
-            self._received.add(request_id)
+                self._load_pulled(forward_context, load, end.result, end.wait_s, end.pull_s)
+                self.pulls.done(end.key, list(load.stages))
+            self._received.add(end.key)
+
+    def _load_pulled(self, forward_context, load: LoadSpec, rows, wait_s, pull_s) -> None:
+        t0 = time.monotonic()
+        self._write_rows(forward_context, load, rows)
+        nbytes = sum(t.numel() * t.element_size() for p in rows.values() for t in p.values())
+        self._stats.record(wait_s, pull_s, time.monotonic() - t0, nbytes, ok=True)
+
+    def get_kv_connector_stats(self) -> PullStats | None:
+        """The pulls since vLLM last asked (vllm_metrics.py: on its /metrics)."""
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, PullStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> PullStats:
+        return PullStats(data=data) if data is not None else PullStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config, metric_types, labelnames, per_engine_labelvalues
+    ) -> PullPromMetrics:
+        return PullPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """The background pulls whose rows were written this step, and those that failed (in
@@ -389,14 +418,13 @@ class WavePPConnector(KVConnectorBase_V1):
             kv_c_normed, k_pe, cache, slots.to(cache.device), layer.kv_cache_dtype, layer._k_scale
         )
 
-    def _read_rows(
-        self, transfer_id: str, start: int, end: int
-    ) -> dict[int, dict[str, torch.Tensor]]:
+    def _read_rows(self, load: LoadSpec) -> dict[int, dict[str, torch.Tensor]]:
         """model layer -> pool -> rows [end - start, width] of tokens [start, end), from every
         part in the store: `key` and `value` [tokens, kv_heads * head_dim], or MLA's `latent`
         [tokens, kv_lora_rank + rope]."""
         out: dict[int, dict[str, torch.Tensor]] = {}
-        for part in self.store.read(transfer_id, verify=False).parts:
+        start, end = load.start, load.end
+        for part in self.store.read(load.transfer_id, verify=False).parts:
             tensors = load_file(str(part.path))
             for pool, held in part.manifest["pools"].items():
                 for j, layer in enumerate(held["layers"]):

@@ -4,8 +4,9 @@ its rows into vLLM's cache.
 
     pulls = BackgroundPulls(host=None, protocol="tcp", timeout_s=10.0)
     pulls.submit(key, stages, start, end)
-    for key, rows in pulls.finished(wait_s=0.0):  # rows: {layer: {pool: tensor}} or PullFailed
-        ...                                       # write them (valid until done(key))
+    for end in pulls.finished(wait_s=0.0):        # PullEnd: key, rows ({layer: {pool: tensor}}
+        ...                                       # or PullFailed), wait_s, pull_s; write the
+                                                  # rows (valid until done(key))
         pulls.done(key, stages)                   # release the parts on their stages; the
                                                   # puller takes the next pull
     pulls.close()
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Hashable
+from typing import NamedTuple
 
 from wavepp.kv_transfer.mooncake.engine import DEFAULT_TIMEOUT_S
 from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
@@ -30,6 +33,13 @@ from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
 log = logging.getLogger(__name__)
 
 MAX_HELD = 4  # pulls whose rows are held, not yet written by the step
+
+
+class PullEnd(NamedTuple):
+    key: Hashable
+    result: object  # {model layer: {pool: rows}}, or PullFailed
+    wait_s: float  # submitted to started
+    pull_s: float  # started to ended
 
 
 class BackgroundPulls:
@@ -45,9 +55,9 @@ class BackgroundPulls:
         self._pullers: list[ArenaPuller] = []  # the first starts (and owns) the engine
         self._free: list[ArenaPuller] = []
         self._held: dict[Hashable, ArenaPuller] = {}  # pulled (or failed), not yet done
-        self._queue: deque[tuple[Hashable, list[dict], int, int]] = deque()
+        self._queue: deque[tuple[Hashable, list[dict], int, int, float]] = deque()
         self._releases: deque[tuple[list[dict], str | None]] = deque()
-        self._finished: deque[tuple[Hashable, object]] = deque()
+        self._finished: deque[PullEnd] = deque()
         self._running = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -63,12 +73,12 @@ class BackgroundPulls:
                     target=self._run, name="wavepp-kv-pulls", daemon=True
                 )
                 self._thread.start()
-            self._queue.append((key, stages, start, end))
+            self._queue.append((key, stages, start, end, time.monotonic()))
             self._cond.notify_all()
 
-    def finished(self, wait_s: float = 0.0) -> list[tuple[Hashable, object]]:
-        """The pulls that ended since the last call: (key, rows or PullFailed). Waits up to
-        `wait_s` for one when none has and some are under way."""
+    def finished(self, wait_s: float = 0.0) -> list[PullEnd]:
+        """The pulls that ended since the last call. Waits up to `wait_s` for one when none
+        has and some are under way."""
         with self._cond:
             if not self._finished and wait_s > 0 and (self._queue or self._running):
                 self._cond.wait(wait_s)
@@ -115,9 +125,10 @@ class BackgroundPulls:
             if self._releases:
                 return "release", self._releases.popleft()
             if self._queue and (self._free or len(self._pullers) < self.max_held):
-                key, stages, start, end = self._queue.popleft()
+                key, stages, start, end, submitted = self._queue.popleft()
                 self._running += 1
-                return "pull", (key, stages, start, end, self._free.pop() if self._free else None)
+                puller = self._free.pop() if self._free else None
+                return "pull", (key, stages, start, end, submitted, puller)
             self._cond.wait()
 
     def _new_puller(self) -> ArenaPuller:
@@ -138,7 +149,8 @@ class BackgroundPulls:
                 for puller in self._pullers[:1]:  # none: nothing was ever pulled
                     puller.release(stages, skip_host=skip_host)
                 continue
-            key, stages, start, end, puller = args
+            key, stages, start, end, submitted, puller = args
+            started = time.monotonic()
             result: object
             try:
                 if puller is None:
@@ -153,5 +165,6 @@ class BackgroundPulls:
                 self._running -= 1
                 if puller is not None:
                     self._held[key] = puller
-                self._finished.append((key, result))
+                ended = time.monotonic()
+                self._finished.append(PullEnd(key, result, started - submitted, ended - started))
                 self._cond.notify_all()
