@@ -50,9 +50,9 @@ With the directory store the scheduler side finds the transfer in the store
 (`wavepp.kv_transfer.directory.store`: every stage's part there, every checksum good, the same
 prompt, the same layer shapes) and reads and verifies a transfer once per request, however
 often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side writes those tokens'
-K and V into each attention layer through the layer's own `do_kv_cache_update`, so the cache
-takes the layout of the backend that runs (on the CPU: K and V rows per block, repacked for AMX
-or the vector ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer instead, rows
+K and V into each attention layer through the layer's own `do_kv_cache_update`
+(`vllm_cache.py`), so the cache takes the layout of the backend that runs (on the CPU: K and V
+rows per block, repacked for AMX or the vector ISA). An MLA model (DeepSeek-V3) takes one `latent` pool per layer instead, rows
 [c | k_rope] (kv_lora_rank + qk_rope_head_dim: the latent after kv_a_layernorm, the RoPE key
 after rotation), written through the MLA backend's own
 `do_kv_cache_update(kv_c_normed, k_pe, ...)` (CPU_MLA and AMX_MLA keep one [c | k_pe] row per
@@ -71,22 +71,20 @@ layers (latent pool).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
 )
-from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from wavepp.connectors.vllm_cache import read_store_rows, write_rows
 from wavepp.connectors.vllm_metrics import PullPromMetrics, PullStats
 from wavepp.kv_transfer.decode_plan import KV_POOLS, LATENT_POOLS, DecodePlanner
 from wavepp.kv_transfer.directory.store import DirectoryStore
@@ -96,7 +94,6 @@ from wavepp.kv_transfer.mooncake.puller import ArenaPuller, PullFailed
 
 log = logging.getLogger(__name__)
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # a step with no forward (every request waits for its KV) waits this long for a pull to end,
 # so that vLLM's engine loop does not spin meanwhile
 IDLE_WAIT_S = 0.01
@@ -267,7 +264,9 @@ class WavePPConnector(KVConnectorBase_V1):
                 self.pulls.submit(load.request_id, list(load.stages), load.start, load.end)
                 continue
             if not load.stages:
-                self._write_rows(forward_context, load, self._read_rows(load))
+                write_rows(
+                    forward_context, load, read_store_rows(self.store, load), self._rope_interleave
+                )
                 continue
             t0 = time.monotonic()
             try:
@@ -299,7 +298,7 @@ class WavePPConnector(KVConnectorBase_V1):
 
     def _load_pulled(self, forward_context, load: LoadSpec, rows, wait_s, pull_s) -> None:
         t0 = time.monotonic()
-        self._write_rows(forward_context, load, rows)
+        write_rows(forward_context, load, rows, self._rope_interleave)
         nbytes = sum(t.numel() * t.element_size() for p in rows.values() for t in p.values())
         self._stats.record(wait_s, pull_s, time.monotonic() - t0, nbytes, ok=True)
 
@@ -357,40 +356,6 @@ class WavePPConnector(KVConnectorBase_V1):
             load.end,
         )
 
-    def _write_rows(self, forward_context, load: LoadSpec, rows) -> None:
-        """rows: model layer -> pool -> [end - start, width], tokens [start, end) of the
-        prompt, into each attention layer's cache through its own do_kv_cache_update."""
-        positions = torch.arange(load.start, load.end)
-        blocks = torch.tensor(load.block_ids, dtype=torch.int64)
-        slots = blocks[positions // load.block_size] * load.block_size + positions % load.block_size
-        for name, layer in forward_context.no_compile_layers.items():
-            cache = getattr(layer, "kv_cache", None)
-            match = _LAYER.search(name)
-            if (
-                cache is None
-                or not cache.numel()
-                or match is None
-                or int(match.group(1)) not in rows
-            ):
-                continue
-            pools = rows[int(match.group(1))]
-            if isinstance(layer, MLAAttention):
-                self._load_latents(layer, pools["latent"], cache, slots)
-                continue
-            key, value = pools["key"], pools["value"]
-            num_kv_heads = layer.num_kv_heads
-            # [tokens, kv_heads * head_dim] -> [tokens, kv_heads, head_dim], the cache's dtype
-            key = key.view(-1, num_kv_heads, key.shape[-1] // num_kv_heads)
-            value = value.view(-1, num_kv_heads, value.shape[-1] // num_kv_heads)
-            dtype = cache.dtype if cache.is_floating_point() else key.dtype
-            layer.impl.do_kv_cache_update(
-                layer,
-                key.to(cache.device, dtype),
-                value.to(cache.device, dtype),
-                cache,
-                slots.to(cache.device),
-            )
-
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
 
@@ -401,32 +366,3 @@ class WavePPConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         return
-
-    def _load_latents(
-        self, layer: MLAAttention, latent: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor
-    ) -> None:
-        """latent: [tokens, kv_lora_rank + rope] rows [c | k_rope] -> the layer's cache at `slots`."""
-        rank = layer.kv_lora_rank
-        latent = latent.to(cache.device, cache.dtype)
-        kv_c_normed = latent[:, :rank].contiguous()  # [tokens, kv_lora_rank]
-        k_pe = latent[:, rank:]  # [tokens, rope]
-        if self._rope_interleave:
-            # (x[0::2] | x[1::2]) -> x: [tokens, 2, rope / 2] -> [tokens, rope / 2, 2] -> [tokens, rope]
-            k_pe = k_pe.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
-        k_pe = k_pe.contiguous()[:, None]  # [tokens, 1, rope], as the layer passes it
-        layer.impl.do_kv_cache_update(
-            kv_c_normed, k_pe, cache, slots.to(cache.device), layer.kv_cache_dtype, layer._k_scale
-        )
-
-    def _read_rows(self, load: LoadSpec) -> dict[int, dict[str, torch.Tensor]]:
-        """model layer -> pool -> rows [end - start, width] of tokens [start, end), from every
-        part in the store: `key` and `value` [tokens, kv_heads * head_dim], or MLA's `latent`
-        [tokens, kv_lora_rank + rope]."""
-        out: dict[int, dict[str, torch.Tensor]] = {}
-        start, end = load.start, load.end
-        for part in self.store.read(load.transfer_id, verify=False).parts:
-            tensors = load_file(str(part.path))
-            for pool, held in part.manifest["pools"].items():
-                for j, layer in enumerate(held["layers"]):
-                    out.setdefault(layer, {})[pool] = tensors[pool][j, start:end]
-        return out
