@@ -53,9 +53,9 @@ often vLLM asks (`kv_transfer.decode_plan.DecodePlanner`). The worker side write
 K and V into each attention layer through the layer's own `do_kv_cache_update`
 (`vllm_cache.py`), so the cache takes the layout of the backend that runs (on the CPU: K and V
 rows per block, repacked for AMX or the vector ISA). An MLA model (DeepSeek-V3) takes one
-`latent` pool per layer instead, rows [c | k_rope] (kv_lora_rank + qk_rope_head_dim: the latent after kv_a_layernorm, the RoPE key
-after rotation), written through the MLA backend's own
-`do_kv_cache_update(kv_c_normed, k_pe, ...)` (CPU_MLA and AMX_MLA keep one [c | k_pe] row per
+`latent` pool per layer instead, rows [c | k_rope] (kv_lora_rank + qk_rope_head_dim: the
+latent after kv_a_layernorm, the RoPE key after rotation), written through the MLA backend's
+own `do_kv_cache_update(kv_c_normed, k_pe, ...)` (CPU_MLA and AMX_MLA keep one [c | k_pe] row per
 slot: [num_blocks, block_size, kv_lora_rank + rope]). A transfer that is missing, expired,
 incomplete past `wait_s`, failed (kv_transfer_params with "error": a stage could not write
 its part), corrupt, or of another model (other pools or widths) makes vLLM compute the prompt
