@@ -276,3 +276,17 @@ def loaded_tokens(metrics: str) -> float:
         'vLLM\'s /metrics has no vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}'
     )
     return float(lines[0].rsplit(" ", 1)[1])
+
+
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of `name` with `labels` (among others) in /metrics text; 0 if absent."""
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def pull_counts(client, url: str) -> tuple[float, float]:
+    """vLLM's count of the connector's pulls: (ok, failed)."""
+    metrics = client.get(f"{url}/metrics").text
+    return tuple(sample(metrics, "vllm:wavepp_kv_pulls_total", status=s) for s in ("ok", "failed"))

@@ -34,6 +34,7 @@ from tests.connectors.helpers import (
     arenas_empty,
     grouped_prompts,
     needs_vllm,
+    pull_counts,
     stage_gauge,
     vllm_command,
     wait_healthy,
@@ -241,6 +242,8 @@ def test_pd_across_hosts_loads_every_token_but_the_last(hosts, expected):
         assert cached(answer) == len(prompt) - 1
     assert eventually(hosts.arenas_empty, timeout_s=10)  # vLLM released every part
     assert hosts.pulls_failed() == 0
+    # each pull (inside the step: the default) timed on vLLM's /metrics
+    assert eventually(lambda: pull_counts(hosts.client, hosts.url["decode"]) == (6, 0), 10)
 
 
 def test_pd_under_a_bandwidth_cap(hosts, expected):

@@ -37,6 +37,8 @@ from tests.connectors.helpers import (
     needs_vllm,
     poison,
     poison_part,
+    pull_counts,
+    sample,
     start_route,
     start_vllm,
     stop,
@@ -144,20 +146,6 @@ def routed_equal_alone(decode: Decode, client, route_url: str, prompts) -> list[
         assert cached(a) == 0
     assert after - before == sum(len(p) - 1 for p in prompts)
     return alone
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    """The value of `name` with `labels` (among others) in /metrics text; 0 if absent."""
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def pull_counts(client, url: str) -> tuple[float, float]:
-    """vLLM's count of the connector's pulls: (ok, failed)."""
-    metrics = client.get(f"{url}/metrics").text
-    return tuple(sample(metrics, "vllm:wavepp_kv_pulls_total", status=s) for s in ("ok", "failed"))
 
 
 def own_and_other(decode: Decode, client, params: dict, stage_pid: int) -> tuple:
