@@ -15,6 +15,10 @@ Where the router path's time goes (`--breakdown`, one at a time, after the runs 
 prompt, the prefill server alone with do_remote_decode (wavepp's prefill and its hand-off
 answer), then the decode server alone with those params (vLLM's pull, load and one step); the
 router's total less those two is its two hops.
+
+`--async-load`: the decode server's connector pulls off vLLM's step (`"async_load": true`). After
+the runs, each pull's wait, pull and load times as the decode server's /metrics has them
+(vllm:wavepp_kv_*: means over every pull from the stages, Mooncake's path only).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--breakdown", action="store_true", help="also time the path's two legs")
+    ap.add_argument("--async-load", action="store_true", help="the connector pulls off vLLM's step")
     args = ap.parse_args()
     model = str(resolve_model("smollm2"))
     rng = random.Random(0)
@@ -73,7 +78,7 @@ def main() -> None:
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as store:
         config = {"kv_connector": "WavePPConnector", "kv_connector_module_path": "wavepp.connectors.vllm",
-                  "kv_role": "kv_consumer", "kv_connector_extra_config": {"store": store}}
+                  "kv_role": "kv_consumer", "kv_connector_extra_config": {"store": store, "async_load": args.async_load}}
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                    VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_KVCACHE_SPACE="1")
         serve = [sys.executable, "-m", "wavepp.cli", "serve", "--model", model, "--pp", "2", "--dtype", args.dtype]
@@ -128,13 +133,16 @@ def main() -> None:
                     legs["route"].append(t_route)
                     legs["prefill"].append(t_prefill)
                     legs["decode"].append(t_decode)
+            with httpx.Client(timeout=60) as client:
+                pulls = pull_means(client.get(f"{url['decode']}/metrics").text)
         finally:
             for proc in procs.values():
                 proc.terminate()
             for proc in procs.values():
                 proc.wait(60)
     print(f"SmolLM2 {args.dtype}, {args.prompts} prompts of {args.prefix_len} + {args.suffix_len} tokens in "
-          f"4 groups, max_tokens 1, vLLM's default block size")
+          f"4 groups, max_tokens 1, vLLM's default block size, pulls "
+          f"{'off the step (async_load)' if args.async_load else 'inside the step'}")
     print("| path | concurrency | TTFT p50 ms | min ms | max ms |\n|---|---|---|---|---|")
     for c in args.concurrency:
         for target in targets:
@@ -146,6 +154,8 @@ def main() -> None:
         for kind in ("mooncake", "directory"):
             print(f"c = {c}: router ({kind}) / vLLM alone (prefix caching on): "
                   f"{statistics.median(times[(f'route-{kind}', c)]) / alone:.2f}x")
+    print(f"\nthe decode server's pulls (its /metrics): {pulls['count']:.0f}, means: wait "
+          f"{pulls['pull_wait']:.1f} ms, pull {pulls['pull']:.1f} ms, load {pulls['load']:.1f} ms")
     if args.breakdown:
         med = {k: statistics.median(v) * 1e3 for k, v in legs.items()}
         print("\n| the router path (Mooncake), one at a time | p50 ms |\n|---|---|")
@@ -153,6 +163,20 @@ def main() -> None:
         print(f"| vLLM: pull + load + one step (decode server alone, with the params) | {med['decode']:,.0f} |")
         print(f"| the router's two hops (the rest) | {med['route'] - med['prefill'] - med['decode']:,.0f} |")
         print(f"| router path, total | {med['route']:,.0f} |")
+
+
+def pull_means(metrics: str) -> dict[str, float]:
+    """Mean ms of each of the connector's pull histograms, and their count, from /metrics text."""
+    sums: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("vllm:wavepp_kv_") and ("_seconds_sum{" in line or "_seconds_count{" in line):
+            name = line.split("{", 1)[0][len("vllm:wavepp_kv_"):]
+            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    count = sums.get("pull_seconds_count", 0.0)
+    out = {"count": count}
+    for key in ("pull_wait", "pull", "load"):
+        out[key] = sums.get(f"{key}_seconds_sum", 0.0) / count * 1e3 if count else float("nan")
+    return out
 
 
 if __name__ == "__main__":
