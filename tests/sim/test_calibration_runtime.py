@@ -1,5 +1,8 @@
 """Calibration: a CPU "hardware" fitted from the real PP = 2 runtime's stage times predicts the
-runtime's throughput on a workload it was not fitted on, within 15%."""
+runtime's throughput on a workload it was not fitted on, within 15%.
+
+A benchmark (3-4 min here: twelve timed runs, and twelve more when the first measurement
+misses), so `make test` leaves it out: `pytest -m benchmark tests/sim/test_calibration_runtime.py`."""
 
 import os
 import statistics
@@ -51,6 +54,7 @@ def model(tmp_path_factory):
     )
 
 
+@pytest.mark.benchmark
 def test_fitted_simulator_predicts_runtime_throughput(model):
     """Timings here vary 30-50% from run to run, so both sides are medians of three: fit on
     three runs of one workload, predict the median of three runs of another. On a machine
