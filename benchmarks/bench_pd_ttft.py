@@ -78,7 +78,8 @@ def main() -> None:
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as store:
         config = {"kv_connector": "WavePPConnector", "kv_connector_module_path": "wavepp.connectors.vllm",
-                  "kv_role": "kv_consumer", "kv_connector_extra_config": {"store": store, "async_load": args.async_load}}
+                  "kv_role": "kv_consumer",
+                  "kv_connector_extra_config": {"store": store, "async_load": args.async_load}}
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                    VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_KVCACHE_SPACE="1")
         serve = [sys.executable, "-m", "wavepp.cli", "serve", "--model", model, "--pp", "2", "--dtype", args.dtype]
@@ -169,7 +170,8 @@ def pull_means(metrics: str) -> dict[str, float]:
     """Mean ms of each of the connector's pull histograms, and their count, from /metrics text."""
     sums: dict[str, float] = {}
     for line in metrics.splitlines():
-        if line.startswith("vllm:wavepp_kv_") and ("_seconds_sum{" in line or "_seconds_count{" in line):
+        timed = "_seconds_sum{" in line or "_seconds_count{" in line
+        if line.startswith("vllm:wavepp_kv_") and timed:
             name = line.split("{", 1)[0][len("vllm:wavepp_kv_"):]
             sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     count = sums.get("pull_seconds_count", 0.0)

@@ -47,9 +47,9 @@ def start_vllm(
 ) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server on `model` with the connector (reading `store` too, when given; no
     prefix caching: a cached token is one the connector loaded); `args` are more of its
-    options, `env` more of its environment, `extra` more of the connector's extra config. `eager`: --enforce-eager, no torch.compile at
-    start-up (40-60 s on a 2-core CPU; both sides of a test's comparison run in this one
-    server)."""
+    options, `env` more of its environment, `extra` more of the connector's extra config.
+    `eager`: --enforce-eager, no torch.compile at start-up (40-60 s on a 2-core CPU; both sides
+    of a test's comparison run in this one server)."""
     port = free_port()
     cmd, vllm_env = vllm_command(
         model,

@@ -2,7 +2,8 @@
 runtime's throughput on a workload it was not fitted on, within 15%.
 
 A benchmark (3-4 min here: twelve timed runs, and twelve more when the first measurement
-misses), so `make test` leaves it out: `pytest -m benchmark tests/sim/test_calibration_runtime.py`."""
+misses), so `make test` leaves it out:
+`pytest -m benchmark tests/sim/test_calibration_runtime.py`."""
 
 import os
 import statistics
