@@ -63,6 +63,11 @@ $(DYNAMO_STAMP): Makefile
 	$(DYNAMO_VENV)/bin/python -m pip install -q ai-dynamo-runtime==1.6.1
 	touch $(DYNAMO_STAMP)
 
+# pytest's workers (pytest-xdist), each taking whole test files (a module's servers start once).
+# Two on two cores: run one at a time, the suite keeps one core busy about half of its time
+# (it waits on the servers and stages it starts); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 bench: $(STAMP)
 	$(VENV)/bin/wavepp bench
 
@@ -70,7 +75,7 @@ test: $(STAMP) $(VLLM_STAMP) $(DYNAMO_STAMP)
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(DYNAMO_VENV)

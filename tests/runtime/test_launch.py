@@ -95,3 +95,29 @@ def test_pinning_more_stages_than_cpus_is_refused_before_any_process_starts(tiny
     with pytest.raises(ValueError, match=rf"pin_cpus needs a CPU per stage: pp={pp}"):
         Engine(str(tiny), pp=pp, dtype="float32", profile_waves=False, pin_cpus=True)
     assert set(mp.active_children()) == children
+
+
+def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch, tmp_path):
+    """The port a stage's rendezvous binds seconds later is one no outgoing connection can be
+    given meanwhile (the ephemeral range's), and nothing listens on it; with no room below the
+    range the kernel's pick is used."""
+    import socket
+
+    from wavepp.runtime import launch
+
+    low = int(launch._EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {launch.free_port() for _ in range(20)}
+    assert all(launch._PORT_FLOOR <= p < low for p in ports)
+    assert len(ports) > 1  # drawn, not one fixed port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))
+    # a port taken by a listener is never returned
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        fake = tmp_path / "range"
+        fake.write_text(f"{launch._PORT_FLOOR + 10}\t60999\n")  # no room: the kernel picks
+        monkeypatch.setattr(launch, "_EPHEMERAL_RANGE", fake)
+        picked = {launch.free_port() for _ in range(5)}
+        assert busy not in picked and all(p >= low for p in picked)  # from the kernel's range

@@ -21,6 +21,7 @@ import ctypes
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,10 +36,35 @@ import torch.distributed as dist
 from wavepp.runtime.channels import Channels
 from wavepp.runtime.device import stage_device
 
+# where free_port looks first: below the kernel's range for the local ends of outgoing
+# connections, so that no connection made between the pick and the bind takes the port
+_PORT_FLOOR = 10_000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
-def free_port() -> int:
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nothing listens on now, for a server that binds it later.
+
+    A port from bind(("", 0)) comes from the ephemeral range, the one the kernel also gives the
+    local end of every outgoing connection: between the pick and the server's bind (a stage's
+    seconds of start-up) any connection on the machine may take it. So the port is drawn at
+    random below that range, where only another explicit bind can take it, and checked free;
+    where the range cannot be read or leaves no room below it, the kernel picks."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    rng = random.SystemRandom()
+    for _ in range(64 if low > _PORT_FLOOR + 1_000 else 0):
+        port = rng.randrange(_PORT_FLOOR, low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
