@@ -101,6 +101,7 @@ class Engine:
             raise
         self._closed = False
         self._core.start(self._result)
+        self._cluster.keep_stage_0_to(self._core.compute_thread_ids)
         if self._handoff is not None:
             self._handoff.start(self._core.answer_overdue, self._core.kv_writer)
         self._cluster.watch(self._core.fail)

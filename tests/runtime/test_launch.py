@@ -76,10 +76,17 @@ def test_engine_pins_each_stage_to_its_own_cpus_and_restores_rank_0(tiny):
     with Engine(str(tiny), pp=2, dtype="float32", profile_waves=False) as engine:
         assert engine.stage_cpus == tuple(expected)
         assert _cpus_of(engine._cluster.procs[0].pid) == set(expected[1])
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-        assert all(
-            _cpus_of(t) == set(expected[0]) for t in tids if os.path.exists(f"/proc/self/task/{t}")
-        )
+        # stage 0's compute thread keeps stage 0's CPUs; rank 0's other threads (the front
+        # door, the rounds, the results) and the threads they start run on all of them
+        (loop,) = engine._core.compute_thread_ids
+        assert _cpus_of(loop) == set(expected[0])
+        tids = [int(t) for t in os.listdir("/proc/self/task") if int(t) != loop]
+        assert all(_cpus_of(t) == before for t in tids if os.path.exists(f"/proc/self/task/{t}"))
+        started = []
+        thread = threading.Thread(target=lambda: started.append(os.sched_getaffinity(0)))
+        thread.start()
+        thread.join()
+        assert started == [before]
         assert engine.prefill([[1, 2, 3, 4, 5]])[0].error is None
     assert os.sched_getaffinity(0) == before
     with Engine(str(tiny), pp=2, dtype="float32", profile_waves=False, pin_cpus=False) as engine:

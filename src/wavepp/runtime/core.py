@@ -121,6 +121,11 @@ class EngineCore:
         if self._kv_events is not None:
             self._kv_events.start(self._queries.poll)
 
+    @property
+    def compute_thread_ids(self) -> tuple[int, ...]:
+        """The native ids of rank 0's threads that run stage 0's forward."""
+        return self._loops.compute_thread_ids
+
     # ---- API (any thread) --------------------------------------------------------------------
 
     def now(self) -> float:

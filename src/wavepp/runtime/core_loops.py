@@ -79,6 +79,12 @@ class CoreLoops:
         for t in (*self._drivers, self._results):
             t.start()
 
+    @property
+    def compute_thread_ids(self) -> tuple[int, ...]:
+        """The native ids of the threads that run stage 0's forward (LOOP), once started."""
+        loop = self._drivers[1]
+        return () if loop.native_id is None else (loop.native_id,)
+
     def reset(self, leader: Leader, policy: Policy) -> None:
         """Under cond, while the leader is idle: drive `leader` under `policy` from now. The
         stats start over; an outside loop is a new one (the old one returns: it no longer

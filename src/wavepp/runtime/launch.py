@@ -10,7 +10,8 @@ that exits into a clear error naming it.
 
 A local pipeline may pin each stage to CPUs of its own (`stage_cpu_sets`; the Engine does it
 by default on the CPU): rank r's process runs on the r-th of equal, disjoint sets of the CPUs
-this process may use, rank 0's threads (the leader's among them) on the first. Unpinned, with
+this process may use; rank 0's threads on the first while the stages load, and once the engine
+runs only the thread that computes stage 0 (`LocalCluster.keep_stage_0_to`). Unpinned, with
 other work on the machine the scheduler let two stages share a core while the other work held
 the rest (docs/benchmarks/2026-12-04-pinned-stages.md: 1.2-2x slower); pinned, each keeps its own.
 """
@@ -142,11 +143,13 @@ def pinned_cpu_sets(
     return sets
 
 
-def pin_threads(cpus: Iterable[int]) -> None:
-    """Pin every thread of this process to `cpus` (threads started later inherit the mask of
-    the thread that starts them)."""
-    cpus = set(cpus)
+def pin_threads(cpus: Iterable[int], but: Iterable[int] = ()) -> None:
+    """Pin every thread of this process but the native thread ids `but` to `cpus` (threads
+    started later inherit the mask of the thread that starts them)."""
+    cpus, skip = set(cpus), set(but)
     for tid in os.listdir("/proc/self/task"):
+        if int(tid) in skip:
+            continue
         try:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:  # the thread ended meanwhile
@@ -229,6 +232,20 @@ class LocalCluster:
         if self.cpu_sets is not None:
             self._unpinned = os.sched_getaffinity(0)
             pin_threads(self.cpu_sets[0])
+
+    def keep_stage_0_to(self, compute_tids: Iterable[int]) -> None:
+        """Once rank 0 runs: the threads that compute stage 0 (native ids) keep its CPUs, and
+        every other thread of rank 0 (the front door's HTTP server and tokenizers, the
+        admission rounds, the results; threads they start later inherit it) runs on all the
+        CPUs this process had, wherever the scheduler finds room. On the one core of stage 0
+        they took 5-7% of its time from its waves, and stage 0 was the pipeline's slowest
+        (docs/benchmarks/2026-12-07-front-door-tail-3.md). Nothing when not pinned."""
+        if self.cpu_sets is None or self._unpinned is None:
+            return
+        tids = set(compute_tids)
+        for tid in tids:
+            os.sched_setaffinity(tid, set(self.cpu_sets[0]))
+        pin_threads(self._unpinned, but=tids)
 
     def _rendezvous(self, connect, poll_s: float = 0.2) -> Channels:
         """Join the process group while watching the children: a stage that dies before it
