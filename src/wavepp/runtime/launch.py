@@ -234,12 +234,13 @@ class LocalCluster:
             pin_threads(self.cpu_sets[0])
 
     def keep_stage_0_to(self, compute_tids: Iterable[int]) -> None:
-        """Once rank 0 runs: the threads that compute stage 0 (native ids) keep its CPUs, and
-        every other thread of rank 0 (the front door's HTTP server and tokenizers, the
-        admission rounds, the results; threads they start later inherit it) runs on all the
-        CPUs this process had, wherever the scheduler finds room. On the one core of stage 0
-        they took 5-7% of its time from its waves, and stage 0 was the pipeline's slowest
-        (docs/benchmarks/2026-12-07-front-door-tail-3.md). Nothing when not pinned."""
+        """Once rank 0 runs: the threads that compute stage 0 (native ids; called before they
+        run a forward, so torch's intra-op workers they start inherit their mask) keep its
+        CPUs, and every other thread of rank 0 (the front door's HTTP server and tokenizers,
+        the admission rounds, the results; threads they start later inherit it) runs on all
+        the CPUs this process had, wherever the scheduler finds room. On stage 0's one core
+        they made stage 0 the pipeline's slowest; moved, a burst of 32 prompts ended 0.30-0.50 s
+        sooner (docs/benchmarks/2026-12-07-front-door-tail-3.md). Nothing when not pinned."""
         if self.cpu_sets is None or self._unpinned is None:
             return
         tids = set(compute_tids)
