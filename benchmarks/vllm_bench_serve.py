@@ -29,13 +29,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from wavepp.runtime.launch import free_port
 
 BENCH = ("import sys\n"
          "from vllm.benchmarks.serve import add_cli_args, main\n"
@@ -54,7 +55,7 @@ def main() -> None:
     model_dir = str(resolve_model(args.model))
     runs = {}
     for system in args.systems:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = _start(system, args, model_dir, port)
         try:
@@ -227,12 +228,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return "unknown CPU"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _parse_args():

@@ -67,10 +67,8 @@ class CoreLoops:
         self._deliver = deliver
         self._on_export_report = on_export_report
         self._on_crash = on_crash
-        self._drivers = tuple(
-            self._thread(name, fn)
-            for name, fn in (("wavepp-wave", self._wave_loop), ("wavepp-loop", self._exec_loop))
-        )
+        self._loop = self._thread("wavepp-loop", self._exec_loop)  # stage 0's forward
+        self._drivers = (self._thread("wavepp-wave", self._wave_loop), self._loop)
         self._results = self._thread("wavepp-results", self._result_loop)
 
     # ---- lifecycle (the core) ----------------------------------------------------------------
@@ -82,8 +80,7 @@ class CoreLoops:
     @property
     def compute_thread_ids(self) -> tuple[int, ...]:
         """The native ids of the threads that run stage 0's forward (LOOP), once started."""
-        loop = self._drivers[1]
-        return () if loop.native_id is None else (loop.native_id,)
+        return () if self._loop.native_id is None else (self._loop.native_id,)
 
     def reset(self, leader: Leader, policy: Policy) -> None:
         """Under cond, while the leader is idle: drive `leader` under `policy` from now. The
