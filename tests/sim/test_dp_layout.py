@@ -6,13 +6,16 @@ import json
 import pytest
 
 from wavepp.sim import HARDWARE, MODELS, ExecOverheads, StageCostModel
+from wavepp.sim.cost.execution import COMM_SMS, Execution
+from wavepp.sim.cost.expert_balance import balancedness
 from wavepp.sim.cost.precision import with_precision
 from wavepp.sim.cost.stages import stage_kv_tokens, stage_weight_bytes
 from wavepp.sim.studies.scenario import SimSetup, build_system, fixed_budget, run_setting
 from wavepp.sim.studies.systems import BUDGETED, get_system
 from wavepp.workloads import WorkloadOptions, workload_from_options
 
-NONE = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
+NONE = ExecOverheads(wave_s=0.0, chunk_s=0.0, small_kernels=False)
+BALANCED = Execution(placement="perfect")  # experts evenly loaded: the exchange's own formula
 
 
 def cold_prompts(setup, num_requests, real_tokens):
@@ -29,9 +32,17 @@ def cold_prompts(setup, num_requests, real_tokens):
     )
 
 
-def _stage(model, hw, degree, layout, nodes=1):
+def _stage(model, hw, degree, layout, nodes=1, execution=BALANCED):
     return StageCostModel(
-        model, HARDWARE[hw], 5, 6, degree=degree, num_nodes=nodes, layout=layout, overheads=NONE
+        model,
+        HARDWARE[hw],
+        5,
+        6,
+        degree=degree,
+        num_nodes=nodes,
+        layout=layout,
+        overheads=NONE,
+        execution=execution,
     )
 
 
@@ -57,7 +68,7 @@ def test_dp_attention_exchanges_only_the_experts_tokens():
     # every device's tokens through the experts, split over the devices, as under tp
     assert dp["moe_routed"] == pytest.approx(tp["moe_routed"], rel=1e-9)
     # a dense layer exchanges nothing under dp
-    first = StageCostModel(m, hw, 0, 1, degree=n, layout="dp", overheads=NONE)
+    first = StageCostModel(m, hw, 0, 1, degree=n, layout="dp", overheads=NONE, execution=BALANCED)
     assert "collectives" not in first.breakdown(even)
 
 
@@ -81,7 +92,7 @@ def test_dp_runs_each_chunk_on_one_device_and_waits_for_the_busiest():
     # expert, as one device alone does
     even = group.breakdown([(0, 4096)] * n)
     alone = one.breakdown([(0, 4096)])
-    for term in ("projections", "attention", "moe_shared", "router", "elementwise"):
+    for term in ("projections", "attention", "moe_shared", "router"):
         assert even[term] == pytest.approx(alone[term], rel=1e-9), term
     # a single long chunk is not split over the devices (no context parallelism)
     long = group.breakdown([(0, 16384)])
@@ -188,3 +199,38 @@ def test_the_paper_grids_run_the_papers_precisions_and_the_earlier_setups_keep_b
     bf16 = with_overrides(paper_grid(), attention_dtype="bf16", budget_tokens=4096)
     assert {columns(s) for s in bf16} == {("nvfp4", "bf16", "fp8")}
     assert {s.setup().budget_tokens for s in bf16} == {4096}
+
+
+def test_the_busiest_expert_device_sets_the_experts_and_the_exchange():
+    """An EP group waits for its busiest device: the routed experts and the exchange cost
+    1 / balancedness of the mean's (SGLang's curve: 0.80 at 32 GPUs with EPLB, 0.55 without)."""
+    m = MODELS["deepseek-v3"]
+    even = [(0, 16384)] * 32
+    perfect = _stage(m, "H100", 32, "dp", nodes=4).breakdown(even)
+    for placement, expected in (("eplb", 0.80), ("default", 0.55)):
+        assert balancedness(32, placement) == pytest.approx(expected)
+        got = _stage(m, "H100", 32, "dp", 4, Execution(placement=placement)).breakdown(even)
+        # (its GEMMs have more rows a expert too: their tiles fill a little better)
+        assert got["moe_routed"] == pytest.approx(perfect["moe_routed"] / expected, rel=2e-3)
+        assert got["collectives"] == pytest.approx(perfect["collectives"] / expected, rel=1e-9)
+    # the curve falls with the group's size, and one device is balanced
+    assert balancedness(1, "default") == 1.0
+    assert balancedness(8, "eplb") > balancedness(16, "eplb") > balancedness(32, "eplb")
+    assert balancedness(8, "default") > balancedness(32, "default") > balancedness(64, "default")
+
+
+def test_two_batch_overlap_hides_the_exchange_behind_compute_on_fewer_sms():
+    """tbo: the exchange runs beside compute, which keeps num_sms - COMM_SMS SMs for the whole
+    layer; only an exchange longer than that compute shows."""
+    m = MODELS["deepseek-v3"]
+    even = [(0, 16384)] * 32
+    serial = _stage(m, "H100", 32, "dp", nodes=4).breakdown(even)
+    tbo = _stage(m, "H100", 32, "dp", 4, Execution(overlap="tbo", placement="perfect"))
+    over = tbo.breakdown(even)
+    compute = sum(v for k, v in serial.items() if k not in ("collectives", "dp_sync"))
+    sms = HARDWARE["H100"].num_sms
+    assert over["comm_sms"] == pytest.approx(compute * COMM_SMS / (sms - COMM_SMS), rel=1e-9)
+    assert over["collectives"] == pytest.approx(
+        max(0.0, serial["collectives"] - compute * sms / (sms - COMM_SMS)), rel=1e-9
+    )
+    assert sum(over.values()) < sum(serial.values())

@@ -5,6 +5,7 @@ import pytest
 
 from wavepp.sim import HARDWARE, MODELS, StageCostModel
 from wavepp.sim.cost.precision import WEIGHT_FORMATS, weight_format, with_weights
+from wavepp.sim.cost.small_kernels import layer_bytes
 from wavepp.sim.cost.stage_cost import ExecOverheads
 
 
@@ -29,16 +30,24 @@ def test_a_large_nvfp4_gemm_runs_at_the_measured_efficiency():
     """A dense layer's MLP on many rows: FLOPs over (FP4 peak x 0.43 x tile fill)."""
     hw = HARDWARE["B300"]
     m = with_weights(MODELS["glm-5"], "nvfp4")
-    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
+    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, small_kernels=False)
     stage = StageCostModel(m, hw, 0, 1, overheads=none)  # layer 0: a dense MLP
     T = 16384
     got = stage.breakdown([(0, T)])["mlp"]
     eff = 0.43 * T / (T + hw.gemm_half_rows)
     assert got == pytest.approx(2.0 * T * m.mlp_params(0) / (13.5e15 * eff), rel=1e-12)
-    # the activations entering each GEMM are written again in 4 bits with their scales
-    q = stage.breakdown([(0, T)])["quantize"]
-    elems = m.hidden_size + m.num_heads * m.v_head_dim + m.hidden_size + m.intermediate_size
-    assert q == pytest.approx(T * elems * 0.5625 / hw.hbm_bytes_s, rel=1e-12)
+    # the activations entering each GEMM are written again in 4 bits with their scales: the
+    # attention block's (q_a and kv_a share theirs), q_b's, kv_b's, o's, and the MLP's two
+    q = layer_bytes(m, 0)["quantize"]
+    elems = (
+        m.hidden_size
+        + m.q_lora_rank
+        + m.kv_lora_rank
+        + m.num_heads * m.v_head_dim
+        + m.hidden_size
+        + m.intermediate_size
+    )
+    assert q == pytest.approx(elems * 0.5625, rel=1e-12)
 
 
 def test_nvfp4_makes_the_paper_models_faster_but_not_their_attention():
@@ -71,7 +80,7 @@ def test_fp8_attention_runs_at_the_fp8_peak_times_its_own_efficiency():
     measurements sim/cost/hardware.py cites); an FP8 KV cache halves the bytes a decode-like short
     chunk over a long cache reads."""
     hw = HARDWARE["GB300"]
-    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
+    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, small_kernels=False)
     from wavepp.sim.cost.precision import with_precision
 
     bf16 = StageCostModel(MODELS["minimax-m2"], hw, 5, 6, overheads=none)
@@ -112,7 +121,7 @@ def test_attention_projections_can_keep_another_format_than_the_experts():
     from wavepp.sim.cost.stages import stage_weight_bytes
 
     hw = HARDWARE["GB300"]
-    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
+    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, small_kernels=False)
     ds = MODELS["deepseek-v3"]
     all4 = with_precision(ds, weights="nvfp4")
     mixed = with_precision(ds, weights="nvfp4", projections={"*": "bf16"})
@@ -128,13 +137,10 @@ def test_attention_projections_can_keep_another_format_than_the_experts():
     # the MLP's inputs are quantized in both; the attention block's only where it runs NVFP4
     inner = ds.num_heads * ds.v_head_dim
     nvfp4_bytes = 0.5625  # a quantized element with its share of scales
-    assert (p4["quantize"] - pb["quantize"]) * hw.hbm_bytes_s == pytest.approx(
-        T * (ds.hidden_size + inner) * nvfp4_bytes, rel=1e-9
-    )
-    po = StageCostModel(only_o, hw, 5, 6, overheads=none).breakdown([(0, T)])
-    assert (po["quantize"] - pb["quantize"]) * hw.hbm_bytes_s == pytest.approx(
-        T * inner * nvfp4_bytes, rel=1e-9
-    )
+    attention_inputs = ds.hidden_size + ds.q_lora_rank + ds.kv_lora_rank + inner
+    q4, qb = layer_bytes(all4, 5)["quantize"], layer_bytes(mixed, 5)["quantize"]
+    assert q4 - qb == pytest.approx(attention_inputs * nvfp4_bytes, rel=1e-9)
+    assert layer_bytes(only_o, 5)["quantize"] - qb == pytest.approx(inner * nvfp4_bytes, rel=1e-9)
     # weights in memory: the attention block in bf16 instead of 0.5625 bytes
     a = stage_weight_bytes(all4, 5, 6, first=False, last=False)
     b = stage_weight_bytes(mixed, 5, 6, first=False, last=False)

@@ -73,7 +73,7 @@ def test_attention_runs_at_the_cudnn_measurement_it_cites(hardware, dtype, tflop
     from wavepp.sim import ExecOverheads, StageCostModel
 
     m = with_precision(MODELS["deepseek-v3"], attention=dtype)
-    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, elementwise_hidden_passes=0.0)
+    none = ExecOverheads(wave_s=0.0, chunk_s=0.0, small_kernels=False)
     stage = StageCostModel(m, HARDWARE[hardware], 5, 6, overheads=none)
     n = 16384
     seconds = stage.breakdown([(0, n), (0, n)])["attention"]

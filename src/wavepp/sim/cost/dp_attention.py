@@ -9,8 +9,9 @@ share the routed experts.
                at most one device's budget per wave)
     busiest    every layer waits at the experts' exchange for the device with the most work, so
                the wave pays that device's attention, projections, dense MLPs, shared experts,
-               router, norms, quantization and LM head, as one device holding all of those
-               weights runs them (`StageCostModel.device`)
+               router, small kernels and LM head, as one device holding all of those weights
+               runs them (`StageCostModel.device`), and the ranks' synchronization beyond that
+               (`DP_SYNC_SHARE`)
     experts    every device's tokens through the routed experts, split over the devices
                (`StageCostModel.routed_seconds` over the whole wave)
     exchange   per MoE layer, DeepEP's normal dispatch and combine, nothing else: the busiest
@@ -18,9 +19,11 @@ share the routed experts.
                back in bf16, once per destination, not once per expert: once over the NIC to
                each other node holding one of a token's k experts (DeepEP forwards it inside that
                node over NVLink), once over NVLink to each device holding one. Experts spread
-               evenly and routing uniform: a device (node) is hit with probability
-               1 - (1 - 1/devices)^k (nodes alike). NVLink and the NIC run at once; no overlap
-               with compute is assumed.
+               evenly: a device (node) is hit with probability 1 - (1 - 1/devices)^k (nodes
+               alike), and the busiest expert device moves its imbalance over the mean
+               (sim/cost/expert_balance.py). NVLink and the NIC run at once. Under two-batch
+               overlap (sim/cost/execution.py) the exchange runs beside the compute, which
+               loses the SMs the exchange holds; otherwise it follows the compute.
 
 The group's KV pool is its devices' pools together (sim/cost/stage_cost.py `kv_split`), and a
 request is not pinned to the device that holds its KV: each wave is placed afresh.
@@ -30,10 +33,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from wavepp.sim.cost.execution import overlapped
+from wavepp.sim.cost.expert_balance import imbalance
 from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
 
 if TYPE_CHECKING:  # sim/cost/stage_cost.py runs these for its dp stages
     from wavepp.sim.cost.stage_cost import ChunkShape, StageCostModel
+
+# DP-rank synchronization: the share of a DP-attention + EP forward its ranks spend waiting for
+# the slowest at the exchanges (uneven attention and dense work, launch jitter: what a model of
+# equal ranks does not see). 12.3% in TensorRT-LLM's breakdown of one context-only iteration of
+# DeepSeek-R1-0528 NVFP4 on GB200 x 4, DEP4, 8K inputs (NVIDIA/TensorRT-LLM tech blog on DWDP,
+# table 3: attention 20.4%, grouped GEMM 25.9%, dense GEMM 13.4%, other kernels 18.3%,
+# communication 9.6%, synchronization 12.3%), taken for every DP-EP stage
+DP_SYNC_SHARE = 0.123
 
 # bytes per element of an expert GEMM's input as dispatched to the experts' devices (DeepEP sends
 # FP8, or NVFP4 where the experts run it: SGLang's GB200 part II fuses that quantization in)
@@ -66,7 +79,18 @@ def dp_breakdown(stage: StageCostModel, chunks: Sequence[ChunkShape]) -> dict[st
         total = sum(x for _, x in chunks)
         most = max(sum(x for _, x in b) for b in bins)
         out["moe_routed"] = moe_layers * stage.routed_seconds(total)
-        out["collectives"] = moe_layers * exchange_seconds(stage, most)
+        # the busiest expert device receives (and sends back) its imbalance over the mean
+        busiest = imbalance(stage.degree, stage.execution.placement)
+        exchange = moe_layers * exchange_seconds(stage, most) * busiest
+        if stage.execution.overlap == "tbo":
+            compute = sum(out.values())
+            slowed, exposed = overlapped(compute, exchange, stage.hw.num_sms)
+            out["comm_sms"] = slowed - compute
+            out["collectives"] = exposed
+        else:
+            out["collectives"] = exchange
+    # the ranks wait for each other at every exchange: a share of the forward of its own
+    out["dp_sync"] = sum(out.values()) * DP_SYNC_SHARE / (1.0 - DP_SYNC_SHARE)
     return out
 
 

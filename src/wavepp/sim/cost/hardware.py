@@ -26,7 +26,13 @@ class HardwareSpec:
     attn_efficiency: float = 0.72  # long-sequence bf16 attention kernels, fraction of bf16 peak
     fp8_attn_efficiency: float = 0.51  # long-sequence fp8 attention kernels, fraction of fp8 peak
     gemm_half_rows: int = 32  # rows per GEMM (tokens per expert) at half efficiency: tile fill
-    attn_half_queries: int = 64  # query rows per chunk at half attention efficiency (128-row tiles)
+    # attention's ramp on its tile work: keys per query at which a kernel reaches half its rate
+    # (the efficiencies above are at ATTN_REFERENCE_KEYS; a chunk of fewer than ATTN_TILE_ROWS
+    # queries fills part of its query tiles)
+    attn_half_keys: float = 470.0
+    num_sms: int = 132  # streaming multiprocessors (the exchange's kernels hold some)
+    small_kernel_bw_efficiency: float = 0.80  # the forward's small kernels, fraction of HBM rate
+    kernel_floor_s: float = 2e-6  # the GPU's gap between back-to-back queued kernels
     nvfp4_tflops: float = 0.0  # dense peak of block-scaled FP4 (0: no FP4 tensor cores)
     nvfp4_gemm_efficiency: float = 0.43  # large NVFP4 GEMMs, fraction of their peak
     host_link_gb_s: float = 0.0  # GPU <-> host (CPU) memory, bidirectional total (0: not modelled)
@@ -122,6 +128,17 @@ class HardwareSpec:
 #   alone) reaches 3,904 TFLOPS at 16,384 rows (N = 6,144, K = 4,096), 43% of B200's 9 PF dense
 #   FP4. The activations' quantization is charged apart (sim/cost/stage_cost.py). Assumed the same
 #   on B300, GB200 and GB300.
+# Attention's ramp (attn_half_keys): sim/cost/stage_cost.py `attention_fill`, with its sweeps.
+# SMs: H100 and H200 SXM 132 (NVIDIA H100 Tensor Core GPU architecture whitepaper); the full
+#   Blackwell Ultra (B300, GB300) 160 (NVIDIA, "Inside NVIDIA Blackwell Ultra", 2025); B200 and
+#   GB200 148, as CUDA reports them (an assumption: no datasheet gives the count).
+# Small kernels (sim/cost/small_kernels.py): 0.80 of the HBM rate is an assumption (long copies
+#   reach about 0.9 of HBM3 on an H100; the small kernels' reads of several strided tensors less).
+#   Its check: DeepSeek-V3 at 16,384 tokens a device on H100 gives 5.6 ms a layer of them
+#   (tests/sim/test_small_kernels.py), where SGLang's breakdown of DeepSeek's own H800 prefill
+#   profile shows 5.1 ms of "other kernels" and of SGLang's 6.2 ms (LMSYS blog 2025-05-05,
+#   "Prefill Time Breakdown"). kernel_floor_s: the median gap between back-to-back queued
+#   kernels in DeepSeek's H800 trace (deepseek-ai/profile-data train.json: 2 us, p10 1, p90 3).
 # Link latency: NCCL point-to-point of small messages over NVLink takes ~5-10 us (nccl-tests
 #   sendrecv_perf at 8 B); inter-node RDMA ~10 us.
 # Host link (a host KV tier's loads and offloads): PCIe x16, bidirectional totals from the PCI-SIG
@@ -141,6 +158,25 @@ HARDWARE: dict[str, HardwareSpec] = {
             1979.0,
             80.0,
             3.35,
+            900.0,
+            8e-6,
+            50.0,
+            10e-6,
+            attn_efficiency=0.75,
+            fp8_attn_efficiency=0.61,
+            host_link_gb_s=128.0,
+        ),
+        # Meta's Grand Teton H100 hosts, as "Context Parallelism for Scalable Million-Token
+        # Inference" (Yang et al., MLSys 2025, arXiv 2411.01783, appendix A) states them: power
+        # limited to 500 W, 96 GB HBM2e at 2.4 TB/s, a BF16 peak of 800 TF "instead of 989";
+        # NVLink within the host, 400 Gb/s RDMA per GPU between hosts. FP8 at twice the BF16
+        # peak and H100's kernel efficiencies are assumptions (the same SM, lower clocks).
+        HardwareSpec(
+            "H100-GTT",
+            800.0,
+            1600.0,
+            96.0,
+            2.4,
             900.0,
             8e-6,
             50.0,
@@ -178,6 +214,8 @@ HARDWARE: dict[str, HardwareSpec] = {
             10e-6,
             nvfp4_tflops=9000.0,
             host_link_gb_s=128.0,
+            attn_half_keys=610.0,
+            num_sms=148,
         ),
         # NVIDIA HGX B300 (Blackwell Ultra) datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 dense,
         # FP4 13.5 PF dense (108 PF for 8 GPUs, 144 with sparsity), 288 GB HBM3e at 8 TB/s, NVLink 5
@@ -198,6 +236,8 @@ HARDWARE: dict[str, HardwareSpec] = {
             fp8_attn_efficiency=0.68,
             nvfp4_tflops=13500.0,
             host_link_gb_s=256.0,
+            attn_half_keys=610.0,
+            num_sms=160,
         ),
         # NVIDIA GB300 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 15 PF FP4
         # dense (1,080 PF FP4 dense for 72 GPUs), 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s;
@@ -218,6 +258,8 @@ HARDWARE: dict[str, HardwareSpec] = {
             fp8_attn_efficiency=0.68,
             nvfp4_tflops=15000.0,
             host_link_gb_s=900.0,
+            attn_half_keys=610.0,
+            num_sms=160,
         ),
         # NVIDIA GB200 NVL72 datasheet, per GPU (the rack's 72): 2.5 PF BF16 / 5 PF FP8 / 10 PF FP4
         # dense (360 / 720 / 1,440 PF for 72 GPUs, with sparsity), 13.4 TB HBM3e at 576 TB/s
@@ -238,6 +280,8 @@ HARDWARE: dict[str, HardwareSpec] = {
             fp8_attn_efficiency=0.51,
             nvfp4_tflops=10000.0,
             host_link_gb_s=900.0,
+            attn_half_keys=610.0,
+            num_sms=148,
         ),
     )
 }

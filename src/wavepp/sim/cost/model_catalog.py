@@ -167,6 +167,23 @@ MODELS: dict[str, ModelShape] = {
             weight_bytes=1.0,
             gemm_dtype="fp8",
         ),
+        # meta-llama/Llama-3.1-405B config.json (dense): 126 layers, hidden 16384, 128 query
+        # heads, 8 KV heads, head_dim 128, MLP 53248; vocab 128256; released in BF16. Used for
+        # Meta's published prefill times (benchmarks/public_figures.py).
+        ModelShape(
+            "llama-3.1-405b",
+            16384,
+            126,
+            128256,
+            128,
+            attention="gqa",
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=53248,
+            weight_bytes=2.0,
+            gemm_dtype="bf16",
+            source="meta-llama/Llama-3.1-405B config.json",
+        ),
         # deepseek-ai/DeepSeek-V3 config.json (671B / 37B active): 61 layers, hidden 7168, 128 heads,
         # q_lora 1536, kv_lora 512, nope 128 + rope 64, v 128; 256 experts top-8 + 1 shared, FFN
         # 2048, first 3 layers dense (18432); vocab 129280; FP8. Used for the published anchor.

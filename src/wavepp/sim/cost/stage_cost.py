@@ -11,9 +11,9 @@ For a wave of chunks (L cached tokens, x new tokens each), T = sum of x, every l
                   latents of its L prefix tokens again: 2*L*r*h*(d_nope + d_v) FLOPs
     MLP           dense: 2*T*3*H*I; MoE: routed experts 2*T*k*3*H*I_e as grouped GEMMs of
                   T*k/E rows each, the shared expert as a GEMM of T rows, the router
-    elementwise   norms, residuals, activations, MoE permutes: bytes through HBM
-    quantize      NVFP4 weights (sim/cost/precision.py): every linear layer's input written again as
-                  4-bit values with their scales (the quantization fused into the kernel before)
+    small kernels everything else a layer runs (sim/cost/small_kernels.py): norms, RoPE, the
+                  KV cache writes, MLA's key and value build, each low-precision GEMM's input
+                  quantized, SiLU-and-mul, routing, the MoE permutes, and a floor per launch
 
 A GEMM runs at peak * efficiency * rows / (rows + half_rows) (tiles fill poorly with few rows:
 the per-expert token count of a small wave) and never faster than reading its weights from
@@ -34,13 +34,16 @@ The collectives run over the links (over the NICs where the devices span `num_no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from wavepp.sim.cost.dp_attention import dp_breakdown
+from wavepp.sim.cost.execution import DEFAULT_EXECUTION, Execution
+from wavepp.sim.cost.expert_balance import imbalance
 from wavepp.sim.cost.hardware import HardwareSpec
 from wavepp.sim.cost.model_shapes import ModelShape
-from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
+from wavepp.sim.cost.small_kernels import SmallKernels
 
 LAYOUTS = ("tp", "dp")  # how a stage's `degree` devices share its layers (module docstring)
 
@@ -58,10 +61,10 @@ class ExecOverheads:
 
     wave_s: float = 1e-3  # per wave per stage: plan, block tables, launches, sync
     chunk_s: float = 2e-5  # per chunk: its metadata
-    elementwise_hidden_passes: float = 20.0  # HBM passes of a [T, hidden] bf16 tensor per layer
+    small_kernels: bool = True  # charge the forward's other kernels (sim/cost/small_kernels.py)
 
     def __post_init__(self) -> None:
-        for name in ("wave_s", "chunk_s", "elementwise_hidden_passes"):
+        for name in ("wave_s", "chunk_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ExecOverheads.{name} must be >= 0")
 
@@ -83,6 +86,7 @@ class StageCostModel:
         snapshot_interval_tokens: int = 0,
         num_nodes: int = 1,
         layout: str = "tp",
+        execution: Execution = DEFAULT_EXECUTION,
     ):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -98,6 +102,7 @@ class StageCostModel:
         self.num_nodes = num_nodes  # nodes the `degree` devices span (collectives cross NICs)
         self.layout = layout
         self.overheads = overheads
+        self.execution = execution
         # dp: one device of the group, running its own chunks through every layer but the
         # routed experts (sim/cost/dp_attention.py)
         self.device = (
@@ -110,6 +115,7 @@ class StageCostModel:
                 last=last,
                 overheads=overheads,
                 snapshot_interval_tokens=snapshot_interval_tokens,
+                execution=execution,
             )
             if layout == "dp" and degree > 1
             else None
@@ -143,7 +149,7 @@ class StageCostModel:
         if not chunks:
             return out
         if self.layout == "dp" and self.degree > 1:
-            return dp_breakdown(self, chunks)
+            return self._streamed(dp_breakdown(self, chunks))
         for key, count in self._kinds.items():
             for name, seconds in self._layer(self._rep[key], chunks).items():
                 out[name] = out.get(name, 0.0) + count * seconds
@@ -159,6 +165,23 @@ class StageCostModel:
                 m.vocab_size * m.hidden_size * 2 / self.degree,
                 "bf16",
             )
+        return self._streamed(out)
+
+    def _streamed(self, out: dict[str, float]) -> dict[str, float]:
+        """`out` with the routed-expert weights streamed from host memory (Execution
+        `streamed_experts`): the wave takes at least their transfer over the host link, the
+        part beyond its compute as "weight_stream"."""
+        share = self.execution.streamed_experts
+        if not share or not self.num_moe_layers:
+            return out
+        m, hw = self.model, self.hw
+        if not hw.host_link_gb_s:
+            raise ValueError(f"{hw.name} has no host link to stream expert weights over")
+        per_device = m.num_experts * m.expert_params() * m.weight_bytes / self.degree
+        stream = share * self.num_moe_layers * per_device / hw.host_link_bytes_s
+        total = sum(out.values())
+        if stream > total:
+            out["weight_stream"] = stream - total
         return out
 
     def snapshot_copy_seconds(self, chunks: Sequence[ChunkShape]) -> float:
@@ -174,7 +197,18 @@ class StageCostModel:
         m, hw, n = self.model, self.hw, self.degree
         T = sum(x for _, x in chunks)
         out = {"projections": self._projections(layer, T)}
-        out["attention"] = sum(self._attention(layer, L, x) for L, x in chunks)
+        # one kernel runs the wave's chunks: its tiles (every head's query tiles, each chunk's
+        # keys split in blocks of ATTN_SPLIT_KEYS as split-KV kernels do) fill the SMs or not
+        tiles = (
+            m.num_heads
+            / n
+            * sum(
+                math.ceil(x / ATTN_TILE_ROWS) * max(1, (L + x) // ATTN_SPLIT_KEYS)
+                for L, x in chunks
+            )
+        )
+        sm_fill = 1.0 if m.is_linear(layer) else min(1.0, tiles / hw.num_sms)
+        out["attention"] = sum(self._attention(layer, L, x) for L, x in chunks) / sm_fill
         if m.attention == "mla" and not m.sparse_attention and not m.is_linear(layer):
             r, h = m.kv_lora_rank, m.num_heads
             up = r * h * (m.qk_nope_head_dim + m.v_head_dim)
@@ -182,7 +216,7 @@ class StageCostModel:
                 self._gemm(2.0 * L * up / n, L, 0.0, m.gemm_dtype) for L, _ in chunks if L > 0
             )
         if m.is_moe(layer):
-            e, k = m.num_experts, m.num_experts_per_tok
+            e = m.num_experts
             out["moe_routed"] = self.routed_seconds(T)
             if m.num_shared_experts:
                 ps = m.num_shared_experts * m.expert_params()
@@ -192,16 +226,13 @@ class StageCostModel:
             out["router"] = self._gemm(
                 2.0 * T * m.hidden_size * e / n, T, m.hidden_size * e * 2 / n, "bf16"
             )
-            permute = 4.0 * k * m.hidden_size * 2  # scatter to experts and gather back
         else:
             p = m.mlp_params(layer)
             out["mlp"] = self._gemm(2.0 * T * p / n, T, p * m.weight_bytes / n, m.gemm_dtype)
-            permute = 0.0
-        passes = self.overheads.elementwise_hidden_passes * m.hidden_size * 2
-        out["elementwise"] = T * (passes + permute) / n / hw.hbm_bytes_s
-        quantized = self._quantized_inputs(layer)
-        if quantized:
-            out["quantize"] = T * quantized * NVFP4_ACTIVATION_BYTES / n / hw.hbm_bytes_s
+        if self.overheads.small_kernels:
+            context = sum(L + x for L, x in chunks)
+            small = SmallKernels(m, hw).seconds(layer, T, context, share=1.0 / n)
+            out["small_kernels"] = sum(small.values())
         if n > 1:
             out["collectives"] = self._collectives(layer, T)
         return out
@@ -214,8 +245,12 @@ class StageCostModel:
         e, k = m.num_experts, m.num_experts_per_tok
         touched = e * (1.0 - (1.0 - k / e) ** T)  # experts that receive a token
         p = m.expert_params()
+        busiest = imbalance(n, self.execution.placement)  # sim/cost/expert_balance.py
         return self._gemm(
-            2.0 * T * k * p / n, T * k / e, touched * p * m.weight_bytes / n, m.gemm_dtype
+            2.0 * T * k * p / n * busiest,
+            T * k / e * busiest,
+            touched * p * m.weight_bytes / n,
+            m.gemm_dtype,
         )
 
     def _projections(self, layer: int, T: int) -> float:
@@ -233,32 +268,9 @@ class StageCostModel:
             self._gemm(2.0 * T * p, T, p * wb, dtype) for (wb, dtype), p in by_format.items()
         )
 
-    def _quantized_inputs(self, layer: int) -> float:
-        """Elements per token entering this layer's NVFP4 GEMMs: the attention block's input and
-        its output projection's (where those projections run NVFP4); each expert copy's input
-        and its down projection's."""
-        m = self.model
-        inner = (
-            m.linear_num_heads * m.linear_head_dim
-            if m.is_linear(layer)
-            else m.num_heads * (m.head_dim if m.attention == "gqa" else m.v_head_dim)
-        )
-        groups = m.attention_param_groups(layer)
-        nvfp4 = {name for name in groups if m.projection_format(name)[1] == "nvfp4"}
-        elems = m.hidden_size if nvfp4 & {"q", "q_a", "kv_a", "qkv", "linear"} else 0
-        elems += inner if nvfp4 & {"o", "linear"} else 0
-        if m.gemm_dtype != "nvfp4":
-            return float(elems)
-        if m.is_moe(layer):
-            copies = m.num_experts_per_tok + m.num_shared_experts
-            elems += copies * (m.hidden_size + m.moe_intermediate_size)
-        else:
-            elems += m.hidden_size + m.intermediate_size
-        return float(elems)
-
     def _attention(self, layer: int, L: int, x: int) -> float:
         m, hw, n = self.model, self.hw, self.degree
-        fill = x / (x + hw.attn_half_queries)
+        fill = attention_fill(hw, L, x)
         if m.is_linear(layer):  # the chunkwise recurrence runs in bf16
             dk = dv = m.linear_head_dim
             flops = 2.0 * x * m.linear_num_heads * (2 * dk * dv + LINEAR_CHUNK * (dk + dv))
@@ -316,8 +328,33 @@ class StageCostModel:
             max(remote / hw.internode_bytes_s, local / hw.link_bytes_s)
             if across
             else local / hw.link_bytes_s
-        )
+        ) * imbalance(n, self.execution.placement)  # the busiest expert device's share
         return seconds + all_to_all + gather / ring + 3 * lat
+
+
+# The shape the hardware's attention efficiencies are measured at (sim/cost/hardware.py): causal
+# self-attention over 16,384 tokens, 8,192 keys per query on average
+ATTN_REFERENCE_KEYS = 8192.0
+ATTN_TILE_ROWS = 128  # the query rows of one tile of the attention kernels (FA3, cuDNN, FA4)
+# a chunk of few query tiles has its keys split over more SMs (split-KV: FlashDecoding, FA3's
+# num_splits), each split at least this many keys (an assumption: 4 key tiles)
+ATTN_SPLIT_KEYS = 512
+
+
+def attention_fill(hw: HardwareSpec, num_cached: int, num_new: int) -> float:
+    """Attention's rate for a chunk, as a fraction of the hardware's long-sequence efficiency:
+    keyed on its tile work, the keys each query block runs over (mean L + (x + 1) / 2 for
+    causal attention), k / (k + attn_half_keys), relative to the reference shape's; and a
+    chunk whose last query tile is part full pays for the whole tile. (The wave's tiles over
+    the SMs are `_layer`'s.) attn_half_keys from NVIDIA's cudnn-frontend sweeps of causal
+    prefill (benchmark/attention_training/results: H200 Llama-3.1 and DeepSeek-V3 shapes,
+    GB200 and GB300 DeepSeek-V3 and Llama-3.1, BF16 and FP8, 2K-32K tokens): k / (k + h)
+    fits each within 3% rms, h 340-560 keys on H200 (470, the median) and 540-700 on GB200
+    and GB300 (610)."""
+    keys = num_cached + (num_new + 1) / 2
+    half = hw.attn_half_keys
+    ramp = (keys / (keys + half)) / (ATTN_REFERENCE_KEYS / (ATTN_REFERENCE_KEYS + half))
+    return ramp * num_new / (math.ceil(num_new / ATTN_TILE_ROWS) * ATTN_TILE_ROWS)
 
 
 def kv_split(model: ModelShape, degree: int, layout: str = "tp") -> int:

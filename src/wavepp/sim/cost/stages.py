@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from wavepp.models.spec import LayerCosts, StageSplit, split_layers
+from wavepp.sim.cost.execution import DEFAULT_EXECUTION, Execution
 from wavepp.sim.cost.hardware import HardwareSpec
 from wavepp.sim.cost.model_shapes import ModelShape
 from wavepp.sim.cost.stage_cost import ExecOverheads, StageCostModel, kv_split
@@ -135,9 +136,10 @@ def stage_models(
     overheads: ExecOverheads = DEFAULT_OVERHEADS,
     num_nodes: int = 1,
     layout: str = "tp",
+    execution: Execution = DEFAULT_EXECUTION,
 ) -> list[StageCostModel]:
     """One cost model per stage; `degree` devices per stage, spanning `num_nodes` nodes, sharing
-    its layers in `layout` (sim/cost/stage_cost.py)."""
+    its layers in `layout`, run as `execution` says (sim/cost/stage_cost.py)."""
     last = len(bounds) - 1
     return [
         StageCostModel(
@@ -151,6 +153,7 @@ def stage_models(
             overheads=overheads,
             num_nodes=num_nodes,
             layout=layout,
+            execution=execution,
         )
         for s, (a, b) in enumerate(bounds)
     ]

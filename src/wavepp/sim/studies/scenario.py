@@ -292,6 +292,7 @@ def _stage_layout(
         overheads=setup.overheads,
         num_nodes=setup.num_nodes if spec.topology == "tp" else 1,
         layout=spec.layout,
+        execution=spec.execution,
     )
     return bounds, degree, stages
 

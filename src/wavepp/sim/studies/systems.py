@@ -23,7 +23,9 @@
 
 dp-ep is the layout of SGLang's and TensorRT-LLM's large-EP prefill recipes (SGLang's
 --enable-dp-attention with DeepEP; "DEP"): each device runs its own requests through attention
-and exchanges tokens only with the experts' devices (sim/cost/stage_cost.py `layout`). Its one
+and exchanges tokens only with the experts' devices (sim/cost/stage_cost.py `layout`), the
+exchange of one micro-batch beside the other's compute (two-batch overlap, SGLang's recipe;
+sim/cost/execution.py). Its one
 scheduler and pool stand for the devices' own (requests spread evenly, the pool the devices' pools
 together); its budget is per device, SGLang's chunked_prefill_size divided among the
 data-parallel ranks (16,384 each in SGLang's large-scale EP prefill recipe).
@@ -52,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wavepp.sched.policy import Policy, get_policy
+from wavepp.sim.cost.execution import Execution
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class SystemSpec:
     layout: str = (
         "tp"  # topology "tp": how the devices share the layers (sim/cost/stage_cost.py LAYOUTS)
     )
+    # how its forward runs beyond the kernels (sim/cost/execution.py): overlap, expert placement
+    execution: Execution = Execution()
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
@@ -161,6 +166,8 @@ SYSTEMS: dict[str, SystemSpec] = {
             16384,
             "all devices on every layer: DP attention, EP experts",
             layout="dp",
+            # SGLang's large-scale EP prefill recipe: two-batch overlap over DeepEP
+            execution=Execution(overlap="tbo"),
         ),
         # the paper's ablation, one mechanism at a time, on MPU's 16,384-token microbatch
         SystemSpec(
