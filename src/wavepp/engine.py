@@ -19,8 +19,9 @@ from wavepp.kv_transfer.handoff import KVHandoff
 from wavepp.kv_transfer.usage import HandoffUsage
 from wavepp.model_store import DEFAULT_MODEL, resolve_model
 from wavepp.models import load_model_config, page_layout
+from wavepp.prefill_answers import PrefillAnswers
 from wavepp.prefill_result import PrefillResult, with_transfer_error
-from wavepp.prompts import Prompt, prompt_token_ids
+from wavepp.prompts import Prompt, check_request_options, prompt_token_ids
 from wavepp.runtime.config import RuntimeConfig
 from wavepp.runtime.core import EngineCore, EngineError
 from wavepp.runtime.core_stats import CoreStats, EngineLoad
@@ -29,7 +30,6 @@ from wavepp.runtime.launch import LocalCluster, pinned_cpu_sets
 from wavepp.runtime.protocol import IntegrityReport
 from wavepp.runtime.stage_blocks import stage_blocks
 from wavepp.runtime.stage_split import choose_stage_split
-from wavepp.sched import RequestState
 from wavepp.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,11 @@ class Engine:
         self._handoff = KVHandoff.for_engine(
             opts, hybrid=model_config.model_type if hybrid else None
         )
-        publisher = open_kv_events_publisher(opts)  # before any process: a taken port fails here
+        publisher = None  # opened before any process: a taken port fails here
+        if opts.publishes_kv_events:
+            from wavepp.kv_events.publisher import EventPublisher  # zmq only where it is used
+
+            publisher = EventPublisher.open(opts.kv_events, opts.block_size)
         try:
             self._cluster = LocalCluster(
                 pp, backend, device, cpu_sets=pinned_cpu_sets(pp, device, opts.pin_cpus)
@@ -100,7 +104,11 @@ class Engine:
             self._cluster.close(timeout_s=2)
             raise
         self._closed = False
-        self._core.start(self._result)
+        self._core.start(
+            PrefillAnswers(
+                self._core.unix_at, self._handoff, self._tokenizer, opts.pp, opts.block_size
+            )
+        )
         self._cluster.keep_stage_0_to(self._core.compute_thread_ids)
         if self._handoff is not None:
             self._handoff.start(self._core.answer_overdue, self._core.kv_writer)
@@ -142,20 +150,9 @@ class Engine:
         `scheduling_policy="priority"` admits and packs by it (sched/waiting.py), one started
         with "fcfs" takes only 0, as vLLM refuses a priority it does not schedule by."""
         token_ids = self.tokenize(prompt)
-        self._check_priority(priority)
-        if request_id is not None and (
-            not isinstance(request_id, int) or isinstance(request_id, bool)
-        ):
-            raise ValueError(f"request_id must be an int, got {request_id!r}")
-        if logprob_start is not None and (
-            isinstance(logprob_start, bool)
-            or not isinstance(logprob_start, int)
-            or not 0 <= logprob_start < len(token_ids)
-        ):
-            raise ValueError(
-                f"logprob_start must be a position of the prompt [0, {len(token_ids)}), "
-                f"got {logprob_start!r}"
-            )
+        check_request_options(
+            len(token_ids), request_id, logprob_start, priority, self.config.scheduling_policy
+        )
         export_id, refused = self._open_transfer(token_ids, kv_transfer)
         try:
             fut = self._core.submit(
@@ -210,15 +207,6 @@ class Engine:
             log.warning("KV hand-off refused: %s", refused)
             return None, refused
         return export_id, None
-
-    def _check_priority(self, priority) -> None:
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an int, got {priority!r}")
-        if priority != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(
-                "priority scheduling is not enabled: start the engine with "
-                "scheduling_policy='priority' (--scheduling-policy priority)"
-            )
 
     def abort(self, request_id: int) -> None:
         """Abort a request at any step; its future resolves to a result with error "aborted".
@@ -397,85 +385,6 @@ class Engine:
         """Give up a KV transfer this engine wrote (the decode side failed): removed off this
         thread. False for an id that is unknown, another engine's, or with no store."""
         return self._handoff is not None and self._handoff.drop(transfer_id)
-
-    def _result(
-        self, request_id: int, req, export_errors: dict[int, str] | None = None
-    ) -> PrefillResult:
-        def since_arrival(t: float | None) -> float | None:
-            return None if t is None else t - req.arrival_time
-
-        ttft, adm = since_arrival(req.finish_time), since_arrival(req.admitted_time)
-        phases = {
-            "queue_s": since_arrival(req.round_time),
-            "dispatch_s": since_arrival(req.dispatch_time),
-            "priority": req.priority,
-            "arrival_unix_s": self._core.unix_at(req.arrival_time),
-        }
-        token = req.result
-        if req.state != RequestState.DONE or token is None:
-            if req.export_id is not None:
-                self._handoff.drop_own(req.export_id)
-            return PrefillResult(
-                request_id,
-                req.num_tokens,
-                0,
-                None,
-                None,
-                (),
-                ttft,
-                adm,
-                error=req.failure or req.state.value,
-                **phases,
-            )
-        text = self._tokenizer.token_text_if_loaded(token.token_id)  # cached: never waits
-        prompt_logprobs = None
-        if req.logprob_start is not None:
-            prompt_logprobs = tuple(
-                (lp, tuple(zip(ids, lps)))
-                for part in sorted(req.prompt_logprobs, key=lambda p: p.start)
-                for lp, ids, lps in zip(part.logprobs, part.top_ids, part.top_logprobs)
-            )
-        transfer = None
-        if req.export_id is not None:
-            transfer = self._handoff.answer(
-                req.export_id,
-                req.num_tokens,
-                {"num_stages": self.config.pp, "block_size": self.config.block_size},
-                export_errors,
-            )
-        return PrefillResult(
-            request_id,
-            req.num_tokens,
-            req.num_cached_tokens,
-            token.token_id,
-            token.logprob,
-            tuple(zip(token.top_ids, token.top_logprobs)),
-            ttft,
-            adm,
-            first_token_text=text,
-            prompt_logprobs=prompt_logprobs,
-            kv_transfer=transfer,
-            **phases,
-        )
-
-
-def open_kv_events_publisher(config: EngineConfig):
-    """The KV cache events' publisher of `config` (its sockets open), or None without events; an
-    address that cannot be bound or connected is a ValueError naming the option."""
-    if not config.publishes_kv_events:
-        return None
-    import zmq
-
-    from wavepp.kv_events.publisher import EventPublisher
-
-    events = config.kv_events
-    assert events is not None
-    try:
-        return EventPublisher(events, config.block_size)
-    except zmq.ZMQError as exc:
-        raise ValueError(
-            f"kv_events: cannot open {events.endpoint} (or replay {events.replay_endpoint}): {exc}"
-        ) from None
 
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineLoad", "PrefillResult"]

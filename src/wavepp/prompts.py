@@ -1,4 +1,5 @@
-"""A prompt as the engine takes it: a text or a sequence of int token ids, checked."""
+"""A prompt as the engine takes it: a text or a sequence of int token ids, checked; and the
+options a request carries beside it (`check_request_options`)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,33 @@ def prompt_token_ids(
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
     return token_ids
+
+
+def check_request_options(
+    num_tokens: int,
+    request_id: object,
+    logprob_start: object,
+    priority: object,
+    scheduling_policy: str,
+) -> None:
+    """A request's options beside its prompt of `num_tokens`, each a ValueError naming it: an
+    int id (or None), a prompt position to return logprobs from (or None), and an int priority,
+    other than 0 only under priority scheduling (vLLM refuses one it does not schedule by)."""
+    if request_id is not None and (not isinstance(request_id, int) or isinstance(request_id, bool)):
+        raise ValueError(f"request_id must be an int, got {request_id!r}")
+    if logprob_start is not None and (
+        isinstance(logprob_start, bool)
+        or not isinstance(logprob_start, int)
+        or not 0 <= logprob_start < num_tokens
+    ):
+        raise ValueError(
+            f"logprob_start must be a position of the prompt [0, {num_tokens}), "
+            f"got {logprob_start!r}"
+        )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an int, got {priority!r}")
+    if priority != 0 and scheduling_policy != "priority":
+        raise ValueError(
+            "priority scheduling is not enabled: start the engine with "
+            "scheduling_policy='priority' (--scheduling-policy priority)"
+        )

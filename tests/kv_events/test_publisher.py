@@ -122,3 +122,16 @@ def test_a_taken_address_is_an_error_at_start():
             EventPublisher(cfg, block_size=4)
     finally:
         first.close()
+
+
+def test_open_names_the_option_when_the_address_is_taken():
+    """EventPublisher.open (the Engine's, before any stage process starts): a port another
+    socket holds is a ValueError naming kv_events and the endpoint, not a ZMQError."""
+    cfg = config()
+    taken = zmq.Context.instance().socket(zmq.PUB)
+    taken.bind(cfg.endpoint)
+    try:
+        with pytest.raises(ValueError, match=r"kv_events: cannot open tcp://\*:\d+"):
+            EventPublisher.open(cfg, 16)
+    finally:
+        taken.close(linger=0)

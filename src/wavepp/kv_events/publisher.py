@@ -32,6 +32,20 @@ _POLL_S = 0.05  # how often the thread looks at the replay socket while nothing 
 
 
 class EventPublisher:
+    @classmethod
+    def open(cls, events: KVEventsConfig | None, block_size: int) -> "EventPublisher":
+        """A publisher with its sockets open; an address that cannot be bound or connected is a
+        ValueError naming the option."""
+        if events is None:
+            raise ValueError("kv_events: no configuration to publish with")
+        try:
+            return cls(events, block_size)
+        except zmq.ZMQError as exc:
+            raise ValueError(
+                f"kv_events: cannot open {events.endpoint} (or replay "
+                f"{events.replay_endpoint}): {exc}"
+            ) from None
+
     def __init__(self, config: KVEventsConfig, block_size: int, data_parallel_rank: int = 0):
         """Open the sockets (a bad or taken address raises zmq.ZMQError here) and start the
         thread."""
