@@ -49,7 +49,7 @@ Sources, each read at the address given (figures per GPU unless stated):
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from wavepp.sim import HARDWARE, MODELS, StageCostModel
 from wavepp.sim.cost.execution import Execution
@@ -92,50 +92,83 @@ class Figure:
     streamed: str | float = 0.0  # share of routed-expert weights streamed from host, or FIT
 
 
+SGLANG_H100_4K = Figure(
+    "SGLang H100 EP32 4K (4 nodes)",
+    "LMSYS blog 2025-05-05 (large-scale EP)",
+    50302.0 / 8,
+    "H100",
+    32,
+    4,
+    16384,
+    4096,
+    precision={"weights": "fp8", "attention": "bf16", "kv": "bf16"},
+    per="node",
+    execution=SGLANG_H100_EP,
+    differs="stated: EP32 over 4 nodes, DP attention, TBO, 16,384 tokens a device (the "
+    "blog's profile comparison); assumed: the recipe's EPLB with 32 redundant experts "
+    "(balancedness 0.80 at 32 GPUs), BF16 attention and KV",
+)
+META_405B_8K = Figure(
+    "Meta Llama3 405B TP8, 8K",
+    "Yang et al., MLSys 2025 (arXiv 2411.01783), table 6",
+    1.740,
+    "H100-GTT",
+    8,
+    1,
+    8192,
+    8192,
+    precision={"weights": "fp8", "projections": {"*": "bf16"}, "kv": "bf16"},
+    layout="tp",
+    per="request",
+    model="llama-3.1-405b",
+    metric="ttft",
+    differs="stated: one request, TP8 on one host, FP8 row-wise feed-forward weights, "
+    "FlashAttention-3, the host's H100s (500 W, 800 TF BF16, 2.4 TB/s); assumed: BF16 "
+    "attention projections and KV, 8K = 8,192 tokens",
+    miss="the model takes H100's kernel fractions of peak (GEMMs 0.70, FlashAttention-3 "
+    "0.75, at 700 W) against the paper's 800 TF; its parts run at 500 W, and the paper's "
+    "own rate at 1M tokens, attention nearly all of it, is 502 TF/s a GPU (0.63 of 800)",
+)
+SGLANG_GB300_128K = Figure(
+    "SGLang GB300 R1 NVFP4 128K, PP4",
+    "LMSYS blog 2026-02-19 (GB300 long context)",
+    15.2,
+    "GB300",
+    4,
+    1,
+    131072,
+    131072,
+    precision={
+        "weights": "nvfp4",
+        "attention": "fp8",
+        "kv": "fp8",
+        "projections": NVIDIA_R1_NVFP4_ATTENTION,
+    },
+    layout="pp",
+    per="request",
+    metric="ttft",
+    differs="stated: DeepSeek-R1 NVFP4, FP8 attention and KV cache, one 128K prompt with no "
+    "chunking, 8 GPUs for prefill and decode; assumed: 4 of them prefill as 4 pipeline "
+    "stages (the blog's kernel section runs PP4), NVIDIA's checkpoint (BF16 attention "
+    "projections), 128K = 131,072 tokens, and the KV hand-off and first decode step (in "
+    "its TTFT) small beside 15 s",
+)
+
 FIGURES = (
-    Figure(
-        "SGLang H100 EP32 4K (4 nodes)",
-        "LMSYS blog 2025-05-05 (large-scale EP)",
-        50302.0 / 8,
-        "H100",
-        32,
-        4,
-        16384,
-        4096,
-        precision={"weights": "fp8", "attention": "bf16", "kv": "bf16"},
-        per="node",
-        execution=SGLANG_H100_EP,
-        differs="stated: EP32 over 4 nodes, DP attention, TBO, 16,384 tokens a device (the "
-        "blog's profile comparison); assumed: the recipe's EPLB with 32 redundant experts "
-        "(balancedness 0.80 at 32 GPUs), BF16 attention and KV",
-    ),
-    Figure(
-        "SGLang H100 EP32 2K (4 nodes)",
-        "LMSYS blog 2025-05-05 (large-scale EP)",
-        54543.0 / 8,
-        "H100",
-        32,
-        4,
-        16384,
-        2048,
-        precision={"weights": "fp8", "attention": "bf16", "kv": "bf16"},
-        per="node",
-        execution=SGLANG_H100_EP,
+    SGLANG_H100_4K,
+    replace(
+        SGLANG_H100_4K,
+        name="SGLang H100 EP32 2K (4 nodes)",
+        published=54543.0 / 8,
+        prompt_len=2048,
         differs="as the 4K row; the tokens a device (16,384, the recipe's chunked prefill "
         "size over 32 DP ranks) are assumed for this row",
     ),
-    Figure(
-        "SGLang H100 EP32 1K (4 nodes)",
-        "LMSYS blog 2025-05-05 (large-scale EP)",
-        57674.0 / 8,
-        "H100",
-        32,
-        4,
-        16384,
-        1024,
-        precision={"weights": "fp8", "attention": "bf16", "kv": "bf16"},
-        per="node",
-        execution=SGLANG_H100_EP,
+    replace(
+        SGLANG_H100_4K,
+        name="SGLang H100 EP32 1K (4 nodes)",
+        published=57674.0 / 8,
+        prompt_len=1024,
         differs="as the 2K row",
     ),
     Figure(
@@ -216,103 +249,31 @@ FIGURES = (
         "2 x 186 GB: what does not fit is streamed as above; SGLang overlaps the combine with "
         "the down GEMM, not credited",
     ),
-    Figure(
-        "Meta Llama3 405B TP8, 8K",
-        "Yang et al., MLSys 2025 (arXiv 2411.01783), table 6",
-        1.740,
-        "H100-GTT",
-        8,
-        1,
-        8192,
-        8192,
-        precision={"weights": "fp8", "projections": {"*": "bf16"}, "kv": "bf16"},
-        layout="tp",
-        per="request",
-        model="llama-3.1-405b",
-        metric="ttft",
-        differs="stated: one request, TP8 on one host, FP8 row-wise feed-forward weights, "
-        "FlashAttention-3, the host's H100s (500 W, 800 TF BF16, 2.4 TB/s); assumed: BF16 "
-        "attention projections and KV, 8K = 8,192 tokens",
-        miss="the model takes H100's kernel fractions of peak (GEMMs 0.70, FlashAttention-3 "
-        "0.75, at 700 W) against the paper's 800 TF; its parts run at 500 W, and the paper's "
-        "own rate at 1M tokens, attention nearly all of it, is 502 TF/s a GPU (0.63 of 800)",
-    ),
-    Figure(
-        "Meta Llama3 405B TP8, 32K",
-        "Yang et al., MLSys 2025 (arXiv 2411.01783), table 6",
-        7.658,
-        "H100-GTT",
-        8,
-        1,
-        32768,
-        32768,
-        precision={"weights": "fp8", "projections": {"*": "bf16"}, "kv": "bf16"},
-        layout="tp",
-        per="request",
-        model="llama-3.1-405b",
-        metric="ttft",
+    META_405B_8K,
+    replace(
+        META_405B_8K,
+        name="Meta Llama3 405B TP8, 32K",
+        published=7.658,
+        tokens_per_device=32768,
+        prompt_len=32768,
         differs="as the 8K row; 32K = 32,768 tokens",
         miss="as the 8K row",
     ),
-    Figure(
-        "Meta Llama3 405B TP8, 128K",
-        "Yang et al., MLSys 2025 (arXiv 2411.01783), table 6",
-        42.010,
-        "H100-GTT",
-        8,
-        1,
-        131072,
-        131072,
-        precision={"weights": "fp8", "projections": {"*": "bf16"}, "kv": "bf16"},
-        layout="tp",
-        per="request",
-        model="llama-3.1-405b",
-        metric="ttft",
+    replace(
+        META_405B_8K,
+        name="Meta Llama3 405B TP8, 128K",
+        published=42.010,
+        tokens_per_device=131072,
+        prompt_len=131072,
         differs="as the 8K row; 128K = 131,072 tokens (the paper's table 4 counts 128,000)",
         miss="as the 8K row",
     ),
-    Figure(
-        "SGLang GB300 R1 NVFP4 128K, PP4",
-        "LMSYS blog 2026-02-19 (GB300 long context)",
-        15.2,
-        "GB300",
-        4,
-        1,
-        131072,
-        131072,
-        precision={
-            "weights": "nvfp4",
-            "attention": "fp8",
-            "kv": "fp8",
-            "projections": NVIDIA_R1_NVFP4_ATTENTION,
-        },
-        layout="pp",
-        per="request",
-        metric="ttft",
-        differs="stated: DeepSeek-R1 NVFP4, FP8 attention and KV cache, one 128K prompt with no "
-        "chunking, 8 GPUs for prefill and decode; assumed: 4 of them prefill as 4 pipeline "
-        "stages (the blog's kernel section runs PP4), NVIDIA's checkpoint (BF16 attention "
-        "projections), 128K = 131,072 tokens, and the KV hand-off and first decode step (in "
-        "its TTFT) small beside 15 s",
-    ),
-    Figure(
-        "SGLang GB200 R1 NVFP4 128K, PP4",
-        "LMSYS blog 2026-02-19 (GB300 long context)",
-        18.6,
-        "GB200",
-        4,
-        1,
-        131072,
-        131072,
-        precision={
-            "weights": "nvfp4",
-            "attention": "fp8",
-            "kv": "fp8",
-            "projections": NVIDIA_R1_NVFP4_ATTENTION,
-        },
-        layout="pp",
-        per="request",
-        metric="ttft",
+    SGLANG_GB300_128K,
+    replace(
+        SGLANG_GB300_128K,
+        name="SGLang GB200 R1 NVFP4 128K, PP4",
+        published=18.6,
+        hardware="GB200",
         differs="as the GB300 row",
     ),
 )
