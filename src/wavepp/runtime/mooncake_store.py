@@ -17,8 +17,10 @@ timeout (30 s), and the lookups run on the stage's round thread, which every req
 So the lookups (`exists`, `get`) and the set-up again run on a thread of the client's own and
 are waited for `timeout_s` (`--kv-tier-timeout-s`) at most: past it the store counts as down
 (hits off for `retry_s`), and while that call is still stuck every lookup answers "not held"
-at once. The RPC timeout is set to `timeout_s` too, so a stuck call ends soon after. Puts run
-on the stage's store writer thread, which nothing waits on.
+at once. The RPC timeout is set to twice `timeout_s`, so a stuck call ends one wait after it
+was given up, and the wait, not the RPC's own error, always ends first (one counted timeout:
+with both at `timeout_s` the two raced, and a loaded machine counted an RPC error instead).
+Puts run on the stage's store writer thread, which nothing waits on.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class MooncakeStoreClient:
         self.buffer_bytes = buffer_bytes
         self.retry_s = retry_s
         self.timeout_s = timeout_s
-        set_store_rpc_timeout(timeout_s)  # read by the client at set-up: a stuck call ends
+        # read by the client at set-up: a stuck call ends a wait after it is given up
+        set_store_rpc_timeout(2 * timeout_s)
         self._lock = threading.Lock()  # guards the fields below, never held across a call
         self._store = None  # a MooncakeDistributedStore once set up
         self._down_until = 0.0  # no call before this time (monotonic)
