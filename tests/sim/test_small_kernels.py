@@ -19,14 +19,16 @@ def test_deepseek_v3_on_h100_costs_what_the_published_breakdown_shows():
     shows 5.1 ms of "other kernels" in DeepSeek's own H800 profile and 6.2 ms in SGLang's.
     Nothing in the model is fitted to either: the bytes come from the shapes."""
     m, hw = MODELS["deepseek-v3"], HARDWARE["H100"]
-    tokens = 16384
-    context = 4 * sum(range(1, 4097))  # kv_build: each token's keys over its causal context
+    tokens = 16384  # 4 cold prompts of 4,096: each chunk's context is its own tokens
     per_layer = sum(SmallKernels(m, hw).seconds(5, tokens, tokens, 1.0).values())
     assert 5.1e-3 * 0.85 < per_layer < 6.2e-3 * 1.15
-    # the key and value build runs over a chunk's whole context, the prefix again
-    build = SmallKernels(m, hw).seconds(5, tokens, context, 1.0)["kv_build"]
-    assert build == pytest.approx(
-        context * kv_build_bytes(m, 5) / (hw.hbm_bytes_s * hw.small_kernel_bw_efficiency)
+    # the key and value build runs over a chunk's whole context: after a prefix of 28K the
+    # same 4K tokens build 32K tokens' keys and values
+    cold = SmallKernels(m, hw).seconds(5, 4096, 4096, 1.0)["kv_build"]
+    warm = SmallKernels(m, hw).seconds(5, 4096, 32768, 1.0)["kv_build"]
+    assert warm == pytest.approx(8 * cold)
+    assert cold == pytest.approx(
+        4096 * kv_build_bytes(m, 5) / (hw.hbm_bytes_s * hw.small_kernel_bw_efficiency)
     )
 
 
