@@ -229,8 +229,10 @@ SMALL = (
 # what a sub-millisecond request may wait beside the largest one on top of 2x its time alone:
 # the OS's share of a core on this 2-core machine, both of whose cores compute the large request
 # (stage 0 in the server's process, stage 1 in its own). Measured here: at most 19 ms in a run
-# alone, and 34 ms once in a whole-suite run; the stalls this guards against took 2-3 s
-SCHEDULER_SLACK_S = 0.06
+# alone, 34 ms once in a whole-suite run, and 67 and 82 ms in a fresh clone's `make test` with
+# two test workers (2026-12-07: the other worker's tests share the cores too); the stalls this
+# guards against took 2-3 s
+SCHEDULER_SLACK_S = 0.15
 
 
 def test_small_requests_beside_the_largest_answer_keep_their_latency(limited):
