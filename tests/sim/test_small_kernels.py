@@ -40,6 +40,10 @@ def test_bytes_follow_the_formats_and_the_layer_kind():
     copies = ds.num_experts_per_tok + ds.num_shared_experts
     expected = inputs + ds.hidden_size + copies * ds.moe_intermediate_size
     assert moe["quantize"] == pytest.approx(expected * FP8_QUANT_BYTES)
+    # the permutes: each token read once and written k times as dispatched (FP8 and its scales),
+    # then k bf16 copies read back and summed into one
+    h, k = ds.hidden_size, ds.num_experts_per_tok
+    assert moe["permute"] == pytest.approx((1 + 4 / 128) * h * (1 + k) + 2 * h * (k + 1))
     # a BF16 model quantizes nothing
     bf16 = with_precision(ds, weights="bf16", projections={"*": "bf16"})
     assert "quantize" not in layer_bytes(bf16, 5)

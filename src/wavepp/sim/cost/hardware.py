@@ -134,7 +134,7 @@ class HardwareSpec:
 #   GB200 148, as CUDA reports them (an assumption: no datasheet gives the count).
 # Small kernels (sim/cost/small_kernels.py): 0.80 of the HBM rate is an assumption (long copies
 #   reach about 0.9 of HBM3 on an H100; the small kernels' reads of several strided tensors less).
-#   Its check: DeepSeek-V3 at 16,384 tokens a device on H100 gives 5.6 ms a layer of them
+#   Its check: DeepSeek-V3 at 16,384 tokens a device on H100 gives 4.9 ms a layer of them
 #   (tests/sim/test_small_kernels.py), where SGLang's breakdown of DeepSeek's own H800 prefill
 #   profile shows 5.1 ms of "other kernels" and of SGLang's 6.2 ms (LMSYS blog 2025-05-05,
 #   "Prefill Time Breakdown"). kernel_floor_s: the median gap between back-to-back queued

@@ -40,6 +40,12 @@ from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
 ACT = 2.0  # bytes of a bf16 activation element
 FP8_GROUP = 128  # DeepGEMM's per-token activation groups: a fp32 scale per 128 elements
 FP8_QUANT_BYTES = ACT + 1.0 + 4.0 / FP8_GROUP  # read bf16, write e4m3 and its scales
+# an activation element in each GEMM format, with its share of scales
+DISPATCH_ELEMENT_BYTES = {
+    "bf16": ACT,
+    "fp8": 1.0 + 4.0 / FP8_GROUP,
+    "nvfp4": NVFP4_ACTIVATION_BYTES,
+}
 # kernels a layer launches, big ones included: DeepSeek-V3's prefill traces on H800
 # (deepseek-ai/profile-data) run about 85 a MoE layer; taken for every layer of every model
 KERNELS_PER_LAYER = 85
@@ -83,7 +89,7 @@ def layer_bytes(model: ModelShape, layer: int) -> dict[str, float]:
     if m.is_moe(layer):
         k, e, inter = m.num_experts_per_tok, m.num_experts, m.moe_intermediate_size
         copies = k + m.num_shared_experts
-        q = quantize_bytes(m.gemm_dtype) or ACT
+        q = DISPATCH_ELEMENT_BYTES[m.gemm_dtype]  # a routed copy's element, as dispatched
         out["activation"] = copies * 3 * ACT * inter
         out["quantize"] += (h + copies * inter) * quantize_bytes(m.gemm_dtype)
         out["routing"] = 4.0 * e + 8.0 * k
