@@ -160,7 +160,8 @@ def _add_scale_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="real tokens per simulated token (default 16; --grid: the grid's own, 16 for paper "
-        "and 256 for kimi and ablation: a decision taken at one scale is worth checking at another)",
+        "and 256 for kimi and ablation: a decision taken at one scale is worth checking at "
+        "another)",
     )
     p.add_argument("--block-size", type=int, default=16, help="simulated tokens per cache block")
     p.add_argument(
