@@ -55,7 +55,12 @@ from wavepp.sim import HARDWARE, MODELS, StageCostModel
 from wavepp.sim.cost.execution import Execution
 from wavepp.sim.cost.precision import with_precision
 from wavepp.sim.cost.stage_cost import transfer_seconds
-from wavepp.sim.cost.stages import MemoryBudget, stage_weight_bytes
+from wavepp.sim.cost.stages import (
+    MemoryBudget,
+    partition_layers,
+    stage_models,
+    stage_weight_bytes,
+)
 
 TOLERANCE = 0.20  # |ratio - 1| of a passing row
 
@@ -297,7 +302,7 @@ def streamed_share(fig: Figure, model) -> float:
     )
     room = hw.hbm_gb * 1e9 * budget.memory_fraction - budget.activation_reserve_gb * 1e9
     moe_layers = sum(model.is_moe(i) for i in range(model.num_layers))
-    routed = moe_layers * model.num_experts * model.expert_params() * model.weight_bytes / n
+    routed = moe_layers * model.routed_expert_bytes() / n
     return min(1.0, max(0.0, weights - room) / routed)
 
 
@@ -313,16 +318,9 @@ def predict(fig: Figure) -> float:
         streamed_experts=streamed_share(fig, model),
     )
     if fig.layout == "pp":  # one prompt through the stages in turn, a device each
-        bounds = [
-            (i * model.num_layers // fig.devices, (i + 1) * model.num_layers // fig.devices)
-            for i in range(fig.devices)
-        ]
-        seconds = sum(
-            StageCostModel(
-                model, hw, a, b, first=a == 0, last=b == model.num_layers, execution=execution
-            ).wave_seconds([(0, fig.prompt_len)])
-            for a, b in bounds
-        )
+        bounds = partition_layers(model, hw, fig.devices, "even")
+        stages = stage_models(model, hw, bounds, execution=execution)
+        seconds = sum(stage.wave_seconds([(0, fig.prompt_len)]) for stage in stages)
         return seconds + (fig.devices - 1) * transfer_seconds(model, hw, fig.prompt_len)
     per_device = fig.tokens_per_device // fig.prompt_len
     # dp: every device its own prompts; tp: the devices share one batch

@@ -15,15 +15,16 @@ share the routed experts.
     experts    every device's tokens through the routed experts, split over the devices
                (`StageCostModel.routed_seconds` over the whole wave)
     exchange   per MoE layer, DeepEP's normal dispatch and combine, nothing else: the busiest
-               device's tokens go out in the experts' input format (`DISPATCH_BYTES`) and come
-               back in bf16, once per destination, not once per expert: once over the NIC to
-               each other node holding one of a token's k experts (DeepEP forwards it inside that
-               node over NVLink), once over NVLink to each device holding one. Experts spread
-               evenly: a device (node) is hit with probability 1 - (1 - 1/devices)^k (nodes
-               alike), and the busiest expert device moves its imbalance over the mean
-               (sim/cost/expert_balance.py). NVLink and the NIC run at once. Under two-batch
-               overlap (sim/cost/execution.py) the exchange runs beside the compute, which
-               loses the SMs the exchange holds; otherwise it follows the compute.
+               device's tokens go out in the experts' input format (`ACTIVATION_BYTES`,
+               sim/cost/precision.py) and come back in bf16, once per destination, not once
+               per expert: once over the NIC to each other node holding one of a token's k
+               experts (DeepEP forwards it inside that node over NVLink), once over NVLink to
+               each device holding one. Experts spread evenly: a device (node) is hit with
+               probability 1 - (1 - 1/devices)^k (nodes alike), and the busiest expert device
+               moves its imbalance over the mean (sim/cost/expert_balance.py). NVLink and the
+               NIC run at once. Under two-batch overlap (sim/cost/execution.py) the exchange
+               runs beside the compute, which loses the SMs the exchange holds; otherwise it
+               follows the compute.
 
 The group's KV pool is its devices' pools together (sim/cost/stage_cost.py `kv_split`), and a
 request is not pinned to the device that holds its KV: each wave is placed afresh.
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from wavepp.sim.cost.execution import overlapped
 from wavepp.sim.cost.expert_balance import imbalance
-from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
+from wavepp.sim.cost.precision import ACTIVATION_BYTES
 
 if TYPE_CHECKING:  # sim/cost/stage_cost.py runs these for its dp stages
     from wavepp.sim.cost.stage_cost import ChunkShape, StageCostModel
@@ -47,10 +48,6 @@ if TYPE_CHECKING:  # sim/cost/stage_cost.py runs these for its dp stages
 # table 3: attention 20.4%, grouped GEMM 25.9%, dense GEMM 13.4%, other kernels 18.3%,
 # communication 9.6%, synchronization 12.3%), taken for every DP-EP stage
 DP_SYNC_SHARE = 0.123
-
-# bytes per element of an expert GEMM's input as dispatched to the experts' devices (DeepEP sends
-# FP8, or NVFP4 where the experts run it: SGLang's GB200 part II fuses that quantization in)
-DISPATCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": NVFP4_ACTIVATION_BYTES}
 
 
 def place(
@@ -98,7 +95,7 @@ def exchange_seconds(stage: StageCostModel, tokens: float) -> float:
     """One MoE layer's dispatch and combine of a device's `tokens` (module docstring)."""
     m, hw, n, nodes = stage.model, stage.hw, stage.degree, stage.num_nodes
     k = m.num_experts_per_tok
-    per_copy = tokens * m.hidden_size * (DISPATCH_BYTES[m.gemm_dtype] + 2.0)
+    per_copy = tokens * m.hidden_size * (ACTIVATION_BYTES[m.gemm_dtype] + 2.0)
     devices_hit = (n - 1) * (1.0 - (1.0 - 1.0 / n) ** k)
     seconds = devices_hit * per_copy / hw.link_bytes_s + 2 * hw.link_latency_s
     if nodes > 1:

@@ -8,7 +8,7 @@ what the best kernels reach on large shapes; each cites the measurement it comes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -147,59 +147,38 @@ class HardwareSpec:
 #   material: a "900 GB/s coherent interface, 7X faster than PCIe Gen 5"; a GB300 NVL compute
 #   tray holds 4 GPUs and 2 Grace CPUs, NVIDIA's GB300 NVL72 Enterprise Reference Architecture,
 #   "System Hardware & Components"), so 450 GB/s one way.
+# NVIDIA H100 SXM5 datasheet: 989 TF BF16 / 1979 TF FP8 dense, 80 GB HBM3 at 3.35 TB/s, NVLink 4
+# 900 GB/s; ConnectX-7 400 Gb/s per GPU (DGX H100).
+_H100 = HardwareSpec(
+    "H100",
+    989.0,
+    1979.0,
+    80.0,
+    3.35,
+    900.0,
+    8e-6,
+    50.0,
+    10e-6,
+    attn_efficiency=0.75,
+    fp8_attn_efficiency=0.61,
+    host_link_gb_s=128.0,
+)
+
 HARDWARE: dict[str, HardwareSpec] = {
     h.name: h
     for h in (
-        # NVIDIA H100 SXM5 datasheet: 989 TF BF16 / 1979 TF FP8 dense, 80 GB HBM3 at 3.35 TB/s,
-        # NVLink 4 900 GB/s; ConnectX-7 400 Gb/s per GPU (DGX H100).
-        HardwareSpec(
-            "H100",
-            989.0,
-            1979.0,
-            80.0,
-            3.35,
-            900.0,
-            8e-6,
-            50.0,
-            10e-6,
-            attn_efficiency=0.75,
-            fp8_attn_efficiency=0.61,
-            host_link_gb_s=128.0,
-        ),
+        _H100,
         # Meta's Grand Teton H100 hosts, as "Context Parallelism for Scalable Million-Token
         # Inference" (Yang et al., MLSys 2025, arXiv 2411.01783, appendix A) states them: power
         # limited to 500 W, 96 GB HBM2e at 2.4 TB/s, a BF16 peak of 800 TF "instead of 989";
         # NVLink within the host, 400 Gb/s RDMA per GPU between hosts. FP8 at twice the BF16
         # peak and H100's kernel efficiencies are assumptions (the same SM, lower clocks).
-        HardwareSpec(
-            "H100-GTT",
-            800.0,
-            1600.0,
-            96.0,
-            2.4,
-            900.0,
-            8e-6,
-            50.0,
-            10e-6,
-            attn_efficiency=0.75,
-            fp8_attn_efficiency=0.61,
-            host_link_gb_s=128.0,
+        replace(
+            _H100, name="H100-GTT", bf16_tflops=800.0, fp8_tflops=1600.0, hbm_gb=96.0, hbm_tb_s=2.4
         ),
-        # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
-        HardwareSpec(
-            "H200",
-            989.0,
-            1979.0,
-            141.0,
-            4.8,
-            900.0,
-            8e-6,
-            50.0,
-            10e-6,
-            attn_efficiency=0.75,
-            fp8_attn_efficiency=0.61,
-            host_link_gb_s=128.0,
-        ),
+        # NVIDIA H200 SXM datasheet: same compute as H100, 141 GB HBM3e at 4.8 TB/s, NVLink 900
+        # GB/s.
+        replace(_H100, name="H200", hbm_gb=141.0, hbm_tb_s=4.8),
         # NVIDIA HGX B200 datasheet (per GPU): 2.25 PF BF16 / 4.5 PF FP8 / 9 PF FP4 dense (72 PF
         # for 8 GPUs), 180 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; ConnectX-7 400 Gb/s (DGX B200).
         HardwareSpec(

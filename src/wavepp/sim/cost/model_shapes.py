@@ -182,6 +182,10 @@ class ModelShape:
         """One routed (or shared) expert: gate, up and down projections."""
         return 3 * self.hidden_size * self.moe_intermediate_size
 
+    def routed_expert_bytes(self) -> float:
+        """The routed experts' weights of one MoE layer, in bytes as served."""
+        return self.num_experts * self.expert_params() * self.weight_bytes
+
     def mlp_params(self, layer: int) -> int:
         """All MLP weights of a layer (every expert of an MoE layer)."""
         if not self.is_moe(layer):

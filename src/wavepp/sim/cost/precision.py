@@ -44,6 +44,10 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
 }
 
 NVFP4_ACTIVATION_BYTES = 0.5 + 1.0 / 16  # a quantized activation element with its share of scales
+# an activation element as a GEMM of each format takes it, sent to the experts or permuted into
+# their order (DeepEP sends FP8 elements, their per-group scales not counted; NVFP4 where the
+# experts run it: SGLang's GB200 part II fuses that quantization in)
+ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": NVFP4_ACTIVATION_BYTES}
 
 ATTENTION_DTYPES = ("bf16", "fp8")
 KV_DTYPES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}  # bytes per cached element

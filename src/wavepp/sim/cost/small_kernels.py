@@ -31,21 +31,14 @@ through one layer on one device. The constants live in sim/cost/hardware.py with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from wavepp.sim.cost.hardware import HardwareSpec
 from wavepp.sim.cost.model_shapes import ModelShape
-from wavepp.sim.cost.precision import NVFP4_ACTIVATION_BYTES
+from wavepp.sim.cost.precision import ACTIVATION_BYTES, NVFP4_ACTIVATION_BYTES
 
 ACT = 2.0  # bytes of a bf16 activation element
 FP8_GROUP = 128  # DeepGEMM's per-token activation groups: a fp32 scale per 128 elements
-FP8_QUANT_BYTES = ACT + 1.0 + 4.0 / FP8_GROUP  # read bf16, write e4m3 and its scales
-# an activation element in each GEMM format, with its share of scales
-DISPATCH_ELEMENT_BYTES = {
-    "bf16": ACT,
-    "fp8": 1.0 + 4.0 / FP8_GROUP,
-    "nvfp4": NVFP4_ACTIVATION_BYTES,
-}
+FP8_SCALE_BYTES = 4.0 / FP8_GROUP  # an FP8 element's share of its group's fp32 scale
+FP8_QUANT_BYTES = ACT + 1.0 + FP8_SCALE_BYTES  # read bf16, write e4m3 and its scales
 # kernels a layer launches, big ones included: DeepSeek-V3's prefill traces on H800
 # (deepseek-ai/profile-data) run about 85 a MoE layer; taken for every layer of every model
 KERNELS_PER_LAYER = 85
@@ -89,7 +82,9 @@ def layer_bytes(model: ModelShape, layer: int) -> dict[str, float]:
     if m.is_moe(layer):
         k, e, inter = m.num_experts_per_tok, m.num_experts, m.moe_intermediate_size
         copies = k + m.num_shared_experts
-        q = DISPATCH_ELEMENT_BYTES[m.gemm_dtype]  # a routed copy's element, as dispatched
+        # a routed copy's element as dispatched, with its share of FP8's per-group scales (which
+        # the exchange's bytes, sim/cost/dp_attention.py, leave out)
+        q = ACTIVATION_BYTES[m.gemm_dtype] + (FP8_SCALE_BYTES if m.gemm_dtype == "fp8" else 0.0)
         out["activation"] = copies * 3 * ACT * inter
         out["quantize"] += (h + copies * inter) * quantize_bytes(m.gemm_dtype)
         out["routing"] = 4.0 * e + 8.0 * k
@@ -125,27 +120,28 @@ def _quantize(model: ModelShape, inputs: dict[str, int]) -> float:
 _PROJECTIONS = ("q_a", "q_b", "q", "kv_b", "o", "qkv", "linear")
 
 
-@dataclass(frozen=True)
 class SmallKernels:
-    """One layer's small kernels on one device of `hw` (module docstring)."""
+    """One layer's small kernels on one device of `hw` (module docstring). A layer's bytes are
+    worked out once (a stage asks for the same few layers at every wave)."""
 
-    model: ModelShape
-    hw: HardwareSpec
+    def __init__(self, model: ModelShape, hw: HardwareSpec) -> None:
+        self.model, self.hw = model, hw
+        self._bytes: dict[int, tuple[dict[str, float], float]] = {}  # layer -> (per token, build)
 
     def seconds(
         self, layer: int, num_tokens: float, context_tokens: float, share: float = 1.0
     ) -> dict[str, float]:
         """Seconds by kind for `num_tokens` new tokens whose chunks attend over
-        `context_tokens` in all (kv_build), a device doing `share` of the bytes (tp: 1/degree of
-        the per-head work; 1 under dp). Each kind costs its bytes at the small kernels' HBM
+        `context_tokens` in all (kv_build), a device doing `share` of the bytes (tp: 1/degree
+        of all of them, norms over the hidden state included, an under-count where TP
+        replicates those; 1 under dp). Each kind costs its bytes at the small kernels' HBM
         rate; `launches` is the per-launch floor of the layer's kernels."""
         hw = self.hw
+        if layer not in self._bytes:
+            self._bytes[layer] = (layer_bytes(self.model, layer), kv_build_bytes(self.model, layer))
+        per_token, build = self._bytes[layer]
         rate = hw.hbm_bytes_s * hw.small_kernel_bw_efficiency
-        out = {
-            kind: num_tokens * b * share / rate
-            for kind, b in layer_bytes(self.model, layer).items()
-        }
-        build = kv_build_bytes(self.model, layer)
+        out = {kind: num_tokens * b * share / rate for kind, b in per_token.items()}
         if build:
             out["kv_build"] = context_tokens * build * share / rate
         out["launches"] = KERNELS_PER_LAYER * hw.kernel_floor_s

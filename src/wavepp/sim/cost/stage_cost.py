@@ -103,6 +103,7 @@ class StageCostModel:
         self.layout = layout
         self.overheads = overheads
         self.execution = execution
+        self._small = SmallKernels(model, hw) if overheads.small_kernels else None
         # dp: one device of the group, running its own chunks through every layer but the
         # routed experts (sim/cost/dp_attention.py)
         self.device = (
@@ -177,8 +178,8 @@ class StageCostModel:
         m, hw = self.model, self.hw
         if not hw.host_link_gb_s:
             raise ValueError(f"{hw.name} has no host link to stream expert weights over")
-        per_device = m.num_experts * m.expert_params() * m.weight_bytes / self.degree
-        stream = share * self.num_moe_layers * per_device / hw.host_link_bytes_s
+        per_device = self.num_moe_layers * m.routed_expert_bytes() / self.degree
+        stream = share * per_device / hw.host_link_bytes_s
         total = sum(out.values())
         if stream > total:
             out["weight_stream"] = stream - total
@@ -229,9 +230,9 @@ class StageCostModel:
         else:
             p = m.mlp_params(layer)
             out["mlp"] = self._gemm(2.0 * T * p / n, T, p * m.weight_bytes / n, m.gemm_dtype)
-        if self.overheads.small_kernels:
+        if self._small is not None:
             context = sum(L + x for L, x in chunks)
-            small = SmallKernels(m, hw).seconds(layer, T, context, share=1.0 / n)
+            small = self._small.seconds(layer, T, context, share=1.0 / n)
             out["small_kernels"] = sum(small.values())
         if n > 1:
             out["collectives"] = self._collectives(layer, T)

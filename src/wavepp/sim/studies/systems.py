@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wavepp.sched.policy import Policy, get_policy
-from wavepp.sim.cost.execution import Execution
+from wavepp.sim.cost.execution import DEFAULT_EXECUTION, Execution
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class SystemSpec:
         "tp"  # topology "tp": how the devices share the layers (sim/cost/stage_cost.py LAYOUTS)
     )
     # how its forward runs beyond the kernels (sim/cost/execution.py): overlap, expert placement
-    execution: Execution = Execution()
+    execution: Execution = DEFAULT_EXECUTION
 
     def __post_init__(self) -> None:
         if self.topology not in ("pp", "central", "tp"):
